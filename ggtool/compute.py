@@ -1,0 +1,65 @@
+"""The graph driver (ggml_graph_compute): every node's forward, in order, with the plan's work buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ComputeError, GGToolError
+from .plan import Plan, make_plan
+
+
+class Work:
+    """What a kernel gets besides its node: the work buffer and the barrier."""
+
+    __slots__ = ("wdata", "_barrier")
+
+    def __init__(self, wdata: np.ndarray, barrier=None):
+        self.wdata = wdata
+        self._barrier = barrier
+
+    def barrier(self) -> None:
+        if self._barrier is not None:
+            self._barrier()
+
+
+def work_view(graph, plan: Plan) -> np.ndarray:
+    buf = graph.ctx.buffer
+    return buf[plan.work_offset: plan.work_offset + plan.work_size]
+
+
+def run_node(index: int, node, ith: int, nth: int, work: Work) -> None:
+    from .ops import kernel_for
+
+    if node.op == "NONE" or node.is_empty():
+        return
+    k = kernel_for(node)
+    if k.forward is None:
+        return
+    try:
+        k.forward(node, ith, nth, work)
+    except Exception as e:  # a kernel failure is reported with its node, never as a traceback
+        raise node_error(index, node, e) from e
+
+
+def node_error(index: int, node, e: BaseException) -> ComputeError:
+    msg = str(e) if isinstance(e, GGToolError) else f"{type(e).__name__}: {e}"
+    return ComputeError(f"node {index} '{node.name}' ({node.op_desc}) failed: {msg}")
+
+
+def prepare(graph, n_threads: int = 1, plan: Plan | None = None) -> Plan:
+    """Plan the graph and allocate its work buffer in the pool (ggml_graph_compute_with_ctx)."""
+    plan = plan or make_plan(graph, n_threads)
+    if plan.work_offset is None:
+        plan.work_offset = graph.ctx.new_buffer(plan.work_size)
+    return plan
+
+
+def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None) -> Plan:
+    plan = prepare(graph, n_threads, plan)
+    if pool is not None and plan.n_threads > 1:
+        pool.run(graph, plan)
+        return plan
+    work = Work(work_view(graph, plan))
+    for i, node in enumerate(graph.nodes):
+        run_node(i, node, 0, 1, work)
+    return plan

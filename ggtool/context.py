@@ -1,0 +1,154 @@
+"""GGML's context: one memory pool, objects laid out one after another (spec section 4)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import types as T
+from .errors import ContextMemoryError, GGToolError, ShapeError
+from .tensor import MAX_DIMS, Tensor
+
+MEM_ALIGN = 16
+OBJECT_SIZE = 32
+TENSOR_SIZE = 336
+TENSOR_OVERHEAD = OBJECT_SIZE + TENSOR_SIZE
+
+OBJ_TENSOR, OBJ_GRAPH, OBJ_WORK_BUFFER = 0, 1, 2
+
+
+def pad(x: int, n: int = MEM_ALIGN) -> int:
+    return (x + n - 1) // n * n
+
+
+class Context:
+    """A memory pool of `mem_size` bytes with GGML's exact layout.
+
+    `mem_size=None` makes a pool that grows as needed (same offsets, no upper bound); that is what
+    the CLI uses, and `ggml_mem_size` then says what a fixed GGML pool would have needed.
+    The pool is one contiguous numpy buffer, so it can be moved into shared memory (`rebind`).
+    """
+
+    def __init__(self, mem_size: int | None = None, no_alloc: bool = False):
+        self.no_alloc = no_alloc
+        self.fixed = mem_size is not None
+        if self.fixed:
+            self.mem_size = pad(mem_size) if mem_size > 0 else MEM_ALIGN
+            capacity = self.mem_size
+        else:
+            self.mem_size = None
+            capacity = 1 << 16
+        self.buffer = np.zeros(capacity, dtype=np.uint8)
+        self.objects: list[tuple[int, int, int]] = []  # (offs, size, type)
+        self.tensors: list[Tensor] = []
+        self.external_bytes = 0  # data of tensors that live outside the pool (memory-mapped)
+
+    # -- the allocator ----------------------------------------------------------------------
+    @property
+    def used_mem(self) -> int:
+        if not self.objects:
+            return 0
+        offs, size, _ = self.objects[-1]
+        return offs + size
+
+    def new_object(self, kind: int, size: int) -> int:
+        """ggml_new_object: returns the payload offset (header at offset - 32)."""
+        cur_end = self.used_mem
+        size_needed = pad(size)
+        needed = cur_end + size_needed + OBJECT_SIZE
+        if self.fixed and needed > self.mem_size:
+            raise ContextMemoryError(needed, self.mem_size)
+        if needed > len(self.buffer):
+            self._grow(needed)
+        offs = cur_end + OBJECT_SIZE
+        self.objects.append((offs, size_needed, kind))
+        return offs
+
+    def _grow(self, needed: int) -> None:
+        capacity = max(needed, 2 * len(self.buffer))
+        new = np.zeros(capacity, dtype=np.uint8)
+        new[: len(self.buffer)] = self.buffer
+        self.buffer = new
+
+    def rebind(self, buffer: np.ndarray) -> None:
+        """Move the pool into `buffer` (e.g. shared memory); every tensor view follows it."""
+        used = self.used_mem
+        if len(buffer) < used:
+            raise GGToolError(f"buffer of {len(buffer)} bytes is smaller than the pool's {used}")
+        buffer[:used] = self.buffer[:used]
+        self.buffer = buffer
+
+    def new_buffer(self, nbytes: int) -> int:
+        """ggml_new_buffer: a WORK_BUFFER object; returns its payload offset."""
+        return self.new_object(OBJ_WORK_BUFFER, nbytes)
+
+    @property
+    def ggml_mem_size(self) -> int:
+        """Bytes a GGML context would need for everything so far, memory-mapped data included."""
+        return self.used_mem + self.external_bytes
+
+    # -- tensors ----------------------------------------------------------------------------
+    def new_tensor(self, type, ne, view_src: Tensor | None = None, view_offs: int = 0,
+                   storage=None, data_offset: int | None = None) -> Tensor:
+        """ggml_new_tensor_impl: a packed tensor, or a view into `view_src` at `view_offs`.
+
+        With `storage` (e.g. a memory-mapped GGUF, see storage.FileStorage) only the struct goes
+        into the pool and the data is read from `storage.array[data_offset:]`, as llama.cpp's
+        mmap loading does.
+        """
+        type = T.parse_type(type)
+        ne = [int(n) for n in ne] + [1] * (MAX_DIMS - len(ne))
+        if len(ne) > MAX_DIMS or any(n < 0 for n in ne):
+            raise ShapeError(f"invalid shape ne={ne}: up to 4 non-negative dimensions")
+        blck = T.block_size(type)
+        if ne[0] % blck:
+            raise ShapeError(f"{T.type_name(type)} rows hold blocks of {blck}: ne0={ne[0]} is not a multiple of {blck}")
+        data_size = T.row_size(type, ne[0]) * ne[1] * ne[2] * ne[3]
+        if view_src is not None:
+            if view_src.view_src is not None:
+                view_offs += view_src.view_offs
+                view_src = view_src.view_src
+            if data_size and data_size + view_offs > view_src.nbytes:
+                raise ShapeError(
+                    f"view of {data_size} bytes at offset {view_offs} runs past the end of "
+                    f"'{view_src.name}' ({view_src.nbytes} bytes)")
+        alloc = view_src is None and storage is None and not self.no_alloc
+        offs = self.new_object(OBJ_TENSOR, TENSOR_SIZE + (data_size if alloc else 0))
+        if view_src is not None:
+            data_offset = None if view_src.data_offset is None else view_src.data_offset + view_offs
+            storage = view_src.storage
+        elif alloc:
+            data_offset = offs + TENSOR_SIZE
+        elif storage is not None:
+            self.external_bytes += pad(data_size)
+        else:
+            data_offset = None
+        nb = [T.type_size(type), T.type_size(type) * (ne[0] // blck)]
+        nb += [nb[1] * ne[1], nb[1] * ne[1] * ne[2]]
+        t = Tensor(self, type, ne, nb, offs, data_offset, storage)
+        t.view_src, t.view_offs = view_src, view_offs
+        self.tensors.append(t)
+        return t
+
+    def new_tensor_from(self, array: np.ndarray, type=None, name: str = "") -> Tensor:
+        """A tensor holding `array` (numpy shape (d3, d2, d1, d0) is ggml ne [d0, d1, d2, d3])."""
+        array = np.asarray(array)
+        if array.ndim > MAX_DIMS:
+            raise ShapeError(f"array has {array.ndim} dimensions; GGML tensors have at most 4")
+        src_type = T.from_np_dtype(array.dtype)
+        type = src_type if type is None else T.parse_type(type)
+        ne = list(array.shape[::-1]) or [1]
+        t = self.new_tensor(type, ne)
+        if name:
+            t.name = name
+        if t.has_data:
+            from .quant import convert
+            t.set_data(convert(array.reshape(t.shape), src_type, type, name=name or "tensor"))
+        return t
+
+    def get_tensor(self, name: str) -> Tensor | None:
+        """ggml_get_tensor: the first tensor with this name."""
+        return next((t for t in self.tensors if t.name == name), None)
+
+    def new_graph(self, size: int = 2048, grads: bool = False):
+        from .graph import Graph
+        return Graph(self, size, grads)

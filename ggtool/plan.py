@@ -1,0 +1,54 @@
+"""ggml_graph_plan: n_tasks and work size per node, the thread count and the work buffer (spec 8)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .context import OBJECT_SIZE, pad
+from .tensor import Tensor
+
+DEFAULT_N_THREADS = 4
+CACHE_LINE_SIZE = 64
+
+
+@dataclass
+class NodePlan:
+    node: Tensor
+    n_tasks: int
+    work_size: int
+
+
+@dataclass
+class Plan:
+    requested: int
+    n_threads: int
+    work_size: int
+    nodes: list[NodePlan] = field(default_factory=list)
+    work_offset: int | None = None  # payload offset of the work buffer once allocated in the pool
+
+    def mem_size(self, graph) -> int:
+        """Bytes a GGML program's context needs: tensors, graph object and the work buffer.
+
+        That is `ggml_used_mem` after `ggml_graph_compute_with_ctx`, with memory-mapped tensors
+        counted as if their data lived in the pool.
+        """
+        extra = 0 if self.work_offset is not None else OBJECT_SIZE + pad(self.work_size)
+        return graph.ctx.ggml_mem_size + extra
+
+
+def make_plan(graph, n_threads: int = 0) -> Plan:
+    from .ops import kernel_for
+
+    if n_threads <= 0:
+        n_threads = DEFAULT_N_THREADS
+    max_tasks, work_size, nodes = 1, 0, []
+    for node in graph.nodes:
+        k = kernel_for(node)
+        n_tasks = 1 if node.is_empty() else k.n_tasks(node, n_threads)
+        cur = k.work_size(node, n_tasks)
+        max_tasks = max(max_tasks, n_tasks)
+        work_size = max(work_size, cur)
+        nodes.append(NodePlan(node, n_tasks, cur))
+    if work_size > 0:
+        work_size += CACHE_LINE_SIZE * n_threads
+    return Plan(n_threads, min(max_tasks, n_threads), work_size, nodes)

@@ -1,0 +1,42 @@
+"""Tensor data that lives outside the pool: a read-only memory map of a file (GGUF weights).
+
+Picklable by path, so every worker process maps the same file itself (shared page cache, no copy).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+_MAPS: dict[tuple[str, int], np.ndarray] = {}  # per process: (path, mtime_ns) -> whole-file map
+
+
+class FileStorage:
+    __slots__ = ("path",)
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.path.abspath(os.fspath(path))
+
+    @property
+    def array(self) -> np.ndarray:
+        key = (self.path, os.stat(self.path).st_mtime_ns)
+        arr = _MAPS.get(key)
+        if arr is None:
+            arr = _MAPS[key] = np.memmap(self.path, dtype=np.uint8, mode="r")
+        return arr
+
+    def __getstate__(self):
+        return self.path
+
+    def __setstate__(self, state):
+        self.path = state
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, FileStorage) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def __repr__(self) -> str:
+        return f"FileStorage({self.path!r})"

@@ -1,0 +1,206 @@
+"""The tensor: GGML's `struct ggml_tensor` (336 bytes in the pool) with a numpy view of its data."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import types as T
+from .errors import GGToolError
+
+if TYPE_CHECKING:
+    from .context import Context
+
+MAX_DIMS, MAX_SRC, MAX_NAME, MAX_OP_PARAMS = 4, 10, 64, 64
+
+FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS = 1, 2, 4, 8
+
+UNARY_OPS = ("ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "SIGMOID", "GELU",
+             "GELU_QUICK", "SILU", "HARDSWISH", "HARDSIGMOID", "EXP")
+
+
+class Tensor:
+    """One tensor of a Context. `ne[0]` is the innermost dimension; `nb` are byte strides.
+
+    The numpy view (`.data`) has shape `(ne3, ne2, ne1, ne0)` and strides `nb` reversed, so it
+    reads the same bytes GGML would, views and permutes included.
+    """
+
+    __slots__ = ("ctx", "type", "ne", "nb", "op", "op_params", "flags", "src", "view_src",
+                 "view_offs", "_name", "struct_offset", "data_offset", "storage", "__weakref__")
+
+    def __init__(self, ctx: Context, type: T.GGMLType, ne, nb, struct_offset: int,
+                 data_offset: int | None, storage=None):
+        self.ctx = ctx
+        self.type = type
+        self.ne = tuple(int(n) for n in ne)
+        self.nb = tuple(int(n) for n in nb)
+        self.op = "NONE"
+        self.op_params = np.zeros(MAX_OP_PARAMS // 4, dtype=np.int32)
+        self.flags = 0
+        self.src: list[Tensor] = []
+        self.view_src: Tensor | None = None
+        self.view_offs = 0
+        self._name = ""
+        self.struct_offset = struct_offset
+        self.data_offset = data_offset
+        self.storage = storage  # None: the context's pool; else an object with `.array` (uint8)
+
+    # -- name ------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        raw = str(value).encode("utf-8")[: MAX_NAME - 1]
+        self._name = raw.decode("utf-8", errors="ignore")
+
+    def set_name(self, name: str) -> Tensor:
+        self.name = name
+        return self
+
+    # -- op -------------------------------------------------------------------------------
+    @property
+    def op_desc(self) -> str:
+        """ggml_op_desc: the unary op's name for UNARY nodes, else the op name."""
+        if self.op == "UNARY":
+            return UNARY_OPS[int(self.op_params[0])]
+        return self.op
+
+    def param_f32(self, i: int) -> float:
+        return float(self.op_params.view(np.float32)[i])
+
+    def param_i32(self, i: int) -> int:
+        return int(self.op_params[i])
+
+    def set_params(self, *values) -> None:
+        """Store op_params slot by slot: Python floats as float32 bits, ints as int32."""
+        for i, v in enumerate(values):
+            if isinstance(v, float):
+                self.op_params.view(np.float32)[i] = v
+            else:
+                self.op_params[i] = int(v)
+
+    # -- shape ----------------------------------------------------------------------------
+    @property
+    def nelements(self) -> int:
+        return self.ne[0] * self.ne[1] * self.ne[2] * self.ne[3]
+
+    @property
+    def nrows(self) -> int:
+        return self.ne[1] * self.ne[2] * self.ne[3]
+
+    @property
+    def n_dims(self) -> int:
+        for i in range(MAX_DIMS - 1, 0, -1):
+            if self.ne[i] > 1:
+                return i + 1
+        return 1
+
+    @property
+    def nbytes(self) -> int:
+        """ggml_nbytes: the byte extent of the strided tensor."""
+        if any(n <= 0 for n in self.ne):
+            return 0
+        blck = T.block_size(self.type)
+        if blck == 1:
+            return T.type_size(self.type) + sum((self.ne[i] - 1) * self.nb[i] for i in range(4))
+        return self.ne[0] * self.nb[0] // blck + sum((self.ne[i] - 1) * self.nb[i] for i in range(1, 4))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """numpy shape (ne3, ne2, ne1, ne0)."""
+        return self.ne[::-1]
+
+    def is_empty(self) -> bool:
+        return any(n == 0 for n in self.ne)
+
+    def is_transposed(self) -> bool:
+        return self.nb[0] > self.nb[1]
+
+    def is_permuted(self) -> bool:
+        nb = self.nb
+        return nb[0] > nb[1] or nb[1] > nb[2] or nb[2] > nb[3]
+
+    def is_contiguous(self, n: int = 0) -> bool:
+        """ggml_is_contiguous_n at the reference commit (n=0: fully packed)."""
+        nxt = T.type_size(self.type)
+        blck = T.block_size(self.type)
+        if self.ne[0] != blck and self.nb[0] != nxt:
+            return False
+        nxt *= self.ne[0] // blck
+        for i in range(1, MAX_DIMS):
+            if self.ne[i] != 1:
+                if i > n:
+                    if self.nb[i] != nxt:
+                        return False
+                    nxt *= self.ne[i]
+                else:
+                    nxt = self.ne[i] * self.nb[i]
+        return True
+
+    def is_padded_1d(self) -> bool:
+        return (self.nb[0] == T.type_size(self.type) and self.nb[2] == self.nb[1] * self.ne[1]
+                and self.nb[3] == self.nb[2] * self.ne[2])
+
+    def is_matrix(self) -> bool:
+        return self.ne[2] == 1 and self.ne[3] == 1
+
+    def is_vector(self) -> bool:
+        return self.ne[1] == 1 and self.ne[2] == 1 and self.ne[3] == 1
+
+    def same_shape(self, other: Tensor) -> bool:
+        return self.ne == other.ne
+
+    def can_repeat(self, other: Tensor) -> bool:
+        """ggml_can_repeat(self, other): other can be tiled from self."""
+        if self.is_empty():
+            return other.is_empty()
+        return all(o % s == 0 for s, o in zip(self.ne, other.ne))
+
+    # -- data -----------------------------------------------------------------------------
+    @property
+    def has_data(self) -> bool:
+        return self.data_offset is not None
+
+    def _buffer(self) -> np.ndarray:
+        return self.ctx.buffer if self.storage is None else self.storage.array
+
+    @property
+    def data(self) -> np.ndarray:
+        """Zero-copy numpy view honouring nb. Quantized types: raw row bytes (ne3, ne2, ne1, row)."""
+        if self.data_offset is None:
+            raise GGToolError(f"tensor '{self.name}' has no data (no_alloc context)")
+        buf = self._buffer()
+        if T.is_quantized(self.type):
+            if self.nb[0] != T.type_size(self.type):
+                raise GGToolError(f"tensor '{self.name}': a quantized tensor with permuted blocks has no byte view")
+            shape = (*self.ne[:0:-1], T.row_size(self.type, self.ne[0]))
+            strides = (*self.nb[:0:-1], 1)
+            return np.ndarray(shape, np.uint8, buffer=buf, offset=self.data_offset, strides=strides)
+        return np.ndarray(self.shape, T.np_dtype(self.type), buffer=buf, offset=self.data_offset,
+                          strides=self.nb[::-1])
+
+    def numpy(self) -> np.ndarray:
+        """A packed copy of the logical contents (f32 for quantized tensors, dequantized)."""
+        if T.is_quantized(self.type):
+            from .quant import dequantize
+            return dequantize(np.ascontiguousarray(self.data), self.type).reshape(self.shape)
+        return np.array(self.data, copy=True)
+
+    def set_data(self, values) -> Tensor:
+        """Copy numpy data (shape (ne3..ne0) or anything with nelements values) into the tensor."""
+        arr = np.asarray(values)
+        dst = self.data
+        if T.is_quantized(self.type):
+            arr = arr.astype(np.uint8, copy=False)
+        if arr.size != dst.size:
+            raise GGToolError(f"tensor '{self.name}' holds {dst.size} values, got {arr.size}")
+        dst[...] = arr.reshape(dst.shape)
+        return self
+
+    def __repr__(self) -> str:
+        ne = ", ".join(str(n) for n in self.ne)
+        return f"<Tensor {self.name!r} {T.type_name(self.type)} ne=[{ne}] op={self.op_desc}>"
