@@ -70,6 +70,7 @@ class Replay:
             self.graph.expand(self.ids[step["expand"]])
         elif "compute" in step:
             self.plan = self.graph.compute(step["compute"]["n_threads"])
+            rec["status"] = 0  # GGML_STATUS_SUCCESS: failures raise instead
             rec["plan"] = {"n_threads": self.plan.n_threads, "work_size": self.plan.work_size}
             rec["work_buffer_offset"] = self.plan.work_offset
         if "id" in step:

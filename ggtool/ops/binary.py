@@ -1,4 +1,13 @@
-"""add, sub, mul, div: element-wise with GGML's modulo (tiling) broadcast of b over a."""
+"""add, sub, mul, div: element-wise with GGML's modulo (tiling) broadcast of b over a (spec 6.1).
+
+Row r = (i1, i2, i3) of a meets row (i1 % ne11, i2 % ne12, i3 % ne13) of b, and element i0
+meets b element i0 % ne10: numpy's `a op np.tile(b, reps)`. Splitting every dim of a into
+(repeats, b's size) turns that into plain broadcasting, so nothing is copied.
+
+Math is float32. ADD and SUB take blocks of rows, MUL and DIV interleave rows (spec 9.3).
+Types: F32 everywhere; ADD also F16 (+F16/F32) and Q4_0/Q8_0 + F32 (dequantize, add,
+requantize row by row, which is why ADD has a work size for quantized a).
+"""
 
 from __future__ import annotations
 
@@ -6,57 +15,62 @@ import numpy as np
 
 from .. import types as T
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-
-_UFUNC = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": np.divide}
-
-
-def _binary(ctx, op: str, a, b):
-    check(b.can_repeat(a), op.lower(),
-          f"b {fmt_ne(b)} cannot be tiled over a {fmt_ne(a)} (each a.ne[i] must be a multiple of b.ne[i])")
-    return new_op(ctx, op, a.type, a.ne, (a, b))
+from .walk import cpu_from_float, require, require_type, unravel_rows, with_shape
 
 
-def _tiled(b: np.ndarray, shape) -> np.ndarray:
-    """b repeated (np.tile) up to `shape`: GGML's i % ne1x indexing, as a broadcastable view."""
-    if b.shape == tuple(shape):
-        return b
-    reps = [s // n for s, n in zip(shape, b.shape)]
-    if all(r == 1 or n == 1 for r, n in zip(reps, b.shape)):
-        return b  # plain numpy broadcasting gives the same elements
-    return np.tile(b, reps)
+def _tiled(ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = a op tile(b) with every dim split as (a.shape // b.shape, b.shape): no copies."""
+    split_a = [x for n, m in zip(a.shape, b.shape) for x in (n // m, m)]
+    split_b = [x for m in b.shape for x in (1, m)]
+    ufunc(with_shape(a, split_a), with_shape(b, split_b), out=with_shape(out, split_a),
+          dtype=np.float32, casting="unsafe")
 
 
-def _forward(node, ith: int, nth: int, work, split: str) -> None:
+def _rows_of(t, shape2):
+    return with_shape(t.data, shape2)
+
+
+def _forward(node, ith: int, nth: int, ufunc, interleaved: bool) -> None:
     a, b = node.src
-    dst = node.data
-    ne1, ne2, ne3 = node.ne[1], node.ne[2], node.ne[3]
-    nr = ne1 * ne2 * ne3
-    # ADD and SUB take a contiguous block of rows, MUL and DIV interleave rows (spec 9.3)
-    if split == "block":
-        ir0, ir1 = row_block(nr, ith, nth)
-        sel = slice(ir0, ir1)
-    else:
-        sel = slice(ith, nr, nth)
-    av = a.data.astype(np.float32, copy=False) if a.type != T.F32 else a.data
-    bv = _tiled(b.data, a.shape)
-    bv = np.broadcast_to(bv, a.shape)
-    ufunc = _UFUNC[node.op]
+    op = node.op.lower()
+    require(node.nb[0] == T.type_size(node.type) and a.nb[0] == T.type_size(a.type), op,
+            "a and the result need packed rows (nb0 == type size)")
+    nr, ne0 = node.nrows, node.ne[0]
+    if T.is_quantized(a.type):
+        return _add_quantized(node, a, b, *row_block(nr, ith, nth))
     if nth == 1:
         with np.errstate(all="ignore"):
-            ufunc(av, bv, out=dst, dtype=np.float32, casting="unsafe")
+            _tiled(ufunc, a.data, b.data, node.data)
         return
-    d2 = dst.reshape(-1, dst.shape[-1]) if dst.flags.c_contiguous else None
-    if d2 is not None and av.flags.c_contiguous:
-        a2 = av.reshape(-1, av.shape[-1])
-        b2 = np.ascontiguousarray(bv).reshape(-1, bv.shape[-1]) if not bv.flags.c_contiguous else bv.reshape(-1, bv.shape[-1])
-        with np.errstate(all="ignore"):
-            ufunc(a2[sel], b2[sel], out=d2[sel], dtype=np.float32, casting="unsafe")
+    sel = slice(ith, nr, nth) if interleaved else slice(*row_block(nr, ith, nth))
+    if not len(range(nr)[sel]):
         return
-    idx = np.arange(nr)[sel]
-    i3, rem = np.divmod(idx, ne1 * ne2)
-    i2, i1 = np.divmod(rem, ne1)
+    a2, d2 = _rows_of(a, (nr, ne0)), _rows_of(node, (nr, ne0))
+    if b.ne[1:] == a.ne[1:]:
+        b2 = _rows_of(b, (nr, b.ne[0]))
+    else:
+        b2 = _rows_of(b, (1, b.ne[0])) if b.nrows == 1 else None
     with np.errstate(all="ignore"):
-        dst[i3, i2, i1] = ufunc(av[i3, i2, i1], bv[i3, i2, i1], dtype=np.float32)
+        if a2 is not None and d2 is not None and b2 is not None:  # rows are plain slices
+            _tiled(ufunc, a2[sel], b2[sel] if len(b2) > 1 else b2, d2[sel])
+            return
+        i3, i2, i1 = unravel_rows(np.arange(nr)[sel], node.ne[1], node.ne[2])
+        rows = np.empty((len(i1), ne0), dtype=node.data.dtype)
+        _tiled(ufunc, a.data[i3, i2, i1], b.data[i3 % b.ne[3], i2 % b.ne[2], i1 % b.ne[1]], rows)
+        node.data[i3, i2, i1] = rows
+
+
+def _add_quantized(node, a, b, r0: int, r1: int) -> None:
+    """Q + F32 -> Q: dequantize a's rows, add b's, quantize with the CPU from_float."""
+    from .. import quant
+
+    require(a.ne == b.ne == node.ne, "add", "a quantized a needs b of the same shape")
+    require(b.type == T.F32 and b.nb[0] == 4, "add", "with a quantized a, b must be f32 with packed rows")
+    if r0 >= r1:
+        return
+    i3, i2, i1 = unravel_rows(np.arange(r0, r1), a.ne[1], a.ne[2])
+    x = quant.dequantize(np.ascontiguousarray(a.data[i3, i2, i1]), a.type).reshape(len(i1), -1)
+    node.data[i3, i2, i1] = cpu_from_float(x + b.data[i3, i2, i1], node.type)
 
 
 def _quantized_src0_work(node, n_tasks: int) -> int:
@@ -66,22 +80,41 @@ def _quantized_src0_work(node, n_tasks: int) -> int:
 
 @kernel("ADD", n_tasks=ALL, work_size=_quantized_src0_work)
 def forward_add(node, ith, nth, work):
-    _forward(node, ith, nth, work, "block")
+    a, b = node.src
+    require_type(a, "add", (T.F32, T.F16, T.Q4_0, T.Q8_0))
+    require_type(b, "add", (T.F32, T.F16) if a.type == T.F16 else (T.F32,), "b")
+    require(not (a.type == T.F16 and b.type == T.F32 and a.ne != b.ne), "add", "f16 + f32 needs b of a's shape")
+    _forward(node, ith, nth, np.add, interleaved=False)
 
 
 @kernel("SUB", n_tasks=1)
 def forward_sub(node, ith, nth, work):
-    _forward(node, ith, nth, work, "block")
+    """n_tasks is 1, yet every thread takes its block of rows (spec 8.1)."""
+    _f32_only(node, "sub")
+    _forward(node, ith, nth, np.subtract, interleaved=False)
 
 
 @kernel("MUL", n_tasks=ALL)
 def forward_mul(node, ith, nth, work):
-    _forward(node, ith, nth, work, "interleaved")
+    _f32_only(node, "mul")
+    _forward(node, ith, nth, np.multiply, interleaved=True)
 
 
 @kernel("DIV", n_tasks=ALL)
 def forward_div(node, ith, nth, work):
-    _forward(node, ith, nth, work, "interleaved")
+    _f32_only(node, "div")
+    _forward(node, ith, nth, np.divide, interleaved=True)
+
+
+def _f32_only(node, op: str) -> None:
+    require_type(node.src[0], op, (T.F32,))
+    require_type(node.src[1], op, (T.F32,), "b")
+
+
+def _binary(ctx, op: str, a, b):
+    check(b.can_repeat(a), op.lower(),
+          f"b '{b.name}' {fmt_ne(b)} cannot be tiled over a '{a.name}' {fmt_ne(a)} (each a.ne[i] must be a multiple of b.ne[i])")
+    return new_op(ctx, op, a.type, a.ne, (a, b))
 
 
 @function("add", "ggml_add(ctx, a, b)", "a + b; b is tiled (modulo) over a")

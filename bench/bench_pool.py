@@ -1,0 +1,235 @@
+"""Issue 4 figures: the worker pool, each figure with its reference measured in the same run.
+
+    python bench/bench_pool.py            # all figures (about a minute on 2 cores)
+    python bench/bench_pool.py overhead   # only some: startup overhead f32 q4_0 scaling
+
+1. Pool start-up: WorkerPool(2) until its worker is ready, and the first compute.
+2. Per-node overhead: a chain of 1000 adds on 16-float tensors, us/node in-process and with 2
+   participants (target <= 20 us; GGML pays 0.4 us with 2 threads), and a chain of 1000 empty
+   all-participant nodes (the barrier and dispatch alone).
+3. f32 mul_mat K=N=2048 M=512 and K=N=4096 M=64 on the pool with 2 participants against numpy's
+   `a @ w.T` with 2 BLAS threads (measured in a subprocess with OPENBLAS_NUM_THREADS=2): target >= 0.9x.
+4. Scaling: 1 participant (in-process, BLAS on one thread) -> 2 on the large f32 mul_mat: target >= 1.8x.
+5. Q4_0 x f32 mul_mat (the two shapes above and M=1, K=N=4096) with 2 participants, GFLOP/s against
+   GGML's CPU backend on this machine (nth=2: 71-74 standalone ggml, 105-110 llama.cpp's build).
+
+Timings are the median of several runs after a warm-up. FLOPs = 2*K*N*M.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+# GGML on this machine, nth = 2 (shared/research/peer-baselines.md: M2/M3 f32, Q5/Q6/Q7 Q4_0)
+GGML_F32 = {(2048, 2048, 512): 49.7, (4096, 4096, 64): 45.6}
+GGML_Q4_0 = {(2048, 2048, 512): 71.1, (4096, 4096, 64): 73.6, (4096, 4096, 1): 74.3}
+LLAMA_CPP_Q4_0 = {(2048, 2048, 512): 105.4, (4096, 4096, 64): 109.6, (4096, 4096, 1): 75.0}
+
+
+def empty_kernel(node, ith, nth, work):
+    """An all-participant node that does nothing: what is left is dispatch and the barrier."""
+
+
+def timed(fn, runs: int = 7, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def has_ops(*names) -> bool:
+    from ggtool.ops import FUNCTIONS
+    return all(n in FUNCTIONS for n in names)
+
+
+# -- 1 -----------------------------------------------------------------------------------------
+def startup() -> None:
+    import ggtool
+    from ggtool.ops import FUNCTIONS
+    from ggtool.pool import WorkerPool
+
+    times, first = [], []
+    for _ in range(3):
+        ctx = ggtool.Context()
+        a = ctx.new_tensor("f32", [16])
+        g = ctx.new_graph()
+        g.expand(FUNCTIONS["add"](ctx, a, a))
+        t0 = time.perf_counter()
+        with WorkerPool(2) as pool:
+            pool._ensure(2)
+            t1 = time.perf_counter()
+            g.compute(2, pool=pool)
+            t2 = time.perf_counter()
+        times.append(t1 - t0)
+        first.append(t2 - t1)
+    ref = timed(lambda: subprocess.run([sys.executable, "-c", "import numpy, gguf"], check=True), runs=3)
+    print(f"pool start-up (2 participants, worker ready): {statistics.median(times) * 1e3:6.0f} ms; "
+          f"first compute (segment + graph): {statistics.median(first) * 1e3:5.1f} ms; "
+          f"for reference `python -c 'import numpy, gguf'`: {ref * 1e3:.0f} ms")
+
+
+# -- 2 -----------------------------------------------------------------------------------------
+def overhead(n: int = 1000) -> None:
+    import ggtool
+    from ggtool.ops import FUNCTIONS, KERNELS, Kernel
+    from ggtool.ops.base import ALL, new_op
+    from ggtool.pool import WorkerPool
+
+    ctx = ggtool.Context()
+    x = ctx.new_tensor("f32", [16])
+    b = ctx.new_tensor("f32", [16])
+    x.data[...] = 1
+    b.data[...] = 0.5
+    y = x
+    for _ in range(n):
+        y = FUNCTIONS["add"](ctx, y, b)
+    g = ctx.new_graph(2 * n)
+    g.expand(y)
+
+    KERNELS["BENCH_EMPTY"] = Kernel("BENCH_EMPTY", empty_kernel, ALL, None)
+    e = x
+    for _ in range(n):
+        e = new_op(ctx, "BENCH_EMPTY", e.type, e.ne, (e,))
+    ge = ctx.new_graph(2 * n)
+    ge.expand(e)
+
+    p1 = g.compute(1)
+    t1 = timed(lambda: g.compute(1, plan=p1))
+    want = y.numpy()
+    with WorkerPool(2) as pool:
+        p2 = g.compute(2, pool=pool)
+        assert np.array_equal(y.numpy(), want)
+        t2 = timed(lambda: g.compute(2, pool=pool, plan=p2), runs=9)
+        pe = ge.compute(2, pool=pool)
+        te = timed(lambda: ge.compute(2, pool=pool, plan=pe), runs=9)
+    pe1 = ge.compute(1)
+    te1 = timed(lambda: ge.compute(1, plan=pe1))
+    us = 1e6 / n
+    print(f"add chain, {n} nodes of 16 floats: in-process {t1 * us:5.1f} us/node, 2 participants "
+          f"{t2 * us:5.1f} us/node (target <= 20; GGML 0.4) = kernel + {(t2 - t1) * us:4.1f} us of pool overhead")
+    print(f"empty all-participant nodes: in-process {te1 * us:5.2f} us/node, 2 participants {te * us:5.2f} us/node "
+          "(dispatch + barrier + per-graph cost)")
+
+
+# -- 3, 4, 5 -----------------------------------------------------------------------------------
+NUMPY_2T = """
+import os, statistics, sys, time
+import numpy as np
+K, N, M = map(int, sys.argv[1:4])
+rng = np.random.default_rng(0)
+w = rng.standard_normal((N, K), dtype=np.float32)
+x = rng.standard_normal((M, K), dtype=np.float32)
+x @ w.T
+ts = []
+for _ in range(7):
+    t0 = time.perf_counter(); x @ w.T; ts.append(time.perf_counter() - t0)
+print(statistics.median(ts))
+"""
+
+
+def numpy_seconds(K: int, N: int, M: int, threads: int) -> float:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, "-c", NUMPY_2T, str(K), str(N), str(M)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return float(out.strip())
+
+
+def mul_mat_graph(K: int, N: int, M: int, wtype: str):
+    import ggtool
+    from ggtool.ops import FUNCTIONS
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((N, K), dtype=np.float32)   # ggml ne [K, N]
+    x = rng.standard_normal((M, K), dtype=np.float32)   # ggml ne [K, M]
+    ctx = ggtool.Context()
+    a = ctx.new_tensor_from(w, type=wtype, name="w")
+    b = ctx.new_tensor_from(x, name="x")
+    out = FUNCTIONS["mul_mat"](ctx, a, b)
+    g = ctx.new_graph()
+    g.expand(out)
+    return g, out, w, x
+
+
+def f32(pool, shapes=((2048, 2048, 512), (4096, 4096, 64))) -> None:
+    for K, N, M in shapes:
+        g, out, w, x = mul_mat_graph(K, N, M, "f32")
+        plan = g.compute(2, pool=pool)
+        assert np.allclose(out.numpy()[0, 0], x @ w.T, rtol=1e-3, atol=1e-2)
+        t = timed(lambda: g.compute(2, pool=pool, plan=plan))
+        tn = numpy_seconds(K, N, M, 2)
+        fl = 2 * K * N * M
+        print(f"f32 mul_mat K={K} N={N} M={M}: pool(2) {fl / t / 1e9:6.1f} GFLOP/s, numpy @ with 2 BLAS threads "
+              f"{fl / tn / 1e9:6.1f}: ratio {tn / t:.2f}x (target >= 0.9x); GGML nth=2 {GGML_F32[(K, N, M)]}")
+
+
+def scaling(pool, K: int = 2048, N: int = 2048, M: int = 512) -> None:
+    from ggtool import blas
+
+    g, out, w, x = mul_mat_graph(K, N, M, "f32")
+    p1 = g.compute(1)
+    with blas.limit(1):
+        t1 = timed(lambda: g.compute(1, plan=p1))
+    p2 = g.compute(2, pool=pool)
+    t2 = timed(lambda: g.compute(2, pool=pool, plan=p2))
+    fl = 2 * K * N * M
+    print(f"scaling f32 mul_mat K={K} N={N} M={M}: 1 participant (BLAS on 1 thread) {fl / t1 / 1e9:6.1f} GFLOP/s, "
+          f"2 participants {fl / t2 / 1e9:6.1f}: {t1 / t2:.2f}x (target >= 1.8x)")
+
+
+def q4_0(pool, shapes=((2048, 2048, 512), (4096, 4096, 64), (4096, 4096, 1))) -> None:
+    from ggtool import blas
+
+    for K, N, M in shapes:
+        g, out, w, x = mul_mat_graph(K, N, M, "q4_0")
+        p1 = g.compute(1)
+        with blas.limit(1):
+            t1 = timed(lambda: g.compute(1, plan=p1), runs=5)
+        plan = g.compute(2, pool=pool)
+        t = timed(lambda: g.compute(2, pool=pool, plan=plan))
+        fl = 2 * K * N * M
+        print(f"Q4_0 x f32 mul_mat K={K} N={N} M={M}: 1 participant {fl / t1 / 1e9:6.1f} GFLOP/s, pool(2) "
+              f"{fl / t / 1e9:6.1f} GFLOP/s = {fl / t / 1e9 / GGML_Q4_0[(K, N, M)]:.2f}x GGML nth=2 "
+              f"({GGML_Q4_0[(K, N, M)]}), {fl / t / 1e9 / LLAMA_CPP_Q4_0[(K, N, M)]:.2f}x llama.cpp's ggml "
+              f"({LLAMA_CPP_Q4_0[(K, N, M)]}); {t * 1e3:.2f} ms per mul_mat")
+
+
+def main(which) -> None:
+    from ggtool.pool import WorkerPool
+
+    if "startup" in which:
+        startup()
+    if "overhead" in which:
+        overhead()
+    if not has_ops("mul_mat"):
+        print("mul_mat is not registered yet: the mul_mat figures are skipped")
+        return
+    with WorkerPool(2) as pool:
+        if "f32" in which:
+            f32(pool)
+        if "scaling" in which:
+            scaling(pool)
+        if "q4_0" in which:
+            try:
+                import ggtool.quant  # noqa: F401
+            except ImportError:
+                print("ggtool.quant is not there yet: the Q4_0 figures are skipped")
+            else:
+                q4_0(pool)
+
+
+if __name__ == "__main__":
+    # Import this file as the module `bench_pool` (its folder is sys.path[0], which the workers
+    # share) so that the pool can send `bench_pool.empty_kernel` to them by reference.
+    import bench_pool
+
+    bench_pool.main(sys.argv[1:] or ["startup", "overhead", "f32", "scaling", "q4_0"])

@@ -1,0 +1,201 @@
+"""Options and helpers shared by the subcommands: the program, its inputs, threads, output streams."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+
+import click
+
+from ggtool.context import Context
+from ggtool.errors import GGToolError
+from ggtool.inputs import Inputs, SourceSyntaxError, parse_tensor_option
+
+THREADS_ENV = "GGTOOL_THREADS"
+
+NUMPY_ORDER_HELP = """\
+Shapes: numpy shape (d3, d2, d1, d0) is GGML ne = [d0, d1, d2, d3]. The JSON [[1,2,3],[4,5,6]] is
+numpy shape (2, 3), i.e. 2 rows of 3, and becomes a tensor with ne = [3, 2]. Shape-only sources
+(f32[3,2]) and everything ggtool prints as ne are in GGML order; JSON and .npy data are in numpy
+order."""
+
+SOURCES_HELP = """\
+Tensor sources (--tensor NAME=SOURCE, repeatable):
+
+\b
+  w.npy                  a .npy file (no pickles); float32/float16/int32 kept,
+                         float64 -> f32, other integers -> i32
+  '[[1,2],[3,4]]'        inline JSON, rectangular; f32 unless prefixed
+  model.gguf:TENSOR      one tensor of a GGUF file
+  -                      stdin: a .npy stream or JSON (detected); one input at most
+  f32[4,3]               a shape only (GGML order ne0,ne1,...), zero-filled
+  i32:[1,2,3]            a type prefix converts on load: f32 f16 i32 q4_0 q8_0
+  q4_0:model.gguf:TENSOR   (also f16:w.npy, ...)
+
+--gguf FILE makes every tensor of FILE available under its own name (memory-mapped, read only
+if the program uses it). A --tensor name shadows a --gguf tensor; a name found in two --gguf
+files is an error when used. GGUF tensors of types f32, f16, i32, q4_0 and q8_0 are used in
+place; other types (q4_K, q6_K, bf16, ...) are dequantized to f32 when needed."""
+
+
+# -- options ----------------------------------------------------------------------------------------
+def _parse_tensor_options(ctx, param, values):
+    try:
+        return [parse_tensor_option(v) for v in values]
+    except SourceSyntaxError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
+def program_options(f):
+    """PROGRAM (or -f FILE / -f -), --output NAME and --graph-size."""
+    f = click.option("--graph-size", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Graph size (max nodes, and max leafs); default GGML's 2048, grown if the program "
+                          "needs more.")(f)
+    f = click.option("--output", "output_names", multiple=True, metavar="NAME",
+                     help="Output this tensor: a variable or input name (repeatable); default: the program's last "
+                          "statement.")(f)
+    f = click.option("-f", "--file", "program_file", type=click.File("r", encoding="utf-8"),
+                     help="Read the program from FILE ('-' for stdin) instead of PROGRAM.")(f)
+    return click.argument("program", required=False)(f)
+
+
+def input_options(f):
+    """--tensor NAME=SOURCE and --gguf FILE (both repeatable)."""
+    f = click.option("--gguf", "gguf_files", multiple=True, metavar="FILE",
+                     type=click.Path(exists=True, dir_okay=False),
+                     help="Make every tensor of this GGUF file available by its name (repeatable).")(f)
+    return click.option("--tensor", "tensor_sources", multiple=True, metavar="NAME=SOURCE",
+                        callback=_parse_tensor_options,
+                        help="An input tensor (repeatable); SOURCE forms are listed below.")(f)
+
+
+def default_threads() -> int:
+    """The cores this process may run on (os.cpu_count() where affinity is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def threads_option(f):
+    return click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
+                        envvar=THREADS_ENV, show_envvar=True, show_default="the number of CPU cores",
+                        metavar="N", help="Threads (GGML's n_threads).")(f)
+
+
+# -- the program and its inputs ---------------------------------------------------------------------------
+def read_program(program: str | None, program_file) -> tuple[str, str]:
+    """(source, filename) from PROGRAM or -f FILE; exactly one must be given."""
+    if program is not None and program_file is not None:
+        raise click.UsageError("give the program either as PROGRAM or with -f FILE, not both")
+    if program_file is not None:
+        name = "<stdin>" if _is_stdin(program_file) else program_file.name
+        try:
+            return program_file.read(), name
+        except UnicodeDecodeError as e:
+            raise GGToolError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if program is None:
+        raise click.UsageError("no program: give it as PROGRAM (e.g. 'mul_mat(a, b)') or with -f FILE")
+    return program, "<program>"
+
+
+def _is_stdin(f) -> bool:
+    return f.name in ("-", "<stdin>")
+
+
+def make_inputs(tensor_sources, gguf_files, program_file=None, read_data: bool = True,
+                verbose: bool = False) -> Inputs:
+    """The DSL environment. stdin may feed the program (-f -) or one tensor, not both."""
+    reads_stdin = [s.name for s in tensor_sources if s.kind == "stdin"]
+    if reads_stdin and program_file is not None and _is_stdin(program_file):
+        raise click.UsageError(f"-f - and --tensor {reads_stdin[0]}=- both read stdin; save one of them to a file")
+    on_load = (lambda name, what: log(f"load {name}: {what}")) if verbose else None
+    stdin = click.get_binary_stream("stdin") if reads_stdin else None
+    try:
+        return Inputs(tensor_sources, gguf_files, stdin=stdin, read_data=read_data, on_load=on_load)
+    except SourceSyntaxError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def build_graph(source: str, filename: str, inputs: Inputs, ctx: Context, output_names=(),
+                graph_size: int | None = None):
+    """Parse and build the program in `ctx`; returns the DSL's Built (graph, outputs, tensors)."""
+    from ggtool.dsl import build, parse
+
+    program = parse(source, filename=filename)
+    built = build(program, ctx, inputs, outputs=list(output_names) or None, graph_size=graph_size)
+    for note in built.notes:
+        log(f"Note: {note}")
+    return built
+
+
+def warn_unused(inputs: Inputs) -> None:
+    for name in inputs.unused():
+        log(f"Warning: --tensor {name} is not used by the program")
+
+
+# INTEGRATION POINT (ggtool/pool.py): True computes on the multiprocess WorkerPool when --threads > 1.
+USE_WORKER_POOL = False
+
+
+@contextlib.contextmanager
+def open_pool(n_threads: int) -> Iterator[object | None]:
+    """The worker pool to compute with, or None to compute in this process."""
+    if not USE_WORKER_POOL or n_threads <= 1:
+        yield None
+        return
+    from ggtool.pool import WorkerPool
+
+    with WorkerPool(n_threads) as pool:
+        yield pool
+
+
+# -- streams ------------------------------------------------------------------------------------------------
+def log(message: str) -> None:
+    """Diagnostics go to stderr; stdout carries data only."""
+    click.echo(message, err=True)
+
+
+def stdout_is_tty() -> bool:
+    return sys.stdout.isatty()
+
+
+def refuse_binary_to_tty(fmt: str) -> None:
+    if stdout_is_tty():
+        raise click.UsageError(f"refusing to write {fmt} bytes to a terminal; redirect stdout "
+                               f"(> out.{fmt}, | ggtool ...) or use -o FILE")
+
+
+def write_text(chunks: Iterable[str]) -> None:
+    out = sys.stdout
+    for c in chunks:
+        out.write(c)
+    out.flush()
+
+
+def binary_stdout():
+    sys.stdout.flush()
+    return click.get_binary_stream("stdout")
+
+
+class Timer:
+    """Wall-clock phases, reported on stderr with --time."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.phases: list[tuple[str, float]] = []
+        self._t = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases.append((phase, now - self._t))
+        self._t = now
+
+    def report(self) -> None:
+        if self.enabled:
+            total = sum(s for _, s in self.phases)
+            parts = ", ".join(f"{p} {s * 1000:.1f} ms" for p, s in self.phases)
+            log(f"time: {parts} (total {total * 1000:.1f} ms)")

@@ -1,0 +1,50 @@
+"""`ggtool compare A B`: per-tensor error between two GGUF files (or two single tensors)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ggtool import inspect_gguf as I
+
+HELP = """Compare the tensors of A and B after dequantizing both to f32: what quantization cost.
+
+A and B are GGUF files (every tensor present in both is compared, by name), or single tensors:
+FILE.gguf:TENSOR or a .npy file, in any pairing. B is measured against A:
+
+\b
+  nmse         sum((b - a)^2) / sum(a^2)   (GGML test-backend-ops' measure)
+  max_abs_err  max |b - a|
+  rel_rms      rms(b - a) / rms(a)
+Tensors only in one file are listed; shape mismatches are reported, not compared.
+--json: {"a", "b", "tensors": [{"name", "type_a", "type_b", "ne", "identical", "nmse",
+"max_abs_error", "rel_rms", "rms_error", "nonfinite"}], "only_in_a", "only_in_b", "summary"}.
+
+\b
+Examples:
+  $ ggtool quantize model.gguf model-q4_0.gguf
+  $ ggtool compare model.gguf model-q4_0.gguf
+  $ ggtool compare model.gguf:output.weight out.npy --json
+"""
+
+
+@click.command("compare", help=HELP, short_help="Per-tensor NMSE / max error between two GGUF files or tensors.")
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+def command(a, b, as_json):
+    sa, sb = I.open_source(a), I.open_source(b)
+    bar = None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+        bar = tqdm(total=I.compare_values(sa, sb), unit=" values", unit_scale=True, file=sys.stderr,
+                   desc="compare", leave=False, dynamic_ncols=True)
+    try:
+        res = I.compare(sa, sb, on_bytes=bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    out = click.get_text_stream("stdout")
+    out.write(I.json_text(res) if as_json else I.format_compare(res))
+    out.flush()

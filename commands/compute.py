@@ -1,0 +1,168 @@
+"""`ggtool compute`: build a program's graph over the given tensors, compute it, write the outputs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import click
+import numpy as np
+
+from ggtool.context import Context
+from ggtool.outputs import (
+    FORMATS,
+    atomic_path,
+    format_for_path,
+    json_document,
+    tensor_array,
+    write_gguf,
+    write_npy,
+    write_npy_atomic,
+    write_text_atomic,
+)
+
+from ._common import (
+    NUMPY_ORDER_HELP,
+    SOURCES_HELP,
+    Timer,
+    binary_stdout,
+    build_graph,
+    input_options,
+    log,
+    make_inputs,
+    open_pool,
+    program_options,
+    read_program,
+    refuse_binary_to_tty,
+    threads_option,
+    warn_unused,
+    write_text,
+)
+
+HELP = f"""Compute PROGRAM and print its outputs (JSON in numpy order by default).
+
+\b
+Example: GGML's seed example. mul_mat(a, b) dots every row of b with every row of a:
+  $ ggtool compute 'mul_mat(a, b)' \\
+        --tensor a='[[2,8],[5,1],[4,2],[8,6]]' --tensor b='[[10,5],[9,9],[5,4]]'
+  [[60,55,50,110],[90,54,54,126],[42,29,28,64]]
+
+a is numpy shape (4, 2), GGML ne = [2, 4]; b is (3, 2), ne = [2, 3]; the result has ne = [4, 3]
+and prints as numpy shape (3, 4): the numpy b @ a.T.
+
+\b
+More:
+  $ ggtool compute 'relu(x)' --tensor x=w.npy -o y.npy
+  $ ggtool compute -f model.gg --gguf model.gguf --tensor tok=i32:[1,2,3] -o out.gguf
+  $ ggtool compute 'mul_mat(a, b)' --tensor a=a.npy --tensor b=b.npy --format npy \\
+        | ggtool compute 'relu(x)' --tensor x=-
+
+Outputs: one output prints as a bare array; several as {{"name": array, ...}}. -o FILE takes
+its format from the extension (.json, .npy for one output, .gguf for all outputs as named
+tensors) and is replaced atomically: a failed run leaves no file. --format npy|gguf to stdout
+is refused when stdout is a terminal. JSON writes NaN, Infinity and -Infinity as Python's json
+module does.
+
+{NUMPY_ORDER_HELP}
+
+{SOURCES_HELP}
+"""
+
+
+@click.command("compute", help=HELP, short_help="Compute a program and print or save its outputs.")
+@program_options
+@input_options
+@threads_option
+@click.option("-o", "--out", "out_path", type=click.Path(dir_okay=False, allow_dash=True), metavar="FILE",
+              help="Write the outputs to FILE (.json, .npy or .gguf; '-' for stdout).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="Output format (default: from -o's extension, else json).")
+@click.option("--time", "show_time", is_flag=True, help="Report timings on stderr.")
+@click.option("-v", "--verbose", is_flag=True, help="Report loads and timings on stderr.")
+def command(program, program_file, output_names, graph_size, tensor_sources, gguf_files, n_threads,
+            out_path, fmt, show_time, verbose):
+    timer = Timer(show_time or verbose)
+    to_file = out_path is not None and out_path != "-"
+    fmt = resolve_format(out_path, fmt)
+    if not to_file and fmt != "json":
+        refuse_binary_to_tty(fmt)
+
+    source, filename = read_program(program, program_file)
+    inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=True, verbose=verbose)
+    if to_file:
+        check_destination(out_path, inputs.files())
+    ctx = Context()
+    built = build_graph(source, filename, inputs, ctx, output_names, graph_size)
+    warn_unused(inputs)
+    outputs = list(built.outputs)
+    if fmt == "npy" and len(outputs) != 1:
+        names = ", ".join(n for n, _ in outputs)
+        raise click.UsageError(f"a .npy holds one array but the program has {len(outputs)} outputs ({names}); "
+                               "pick one with --output NAME, or use .json or .gguf")
+    timer.mark("build")
+
+    with open_pool(n_threads) as pool, np.errstate(all="ignore"):
+        plan = built.graph.compute(n_threads, pool=pool)
+    timer.mark("compute")
+    if verbose:
+        log(f"computed {built.graph.n_nodes} nodes with {plan.n_threads} threads "
+            f"(work buffer {plan.work_size} bytes, GGML context {plan.mem_size(built.graph)} bytes)")
+
+    write_outputs(outputs, fmt, out_path if to_file else None, source)
+    timer.mark("write")
+    if verbose and to_file:
+        log(f"wrote {out_path} ({fmt}, {len(outputs)} output{'s' if len(outputs) != 1 else ''})")
+    timer.report()
+
+
+def resolve_format(out_path: str | None, fmt: str | None) -> str:
+    if fmt is not None:
+        return fmt
+    if out_path is None or out_path == "-":
+        return "json"
+    guessed = format_for_path(out_path)
+    if guessed is None:
+        raise click.UsageError(f"cannot tell the format of -o {out_path} from its extension; "
+                               "name it .json, .npy or .gguf, or pass --format")
+    return guessed
+
+
+def check_destination(out_path: str, input_files: list[str]) -> None:
+    """Fail before computing if the output cannot be written or would replace an input."""
+    directory = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(directory):
+        raise click.UsageError(f"cannot write -o {out_path}: directory {directory} does not exist")
+    if os.path.realpath(out_path) in input_files:
+        raise click.UsageError(f"-o {out_path} is also an input; write the result to another file")
+
+
+def write_outputs(outputs, fmt: str, path: str | None, source: str) -> None:
+    """Write (name, Tensor) outputs as fmt to `path`, or to stdout when path is None."""
+    if fmt == "gguf":
+        metadata = {"ggtool.program": source}
+        if path is not None:
+            with atomic_path(path) as tmp:
+                write_gguf(tmp, outputs, metadata)
+        else:
+            with tempfile.TemporaryDirectory() as d:
+                tmp = os.path.join(d, "out.gguf")
+                write_gguf(tmp, outputs, metadata)
+                with open(tmp, "rb") as f:
+                    out = binary_stdout()
+                    shutil.copyfileobj(f, out)
+                    out.flush()
+        return
+    named = [(name, tensor_array(t)) for name, t in outputs]
+    if fmt == "npy":
+        if path is not None:
+            write_npy_atomic(path, named[0][1])
+        else:
+            out = binary_stdout()
+            write_npy(out, named[0][1])
+            out.flush()
+        return
+    if path is not None:
+        write_text_atomic(path, json_document(named))
+    else:
+        write_text(json_document(named))

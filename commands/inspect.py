@@ -1,0 +1,64 @@
+"""`ggtool inspect FILE.gguf`: header, metadata, tensor table and totals of a GGUF file."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ggtool import inspect_gguf as I
+from ggtool.gguf_file import GGUFFile
+
+HELP = """Describe a GGUF file: header, metadata key/values, tensor table and totals.
+
+The file is memory-mapped and only its header is parsed, so even a large model opens at once;
+long strings and arrays are shortened (first 60 characters / 8 items) unless --full.
+
+\b
+Tensor table: index, name, type, ne (GGML order, ne0 first), bytes, bits per weight and the
+absolute offset of the data in the file. Totals per type follow.
+--stats adds min/max/mean/std of every tensor's dequantized values (reads all the data; a
+progress bar shows on a terminal).
+--json: {"file", "version", "alignment", "data_offset", "file_size", "n_kv", "n_tensors",
+"metadata": [{"key", "type", "value", "count"?, "truncated"?}], "tensors": [{"name", "type",
+"ne", "bytes", "bpw", "offset", "stats"?}], "totals": {...}} with a trailing newline.
+--diffable: no offsets, file size or directory, keys and tensors sorted by name, so the output of
+two files can be diffed (e.g. a model and its quantized version).
+
+\b
+Examples:
+  $ ggtool inspect model.gguf
+  $ ggtool inspect model.gguf --json | jq '.tensors[] | select(.type == "q4_0") | .name'
+  $ diff <(ggtool inspect a.gguf --diffable) <(ggtool inspect b.gguf --diffable)
+  $ ggtool inspect model-q4_0.gguf --stats
+"""
+
+
+@click.command("inspect", help=HELP, short_help="Describe a GGUF file: metadata, tensors, totals.")
+@click.argument("path", metavar="FILE.gguf", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+@click.option("--diffable", is_flag=True, help="No offsets; sorted keys and tensors (for diff).")
+@click.option("--full", is_flag=True, help="Do not shorten long strings and arrays.")
+@click.option("--stats", is_flag=True, help="Add min/max/mean/std per tensor (dequantized).")
+def command(path, as_json, diffable, full, stats):
+    g = GGUFFile(path)
+    d = I.describe(g, full=full, diffable=diffable)
+    st = None
+    if stats:
+        st = {}
+        bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+            bar = tqdm(total=d["totals"]["bytes"], unit="B", unit_scale=True, unit_divisor=1024,
+                       file=sys.stderr, desc="stats", leave=False, dynamic_ncols=True)
+        try:
+            for t in d["tensors"]:
+                st[t["name"]] = I.tensor_stats(g, t["name"], on_bytes=bar.update if bar else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        for t in d["tensors"]:
+            t["stats"] = st[t["name"]]
+    out = click.get_text_stream("stdout")
+    out.write(I.json_text(d) if as_json else I.format_describe(d, st))
+    out.flush()

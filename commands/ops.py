@@ -1,0 +1,44 @@
+"""`ggtool ops`: the ops a program can call, with GGML's C signature and what each does."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ._common import write_text
+
+HELP = """List the ops a program can call: the DSL name, GGML's C signature and a one-line description.
+
+Programs call ops by GGML's function name without the ggml_ prefix, positionally or with
+GGML's parameter names as keywords.
+
+\b
+Example:
+  $ ggtool ops mul
+  mul      ggml_mul(ctx, a, b)      a * b element-wise; b is tiled (modulo) over a
+  mul_mat  ggml_mul_mat(ctx, a, b)  a . b^T row by row: result ne = [a.ne1, b.ne1, ...
+  $ ggtool ops --json | jq -r '.[].name'
+
+PATTERN keeps the ops whose name contains it.
+"""
+
+
+@click.command("ops", help=HELP, short_help="List the ops with their C signatures.")
+@click.argument("pattern", required=False)
+@click.option("--json", "as_json", is_flag=True,
+              help='JSON: [{"name", "signature", "description", "params"}, ...].')
+def command(pattern, as_json):
+    from ggtool.ops import FUNCTIONS
+
+    funcs = [f for f in FUNCTIONS.values() if pattern is None or pattern.lower() in f.name.lower()]
+    if as_json:
+        records = [{"name": f.name, "signature": f.signature, "description": f.doc, "params": list(f.params)}
+                   for f in funcs]
+        write_text([json.dumps(records, indent=2), "\n"])
+        return
+    if not funcs:
+        raise click.ClickException(f"no op name contains {pattern!r}; see ggtool ops")
+    w0 = max(len(f.name) for f in funcs)
+    w1 = max(len(f.signature) for f in funcs)
+    write_text(f"{f.name.ljust(w0)}  {f.signature.ljust(w1)}  {f.doc}\n" for f in funcs)

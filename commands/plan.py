@@ -1,0 +1,72 @@
+"""`ggtool plan`: ggml_graph_plan for a program: per-node tasks and work, threads, work and context size."""
+
+from __future__ import annotations
+
+import click
+
+from ggtool.context import Context
+from ggtool.inspect_graph import json_text, plan_json, plan_table
+from ggtool.plan import make_plan
+
+from ._common import (
+    NUMPY_ORDER_HELP,
+    SOURCES_HELP,
+    build_graph,
+    input_options,
+    make_inputs,
+    program_options,
+    read_program,
+    threads_option,
+    warn_unused,
+    write_text,
+)
+
+HELP = f"""Plan PROGRAM as ggml_graph_plan would, without computing it or reading tensor data.
+
+Per node: n_tasks (how many of the threads work on it) and its work buffer bytes. Then
+n_threads (the requested threads capped at the largest n_tasks), work_size (the largest
+node's work plus a cache line per thread) and mem_size: the GGML context size a C program
+needs for the tensors, the graph and the work buffer (memory-mapped GGUF data counted as if
+it lived in the context). --json: {{"n_threads", "work_size", "mem_size", "requested",
+"nodes": [{{"index", "op", "op_desc", "name", "n_tasks", "work_size"}}, ...]}}.
+
+\b
+Example:
+  $ ggtool plan 'mul_mat(w, x)' --tensor w=q4_0[64,64] --tensor x=f32[64,8] --threads 4
+  === PLAN ===
+  n_nodes = 1
+     index  op       name    n_tasks  work_size
+   -     0  MUL_MAT  node_0        4        544
+  n_threads = 4 (requested 4)
+  work_size = 800
+  mem_size  = 74528 (GGML context size: tensors, graph and work buffer)
+  ========================================
+
+q4_0 weights make mul_mat convert x to q8_0 in the work buffer (544 bytes), plus a cache
+line per thread.
+
+\b
+More:
+  $ ggtool plan -f model.gg --gguf model.gguf --threads 8 --json | jq .mem_size
+
+{NUMPY_ORDER_HELP}
+
+{SOURCES_HELP}
+"""
+
+
+@click.command("plan", help=HELP, short_help="Plan a program: n_tasks and work per node, threads, sizes.")
+@program_options
+@input_options
+@threads_option
+@click.option("--json", "as_json", is_flag=True, help="JSON with n_threads, work_size, mem_size and nodes.")
+def command(program, program_file, output_names, graph_size, tensor_sources, gguf_files, n_threads, as_json):
+    source, filename = read_program(program, program_file)
+    inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=False)
+    built = build_graph(source, filename, inputs, Context(), output_names, graph_size)
+    warn_unused(inputs)
+    plan = make_plan(built.graph, n_threads)
+    if as_json:
+        write_text(line + "\n" for line in json_text(plan_json(built.graph, plan)))
+    else:
+        write_text(line + "\n" for line in plan_table(built.graph, plan))

@@ -1,0 +1,253 @@
+"""DSL functions that are not GGML ops: metadata, tensor dimensions, scalar math, arange_i32.
+
+Scalar math (sqrt, exp, log, abs) shares names with GGML's element-wise ops: given numbers it
+computes a number, given a tensor it calls the op (`sqrt(head_dim)` vs `sqrt(x)`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import types as T
+from ..errors import GGToolError
+from ..tensor import Tensor
+
+_MISSING = object()
+
+
+class BuiltinError(Exception):
+    """A bad argument to a builtin; `arg` is the index of the culprit, if one is to blame."""
+
+    def __init__(self, message: str, arg: int | None = None):
+        super().__init__(message)
+        self.arg = arg
+
+
+@dataclass
+class Builtin:
+    name: str
+    signature: str
+    doc: str
+    fn: Callable               # (evaluator, *args) -> value
+    scalar_math: bool = False  # with a tensor argument, the GGML op of the same name is called
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return tuple(list(inspect.signature(self.fn).parameters)[1:])
+
+
+BUILTINS: dict[str, Builtin] = {}
+
+
+def builtin(signature: str, doc: str, scalar_math: bool = False):
+    def deco(fn):
+        name = signature.split("(")[0]
+        BUILTINS[name] = Builtin(name, signature, doc, fn, scalar_math)
+        return fn
+    return deco
+
+
+def describe(v) -> str:
+    """A value as error messages show it."""
+    if isinstance(v, Tensor):
+        ne = ", ".join(str(n) for n in v.ne)
+        return f"tensor '{v.name}' ({T.type_name(v.type)} [{ne}])"
+    if isinstance(v, T.GGMLType):
+        return f"type {T.type_name(v)}"
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        return f"string {v!r}"
+    return f"{type(v).__name__} {v!r}"
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, (bool, T.GGMLType))
+
+
+def _number(v, i: int, fname: str, what: str = "a number"):
+    if not is_number(v):
+        raise BuiltinError(f"{fname}() needs {what}, got {describe(v)}", i)
+    return v
+
+
+def _integer(v, i: int, fname: str):
+    if not is_number(v) or isinstance(v, float):
+        raise BuiltinError(f"{fname}() needs an integer, got {describe(v)}", i)
+    return v
+
+
+def _tensor(v, i: int, fname: str) -> Tensor:
+    if not isinstance(v, Tensor):
+        raise BuiltinError(f"{fname}() needs a tensor, got {describe(v)}", i)
+    return v
+
+
+def _dim(v, i: int, fname: str) -> int:
+    _integer(v, i, fname)
+    if not 0 <= v < 4:
+        raise BuiltinError(f"{fname}(): dimension must be 0, 1, 2 or 3, got {v}", i)
+    return v
+
+
+def _type(v, i: int, fname: str) -> T.GGMLType:
+    if isinstance(v, T.GGMLType):
+        return v
+    if isinstance(v, str):
+        try:
+            return T.parse_type(v)
+        except GGToolError as e:
+            raise BuiltinError(str(e), i) from None
+    raise BuiltinError(f"{fname}() needs a type (f32, f16, i32, q4_0, q8_0, ...), got {describe(v)}", i)
+
+
+def meta_value(v, key: str):
+    """A metadata value as a DSL scalar: numpy scalars become int/float, bytes become str."""
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v.item()
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", errors="replace")
+    if isinstance(v, bool):
+        v = int(v)
+    if isinstance(v, (list, tuple, np.ndarray)):
+        raise BuiltinError(f"metadata '{key}' is an array of {len(v)} values; the DSL has scalars only", 0)
+    if not isinstance(v, (int, float, str)):
+        raise BuiltinError(f"metadata '{key}' has an unsupported value {v!r}", 0)
+    return v
+
+
+# -- metadata and tensor properties -----------------------------------------------------------
+@builtin("meta(key, default)", "a GGUF metadata value; `default` (optional) if the key is absent")
+def _meta(ev, key, default=_MISSING):
+    if not isinstance(key, str):
+        raise BuiltinError(f"meta() needs a string key, got {describe(key)}", 0)
+    try:
+        v = ev.env.metadata(key)
+    except KeyError:
+        if default is _MISSING:
+            raise BuiltinError(f"no metadata '{key}' (give a default: meta(\"{key}\", value))", 0) from None
+        return default
+    return meta_value(v, key)
+
+
+@builtin("ne(t, i)", "t->ne[i]: the size of dimension i (GGML order, 0 innermost)")
+def _ne(ev, t, i):
+    return _tensor(t, 0, "ne").ne[_dim(i, 1, "ne")]
+
+
+@builtin("nb(t, i)", "t->nb[i]: the byte stride of dimension i")
+def _nb(ev, t, i):
+    return _tensor(t, 0, "nb").nb[_dim(i, 1, "nb")]
+
+
+@builtin("nelements(t)", "ggml_nelements: ne0*ne1*ne2*ne3")
+def _nelements(ev, t):
+    return _tensor(t, 0, "nelements").nelements
+
+
+@builtin("nrows(t)", "ggml_nrows: ne1*ne2*ne3")
+def _nrows(ev, t):
+    return _tensor(t, 0, "nrows").nrows
+
+
+@builtin("n_dims(t)", "ggml_n_dims: 1 + the last dimension > 1")
+def _n_dims(ev, t):
+    return _tensor(t, 0, "n_dims").n_dims
+
+
+@builtin("element_size(t)", "ggml_element_size: bytes per element (per block for quantized types)")
+def _element_size(ev, t):
+    return T.type_size(_tensor(t, 0, "element_size").type)
+
+
+@builtin("row_size(type, n)", "ggml_row_size: bytes of n elements of `type` (a type word or a tensor's type)")
+def _row_size(ev, type, n):
+    ty = type.type if isinstance(type, Tensor) else _type(type, 0, "row_size")
+    n = _integer(n, 1, "row_size")
+    if n % T.block_size(ty):
+        raise BuiltinError(f"row_size(): {n} is not a multiple of {T.type_name(ty)}'s block size "
+                           f"{T.block_size(ty)}", 1)
+    return T.row_size(ty, n)
+
+
+@builtin("type(t)", "t->type, e.g. to create a tensor of the same type")
+def _type_of(ev, t):
+    return _tensor(t, 0, "type").type
+
+
+@builtin("arange_i32(start, stop, step)",
+         "an I32 leaf holding range(start, stop, step) (one argument: 0..stop-1), e.g. token positions")
+def _arange_i32(ev, *args):
+    if not 1 <= len(args) <= 3:
+        raise BuiltinError(f"arange_i32() takes 1 to 3 arguments (stop | start, stop[, step]), got {len(args)}")
+    for i, a in enumerate(args):
+        _integer(a, i, "arange_i32")
+    if len(args) == 3 and args[2] == 0:
+        raise BuiltinError("arange_i32(): step must not be zero", 2)
+    values = np.arange(*args, dtype=np.int64)
+    if values.size and (values.min() < -2**31 or values.max() >= 2**31):
+        raise BuiltinError("arange_i32(): values do not fit in int32")
+    if values.size == 0:
+        raise BuiltinError(f"arange_i32{tuple(args)} is empty")
+    return ev.ctx.new_tensor_from(values.astype(np.int32))
+
+
+# -- scalar math ------------------------------------------------------------------------------
+def _math(name: str, f: Callable, doc: str):
+    def fn(ev, x):
+        x = _number(x, 0, name)
+        try:
+            return f(x)
+        except (ValueError, OverflowError) as e:
+            raise BuiltinError(f"{name}({x!r}): {e}", 0) from None
+    BUILTINS[name] = Builtin(name, f"{name}(x)", doc, fn, scalar_math=True)
+
+
+_math("sqrt", math.sqrt, "square root of a number (of a tensor: GGML's sqrt op)")
+_math("exp", math.exp, "e**x of a number (of a tensor: GGML's exp op)")
+_math("log", math.log, "natural log of a number (of a tensor: GGML's log op)")
+_math("abs", abs, "absolute value of a number (of a tensor: GGML's abs op)")
+
+
+@builtin("int(x)", "a number truncated toward zero (or a numeric string parsed)", scalar_math=True)
+def _int(ev, x):
+    if isinstance(x, str):
+        try:
+            return int(x.strip())
+        except ValueError:
+            raise BuiltinError(f"int(): {x!r} is not an integer", 0) from None
+    x = _number(x, 0, "int")
+    if isinstance(x, float) and not math.isfinite(x):
+        raise BuiltinError(f"int(): cannot convert {x!r}", 0)
+    return int(x)
+
+
+@builtin("float(x)", "a number as a float", scalar_math=True)
+def _float(ev, x):
+    if isinstance(x, str):
+        try:
+            return float(x.strip())
+        except ValueError:
+            raise BuiltinError(f"float(): {x!r} is not a number", 0) from None
+    return float(_number(x, 0, "float"))
+
+
+@builtin("min(a, b, ...)", "the smallest of some numbers", scalar_math=True)
+def _min(ev, *xs):
+    if not xs:
+        raise BuiltinError("min() needs at least one number")
+    return min(_number(x, i, "min") for i, x in enumerate(xs))
+
+
+@builtin("max(a, b, ...)", "the largest of some numbers", scalar_math=True)
+def _max(ev, *xs):
+    if not xs:
+        raise BuiltinError("max() needs at least one number")
+    return max(_number(x, i, "max") for i, x in enumerate(xs))

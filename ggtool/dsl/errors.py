@@ -1,0 +1,51 @@
+"""DSLError: every problem with a program, pointing at the line and column it comes from."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+from ..errors import GGToolError
+
+
+class DSLError(GGToolError):
+    """A parse or build error. `str()` is the full report: position, message, source line, caret.
+
+    The parts stay available (`message`, `line`, `column`, `filename`, `loop`) for callers that
+    want to present them differently.
+    """
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None,
+                 source: str | None = None, filename: str | None = None, loop: str | None = None):
+        self.message, self.line, self.column = message, line, column
+        self.filename, self.loop = filename, loop
+        self.source_line = None
+        if source is not None and line is not None:
+            lines = source.split("\n")
+            if 1 <= line <= len(lines):
+                self.source_line = lines[line - 1].rstrip("\r")
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.filename and not self.filename.startswith("<"):
+            where.append(self.filename)
+        if self.line is not None:
+            where.append(f"line {self.line}, column {self.column}")
+        if self.loop:
+            where.append(f"in loop iteration {self.loop}")
+        head = (", ".join(where) + ": " if where else "") + self.message
+        if self.source_line is None or self.column is None:
+            return head
+        text = self.source_line.lstrip()  # shown dedented; the caret follows
+        indent = len(self.source_line) - len(text)
+        caret = max(0, self.column - 1 - indent)
+        return f"{head}\n  {text}\n  {' ' * caret}^"
+
+
+def suggest(name: str, candidates: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' or '' — the tail of an unknown-name message."""
+    close = difflib.get_close_matches(name, sorted(set(candidates)), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(f"'{c}'" for c in close) + "?)"

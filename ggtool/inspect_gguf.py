@@ -1,0 +1,435 @@
+"""Engine of `ggtool inspect` (describe a GGUF file) and `ggtool compare` (what quantization cost).
+
+Opening is lazy (GGUFFile: header and infos parsed, data memory-mapped); metadata arrays are shown
+shortened from their first items, so a 262,144-token vocabulary is not decoded; tensor data is read
+only for --stats and compare, in row chunks (memory stays near one chunk, not the model).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import quant as Q
+from . import types as T
+from .errors import InputError
+from .gguf_file import GGUFFile
+
+SHORT_STR = 60          # characters of a string value shown unless full
+SHORT_ITEMS = 8         # items of an array value shown unless full
+CHUNK_VALUES = 1 << 22  # values dequantized at a time (16 MiB of f32)
+
+
+# ------------------------------------------------------------------------------------------- values
+
+def _py(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _value(g: GGUFFile, key: str, full: bool) -> dict:
+    f = g.reader.fields[key]
+    vtype = g.value_type(key)
+    out: dict = {"key": key, "type": vtype}
+    n = g.array_len(key)
+    if n is not None:
+        out["count"] = n
+        if vtype == "ARRAY[ARRAY]" or (len(f.types) > 1 and f.types[1].name == "ARRAY"):
+            items = f.contents() if full else f.contents()[:SHORT_ITEMS]
+        else:
+            items = f.contents() if full else f.contents(slice(0, SHORT_ITEMS))
+        items = [_py(x) for x in items]
+        if not full and n > SHORT_ITEMS:
+            out["truncated"] = True
+        out["value"] = items
+        return out
+    v = _py(f.contents())
+    if isinstance(v, str) and not full and len(v) > SHORT_STR:
+        out["length"] = len(v)
+        out["truncated"] = True
+        v = v[:SHORT_STR]
+    out["value"] = v
+    return out
+
+
+def _fmt_scalar(v, vtype: str) -> str:
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return str(np.float32(v)) if "FLOAT32" in vtype else repr(v)
+    return str(v)
+
+
+def format_value(item: dict) -> str:
+    vtype = item["type"]
+    if "count" in item:
+        inner = ", ".join(_fmt_scalar(x, vtype) for x in item["value"])
+        more = f", ... ({item['count']} items)" if item.get("truncated") else ""
+        return f"[{inner}{more}]"
+    s = _fmt_scalar(item["value"], vtype)
+    if item.get("truncated"):
+        s = s[:-1] + f'..." ({item["length"]} chars)'
+    return s
+
+
+# --------------------------------------------------------------------------------------- describe
+
+def _bpw(nbytes: int, n: int) -> float:
+    return round(nbytes * 8.0 / n, 4) if n else 0.0
+
+
+def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict:
+    """Everything `inspect` shows, as a JSON-ready dict with stable keys."""
+    tensors = []
+    by_type: dict[str, dict] = {}
+    n_el = n_bytes = 0
+    for info in g.tensors.values():
+        n = info.n_elements
+        rec = {"name": info.name, "type": T.type_name(info.type), "ne": list(info.ne),
+               "bytes": info.n_bytes, "bpw": _bpw(info.n_bytes, n)}
+        if not diffable:
+            rec["offset"] = info.offset
+        tensors.append(rec)
+        bt = by_type.setdefault(rec["type"], {"tensors": 0, "elements": 0, "bytes": 0})
+        bt["tensors"] += 1
+        bt["elements"] += n
+        bt["bytes"] += info.n_bytes
+        n_el += n
+        n_bytes += info.n_bytes
+    if diffable:
+        tensors.sort(key=lambda r: r["name"])
+    metadata = [_value(g, k, full) for k in g.keys()]
+    if diffable:
+        metadata.sort(key=lambda r: r["key"])
+    d = {"file": os.path.basename(g.path) if diffable else g.path, "version": g.version,
+         "alignment": g.alignment}
+    if not diffable:
+        d["data_offset"] = g.data_offset
+        d["file_size"] = os.path.getsize(g.path)
+    d.update({"n_kv": len(metadata), "n_tensors": len(tensors), "metadata": metadata, "tensors": tensors,
+              "totals": {"tensors": len(tensors), "elements": n_el, "bytes": n_bytes, "bpw": _bpw(n_bytes, n_el),
+                         "by_type": dict(sorted(by_type.items()))}})
+    return d
+
+
+def _jsonable(o):
+    if isinstance(o, dict):
+        return {k: _jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_jsonable(v) for v in o]
+    o = _py(o)
+    if isinstance(o, float) and not math.isfinite(o):
+        return "nan" if math.isnan(o) else ("inf" if o > 0 else "-inf")
+    if isinstance(o, bytes):
+        return o.hex()
+    return o
+
+
+def json_text(obj) -> str:
+    """JSON with stable keys (in the order built), non-finite floats as strings, trailing newline."""
+    return json.dumps(_jsonable(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def format_describe(d: dict, stats: dict | None = None) -> str:
+    lines = [f"{d['file']}: GGUF v{d['version']}, {d['n_kv']} metadata keys, {d['n_tensors']} tensors, "
+             f"alignment {d['alignment']}"]
+    if "data_offset" in d:
+        lines.append(f"data offset {d['data_offset']:,}, file size {d['file_size']:,} bytes")
+    lines.append("")
+    lines.append(f"metadata ({d['n_kv']}):")
+    if d["metadata"]:
+        kw = max(len(m["key"]) for m in d["metadata"])
+        tw = max(len(m["type"]) for m in d["metadata"])
+        for m in d["metadata"]:
+            lines.append(f"  {m['key']:<{kw}}  {m['type']:<{tw}}  {format_value(m)}")
+    lines.append("")
+    lines.append(f"tensors ({d['n_tensors']}):")
+    if d["tensors"]:
+        head = ["#", "name", "type", "ne", "bytes", "bpw"] + (["offset"] if "offset" in d["tensors"][0] else [])
+        if stats is not None:
+            head += ["min", "max", "mean", "std"]
+        rows = [head]
+        for i, t in enumerate(d["tensors"]):
+            r = [str(i), t["name"], t["type"], "[" + ", ".join(str(n) for n in t["ne"]) + "]",
+                 f"{t['bytes']:,}", f"{t['bpw']:.2f}"]
+            if "offset" in t:
+                r.append(f"{t['offset']:,}")
+            if stats is not None:
+                s = stats[t["name"]]
+                r += [_g(s["min"]), _g(s["max"]), _g(s["mean"]), _g(s["std"])]
+            rows.append(r)
+        right = {0, 4, 5, 6} | ({7, 8, 9, 10} if stats is not None else set())
+        if "offset" not in d["tensors"][0]:
+            right = {0, 4, 5} | ({6, 7, 8, 9} if stats is not None else set())
+        lines += ["  " + ln for ln in _table(rows, right)]
+    tot = d["totals"]
+    lines.append("")
+    lines.append(f"total: {tot['tensors']} tensors, {tot['elements']:,} elements, {tot['bytes']:,} bytes "
+                 f"({tot['bytes'] / 1048576:.2f} MiB), {tot['bpw']:.2f} bits per weight")
+    for name, bt in tot["by_type"].items():
+        lines.append(f"  {name:<6} {bt['tensors']:5d} tensors  {bt['elements']:>14,} elements  {bt['bytes']:>14,} bytes")
+    return "\n".join(lines) + "\n"
+
+
+def _g(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.6g}"
+
+
+# ------------------------------------------------------------------------------------------ stats
+
+def _row_chunks(g: GGUFFile, name: str):
+    """float32 pieces of a tensor (rows in order), dequantized CHUNK_VALUES at a time."""
+    info = g.tensors[name]
+    raw = g.array(name)
+    ne0 = info.ne[0] if info.ne else 1
+    nrows = info.n_elements // max(ne0, 1)
+    raw2 = raw.reshape(nrows, -1) if nrows else raw.reshape(0, 0)
+    step = max(1, CHUNK_VALUES // max(ne0, 1))
+    for r0 in range(0, nrows, step):
+        part = raw2[r0:r0 + step]
+        try:
+            yield Q.dequantize(part, info.type).reshape(-1)
+        except Exception as e:
+            raise InputError(f"{g.path}: tensor '{name}': cannot read its {T.type_name(info.type)} data ({e})") from None
+
+
+class _Moments:
+    def __init__(self):
+        self.n = 0
+        self.nonfinite = 0
+        self.lo = math.inf
+        self.hi = -math.inf
+        self.s = 0.0
+        self.ss = 0.0
+
+    def add(self, x: np.ndarray) -> None:
+        fin = np.isfinite(x)
+        if not fin.all():
+            self.nonfinite += int(x.size - fin.sum())
+            x = x[fin]
+        if x.size == 0:
+            return
+        self.n += x.size
+        self.lo = min(self.lo, float(x.min()))
+        self.hi = max(self.hi, float(x.max()))
+        x64 = x.astype(np.float64)
+        self.s += float(x64.sum())
+        self.ss += float(np.dot(x64, x64))
+
+    def result(self) -> dict:
+        if self.n == 0:
+            return {"min": None, "max": None, "mean": None, "std": None, "nonfinite": self.nonfinite}
+        mean = self.s / self.n
+        var = max(self.ss / self.n - mean * mean, 0.0)
+        return {"min": self.lo, "max": self.hi, "mean": mean, "std": math.sqrt(var), "nonfinite": self.nonfinite}
+
+
+def tensor_stats(g: GGUFFile, name: str, on_bytes: Callable[[int], None] | None = None) -> dict:
+    """min/max/mean/std (float64 sums) of a tensor's dequantized finite values, + nonfinite count."""
+    m = _Moments()
+    info = g.tensors[name]
+    per_value = info.n_bytes / max(info.n_elements, 1)
+    for x in _row_chunks(g, name):
+        m.add(np.asarray(x, dtype=np.float32) if x.dtype != np.float32 else x)
+        if on_bytes:
+            on_bytes(int(x.size * per_value))
+    return m.result()
+
+
+# ---------------------------------------------------------------------------------------- compare
+
+@dataclass
+class Source:
+    """One side of a compare: a GGUF file, one tensor of one, or a .npy array."""
+
+    label: str
+    gguf: GGUFFile | None = None
+    tensor: str | None = None
+    npy: np.ndarray | None = None
+
+    def names(self) -> list[str]:
+        if self.npy is not None:
+            return [self.tensor]
+        if self.tensor is not None:
+            return [self.tensor]
+        return list(self.gguf.tensors)
+
+    def type_name(self, name: str) -> str:
+        if self.npy is not None:
+            return str(self.npy.dtype)
+        return T.type_name(self.gguf.tensors[name].type)
+
+    def ne(self, name: str) -> list[int]:
+        if self.npy is not None:
+            return list(self.npy.shape[::-1])
+        return list(self.gguf.tensors[name].ne)
+
+    def chunks(self, name: str):
+        if self.npy is not None:
+            flat = self.npy.reshape(-1)
+            for s in range(0, flat.size, CHUNK_VALUES):
+                yield np.asarray(flat[s:s + CHUNK_VALUES], dtype=np.float32)
+            return
+        yield from _row_chunks(self.gguf, name)
+
+
+def open_source(spec: str) -> Source:
+    """`FILE.gguf`, `FILE.gguf:TENSOR` or `FILE.npy`."""
+    path, tensor = spec, None
+    if not os.path.exists(spec) and ":" in spec:
+        path, tensor = spec.rsplit(":", 1)
+    if not os.path.exists(path):
+        raise InputError(f"{spec}: no such file")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic == b"\x93NUMPY":
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except Exception as e:
+            raise InputError(f"{path}: not a readable .npy file ({e})") from None
+        if arr.dtype.kind not in "fiu":
+            raise InputError(f"{path}: cannot compare a {arr.dtype} array")
+        return Source(spec, npy=arr, tensor=tensor or os.path.splitext(os.path.basename(path))[0])
+    g = GGUFFile(path)
+    if tensor is not None and tensor not in g.tensors:
+        raise InputError(f"{path}: no tensor named '{tensor}'")
+    return Source(spec, gguf=g, tensor=tensor)
+
+
+class _Diff:
+    def __init__(self):
+        self.se = 0.0      # sum of squared errors
+        self.sr = 0.0      # sum of squared reference values
+        self.maxabs = 0.0
+        self.n = 0
+        self.identical = True
+        self.nonfinite = 0
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        if self.identical and not np.array_equal(a, b, equal_nan=True):
+            self.identical = False
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        d = b64 - a64
+        fin = np.isfinite(d)
+        if not fin.all():
+            self.nonfinite += int(d.size - fin.sum())
+            d, a64 = d[fin], a64[fin]
+        self.se += float(np.dot(d, d))
+        self.sr += float(np.dot(a64, a64))
+        if d.size:
+            self.maxabs = max(self.maxabs, float(np.abs(d).max()))
+        self.n += a.size
+
+    def result(self) -> dict:
+        nmse = self.se / self.sr if self.sr > 0 else (0.0 if self.se == 0 else math.inf)
+        return {"identical": self.identical, "nmse": nmse, "max_abs_error": self.maxabs,
+                "rel_rms": math.sqrt(nmse) if math.isfinite(nmse) else math.inf,
+                "rms_error": math.sqrt(self.se / self.n) if self.n else 0.0, "nonfinite": self.nonfinite}
+
+
+def _pairs(a: Source, b: Source) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    if a.tensor is not None or b.tensor is not None or a.npy is not None or b.npy is not None:
+        if len(a.names()) != 1 or len(b.names()) != 1:
+            raise InputError("compare a single tensor (FILE.gguf:TENSOR or .npy) with a single tensor, "
+                             "or two GGUF files")
+        return [(a.names()[0], b.names()[0])], [], []
+    bn = set(b.names())
+    an = a.names()
+    both = [(n, n) for n in an if n in bn]
+    return both, [n for n in an if n not in bn], [n for n in b.names() if n not in set(an)]
+
+
+def compare(a: Source, b: Source, on_bytes: Callable[[int], None] | None = None) -> dict:
+    """Per tensor present in both: types, shapes, NMSE, max abs error, relative RMS (b against a)."""
+    pairs, only_a, only_b = _pairs(a, b)
+    rows = []
+    total = _Diff()
+    for na, nb in pairs:
+        rec = {"name": na if na == nb else f"{na} | {nb}", "type_a": a.type_name(na), "type_b": b.type_name(nb),
+               "ne": a.ne(na)}
+        if a.ne(na) != b.ne(nb):
+            rec.update({"ne_b": b.ne(nb), "error": "shapes differ"})
+            rows.append(rec)
+            continue
+        d = _Diff()
+        for xa, xb in zip(a.chunks(na), b.chunks(nb)):
+            d.add(xa, xb)
+            total.add(xa, xb)
+            if on_bytes:
+                on_bytes(xa.size)
+        rec.update(d.result())
+        rows.append(rec)
+    compared = [r for r in rows if "error" not in r]
+    return {"a": a.label, "b": b.label, "tensors": rows,
+            "only_in_a": only_a, "only_in_b": only_b,
+            "summary": {"compared": len(compared), "identical": sum(1 for r in compared if r["identical"]),
+                        "shape_mismatch": len(rows) - len(compared),
+                        **{k: v for k, v in total.result().items() if k != "identical"}}}
+
+
+def compare_values(a: Source, b: Source) -> int:
+    """Total number of values compare() will read (for a progress bar)."""
+    pairs, _, _ = _pairs(a, b)
+    n = 0
+    for na, nb in pairs:
+        if a.ne(na) == b.ne(nb):
+            n += int(np.prod(a.ne(na), dtype=np.int64))
+    return n
+
+
+def _e(v: float) -> str:
+    if v is None:
+        return "-"
+    if v == 0:
+        return "0"
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.3e}"
+
+
+def format_compare(res: dict) -> str:
+    lines = [f"A: {res['a']}", f"B: {res['b']}", ""]
+    rows = [["name", "type A", "type B", "ne", "nmse", "max_abs_err", "rel_rms"]]
+    for r in res["tensors"]:
+        ne = "[" + ", ".join(str(n) for n in r["ne"]) + "]"
+        if "error" in r:
+            rows.append([r["name"], r["type_a"], r["type_b"], ne, r["error"], "", ""])
+        elif r["identical"]:
+            rows.append([r["name"], r["type_a"], r["type_b"], ne, "identical", "0", "0"])
+        else:
+            rows.append([r["name"], r["type_a"], r["type_b"], ne, _e(r["nmse"]), _e(r["max_abs_error"]),
+                         _e(r["rel_rms"])])
+    if len(rows) > 1:
+        lines += _table(rows, {4, 5, 6})
+        lines.append("")
+    s = res["summary"]
+    lines.append(f"{s['compared']} tensors compared ({s['identical']} identical), "
+                 f"{len(res['only_in_a'])} only in A, {len(res['only_in_b'])} only in B"
+                 + (f", {s['shape_mismatch']} with different shapes" if s["shape_mismatch"] else ""))
+    if s["compared"]:
+        lines.append(f"overall: nmse {_e(s['nmse'])}, max abs error {_e(s['max_abs_error'])}, "
+                     f"rel rms {_e(s['rel_rms'])}")
+    for n in res["only_in_a"]:
+        lines.append(f"only in A: {n}")
+    for n in res["only_in_b"]:
+        lines.append(f"only in B: {n}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,51 @@
+"""norm and rms_norm: each row normalised on its own, no weight or bias (spec 6.6).
+
+Threads take dim-1 rows interleaved (i01 = ith, ith+nth, ...) inside every (i02, i03) slice.
+Sums are float64 over float32 terms (GGML sums `(ggml_float)(v*v)`, the product in float).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import types as T
+from .base import ALL, function, kernel, new_op
+from .walk import require, require_type
+
+f32 = np.float32
+
+
+def _rows(node, ith, nth, op):
+    a = node.src[0]
+    require_type(a, op, (T.F32,))
+    require(a.nb[0] == 4, op, f"a '{a.name}' needs nb0 == 4")
+    eps = f32(node.param_f32(0))
+    require(eps >= 0, op, f"eps must be >= 0, got {eps}")
+    sel = (slice(None), slice(None), slice(ith, None, nth))
+    return a.data[sel], node.data, sel, eps, a.ne[0]
+
+
+@kernel("NORM", n_tasks=ALL)
+def forward_norm(node, ith, nth, work):
+    x, y, sel, eps, n = _rows(node, ith, nth, "norm")
+    mean = (x.astype(np.float64).sum(axis=-1) / n).astype(f32)
+    v = x - mean[..., None]
+    variance = ((v * v).astype(np.float64).sum(axis=-1) / n).astype(f32)
+    y[sel] = v * (f32(1) / np.sqrt(variance + eps))[..., None]
+
+
+@function("norm", "ggml_norm(ctx, a, eps)", "each row to zero mean and unit variance: (x-mean)/sqrt(var+eps)")
+def norm(ctx, a, eps):
+    return new_op(ctx, "NORM", a.type, a.ne, (a,), params=(float(eps),))
+
+
+@kernel("RMS_NORM", n_tasks=ALL)
+def forward_rms_norm(node, ith, nth, work):
+    x, y, sel, eps, n = _rows(node, ith, nth, "rms_norm")
+    mean = ((x * x).astype(np.float64).sum(axis=-1) / n).astype(f32)
+    y[sel] = x * (f32(1) / np.sqrt(mean + eps))[..., None]
+
+
+@function("rms_norm", "ggml_rms_norm(ctx, a, eps)", "each row divided by its root mean square: x/sqrt(mean(x^2)+eps)")
+def rms_norm(ctx, a, eps):
+    return new_op(ctx, "RMS_NORM", a.type, a.ne, (a,), params=(float(eps),))

@@ -1,0 +1,93 @@
+"""Data movement by rows and tiles: get_rows, repeat, concat (spec 6.5, 6.10)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import types as T
+from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
+from .walk import require, require_type, unravel_rows
+
+
+@kernel("GET_ROWS", n_tasks=1)
+def forward_get_rows(node, ith, nth, work):
+    """out[:, i10, i11, i12] = a[:, idx[i10, i11, i12], i11, i12], converted to F32 (I32 stays).
+    The nelements(idx) output rows are split in blocks over every thread although n_tasks is 1."""
+    from .. import quant
+
+    a, idx = node.src
+    require_type(a, "get_rows", (T.F32, T.F16, T.I32, T.Q4_0, T.Q8_0))
+    nr = idx.nelements
+    r0, r1 = row_block(nr, ith, nth)
+    if r0 >= r1:
+        return
+    ne10, ne11 = idx.ne[0], idx.ne[1]
+    i12, i11, i10 = unravel_rows(np.arange(r0, r1), ne10, ne11)
+    rows = idx.data[0, i12, i11, i10].astype(np.int64)
+    bad = rows[(rows < 0) | (rows >= a.ne[1])]
+    require(bad.size == 0, "get_rows", f"index {bad[0] if bad.size else 0} is outside 0..{a.ne[1] - 1} (a's rows)")
+    src = a.data[i12, i11, rows]                  # (n, ne0) elements, or (n, row_bytes) for quantized
+    if T.is_quantized(a.type):
+        src = quant.dequantize(np.ascontiguousarray(src), a.type)
+    node.data[i12, i11, i10] = src
+
+
+@function("get_rows", "ggml_get_rows(ctx, a, b)",
+          "rows of a picked by the I32 indices in b (F32 result; I32 a stays I32; q4_0/q8_0/f16 are converted)")
+def get_rows(ctx, a, b):
+    check(a.ne[2] == b.ne[1], "get_rows", f"a '{a.name}' {fmt_ne(a)}: ne2 must equal b's ne1 (b '{b.name}' {fmt_ne(b)})")
+    check(b.ne[3] == 1, "get_rows", f"indices b '{b.name}' {fmt_ne(b)} must have ne3 == 1")
+    check(b.type == T.I32, "get_rows", f"indices b '{b.name}' must be i32, not {T.type_name(b.type)}")
+    check(b.ne[2] <= a.ne[3], "get_rows", f"b '{b.name}' {fmt_ne(b)}: ne2 exceeds a's ne3 (GGML would read past a)")
+    out_type = T.I32 if a.type == T.I32 else T.F32
+    return new_op(ctx, "GET_ROWS", out_type, [a.ne[0], b.ne[0], b.ne[1], b.ne[2]], (a, b))
+
+
+@kernel("REPEAT", n_tasks=1)
+def forward_repeat(node, ith, nth, work):
+    """np.tile of a to the result's shape (thread 0)."""
+    if ith != 0:
+        return
+    a = node.src[0]
+    require_type(a, "repeat", (T.F32, T.I32, T.F16, T.GGMLType.I16))
+    size = T.type_size(a.type)
+    require(a.nb[0] == size and node.nb[0] == size, "repeat", "a and the result need packed rows (nb0 == type size)")
+    reps = [n // m for n, m in zip(node.shape, a.shape)]
+    node.data[...] = np.tile(a.data, reps)
+
+
+@function("repeat", "ggml_repeat(ctx, a, b)", "a tiled (np.tile) to b's shape; b only gives the shape")
+def repeat(ctx, a, b):
+    check(a.can_repeat(b), "repeat",
+          f"a '{a.name}' {fmt_ne(a)} cannot be tiled to b '{b.name}' {fmt_ne(b)} (each b.ne[i] must be a multiple of a.ne[i])")
+    return new_op(ctx, "REPEAT", a.type, b.ne, (a,))
+
+
+@kernel("CONCAT", n_tasks=ALL)
+def forward_concat(node, ith, nth, work):
+    """np.concatenate along ggml dim `dim`; threads take i2 = ith, ith+nth, ... (any strides)."""
+    a, b = node.src
+    require(not T.is_quantized(a.type), "concat", "quantized tensors cannot be concatenated element-wise")
+    dim = node.param_i32(0)
+    axis = 3 - dim
+    y = node.data
+    if dim != 2:
+        sel = (slice(None), slice(ith, None, nth))
+        y[sel] = np.concatenate([a.data[sel], b.data[sel]], axis=axis)
+        return
+    n_a = a.ne[2]
+    y[:, ith:n_a:nth] = a.data[:, ith::nth]
+    first_b = ith if ith >= n_a else ith + -(-(n_a - ith) // nth) * nth   # first i2 >= n_a of this thread
+    y[:, first_b::nth] = b.data[:, first_b - n_a::nth]
+
+
+@function("concat", "ggml_concat(ctx, a, b, dim)", "a and b joined along ggml dim `dim` (0..3)")
+def concat(ctx, a, b, dim):
+    dim = int(dim)
+    check(0 <= dim < 4, "concat", f"dim must be 0..3, got {dim}")
+    check(a.type == b.type, "concat", f"a '{a.name}' is {T.type_name(a.type)} but b '{b.name}' is {T.type_name(b.type)}")
+    for d in range(4):
+        check(d == dim or a.ne[d] == b.ne[d], "concat",
+              f"a '{a.name}' {fmt_ne(a)} and b '{b.name}' {fmt_ne(b)} differ in dim {d} (only dim {dim} may)")
+    ne = [a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(4)]
+    return new_op(ctx, "CONCAT", a.type, ne, (a, b), params=(dim,))

@@ -1,0 +1,102 @@
+"""soft_max, soft_max_ext (mask, scale, ALiBi) and diag_mask_inf (spec 6.8, 6.9)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import types as T
+from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
+from .walk import require, require_type, row_walk
+
+f32 = np.float32
+
+
+def _soft_max_tasks(node, n_threads: int) -> int:
+    return min(n_threads, node.src[0].nrows)
+
+
+def _alibi_slopes(rows: np.ndarray, ne1: int, ne2: int, max_bias: np.float32) -> np.ndarray:
+    """Per-row slope: head h = (row/ne1) % ne2, m0^(h+1) or m1^(2(h-nhl)+1), all in float32."""
+    if max_bias <= 0:
+        return np.ones(len(rows), dtype=f32)
+    nhl = f32(1 << int(math.floor(math.log2(ne2))))
+    m0 = f32(2) ** (-max_bias / nhl)
+    m1 = f32(2) ** (-(max_bias / f32(2)) / nhl)
+    h = (rows // ne1) % ne2
+    return np.where(h < nhl, m0 ** (h + 1).astype(f32), m1 ** (2 * (h - nhl) + 1).astype(f32)).astype(f32)
+
+
+@kernel("SOFT_MAX", n_tasks=_soft_max_tasks, work_size=lambda node, n_tasks: 4 * node.ne[0] * n_tasks)
+def forward_soft_max(node, ith, nth, work):
+    """Rows in blocks: w = x*scale (+ slope*mask row r % ne1); y = exp(w - max) / sum (sum in double)."""
+    a = node.src[0]
+    mask = node.src[1] if len(node.src) > 1 else None
+    require_type(a, "soft_max", (T.F32,))
+    scale, max_bias = f32(node.param_f32(0)), f32(node.param_f32(1))
+    r0, r1 = row_block(a.nrows, ith, nth)
+    if r0 >= r1:
+        return
+    w = row_walk(a)[r0:r1] * scale
+    rows = np.arange(r0, r1)
+    if mask is not None:
+        ne0, ne1 = a.ne[0], a.ne[1]
+        m = mask.data.reshape(-1)[: mask.ne[0] * mask.ne[1]].reshape(-1, ne0)  # packed rows of ne0
+        slope = _alibi_slopes(rows, ne1, a.ne[2], max_bias)
+        w = w + slope[:, None] * m[rows % ne1].astype(f32)
+    with np.errstate(all="ignore"):
+        e = np.exp(w - w.max(axis=1, keepdims=True))
+        inv = (1.0 / e.astype(np.float64).sum(axis=1)).astype(f32)
+        row_walk(node)[r0:r1] = e * inv[:, None]
+
+
+def _soft_max(ctx, a, mask, scale, max_bias, name):
+    check(a.is_contiguous(), name, f"a '{a.name}' {fmt_ne(a)} must be contiguous")
+    if mask is not None:
+        check(mask.type in (T.F16, T.F32), name, f"mask '{mask.name}' must be f16 or f32, not {T.type_name(mask.type)}")
+        check(mask.is_contiguous(), name, f"mask '{mask.name}' must be contiguous")
+        check(mask.is_matrix(), name, f"mask '{mask.name}' {fmt_ne(mask)} must be a matrix (ne2 = ne3 = 1)")
+        check(mask.ne[0] == a.ne[0], name, f"mask '{mask.name}' {fmt_ne(mask)}: ne0 must equal a's ne0 ({a.ne[0]})")
+        check(mask.ne[1] >= a.ne[1], name, f"mask '{mask.name}' {fmt_ne(mask)}: ne1 must be >= a's ne1 ({a.ne[1]})")
+    check(not (max_bias > 0 and mask is None), name, "max_bias > 0 (ALiBi) needs a mask")
+    srcs = (a,) if mask is None else (a, mask)
+    return new_op(ctx, "SOFT_MAX", a.type, a.ne, srcs, params=(float(scale), float(max_bias)))
+
+
+@function("soft_max", "ggml_soft_max(ctx, a)", "softmax of each row")
+def soft_max(ctx, a):
+    return _soft_max(ctx, a, None, 1.0, 0.0, "soft_max")
+
+
+@function("soft_max_ext", "ggml_soft_max_ext(ctx, a, mask, scale, max_bias)",
+          "softmax(a*scale + slope*mask) per row; mask rows repeat every a.ne1 rows; ALiBi when max_bias > 0")
+def soft_max_ext(ctx, a, mask, scale, max_bias):
+    return _soft_max(ctx, a, mask, scale, max_bias, "soft_max_ext")
+
+
+@kernel("DIAG_MASK_INF", n_tasks=ALL)
+def forward_diag_mask_inf(node, ith, nth, work):
+    """Thread 0 copies a, everyone waits at the barrier, then rows j = ith, ith+nth, ... of every
+    slice get -inf where column i > n_past + j."""
+    a = node.src[0]
+    require_type(a, "diag_mask_inf", (T.F32,))
+    n_past = node.param_i32(0)
+    require(n_past >= 0, "diag_mask_inf", f"n_past must be >= 0, got {n_past}")
+    if node.data_offset != a.data_offset:
+        if ith == 0:
+            require(a.is_contiguous() and node.is_contiguous(), "diag_mask_inf", "a and the result must be contiguous")
+            node.data[...] = a.data
+        work.barrier()
+    nc, nr = a.ne[0], a.ne[1]
+    y = node.data.reshape(-1, nr, nc)
+    j = np.arange(ith, nr, nth)
+    masked = np.arange(nc)[None, :] > (n_past + j)[:, None]
+    rows = y[:, ith::nth]
+    rows[:, masked] = -np.inf
+
+
+@function("diag_mask_inf", "ggml_diag_mask_inf(ctx, a, n_past)",
+          "causal mask: element i of row j becomes -inf where i > n_past + j")
+def diag_mask_inf(ctx, a, n_past):
+    return new_op(ctx, "DIAG_MASK_INF", a.type, a.ne, (a,), params=(int(n_past),))

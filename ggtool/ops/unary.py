@@ -1,0 +1,138 @@
+"""Element-wise F32 maps: the UNARY family (op UNARY, the sub-op in op_params[0]: abs ... exp,
+gelu, silu) and the stand-alone ops sqr, sqrt, log, sin, cos (spec 6.3).
+
+GELU and GELU_QUICK go through GGML's fp16 lookup tables, so their outputs are fp16 values.
+Which threads work follows spec 9.3: GELU, GELU_QUICK and SILU split rows in blocks, every
+other op here runs on thread 0 alone. Rows are read the way GGML walks them (row i at i*nb1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .. import types as T
+from ..tensor import UNARY_OPS
+from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
+from .walk import require_type, row_walk
+
+f32 = np.float32
+
+# -- GGML's fp16 tables (ggml_cpu_init) --------------------------------------------------------
+SQRT_2_OVER_PI = f32(0.79788456080286535587989211986876)
+GELU_COEF_A = f32(0.044715)
+GELU_QUICK_COEF = f32(-1.702)
+
+
+def _gelu_f32(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu_f32, float32 in C's evaluation order (tanhf correctly rounded via float64)."""
+    inner = SQRT_2_OVER_PI * x * (f32(1) + GELU_COEF_A * x * x)
+    return f32(0.5) * x * (f32(1) + np.tanh(inner.astype(np.float64)).astype(f32))
+
+
+def _gelu_quick_f32(x: np.ndarray) -> np.ndarray:
+    e = np.exp((GELU_QUICK_COEF * x).astype(np.float64)).astype(f32)
+    return x * (f32(1) / (f32(1) + e))
+
+
+_TABLES: dict[str, np.ndarray] = {}
+
+
+def _table(name: str, fn: Callable) -> np.ndarray:
+    """TABLE[h] = fp16(fn(fp32(h))) for all 65,536 fp16 bit patterns, kept as float32."""
+    if name not in _TABLES:
+        h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(f32)
+        with np.errstate(all="ignore"):
+            _TABLES[name] = fn(h).astype(np.float16).astype(f32)
+    return _TABLES[name]
+
+
+def _fp16_bits(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).view(np.uint16)  # RNE, like GGML_FP32_TO_FP16
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    y = _table("gelu", _gelu_f32)[_fp16_bits(x)]
+    y[x <= -10] = 0
+    hi = x >= 10
+    y[hi] = x[hi]
+    return y
+
+
+def _gelu_quick(x: np.ndarray) -> np.ndarray:
+    return _table("gelu_quick", _gelu_quick_f32)[_fp16_bits(x)]
+
+
+def _relu_like(x, pos, other):
+    return np.where(x > 0, pos, other).astype(f32)
+
+
+def _hardsigmoid(x):
+    return np.fmin(f32(1), np.fmax(f32(0), (x + f32(3)) / f32(6)))
+
+
+# -- the table of ops ---------------------------------------------------------------------------
+# dsl name: (op, unary?, split, formula on float32 rows, one-line doc)
+#   split "block": rows in contiguous blocks over all threads; "thread0": thread 0 does all
+_OPS: dict[str, tuple[str, bool, str, Callable, str]] = {
+    "abs": ("ABS", True, "thread0", np.abs, "|a|"),
+    "sgn": ("SGN", True, "thread0", lambda x: _relu_like(x, f32(1), np.where(x < 0, f32(-1), f32(0))),
+            "sign of a: -1, 0 or 1 (NaN gives 0)"),
+    "neg": ("NEG", True, "thread0", np.negative, "-a"),
+    "step": ("STEP", True, "thread0", lambda x: _relu_like(x, f32(1), f32(0)), "1 where a > 0, else 0"),
+    "tanh": ("TANH", True, "thread0", np.tanh, "tanh(a)"),
+    "elu": ("ELU", True, "thread0", lambda x: _relu_like(x, x, np.expm1(x)), "a if a > 0 else expm1(a)"),
+    "relu": ("RELU", True, "thread0", lambda x: _relu_like(x, x, f32(0)), "a if a > 0 else 0"),
+    "sigmoid": ("SIGMOID", True, "thread0", lambda x: f32(1) / (f32(1) + np.exp(-x)), "1/(1+exp(-a))"),
+    "gelu": ("GELU", True, "block", _gelu,
+             "GELU (tanh approximation) looked up through GGML's fp16 table; 0 below -10, a above 10"),
+    "gelu_quick": ("GELU_QUICK", True, "block", _gelu_quick,
+                   "a*sigmoid(1.702a) looked up through GGML's fp16 table"),
+    "silu": ("SILU", True, "block", lambda x: x / (f32(1) + np.exp(-x)), "a/(1+exp(-a))"),
+    "hardswish": ("HARDSWISH", True, "thread0", lambda x: x * _hardsigmoid(x), "a*min(1, max(0, (a+3)/6))"),
+    "hardsigmoid": ("HARDSIGMOID", True, "thread0", _hardsigmoid, "min(1, max(0, (a+3)/6))"),
+    "exp": ("EXP", True, "thread0", np.exp, "exp(a)"),
+    "sqr": ("SQR", False, "thread0", np.square, "a*a"),
+    "sqrt": ("SQRT", False, "thread0", np.sqrt, "sqrt(a)"),
+    "log": ("LOG", False, "thread0", np.log, "natural log of a"),
+    "sin": ("SIN", False, "thread0", np.sin, "sin(a)"),
+    "cos": ("COS", False, "thread0", np.cos, "cos(a)"),
+}
+
+
+def _make_kernel(op: str, split: str, fn: Callable):
+    def forward(node, ith, nth, work):
+        if split == "thread0":
+            if ith != 0:
+                return
+            r0, r1 = 0, node.nrows
+        else:
+            r0, r1 = row_block(node.nrows, ith, nth)
+        src = node.src[0]
+        require_type(src, op.lower(), (T.F32,))
+        x, y = row_walk(src), row_walk(node)
+        with np.errstate(all="ignore"):
+            y[r0:r1] = fn(x[r0:r1])
+    forward.__name__ = f"forward_{op.lower()}"
+    forward.__doc__ = f"{op}: float32 rows, {'row blocks' if split == 'block' else 'thread 0 only'}."
+    return forward
+
+
+def _make_builder(name: str, op: str, unary: bool):
+    if unary:
+        def build(ctx, a):
+            check(a.is_contiguous(1), name,
+                  f"a '{a.name}' {fmt_ne(a)} nb={list(a.nb)} needs packed rows (ggml_is_contiguous_1); use cont first")
+            return new_op(ctx, "UNARY", a.type, a.ne, (a,), unary=op)
+    else:
+        def build(ctx, a):
+            return new_op(ctx, op, a.type, a.ne, (a,))
+    build.__name__ = name
+    return build
+
+
+for _name, (_op, _unary, _split, _fn, _doc) in _OPS.items():
+    assert not _unary or _op in UNARY_OPS
+    kernel(_op, n_tasks=ALL if _split == "block" else 1)(_make_kernel(_op, _split, _fn))
+    function(_name, f"ggml_{_name}(ctx, a)", _doc)(_make_builder(_name, _op, _unary))

@@ -1,0 +1,73 @@
+"""Shared test helpers: a CliRunner that keeps stdout and stderr apart, result checks, fixture paths."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+STORIES = ROOT / "fixtures" / "stories260K.gguf"
+TINY_LLAMA = ROOT / "fixtures" / "llama-2-tiny-random.gguf"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/replay.py and friends
+
+
+def requires_ops(*names: str):
+    """Skip until the op kernels that register these DSL functions have landed."""
+    from ggtool.ops import FUNCTIONS
+
+    missing = [n for n in names if n not in FUNCTIONS]
+    return pytest.mark.skipif(bool(missing), reason=f"ops not registered yet: {', '.join(missing)}")
+
+
+@pytest.fixture
+def run():
+    """run(*args, input=None) -> click Result, invoking the real `ggtool` group in-process."""
+    from ggtool.commands import cli
+
+    runner = CliRunner()
+
+    def invoke(*args, input=None):
+        return runner.invoke(cli, [str(a) for a in args], input=input, catch_exceptions=True, prog_name="ggtool")
+
+    return invoke
+
+
+def ok(result) -> str:
+    """Assert success (exit 0, no traceback) and return stdout."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+    assert result.exit_code == 0, f"exit {result.exit_code}\nstderr: {result.stderr}"
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def fails(result, *fragments: str, code: int = 1) -> str:
+    """Assert a clean failure: the exit code, nothing on stdout, one `Error: ...` line (exit 1) or a
+    click usage message (exit 2) containing every fragment, and no traceback. Returns stderr."""
+    err = result.stderr
+    assert result.exit_code == code, f"exit {result.exit_code} (wanted {code})\nstdout: {result.stdout}\nstderr: {err}"
+    assert isinstance(result.exception, SystemExit) or result.exception is None, result.exc_info
+    assert result.stdout == "", result.stdout
+    assert "Traceback" not in err
+    if code == 1:
+        lines = [ln for ln in err.splitlines() if not ln.startswith("Warning: ")]
+        assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    for f in fragments:
+        assert f in err, f"{f!r} not in stderr:\n{err}"
+    return err
+
+
+@pytest.fixture
+def npy(tmp_path):
+    """npy(array, name='x.npy') -> path of a saved .npy."""
+
+    def save(array, name: str = "x.npy") -> Path:
+        p = tmp_path / name
+        np.save(p, array)
+        return p
+
+    return save

@@ -1,0 +1,62 @@
+"""`ggtool plan`: per-node n_tasks and work, threads, work_size and the GGML context size."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import STORIES, ok, requires_ops
+
+from ggtool import Context
+from ggtool.dsl import build, parse
+from ggtool.inputs import Inputs, parse_tensor_option
+from ggtool.plan import make_plan
+
+pytestmark = requires_ops("mul_mat", "relu")
+
+ARGS = ("mul_mat(w, x)", "--tensor", "w=q4_0[64,8]", "--tensor", "x=f32[64,3]")
+
+
+def expected(threads: int):
+    ctx = Context()
+    env = Inputs([parse_tensor_option(o) for o in ("w=q4_0[64,8]", "x=f32[64,3]")], read_data=False)
+    built = build(parse("mul_mat(w, x)"), ctx, env)
+    return built.graph, make_plan(built.graph, threads)
+
+
+def test_plan_json(run):
+    doc = json.loads(ok(run("plan", *ARGS, "--threads", "4", "--json")))
+    graph, plan = expected(4)
+    assert {"n_threads", "work_size", "mem_size", "nodes"} <= set(doc)
+    assert (doc["n_threads"], doc["work_size"], doc["requested"]) == (plan.n_threads, plan.work_size, 4)
+    assert doc["mem_size"] == plan.mem_size(graph)
+    assert doc["nodes"] == [{"index": 0, "op": "MUL_MAT", "op_desc": "MUL_MAT", "name": "node_0",
+                             "n_tasks": plan.nodes[0].n_tasks, "work_size": plan.nodes[0].work_size}]
+    assert doc["work_size"] > 0  # q4_0 weights: x is converted to q8_0 in the work buffer
+
+
+def test_plan_text(run):
+    out = ok(run("plan", *ARGS, "--threads", "2"))
+    graph, plan = expected(2)
+    lines = out.splitlines()
+    assert lines[0] == "=== PLAN ===" and lines[2].split() == ["index", "op", "name", "n_tasks", "work_size"]
+    assert lines[3].split() == ["-", "0", "MUL_MAT", "node_0", str(plan.nodes[0].n_tasks), str(plan.nodes[0].work_size)]
+    assert f"n_threads = {plan.n_threads} (requested 2)" in lines
+    assert f"work_size = {plan.work_size}" in lines
+    assert any(line.startswith(f"mem_size  = {plan.mem_size(graph)} ") for line in lines)
+
+
+def test_threads_from_environment(run, monkeypatch):
+    monkeypatch.setenv("GGTOOL_THREADS", "3")
+    assert json.loads(ok(run("plan", *ARGS, "--json")))["requested"] == 3
+
+
+def test_default_threads_is_the_cores_we_may_use(run, monkeypatch):
+    monkeypatch.delenv("GGTOOL_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    assert json.loads(ok(run("plan", *ARGS, "--json")))["requested"] == 5
+
+
+def test_plan_counts_memory_mapped_weights(run):
+    doc = json.loads(ok(run("plan", "mul_mat(output.weight, x)", "--gguf", STORIES, "--tensor", "x=f32[64,1]",
+                            "--json", "--threads", "1")))
+    assert doc["mem_size"] > 64 * 512 * 4  # output.weight's bytes count as if in the context

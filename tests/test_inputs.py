@@ -1,0 +1,299 @@
+"""ggtool.inputs: parsing --tensor sources, reading .npy/JSON/GGUF/stdin, conversions, laziness."""
+
+from __future__ import annotations
+
+import io
+
+import gguf
+import numpy as np
+import pytest
+from conftest import STORIES, TINY_LLAMA
+
+from ggtool import Context
+from ggtool import types as T
+from ggtool.errors import InputError
+from ggtool.inputs import Inputs, SourceSyntaxError, convert_array, parse_json_array, parse_source, parse_tensor_option
+from ggtool.storage import FileStorage
+
+
+def inputs(*options, gguf_paths=(), stdin=None, read_data=True):
+    return Inputs([parse_tensor_option(o) for o in options], list(gguf_paths), stdin=stdin, read_data=read_data)
+
+
+# -- parsing ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, kind, type_", [
+    ("[[1,2],[3,4]]", "json", None),
+    ("i32:[1,2,3]", "json", T.I32),
+    ("3.5", "json", None),
+    ("-1e3", "json", None),
+    ("NaN", "json", None),
+    ("w.npy", "npy", None),
+    ("f16:w.npy", "npy", T.F16),
+    ("data/w.json", "json", None),
+    ("-", "stdin", None),
+    ("i32:-", "stdin", T.I32),
+    ("f32[4,3]", "shape", T.F32),
+    ("q4_0[32]", "shape", T.Q4_0),
+    ("model.gguf:blk.0.attn_q.weight", "gguf", None),
+    ("q4_0:model.gguf:blk.0.attn_q.weight", "gguf", T.Q4_0),
+    ("1.npy", "npy", None),
+])
+def test_source_kinds(text, kind, type_):
+    s = parse_source("x", text)
+    assert (s.kind, s.type) == (kind, type_)
+
+
+def test_gguf_source_splits_file_and_tensor():
+    s = parse_source("w", "f16:dir/m.gguf:token_embd.weight")
+    assert (s.path, s.tensor, s.type) == ("dir/m.gguf", "token_embd.weight", T.F16)
+
+
+def test_shape_source_is_ggml_order():
+    assert parse_source("x", "f32[4,3]").ne == (4, 3)
+
+
+@pytest.mark.parametrize("option, message", [
+    ("x", "expected NAME=SOURCE"),
+    ("1x=[1]", "is not a tensor name"),
+    ("x=", "empty source"),
+    ("x=q4_K:w.npy", "cannot convert to 'q4_K'"),
+    ("x=f32:f16[4]", "names its own type"),
+    ("x=f32[4,x]", "bad shape"),
+    ("x=f32[1,2,3,4,5]", "1 to 4 non-negative sizes"),
+    ("x=m.gguf", "name the tensor: m.gguf:TENSOR"),
+    ("x=m.gguf:", "no tensor name"),
+])
+def test_malformed_options(option, message):
+    with pytest.raises(SourceSyntaxError, match=message):
+        parse_tensor_option(option)
+
+
+# -- JSON -----------------------------------------------------------------------------------------
+def test_json_arrays():
+    assert parse_json_array("[[1,2],[3,4]]", "w").shape == (2, 2)
+    assert parse_json_array("7", "w").shape == ()
+    a = parse_json_array("[1, NaN, Infinity, -Infinity]", "w")
+    assert np.isnan(a[1]) and a[2] == np.inf and a[3] == -np.inf
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[[1,2],[3,4,5]]", "JSON is not rectangular: row 1 has 3 elements, row 0 has 2"),
+    ("[[1,2],3]", "row 1 is a number, row 0 is a list"),
+    ("[[[1],[2]],[[1],[2,3]]]", "row [1][1] has 2 elements, row [1][0] has 1"),
+    ("[true, 1]", "element [0] is a boolean"),
+    ('[1, "a"]', "element [1] is a string"),
+    ("[1, null]", "element [1] is null"),
+    ('{"a": 1}', "JSON value is an object"),
+    ("[[1,2]", "invalid JSON"),
+    ("[[[[[1]]]]]", "JSON array has 5 dimensions; GGML tensors have at most 4"),
+    ("[" * 10 + "]" * 10, "more than 5 dimensions"),
+    ("[" * 100000 + "]" * 100000, "nested too deeply"),
+])
+def test_bad_json(text, message):
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_json_array(text, "--tensor b")
+
+
+# -- conversions ---------------------------------------------------------------------------------
+def test_convert_to_i32_needs_whole_numbers_in_range():
+    assert convert_array(np.array([1.0, -2.0]), T.I32, "w").dtype == np.int32
+    with pytest.raises(InputError, match=r"i32 needs whole numbers; element \[1\] is 2.5"):
+        convert_array(np.array([1.0, 2.5]), T.I32, "w")
+    with pytest.raises(InputError, match="does not fit in i32"):
+        convert_array(np.array([2**40]), T.I32, "w")
+
+
+def test_convert_refuses_overflow():
+    with pytest.raises(InputError, match="too large for f16"):
+        convert_array(np.array([70000.0]), T.F16, "w")
+    with pytest.raises(InputError, match="too large for f32"):
+        convert_array(np.array([1e300]), T.F32, "w")
+    assert np.isinf(convert_array(np.array([np.inf]), T.F16, "w")[0])  # inf stays inf
+
+
+# -- .npy --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype, type_", [
+    (np.float32, T.F32), (np.float16, T.F16), (np.int32, T.I32),
+    (np.float64, T.F32), (np.int64, T.I32), (np.int16, T.I32), (np.int8, T.I32), (np.uint8, T.I32),
+])
+def test_npy_dtypes(npy, dtype, type_):
+    p = npy(np.arange(6, dtype=dtype).reshape(2, 3))
+    t = inputs(f"x={p}").tensor("x", Context())
+    assert t.type == type_ and t.ne == (3, 2, 1, 1)
+    np.testing.assert_array_equal(t.numpy().reshape(2, 3), np.arange(6).reshape(2, 3))
+
+
+def test_npy_fortran_order(npy):
+    a = np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    t = inputs(f"x={npy(a)}").tensor("x", Context())
+    np.testing.assert_array_equal(t.numpy().reshape(2, 3), a)
+
+
+def test_npy_int64_out_of_range(npy):
+    p = npy(np.array([1, 2**40]))
+    with pytest.raises(InputError, match=r"element \[1\] = 1099511627776 does not fit in i32"):
+        inputs(f"x={p}").tensor("x", Context())
+
+
+@pytest.mark.parametrize("array, message", [
+    (np.array([True, False]), "boolean arrays are not supported"),
+    (np.zeros((1, 1, 1, 1, 2), np.float32), "5 dimensions"),
+    (np.array([1 + 2j]), "dtype complex128 is not supported"),
+])
+def test_npy_rejected(npy, array, message):
+    with pytest.raises(InputError, match=message):
+        inputs(f"x={npy(array)}")
+
+
+def test_pickled_npy_rejected(npy):
+    p = npy(np.array([{"a": 1}, None], dtype=object))
+    with pytest.raises(InputError, match=r"pickled array.*allow_pickle=False"):
+        inputs(f"x={p}")
+
+
+def test_truncated_npy(npy):
+    p = npy(np.arange(100, dtype=np.float32))
+    p.write_bytes(p.read_bytes()[:-10])
+    with pytest.raises(InputError, match="truncated"):
+        inputs(f"x={p}")
+
+
+def test_not_npy(tmp_path):
+    p = tmp_path / "x.npy"
+    p.write_text("hello")
+    with pytest.raises(InputError, match="is not a .npy file"):
+        inputs(f"x={p}")
+    with pytest.raises(InputError, match="No such file"):
+        inputs(f"x={tmp_path / 'missing.npy'}")
+
+
+def test_type_prefix_converts(npy):
+    p = npy(np.array([[1.5, 2.5]], dtype=np.float64))
+    t = inputs(f"x=f16:{p}").tensor("x", Context())
+    assert t.type == T.F16 and t.numpy().dtype == np.float16
+
+
+def test_quantizing_prefix():
+    a = np.linspace(-1, 1, 64, dtype=np.float32).tolist()
+    t = inputs(f"x=q8_0:{a}").tensor("x", Context())
+    assert t.type == T.Q8_0 and t.ne == (64, 1, 1, 1)
+    np.testing.assert_allclose(t.numpy().ravel(), a, atol=0.01)
+
+
+def test_quantized_row_length_checked_up_front():
+    with pytest.raises(InputError, match="q4_0 rows hold blocks of 32: ne0=3"):
+        inputs("x=q4_0[3]")
+
+
+# -- stdin ---------------------------------------------------------------------------------------------
+def test_stdin_npy_and_json():
+    buf = io.BytesIO()
+    np.save(buf, np.arange(4, dtype=np.float32))
+    t = inputs("x=-", stdin=io.BytesIO(buf.getvalue())).tensor("x", Context())
+    assert t.ne == (4, 1, 1, 1) and t.type == T.F32
+    t = inputs("x=i32:-", stdin=io.BytesIO(b"[[1,2],[3,4]]")).tensor("x", Context())
+    assert t.type == T.I32 and t.ne == (2, 2, 1, 1)
+
+
+def test_one_stdin_only():
+    with pytest.raises(SourceSyntaxError, match="only one --tensor can read stdin"):
+        inputs("x=-", "y=-", stdin=io.BytesIO(b"[1]"))
+
+
+def test_empty_stdin():
+    with pytest.raises(InputError, match="stdin is empty"):
+        inputs("x=-", stdin=io.BytesIO(b""))
+
+
+def test_duplicate_names():
+    with pytest.raises(SourceSyntaxError, match="given twice"):
+        inputs("x=[1]", "x=[2]")
+
+
+# -- GGUF ----------------------------------------------------------------------------------------------
+def test_gguf_tensors_are_memory_mapped_lazily():
+    env = inputs(gguf_paths=[STORIES])
+    assert "token_embd.weight" in env.names() and len(env.names()) == 48
+    ctx = Context()
+    t = env.tensor("token_embd.weight", ctx)
+    assert isinstance(t.storage, FileStorage) and t.ne == (64, 512, 1, 1)
+    assert ctx.external_bytes == 64 * 512 * 4
+    assert env.tensor("token_embd.weight", ctx) is t  # cached per context
+    assert env.tensor("nope", ctx) is None
+    info = env.ggufs[0].tensors["token_embd.weight"]
+    np.testing.assert_array_equal(t.data.reshape(512, 64), env.ggufs[0].array("token_embd.weight").reshape(512, 64))
+    assert t.data_offset == info.offset
+    assert env.metadata("general.architecture") == "llama"
+    with pytest.raises(KeyError):
+        env.metadata("no.such.key")
+
+
+def test_gguf_source_with_prefix_converts():
+    env = inputs(f"w=f16:{STORIES}:blk.0.attn_q.weight")
+    t = env.tensor("w", Context())
+    assert t.type == T.F16 and t.name == "w" and t.storage is None
+
+
+def test_gguf_f16_tensor_keeps_its_type():
+    t = inputs(gguf_paths=[TINY_LLAMA]).tensor("token_embd.weight", Context())
+    assert t.type == T.F16 and t.ne == (8, 32000, 1, 1)
+
+
+def test_tensor_option_shadows_gguf_and_unused_is_reported():
+    env = inputs("token_embd.weight=[1,2]", "spare=[3]", gguf_paths=[STORIES])
+    assert env.tensor("token_embd.weight", Context()).ne == (2, 1, 1, 1)
+    assert env.unused() == ["spare"]
+
+
+def test_name_in_two_gguf_files_is_ambiguous(tmp_path):
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(STORIES.read_bytes())
+    env = inputs(gguf_paths=[STORIES, copy])
+    with pytest.raises(InputError, match="is in .* and .*; pick one with --tensor"):
+        env.tensor("output.weight", Context())
+
+
+def test_missing_gguf_tensor_suggests():
+    with pytest.raises(InputError, match="has no tensor 'token_embd.weights'; did you mean 'token_embd.weight'"):
+        inputs(f"w={STORIES}:token_embd.weights")
+
+
+def write_gguf(path, tensors):
+    w = gguf.GGUFWriter(str(path), "test")
+    for name, (arr, raw_dtype) in tensors.items():
+        w.add_tensor(name, arr, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_other_gguf_types_are_dequantized_when_used(tmp_path):
+    x = np.linspace(-1, 1, 2 * 64, dtype=np.float32).reshape(2, 64)
+    path = tmp_path / "q.gguf"
+    write_gguf(path, {"bf": (gguf.quants.quantize(x, T.GGMLType.BF16), T.GGMLType.BF16),
+                      "q5": (gguf.quants.quantize(x, T.GGMLType.Q5_0), T.GGMLType.Q5_0)})
+    env = inputs(gguf_paths=[path])
+    for name, tol in (("bf", 0.01), ("q5", 0.05)):
+        t = env.tensor(name, Context())
+        assert t.type == T.F32 and t.ne == (64, 2, 1, 1)
+        np.testing.assert_allclose(t.numpy().reshape(2, 64), x, atol=tol)
+
+
+def test_read_data_false_reads_nothing(tmp_path, npy, monkeypatch):
+    x = np.ones((2, 64), np.float32)
+    path = tmp_path / "q.gguf"
+    write_gguf(path, {"q5": (gguf.quants.quantize(x, T.GGMLType.Q5_0), T.GGMLType.Q5_0)})
+    p = npy(np.ones((3, 2), np.float32))
+
+    def boom(*a, **k):
+        raise AssertionError("data was read")
+
+    monkeypatch.setattr(np, "load", boom)
+    monkeypatch.setattr(gguf.quants, "dequantize", boom)
+    monkeypatch.setattr(FileStorage, "array", property(boom))
+    env = inputs(f"x={p}", f"e={STORIES}:token_embd.weight", gguf_paths=[path], read_data=False)
+    ctx = Context()
+    for name, ne, type_ in (("x", (2, 3, 1, 1), T.F32), ("e", (64, 512, 1, 1), T.F32), ("q5", (64, 2, 1, 1), T.F32)):
+        t = env.tensor(name, ctx)
+        assert (t.ne, t.type) == (ne, type_)

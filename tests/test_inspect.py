@@ -1,0 +1,234 @@
+"""`ggtool inspect` and `ggtool compare`, and the fast GGUF metadata reader behind them."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from ggtool.gguf_file import GGUFFile
+
+ROOT = Path(__file__).resolve().parent.parent
+STORIES = ROOT / "fixtures" / "stories260K.gguf"
+TINY = ROOT / "fixtures" / "llama-2-tiny-random.gguf"
+
+
+def write_gguf(path, tensors: dict, kv: dict | None = None):
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, v in (kv or {}).items():
+        if isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, list):
+            w.add_array(k, v)
+        else:
+            w.add_uint32(k, v)
+    for name, arr in tensors.items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _ti_offset(path, name: str) -> int:
+    """Byte offset of a tensor info (its name length field) in the file."""
+    r = gguf.GGUFReader(str(path))
+    return next(t.field.offset for t in r.tensors if t.name == name)
+
+
+# ------------------------------------------------------------------------------- reader (fast open)
+
+@pytest.mark.parametrize("path", [STORIES, TINY])
+def test_fast_reader_matches_gguf_py(path):
+    f = GGUFFile(path)
+    r = gguf.GGUFReader(str(path))
+    for k in f.keys():
+        assert f.metadata(k) == r.fields[k].contents(), k
+        if r.fields[k].types[0] == gguf.GGUFValueType.ARRAY:
+            fa, fb = f.reader.fields[k], r.fields[k]
+            assert f.array_len(k) == len(fb.data)
+            assert list(fa.data) == list(fb.data)
+            for i in (0, 1, len(fb.data) - 1):
+                assert fa.contents(i) == fb.contents(i)
+                assert bytes(fa.parts[fa.data[i]]) == bytes(fb.parts[fb.data[i]])
+            assert fa.contents(slice(3, 9, 2)) == fb.contents(slice(3, 9, 2))
+    assert [t.name for t in f.reader.tensors] == [t.name for t in r.tensors]
+
+
+def test_big_vocabulary_opens_fast():
+    t0 = time.perf_counter()
+    f = GGUFFile(TINY)          # 32,000 tokens: gguf-py's reader needs ~1.6 s here
+    dt = time.perf_counter() - t0
+    assert dt < 0.5, dt
+    assert f.array_len("tokenizer.ggml.tokens") == 32000
+    assert f.metadata("tokenizer.ggml.tokens")[31999] == gguf.GGUFReader(str(TINY)).fields[
+        "tokenizer.ggml.tokens"].contents(31999)
+
+
+def test_kv_spans_are_raw_metadata(tmp_path):
+    f = GGUFFile(STORIES)
+    spans = f.reader.kv_spans
+    assert list(spans) == f.keys()
+    raw = bytes(f.reader.data[spans["general.name"][0]:spans["general.name"][1]])
+    assert raw == struct.pack("<Q", 12) + b"general.name" + struct.pack("<IQ", 8, 5) + b"llama"
+
+
+# ------------------------------------------------------------------------------------------ inspect
+
+def test_inspect_text(run):
+    r = run("inspect", STORIES)
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert out.startswith("fixtures/stories260K.gguf: GGUF v3, 19 metadata keys, 48 tensors, alignment 32") or \
+        "GGUF v3, 19 metadata keys, 48 tensors" in out.splitlines()[0]
+    assert 'tokenizer.ggml.tokens' in out and '... (512 items)]' in out
+    assert 'llama.attention.layer_norm_rms_epsilon  FLOAT32         1e-05' in out
+    assert "token_embd.weight" in out and "offset" in out
+    assert "total: 48 tensors, 292,800 elements, 1,171,200 bytes" in out
+    assert r.stderr == ""
+
+
+def test_inspect_json_stable_keys(run):
+    r = run("inspect", TINY, "--json")
+    assert r.exit_code == 0 and r.stdout.endswith("}\n")
+    d = json.loads(r.stdout)
+    assert list(d) == ["file", "version", "alignment", "data_offset", "file_size", "n_kv", "n_tensors",
+                       "metadata", "tensors", "totals"]
+    tok = next(m for m in d["metadata"] if m["key"] == "tokenizer.ggml.tokens")
+    assert tok["type"] == "ARRAY[STRING]" and tok["count"] == 32000 and len(tok["value"]) == 8 and tok["truncated"]
+    t0 = d["tensors"][0]
+    assert list(t0) == ["name", "type", "ne", "bytes", "bpw", "offset"]
+    assert t0["type"] == "f16" and t0["bpw"] == 16.0
+    assert d["totals"]["by_type"]["f16"]["tensors"] == 9
+    full = json.loads(run("inspect", TINY, "--json", "--full").stdout)
+    tok = next(m for m in full["metadata"] if m["key"] == "tokenizer.ggml.tokens")
+    assert len(tok["value"]) == 32000 and "truncated" not in tok
+
+
+def test_inspect_diffable_has_no_offsets_and_diffs_clean(run, tmp_path):
+    r = run("inspect", STORIES, "--diffable")
+    assert r.exit_code == 0
+    assert "offset" not in r.stdout and "file size" not in r.stdout
+    copy = tmp_path / "copy.gguf"
+    # same content, different order and alignment: identical diffable output
+    run("quantize", STORIES, tmp_path / "q.gguf", "-q", "-t", "1")
+    a = json.loads(run("inspect", STORIES, "--diffable", "--json").stdout)
+    b = json.loads(run("inspect", tmp_path / "q.gguf", "--diffable", "--json").stdout)
+    assert [t["name"] for t in a["tensors"]] == [t["name"] for t in b["tensors"]]
+    assert "offset" not in a["tensors"][0] and "data_offset" not in a
+    copy.write_bytes(STORIES.read_bytes())
+    assert run("inspect", copy, "--diffable").stdout.splitlines()[1:] == r.stdout.splitlines()[1:]
+
+
+def test_inspect_stats(run, tmp_path):
+    x = np.arange(64 * 4, dtype=np.float32).reshape(4, 64) - 100
+    p = write_gguf(tmp_path / "s.gguf", {"w": x})
+    d = json.loads(run("inspect", p, "--stats", "--json").stdout)
+    s = d["tensors"][0]["stats"]
+    assert s["min"] == -100 and s["max"] == 155 and s["mean"] == pytest.approx(x.mean())
+    assert s["std"] == pytest.approx(x.std()) and s["nonfinite"] == 0
+    out = run("inspect", STORIES, "--stats").stdout
+    assert "mean" in out and "std" in out
+
+
+def test_inspect_long_string_shortened(run, tmp_path):
+    p = write_gguf(tmp_path / "s.gguf", {"w": np.zeros(4, np.float32)}, kv={"tokenizer.chat_template": "x" * 500})
+    out = run("inspect", p).stdout
+    assert '..." (500 chars)' in out and "x" * 61 not in out
+    assert "x" * 500 in run("inspect", p, "--full").stdout
+
+
+# ------------------------------------------------------------------------------------ bad files
+
+def test_truncated_file(run, tmp_path):
+    data = STORIES.read_bytes()
+    p = tmp_path / "t.gguf"
+    p.write_bytes(data[:600_000])
+    r = run("inspect", p)
+    assert r.exit_code == 1 and "Traceback" not in r.stderr
+    assert "truncated" in r.stderr and r.stderr.startswith("Error: ")
+    p.write_bytes(data[:5000])        # inside the metadata
+    r = run("inspect", p)
+    assert r.exit_code == 1 and r.stderr.startswith("Error: ") and len(r.stderr.splitlines()) == 1
+
+
+def test_lying_offset(run, tmp_path):
+    p = write_gguf(tmp_path / "l.gguf", {"a": np.zeros(32, np.float32), "b": np.ones(32, np.float32)})
+    data = bytearray(p.read_bytes())
+    off = _ti_offset(p, "b")
+    # name len (8) + name (1) + n_dims (4) + dims (8) + type (4) -> offset u64
+    pos = off + 8 + 1 + 4 + 8 + 4
+    data[pos:pos + 8] = struct.pack("<Q", 1 << 20)
+    p.write_bytes(bytes(data))
+    r = run("inspect", p)
+    assert r.exit_code == 1 and "tensor 'b'" in r.stderr and "offsets lie" in r.stderr
+
+
+def test_unknown_type_id(run, tmp_path):
+    p = write_gguf(tmp_path / "u.gguf", {"a": np.zeros(32, np.float32)})
+    data = bytearray(p.read_bytes())
+    pos = _ti_offset(p, "a") + 8 + 1 + 4 + 8
+    data[pos:pos + 4] = struct.pack("<I", 77)
+    p.write_bytes(bytes(data))
+    r = run("inspect", p)
+    assert r.exit_code == 1 and "unknown or removed GGML type id 77" in r.stderr
+    data[pos:pos + 4] = struct.pack("<I", 4)    # Q4_2: removed
+    p.write_bytes(bytes(data))
+    assert "type id 4" in run("inspect", p).stderr
+
+
+def test_not_gguf(run, tmp_path):
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"FUGG" + b"\0" * 100)
+    r = run("inspect", p)
+    assert r.exit_code == 1 and "not a GGUF file" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------ compare
+
+def test_compare_quantized_model(run, tmp_path):
+    q = tmp_path / "q.gguf"
+    assert run("quantize", STORIES, q, "-q", "-t", "1").exit_code == 0
+    r = run("compare", STORIES, q)
+    assert r.exit_code == 0, r.output
+    assert "48 tensors compared (11 identical), 0 only in A, 0 only in B" in r.stdout
+    d = json.loads(run("compare", STORIES, q, "--json").stdout)
+    rows = {t["name"]: t for t in d["tensors"]}
+    qk = rows["blk.0.attn_q.weight"]
+    assert qk["type_a"] == "f32" and qk["type_b"] == "q4_0"
+    assert 1e-4 < qk["nmse"] < 3e-2 and qk["rel_rms"] == pytest.approx(qk["nmse"] ** 0.5)
+    assert rows["output.weight"]["type_b"] == "q8_0" and rows["output.weight"]["nmse"] < 1e-4
+    assert rows["output_norm.weight"]["identical"] and rows["output_norm.weight"]["nmse"] == 0
+    # check one value by hand
+    src = {t.name: t for t in gguf.GGUFReader(str(STORIES)).tensors}
+    dst = {t.name: t for t in gguf.GGUFReader(str(q)).tensors}
+    a = np.asarray(src["blk.0.attn_q.weight"].data, np.float64)
+    b = gguf.quants.dequantize(np.asarray(dst["blk.0.attn_q.weight"].data), gguf.GGMLQuantizationType.Q4_0)
+    assert qk["nmse"] == pytest.approx(((b - a) ** 2).sum() / (a ** 2).sum(), rel=1e-9)
+    assert qk["max_abs_error"] == pytest.approx(np.abs(b - a).max())
+
+
+def test_compare_tensor_and_npy(run, tmp_path, npy):
+    src = {t.name: t for t in gguf.GGUFReader(str(STORIES)).tensors}
+    x = np.asarray(src["output.weight"].data, np.float32)
+    p = npy(x + 0.5, "o.npy")
+    d = json.loads(run("compare", f"{STORIES}:output.weight", p, "--json").stdout)
+    assert d["tensors"][0]["max_abs_error"] == pytest.approx(0.5)
+    r = run("compare", f"{STORIES}:output.weight", f"{STORIES}:blk.0.attn_q.weight")
+    assert r.exit_code == 0 and "shapes differ" in r.stdout
+    r = run("compare", f"{STORIES}:nope", p)
+    assert r.exit_code == 1 and "no tensor named 'nope'" in r.stderr
+
+
+def test_compare_only_in_one(run, tmp_path):
+    a = write_gguf(tmp_path / "a.gguf", {"x": np.ones(32, np.float32), "y": np.ones(32, np.float32)})
+    b = write_gguf(tmp_path / "b.gguf", {"x": np.ones(32, np.float32), "z": np.ones(32, np.float32)})
+    r = run("compare", a, b)
+    assert "1 tensors compared (1 identical), 1 only in A, 1 only in B" in r.stdout
+    assert "only in A: y" in r.stdout and "only in B: z" in r.stdout

@@ -1,0 +1,522 @@
+"""The worker pool (issue 4): same results with 1-4 participants, clean failures, nothing left behind.
+
+Test kernels live at module level here: the pool ships a kernel to its workers by reference, so a
+worker imports this module (as `test_pool`, the tests folder being on the shared sys.path) to run
+them. They are registered in the caller only for the duration of a test (fixture `test_kernels`).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ggtool
+from ggtool import shm
+from ggtool import types as T
+from ggtool.errors import ComputeError, GGToolError
+from ggtool.ops import FUNCTIONS, KERNELS, Kernel
+from ggtool.compute import Work, prepare, run_node, work_view
+from ggtool.ops.base import ALL, new_op
+from ggtool.pool import WorkerPool, default_threads, get_pool
+from replay import Replay, load_json, load_npz, nmse
+
+TESTS = Path(__file__).resolve().parent
+OPS = load_json("ops.json")["cases"]
+GRAPHS = load_json("graphs.json")["graphs"]
+TOLERANCE = {"MUL_MAT": 5e-4}
+
+
+# -- test kernels (shipped to the workers by reference) --------------------------------------------
+def fail_kernel(node, ith, nth, work):
+    """Copies src0; participant op_params[0] raises."""
+    src = node.src[0].data
+    r = np.arange(node.nrows)[ith::nth]
+    node.data.reshape(-1, node.ne[0])[r] = src.reshape(-1, node.ne[0])[r]
+    if ith == node.op_params[0]:
+        raise ValueError(f"boom in participant {ith}")
+
+
+def sleep_kernel(node, ith, nth, work):
+    """Participants >= op_params[0] sleep op_params[1] ms, in small steps."""
+    if ith >= node.op_params[0]:
+        end = time.monotonic() + node.op_params[1] / 1000
+        while time.monotonic() < end:
+            time.sleep(0.005)
+
+
+def register_test_kernels() -> list[str]:
+    new = {"TEST_POOL_FAIL": fail_kernel, "TEST_POOL_SLEEP": sleep_kernel}
+    for op, fn in new.items():
+        KERNELS[op] = Kernel(op, fn, ALL, None)
+    return list(new)
+
+
+@pytest.fixture
+def test_kernels():
+    ops = register_test_kernels()
+    yield
+    for op in ops:
+        KERNELS.pop(op, None)
+
+
+def custom(ctx, op, a, *params):
+    return new_op(ctx, op, a.type, a.ne, (a,), params=params)
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(4) as p:
+        yield p
+
+
+def segments_of(pid: int) -> set[str]:
+    return {n for n in shm.list_segments() if n.startswith(f"{shm.PREFIX}{pid}_")}
+
+
+@pytest.fixture
+def shm_clean():
+    """Asserts that the test leaves no new segment of this process in /dev/shm."""
+    before = segments_of(os.getpid())
+    yield
+    gc.collect()   # contexts are reference cycles (ctx <-> tensors): collect the dead ones
+    assert segments_of(os.getpid()) - before == set()
+
+
+def chain(ctx, n: int, width: int = 16, rows: int = 1):
+    x = ctx.new_tensor("f32", [width, rows])
+    b = ctx.new_tensor("f32", [width, rows])
+    x.data[...] = np.arange(width * rows, dtype=np.float32).reshape(x.data.shape)
+    b.data[...] = 0.5
+    y = x
+    for _ in range(n):
+        y = FUNCTIONS["add"](ctx, y, b)
+    g = ctx.new_graph(max(2048, 2 * n))
+    g.expand(y)
+    return g, y
+
+
+# -- correctness: golden ops and graphs with 1..4 participants ------------------------------------
+def _missing_ops(steps) -> list[str]:
+    return [s["op"] for s in steps if "op" in s and s["op"] not in FUNCTIONS]
+
+
+def _replay_op(case, nth, pool=None, serial=False):
+    """The case's output after computing with nth participants: on the pool, or `serial`: the same
+    (ith, nth) kernel calls made by threads of this process (what the pool must reproduce exactly)."""
+    missing = _missing_ops(case["steps"])
+    if missing:
+        pytest.skip(f"ops not implemented yet: {missing}")
+    r = Replay(case["steps"], load_npz("ops.npz"))
+    out = r.ids[case["output"]]
+    g = r.ctx.new_graph()
+    g.expand(out)
+    if serial:
+        plan = prepare(g, nth)
+        n = plan.n_threads
+        barrier = threading.Barrier(n)
+        work = Work(work_view(g, plan), barrier.wait)  # for the kernels' internal barriers
+
+        def participant(ith):
+            for i, node in enumerate(g.nodes):
+                run_node(i, node, ith, n, work)
+                barrier.wait()
+
+        threads = [threading.Thread(target=participant, args=(ith,)) for ith in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        g.compute(nth, pool=pool)
+    return out.data.copy(), out
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+# Kernels whose result currently depends on the (ith, nth) split although GGML's does not: the f32
+# mul_mat calls BLAS on each participant's sub-block, and BLAS rounds a sub-block differently.
+SPLIT_DEPENDENT = {"MUL_MAT": "ops/matmul.py: BLAS on a participant's sub-block rounds differently"}
+
+
+@pytest.mark.parametrize("nth", [2, 3, 4])
+@pytest.mark.parametrize("case", OPS, ids=lambda c: c["name"])
+def test_golden_op_same_with_n_participants(case, nth, pool):
+    one, out = _replay_op(case, 1)
+    many, _ = _replay_op(case, nth, pool)
+    # the pool adds nothing: exactly the kernels' own (ith, nth) calls made one after another
+    assert _same_bits(many, _replay_op(case, nth, serial=True)[0])
+    if out.type == T.F32:
+        ref = load_npz("ops.npz")[case["result"]["key"]]
+        assert nmse(many.reshape(ref.shape), ref) <= TOLERANCE.get(out.op, 1e-7)
+    if not _same_bits(many, one) and out.op in SPLIT_DEPENDENT:
+        pytest.xfail(SPLIT_DEPENDENT[out.op])
+    # GGML's split never changes the arithmetic: bit for bit the one-process result
+    assert _same_bits(many, one), f"{case['name']}: {nth} participants differ from 1"
+
+
+@pytest.mark.parametrize("nth", [2, 3, 4])
+@pytest.mark.parametrize("gcase", GRAPHS, ids=lambda g: g["name"])
+def test_golden_graph_same_with_n_participants(gcase, nth, pool):
+    missing = _missing_ops(gcase["steps"])
+    if missing:
+        pytest.skip(f"ops not implemented yet: {missing}")
+    results = {}
+    for n, p in ((1, None), (nth, pool)):
+        r = Replay(gcase["steps"], load_npz("graphs.npz"))
+        r.graph.compute(n, pool=p)
+        results[n] = {tid: r.ids[tid].data.copy() for tid in gcase["compute"]["results"]}
+    npz = load_npz("graphs.npz")
+    split_dependent = any(t.op in SPLIT_DEPENDENT for t in r.graph.nodes)
+    for tid, meta in gcase["compute"]["results"].items():
+        if meta["type"] == "f32":
+            ref = npz[meta["key"]]
+            assert nmse(results[nth][tid].reshape(ref.shape), ref) <= 5e-4
+        if not _same_bits(results[nth][tid], results[1][tid]) and split_dependent:
+            pytest.xfail("a node's kernel depends on the split: " + "; ".join(SPLIT_DEPENDENT.values()))
+        assert _same_bits(results[nth][tid], results[1][tid]), f"{gcase['name']}.{tid}"
+
+
+def test_long_chain_bitwise_and_cached(pool):
+    ctx = ggtool.Context()
+    g, y = chain(ctx, 300, width=40, rows=7)
+    plan = g.compute(1)
+    want = y.numpy()
+    for nth in (2, 3, 4):
+        y.data[...] = 0
+        p = g.compute(nth, pool=pool)
+        assert np.array_equal(y.numpy(), want)
+        sent = pool.stats["graphs_sent"]
+        g.compute(nth, pool=pool, plan=p)
+        assert pool.stats["graphs_sent"] == sent  # the same graph again: only "run #k"
+    assert plan.n_threads == 1
+
+
+def test_plan_of_one_runs_in_process(pool):
+    ctx = ggtool.Context()
+    a = ctx.new_tensor("f32", [8, 3])
+    a.data[...] = 2
+    out = FUNCTIONS["sub"](ctx, a, a)  # SUB has n_tasks 1: the plan has one thread
+    g = ctx.new_graph()
+    g.expand(out)
+    runs = pool.stats["runs"]
+    plan = g.compute(4, pool=pool)
+    assert plan.n_threads == 1 and pool.stats["runs"] == runs
+    assert np.all(out.numpy() == 0)
+
+
+def test_changed_node_is_sent_again(pool):
+    """A node mutated between computes (op_params here) is picked up: the cache never lies."""
+    if "scale" not in FUNCTIONS:
+        pytest.skip("scale not implemented yet")
+    ctx = ggtool.Context()
+    a = ctx.new_tensor("f32", [16, 8])
+    a.data[...] = 1
+    s = FUNCTIONS["scale"](ctx, FUNCTIONS["add"](ctx, a, a), 3.0)
+    g = ctx.new_graph()
+    g.expand(s)
+    plan = g.compute(2, pool=pool)
+    assert np.all(s.numpy() == 6)
+    s.set_params(5.0)
+    g.compute(2, pool=pool, plan=plan)
+    assert np.all(s.numpy() == 10)
+
+
+def test_file_storage_and_second_context(pool, tmp_path):
+    """Memory-mapped tensors are read by each worker from the file; weights in another context."""
+    from ggtool.storage import FileStorage
+
+    vals = np.arange(64 * 6, dtype=np.float32).reshape(6, 64)
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"\0" * 32 + vals.tobytes())
+    wctx = ggtool.Context()
+    w = wctx.new_tensor("f32", [64, 6], storage=FileStorage(path), data_offset=32)
+    bias = wctx.new_tensor("f32", [64, 6])
+    bias.data[...] = 0.25
+    ctx = ggtool.Context()
+    x = ctx.new_tensor("f32", [64, 6])
+    x.data[...] = 1
+    out = FUNCTIONS["add"](ctx, FUNCTIONS["add"](ctx, x, w), bias)
+    g = ctx.new_graph()
+    g.expand(out)
+    g.compute(3, pool=pool)
+    assert np.array_equal(out.numpy()[0, 0], vals + 1.25)
+
+
+def test_context_that_grows_moves_again(pool, shm_clean):
+    ctx = ggtool.Context()
+    g, y = chain(ctx, 3)
+    g.compute(2, pool=pool)
+    first = ctx.buffer
+    big = ctx.new_tensor("f32", [1 << 20])  # grows the pool out of its segment
+    assert ctx.buffer is not first
+    big.data[...] = 1
+    out = FUNCTIONS["add"](ctx, big, big)
+    g2 = ctx.new_graph()
+    g2.expand(out)
+    g2.compute(2, pool=pool)
+    assert np.all(out.numpy() == 2)
+    del ctx, g, y, g2, out, big, first
+
+
+# -- failures ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("failing", [0, 2])
+def test_kernel_error_names_node_and_pool_survives(pool, test_kernels, failing):
+    ctx = ggtool.Context()
+    a = ctx.new_tensor("f32", [16, 8])
+    a.data[...] = 1
+    h = FUNCTIONS["add"](ctx, a, a)
+    bad = custom(ctx, "TEST_POOL_FAIL", h, failing).set_name("the_bad_one")
+    out = FUNCTIONS["add"](ctx, bad, a)
+    g = ctx.new_graph()
+    g.expand(out)
+    pids = pool.pids
+    with pytest.raises(ComputeError) as e:
+        g.compute(4, pool=pool)
+    assert str(e.value) == f"node 1 'the_bad_one' (TEST_POOL_FAIL) failed: ValueError: boom in participant {failing}"
+    assert pool.pids == pids  # the same workers, still usable
+    g2, y = chain(ggtool.Context(), 5)
+    g2.compute(4, pool=pool)
+    assert np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2.5)
+
+
+def test_kernel_workers_cannot_import_is_a_clear_error(pool):
+    """A kernel the workers cannot import (a lambda, a function of __main__) fails cleanly."""
+    KERNELS["TEST_POOL_LOCAL"] = Kernel("TEST_POOL_LOCAL", lambda node, ith, nth, work: None, ALL, None)
+    try:
+        ctx = ggtool.Context()
+        a = ctx.new_tensor("f32", [16, 8])
+        g = ctx.new_graph()
+        g.expand(custom(ctx, "TEST_POOL_LOCAL", a))
+        with pytest.raises(ComputeError, match=r"worker 1 \(pid \d+\) could not run the graph: the kernel of op "
+                                               r"TEST_POOL_LOCAL \(test_pool\..*<lambda>\) is not registered in the worker"):
+            g.compute(2, pool=pool)
+        g2, y = chain(ggtool.Context(), 2)
+        g2.compute(2, pool=pool)
+    finally:
+        KERNELS.pop("TEST_POOL_LOCAL")
+
+
+def test_worker_killed_between_graphs_is_replaced(shm_clean):
+    with WorkerPool(2) as p:
+        g, y = chain(ggtool.Context(), 4)
+        g.compute(2, pool=p)
+        (pid,) = p.pids
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+        y.data[...] = 0
+        g.compute(2, pool=p)  # rebuilt transparently
+        assert p.pids != [pid] and np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
+
+
+def test_hundred_computes_leave_nothing():
+    gc.collect()
+    before = segments_of(os.getpid())   # the module's pool may hold some
+    with WorkerPool(2) as p:
+        for i in range(100):
+            ctx = ggtool.Context()
+            g, y = chain(ctx, 3, rows=2)
+            g.compute(2, pool=p)
+            assert y.numpy()[0, 0, 1, 0] == 16 + 1.5
+            if i % 10 == 9:
+                gc.collect()
+                assert len(segments_of(os.getpid())) <= 6  # control blocks + the live contexts
+        assert p.stats["runs"] == 100 and p.stats["restarts"] == 0
+        ctx2 = ggtool.Context()
+        g, y = chain(ctx2, 3)
+        plan = g.compute(2, pool=p)
+        for _ in range(100):
+            g.compute(2, pool=p, plan=plan)
+    gc.collect()
+    assert segments_of(os.getpid()) - before == set()
+
+
+# -- map, BLAS, defaults -------------------------------------------------------------------------
+def _env_and_blas(name):
+    from ggtool import blas
+    return os.environ.get(name), blas.get_threads(), os.getpid()
+
+
+def _maybe_fail(x):
+    if x == 7:
+        raise KeyError(x)
+    return x * x
+
+
+def test_map(pool):
+    assert pool.map(_maybe_fail, range(5)) == [0, 1, 4, 9, 16]
+    with pytest.raises(KeyError):
+        pool.map(_maybe_fail, range(10))
+    out = pool.map(_env_and_blas, ["OPENBLAS_NUM_THREADS"] * 4)
+    assert len({pid for _, _, pid in out}) == 4
+    for env, threads, pid in out[1:]:  # the workers: one BLAS thread, set before numpy loaded
+        assert env == "1" and threads in (1, None)
+
+
+def test_default_threads_and_shared_pool(monkeypatch):
+    monkeypatch.setenv("GGTOOL_THREADS", "3")
+    assert default_threads() == 3
+    monkeypatch.setenv("GGTOOL_THREADS", "zero")
+    with pytest.raises(GGToolError, match="GGTOOL_THREADS"):
+        default_threads()
+    monkeypatch.delenv("GGTOOL_THREADS")
+    assert default_threads() == len(os.sched_getaffinity(0))
+    p = get_pool(2)
+    assert get_pool(2) is p
+    p.close()
+    assert get_pool(2) is not p
+    get_pool().close()
+
+
+# -- whole processes: kill, Ctrl-C, errors, exit (the CLI's handling, mimicked) ------------------
+SCRIPT = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+import numpy as np
+import ggtool
+from ggtool.errors import GGToolError
+from ggtool.ops import FUNCTIONS
+from ggtool.pool import get_pool
+import test_pool
+
+def main():
+    test_pool.register_test_kernels()
+    pool = get_pool({nth})
+    ctx = ggtool.Context()
+    a = ctx.new_tensor("f32", [1024, 64])
+    a.data[...] = 1
+    h = FUNCTIONS["add"](ctx, a, a)
+    g0 = ctx.new_graph()
+    g0.expand(test_pool.custom(ctx, "TEST_POOL_SLEEP", h, 0, 0))
+    g0.compute({nth}, pool=pool)      # starts the workers (and has them import this module)
+    print("pids", *pool.pids, flush=True)
+    {body}
+    g = ctx.new_graph()
+    g.expand(out)
+    g.compute({nth}, pool=pool)
+    print("done", float(out.numpy().sum()), flush=True)
+
+try:
+    main()
+except GGToolError as e:
+    print(f"Error: {{e}}", file=sys.stderr)
+    sys.exit(1)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+class Run:
+    """A finished script: exit code, output, the worker pids, what on_pids returned, its pid."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def run_script(body: str, nth: int = 2, on_pids=None, timeout: float = 60.0) -> Run:
+    """Runs SCRIPT in its own session; on_pids(proc, pids) acts once the workers are up."""
+    code = SCRIPT.format(tests=str(TESTS), nth=nth, body=body)
+    # unbuffered: readline() must not read past the line that communicate() would then miss
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            bufsize=0, start_new_session=True)
+    pids, acted = [], None
+    line = proc.stdout.readline().decode()
+    if line.startswith("pids"):
+        pids = [int(x) for x in line.split()[1:]]
+        if on_pids is not None:
+            acted = on_pids(proc, pids)
+    out, err = proc.communicate(timeout=timeout)
+    return Run(rc=proc.returncode, out=line + out.decode(), err=err.decode(), pids=pids, acted=acted,
+               pid=proc.pid)
+
+
+def gone(pid: int, within: float = 2.0) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def assert_nothing_left(r: Run) -> None:
+    assert r.pids and all(gone(p) for p in r.pids), "worker processes left behind"
+    assert segments_of(r.pid) == set(), "shared-memory segments left in /dev/shm"
+    assert "resource_tracker" not in r.err and "Traceback" not in r.err, r.err
+
+
+SLOW = 'out = test_pool.custom(ctx, "TEST_POOL_SLEEP", h, 1, 20000)  # the workers sleep 20 s'
+
+
+def test_sigkill_worker_mid_graph():
+    def kill(proc, pids):
+        time.sleep(0.3)   # the slow compute is under way: the workers are in the kernel
+        t0 = time.monotonic()
+        os.kill(pids[0], signal.SIGKILL)
+        proc.wait(timeout=10)
+        return time.monotonic() - t0
+
+    r = run_script(SLOW, nth=3, on_pids=kill)
+    assert r.rc == 1 and r.acted < 2.0, (r.rc, r.acted, r.err)
+    assert r.err.startswith(f"Error: worker 1 (pid {r.pids[0]}) died (killed by SIGKILL) while computing node 1 "
+                            "'node_1' (TEST_POOL_SLEEP)\n")
+    assert len(r.err.splitlines()) == 1
+    assert_nothing_left(r)
+
+
+def test_ctrl_c_mid_graph():
+    def interrupt(proc, pids):
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)   # like a terminal: the whole process group
+        proc.wait(timeout=10)
+        return time.monotonic() - t0
+
+    body = 'out = test_pool.custom(ctx, "TEST_POOL_SLEEP", h, 0, 20000)  # everyone sleeps 20 s'
+    r = run_script(body, nth=3, on_pids=interrupt)
+    assert r.rc == 130 and r.acted < 2.0, (r.rc, r.acted, r.err)
+    assert r.err == "", r.err
+    assert_nothing_left(r)
+
+
+def test_kernel_error_in_subprocess_one_line():
+    r = run_script('out = test_pool.custom(ctx, "TEST_POOL_FAIL", h, 1).set_name("bad")', nth=2)
+    assert r.rc == 1
+    assert r.err == "Error: node 1 'bad' (TEST_POOL_FAIL) failed: ValueError: boom in participant 1\n"
+    assert_nothing_left(r)
+
+
+def test_normal_exit_without_close_cleans_up():
+    r = run_script("out = FUNCTIONS['add'](ctx, h, a)", nth=4)
+    assert r.rc == 0 and r.err == "" and r.out.splitlines()[-1] == f"done {3.0 * 1024 * 64}"
+    assert len(r.pids) == 3
+    assert_nothing_left(r)
+
+
+def test_workers_follow_a_killed_caller():
+    """If the caller itself is SIGKILLed, the workers notice and exit; Python's resource tracker
+    then unlinks the caller's segments (with its warning: the caller had no chance to)."""
+    def kill_caller(proc, pids):
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGKILL)
+        return [gone(p, within=3.0) for p in pids]
+
+    r = run_script(SLOW, nth=2, on_pids=kill_caller)
+    assert r.rc == -signal.SIGKILL and all(r.acted)
+    deadline = time.monotonic() + 5
+    while segments_of(r.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert segments_of(r.pid) == set()

@@ -1,0 +1,305 @@
+"""`ggtool quantize`: llama.cpp's Q4_0 rules, byte identity, metadata, safety (same path, NaN, Ctrl-C)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from ggtool import quantize_model as QM
+from ggtool import types as T
+
+ROOT = Path(__file__).resolve().parent.parent
+STORIES = ROOT / "fixtures" / "stories260K.gguf"
+TINY = ROOT / "fixtures" / "llama-2-tiny-random.gguf"
+QT = gguf.GGMLQuantizationType
+
+
+def write_gguf(path, tensors: dict, arch: str = "llama", kv: dict | None = None):
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in (kv or {}).items():
+        if isinstance(v, str):
+            w.add_string(k, v)
+        else:
+            w.add_uint32(k, v)
+    for name, arr in tensors.items():
+        if isinstance(arr, tuple):         # (raw bytes array, quant type)
+            w.add_tensor(name, arr[0], raw_dtype=arr[1])
+        else:
+            w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def types_of(path) -> dict[str, str]:
+    r = gguf.GGUFReader(str(path))
+    return {t.name: t.tensor_type.name for t in r.tensors}
+
+
+def run_cli(run, *args):
+    return run("quantize", *args)
+
+
+# --------------------------------------------------------------------------------- stories260K
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_stories260k(run, tmp_path, pure):
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, STORIES, out, "--threads", "1", *(["--pure"] if pure else []))
+    assert r.exit_code == 0, r.output
+    src, dst = gguf.GGUFReader(str(STORIES)), gguf.GGUFReader(str(out))
+    inp = {t.name: t for t in src.tensors}
+    got = {t.name: t for t in dst.tensors}
+    assert set(got) == set(inp)
+    for name, t in got.items():
+        s = inp[name]
+        if len(s.shape) == 1:
+            want = "F32"
+        elif name.endswith("ffn_down.weight"):           # rows of 172: F16, as llama.cpp
+            want = "F16"
+        elif name == "output.weight" and not pure:       # Q6_K wanted, row 64 % 256 -> Q8_0
+            want = "Q8_0"
+        else:
+            want = "Q4_0"
+        assert t.tensor_type.name == want, name
+        if want == "Q4_0":   # byte-identical to gguf-py's (= llama.cpp's) Q4_0 of the same source
+            assert np.array_equal(np.asarray(t.data), gguf.quants.quantize(np.asarray(s.data), QT.Q4_0)), name
+        elif want == "F32":
+            assert np.asarray(t.data).tobytes() == np.asarray(s.data).tobytes()
+        elif want == "F16":
+            assert np.array_equal(np.asarray(t.data), np.asarray(s.data).astype(np.float16))
+        else:
+            assert np.array_equal(np.asarray(t.data), gguf.quants.quantize(np.asarray(s.data), QT.Q8_0))
+    # metadata: everything copied, file type and quantization version set (and last, as llama.cpp)
+    keys = [k for k in dst.fields if not k.startswith("GGUF.")]
+    assert keys[-2:] == ["general.quantization_version", "general.file_type"]
+    assert dst.fields["general.file_type"].contents() == 2
+    assert dst.fields["general.quantization_version"].contents() == 2
+    for k, f in src.fields.items():
+        if not k.startswith("GGUF."):
+            assert dst.fields[k].contents() == f.contents(), k
+    # llama.cpp's tensor order: non-block tensors by name, then blk.N by layer and name
+    names = [t.name for t in dst.tensors]
+    assert names[:3] == ["output.weight", "output_norm.weight", "token_embd.weight"]
+    assert names[3] == "blk.0.attn_k.weight" and names[-1] == "blk.4.ffn_up.weight"
+    # per-tensor lines like llama-quantize's, then a summary
+    assert "[   1/  48]                        output.weight - [   64,   512,     1,     1], type =    f32, " \
+           "converting to " in r.stderr
+    assert "type =    f32, size =    0.000 MiB" in r.stderr
+    assert "model size  =" in r.stderr and "quant size  =" in r.stderr and "bits per weight" in r.stderr
+    assert r.stdout == ""
+
+
+def test_llama2_tiny_keeps_f16_rows_of_8(run, tmp_path):
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, TINY, out, "-t", "1", "-q")
+    assert r.exit_code == 0 and r.stderr == ""
+    src = {t.name: t for t in gguf.GGUFReader(str(TINY)).tensors}
+    for t in gguf.GGUFReader(str(out)).tensors:
+        if t.name == "blk.0.ffn_down.weight":            # the only row of 32
+            assert t.tensor_type == QT.Q4_0
+            x = gguf.quants.dequantize(np.asarray(src[t.name].data), src[t.name].tensor_type)
+            assert np.array_equal(np.asarray(t.data), gguf.quants.quantize(x, QT.Q4_0))
+        else:                                              # same type: copied byte for byte
+            assert t.tensor_type == src[t.name].tensor_type, t.name
+            assert np.asarray(t.data).tobytes() == np.asarray(src[t.name].data).tobytes()
+
+
+def test_type_q8_0(run, tmp_path):
+    out = tmp_path / "q8.gguf"
+    assert run_cli(run, STORIES, out, "--type", "q8_0", "-q", "-t", "1").exit_code == 0
+    ty = types_of(out)
+    assert ty["output.weight"] == "Q8_0" and ty["blk.0.attn_q.weight"] == "Q8_0"
+    assert ty["blk.0.ffn_down.weight"] == "F16"
+    assert gguf.GGUFReader(str(out)).fields["general.file_type"].contents() == 7
+
+
+def test_output_and_embedding_options(run, tmp_path):
+    out = tmp_path / "a.gguf"
+    assert run_cli(run, STORIES, out, "--leave-output-tensor", "-q", "-t", "1").exit_code == 0
+    assert types_of(out)["output.weight"] == "F32"
+    out = tmp_path / "b.gguf"
+    r = run_cli(run, STORIES, out, "--output-tensor-type", "f16", "--token-embedding-type", "q8_0", "-q", "-t", "1")
+    assert r.exit_code == 0, r.output
+    ty = types_of(out)
+    assert ty["output.weight"] == "F16" and ty["token_embd.weight"] == "Q8_0"
+    r = run_cli(run, STORIES, tmp_path / "c.gguf", "--output-tensor-type", "q6_K")
+    assert r.exit_code == 2 and "no Q6_K quantizer" in r.stderr
+
+
+def test_tied_embedding_rules(tmp_path):
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((64, 256)).astype(np.float32)      # ne [256, 64]: row of 256
+    src = write_gguf(tmp_path / "tied.gguf", {"token_embd.weight": emb,
+                                              "blk.0.attn_q.weight": rng.standard_normal((64, 256)).astype(np.float32),
+                                              "blk.0.attn_norm.weight": np.ones(256, np.float32)})
+    plan = QM.plan_quantization(src, QM.QuantizeOptions())
+    by = {t.name: t for t in plan.tensors}
+    # no output.weight: token_embd is the output; llama.cpp would give it Q6_K -> ggtool Q8_0 + warning
+    assert by["token_embd.weight"].dst_type == T.Q8_0
+    assert plan.warnings and "q6_K" in plan.warnings[0] and "token_embd.weight" in plan.warnings[0]
+    assert by["blk.0.attn_q.weight"].dst_type == T.Q4_0
+    assert by["blk.0.attn_norm.weight"].dst_type == T.F32
+    pure = QM.plan_quantization(src, QM.QuantizeOptions(pure=True))
+    assert {t.name: t.dst_type for t in pure.tensors}["token_embd.weight"] == T.Q4_0 and not pure.warnings
+
+
+def test_rules_table():
+    o = QM.QuantizeOptions()
+    ch = QM.choose_type
+    assert ch("blk.0.attn_norm.weight", (64, 1), T.F32, o, has_output=True)[0] == T.F32  # n_dims 1
+    assert ch("blk.0.ffn_norm.weight", (64, 64), T.F32, o, has_output=True)[0] == T.F32
+    assert ch("blk.0.ffn_gate_inp.weight", (64, 8), T.F32, o, has_output=True)[0] == T.F32
+    assert ch("blk.0.attn_q.bias", (64, 64), T.F32, o, has_output=True)[0] == T.F32
+    assert ch("blk.0.attn_q.weight", (64, 64), T.F16, o, has_output=True)[0] == T.Q4_0
+    assert ch("blk.0.attn_q.weight", (72, 64), T.F32, o, has_output=True)[0] == T.F16
+    assert ch("blk.0.attn_v.weight", (64, 64), T.F32, o, has_output=True, n_expert=8)[0] == T.Q8_0
+    assert ch("output.weight", (64, 64), T.F32, o, has_output=True, arch="falcon")[0] == T.Q8_0
+    t, w = ch("output.weight", (4096, 64), T.F32, o, has_output=True)
+    assert t == T.Q8_0 and "q6_K" in w
+    assert ch("output.weight", (4096, 64), T.Q8_0, o, has_output=True)[0] == T.Q8_0   # -> copied
+
+
+# ---------------------------------------------------------------------------------------- safety
+
+def test_same_path_refused(run, tmp_path):
+    p = tmp_path / "m.gguf"
+    p.write_bytes(STORIES.read_bytes())
+    r = run_cli(run, p, p)
+    assert r.exit_code == 1 and "same file" in r.stderr
+    link = tmp_path / "link.gguf"
+    os.symlink(p, link)
+    r = run_cli(run, p, link, "--force")
+    assert r.exit_code == 1 and "same file" in r.stderr
+    assert p.read_bytes() == STORIES.read_bytes()
+
+
+def test_existing_output_needs_force(run, tmp_path):
+    out = tmp_path / "o.gguf"
+    out.write_bytes(b"keep me")
+    r = run_cli(run, STORIES, out, "-q")
+    assert r.exit_code == 1 and "--force" in r.stderr and out.read_bytes() == b"keep me"
+    r = run_cli(run, STORIES, out, "-q", "--force", "-t", "1")
+    assert r.exit_code == 0 and out.read_bytes()[:4] == b"GGUF"
+    assert sorted(os.listdir(tmp_path)) == ["o.gguf"]
+
+
+def test_nan_is_an_error_and_leaves_nothing(run, tmp_path):
+    w = np.zeros((8, 64), np.float32)
+    w[3, 17] = np.nan
+    src = write_gguf(tmp_path / "nan.gguf", {"blk.0.attn_q.weight": w})
+    out = tmp_path / "out" / "q.gguf"
+    out.parent.mkdir()
+    r = run_cli(run, src, out, "-t", "1")
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines()[-1] == \
+        "Error: tensor 'blk.0.attn_q.weight': cannot quantize NaN at index (3, 17)"
+    assert os.listdir(out.parent) == []
+
+
+def test_error_mid_file_leaves_no_partial_output(tmp_path, monkeypatch):
+    out = tmp_path / "q.gguf"
+    calls = []
+
+    def boom(*a, **k):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    real = QM._convert_rows
+    monkeypatch.setattr(QM, "_convert_rows", boom)
+    with pytest.raises(KeyboardInterrupt):
+        QM.quantize_file(STORIES, out, QM.QuantizeOptions(threads=1))
+    assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_exits_130_without_files(tmp_path):
+    out = tmp_path / "q.gguf"
+    code = (
+        "import time, ggtool.quantize_model as QM\n"
+        "real = QM._convert_rows\n"
+        "def slow(*a, **k):\n"
+        "    time.sleep(0.2)\n"
+        "    return real(*a, **k)\n"
+        "QM._convert_rows = slow\n"
+        "from ggtool.commands import main\n"
+        "main()\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code, "quantize", str(STORIES), str(out), "-t", "1"],
+                         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # wait for the first converted tensor line, then interrupt
+    line = p.stderr.readline()
+    deadline = time.time() + 20
+    while "converting" not in line and time.time() < deadline:
+        line = p.stderr.readline()
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_dry_run_writes_nothing(run, tmp_path):
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, STORIES, out, "--dry-run")
+    assert r.exit_code == 0 and not out.exists()
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("[   1/  48]") and "converting to q8_0" in lines[0]
+    assert any(ln.startswith("quant size") for ln in lines) and "dry run" in lines[-1]
+
+
+def test_dry_run_size_is_exact(run, tmp_path):
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, STORIES, out, "--dry-run")
+    want = int(r.stdout.splitlines()[-1].split()[2].replace(",", ""))
+    assert run_cli(run, STORIES, out, "-q", "-t", "1").exit_code == 0
+    assert out.stat().st_size == want
+
+
+# ------------------------------------------------------------------------------------- npy / pool
+
+def test_npy_input(run, tmp_path):
+    x = np.random.default_rng(2).standard_normal((48, 96)).astype(np.float32)
+    np.save(tmp_path / "w.npy", x)
+    out = tmp_path / "w.gguf"
+    r = run_cli(run, tmp_path / "w.npy", out, "--name", "blk.0.ffn_up.weight", "-q")
+    assert r.exit_code == 0, r.output
+    t = gguf.GGUFReader(str(out)).tensors[0]
+    assert t.name == "blk.0.ffn_up.weight" and t.tensor_type == QT.Q4_0
+    assert np.array_equal(np.asarray(t.data), gguf.quants.quantize(x, QT.Q4_0))
+
+
+def test_threads_use_worker_processes_and_give_identical_bytes(run, tmp_path):
+    rng = np.random.default_rng(4)
+    big = rng.standard_normal((1024, 1536)).astype(np.float32)      # 6 MiB f32: goes to the pool
+    src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": big,
+                                             "blk.0.ffn_down.weight": (gguf.quants.quantize(big, QT.Q8_0), QT.Q8_0)})
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    assert run_cli(run, src, a, "-q", "-t", "1").exit_code == 0
+    r = run_cli(run, src, b, "-q", "-t", "2")
+    assert r.exit_code == 0, r.output
+    assert a.read_bytes() == b.read_bytes()
+    t = {t.name: t for t in gguf.GGUFReader(str(b)).tensors}
+    assert np.array_equal(np.asarray(t["blk.0.ffn_up.weight"].data), gguf.quants.quantize(big, QT.Q4_0))
+    x = gguf.quants.dequantize(gguf.quants.quantize(big, QT.Q8_0), QT.Q8_0)
+    assert np.array_equal(np.asarray(t["blk.0.ffn_down.weight"].data), gguf.quants.quantize(x, QT.Q4_0))
+
+
+def test_nan_index_in_pooled_chunk(tmp_path):
+    big = np.zeros((1024, 2048), np.float32)
+    big[900, 5] = np.inf
+    src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": big})
+    with pytest.raises(Exception, match=r"cannot quantize inf at index \(900, 5\)"):
+        QM.quantize_file(src, tmp_path / "o.gguf", QM.QuantizeOptions(threads=2))
+    assert sorted(os.listdir(tmp_path)) == ["big.gguf"]
