@@ -8,7 +8,9 @@ import click
 
 from ggtool import inspect_gguf as I
 
-HELP = """Compare the tensors of A and B after dequantizing both to f32: what quantization cost.
+from ._common import NUMPY_ORDER_HELP
+
+HELP = f"""Compare the tensors of A and B after dequantizing both to f32: what quantization cost.
 
 A and B are GGUF files (every tensor present in both is compared, by name), or single tensors:
 FILE.gguf:TENSOR or a .npy file, in any pairing. B is measured against A:
@@ -18,14 +20,15 @@ FILE.gguf:TENSOR or a .npy file, in any pairing. B is measured against A:
   max_abs_err  max |b - a|
   rel_rms      rms(b - a) / rms(a)
 Tensors only in one file are listed; shape mismatches are reported, not compared.
---json: {"a", "b", "tensors": [{"name", "type_a", "type_b", "ne", "identical", "nmse",
-"max_abs_error", "rel_rms", "rms_error", "nonfinite"}], "only_in_a", "only_in_b", "summary"}.
+--json: {{"a", "b", "tensors": [{{"name", "type_a", "type_b", "ne", "identical", "nmse",
+"max_abs_error", "rel_rms", "rms_error", "nonfinite"}}], "only_in_a", "only_in_b", "summary"}}.
 
 \b
 Examples:
   $ ggtool quantize model.gguf model-q4_0.gguf
   $ ggtool compare model.gguf model-q4_0.gguf
   $ ggtool compare model.gguf:output.weight out.npy --json
+{NUMPY_ORDER_HELP}
 """
 
 

@@ -9,7 +9,9 @@ import click
 from ggtool import inspect_gguf as I
 from ggtool.gguf_file import GGUFFile
 
-HELP = """Describe a GGUF file: header, metadata key/values, tensor table and totals.
+from ._common import NUMPY_ORDER_HELP
+
+HELP = f"""Describe a GGUF file: header, metadata key/values, tensor table and totals.
 
 The file is memory-mapped and only its header is parsed, so even a large model opens at once;
 long strings and arrays are shortened (first 60 characters / 8 items) unless --full.
@@ -19,9 +21,9 @@ Tensor table: index, name, type, ne (GGML order, ne0 first), bytes, bits per wei
 absolute offset of the data in the file. Totals per type follow.
 --stats adds min/max/mean/std of every tensor's dequantized values (reads all the data; a
 progress bar shows on a terminal).
---json: {"file", "version", "alignment", "data_offset", "file_size", "n_kv", "n_tensors",
-"metadata": [{"key", "type", "value", "count"?, "truncated"?}], "tensors": [{"name", "type",
-"ne", "bytes", "bpw", "offset", "stats"?}], "totals": {...}} with a trailing newline.
+--json: {{"file", "version", "alignment", "data_offset", "file_size", "n_kv", "n_tensors",
+"metadata": [{{"key", "type", "value", "count"?, "truncated"?}}], "tensors": [{{"name", "type",
+"ne", "bytes", "bpw", "offset", "stats"?}}], "totals": {{...}}}} with a trailing newline.
 --diffable: no offsets, file size or directory, keys and tensors sorted by name, so the output of
 two files can be diffed (e.g. a model and its quantized version).
 
@@ -31,6 +33,7 @@ Examples:
   $ ggtool inspect model.gguf --json | jq '.tensors[] | select(.type == "q4_0") | .name'
   $ diff <(ggtool inspect a.gguf --diffable) <(ggtool inspect b.gguf --diffable)
   $ ggtool inspect model-q4_0.gguf --stats
+{NUMPY_ORDER_HELP}
 """
 
 

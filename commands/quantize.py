@@ -9,9 +9,9 @@ import click
 from ggtool import quantize_model as QM
 from ggtool import types as T
 
-from ._common import default_threads, log
+from ._common import NUMPY_ORDER_HELP, default_threads, log
 
-HELP = """Quantize a GGUF model (or a .npy array) to a Q4_0 or Q8_0 GGUF file, as llama-quantize does.
+HELP = f"""Quantize a GGUF model (or a .npy array) to a Q4_0 or Q8_0 GGUF file, as llama-quantize does.
 
 INPUT is a GGUF file with tensors of any type gguf-py can dequantize (f32, f16, bf16, q8_0, q4_K,
 q5_0, q6_K, ...) or a .npy float array; OUTPUT is the GGUF file to write.
@@ -41,6 +41,7 @@ Examples:
   $ ggtool quantize model.gguf out.gguf --pure --dry-run
   $ ggtool quantize w.npy w-q4_0.gguf --name blk.0.ffn_up.weight
   $ ggtool compare model.gguf model-q4_0.gguf     # what Q4_0 cost, per tensor
+{NUMPY_ORDER_HELP}
 """
 
 

@@ -43,7 +43,7 @@ class _LazyParts(Sequence):
     """`ReaderField.parts` of a big array, built on demand: the 5 leading parts (key length, key,
     value type, item type, count) are real, item parts are numpy views made when indexed."""
 
-    __slots__ = ("head", "items", "starts", "lens", "mm")
+    __slots__ = ("head", "items", "lens", "mm", "starts")
 
     def __init__(self, head, items=None, starts=None, lens=None, mm=None):
         self.head, self.items, self.starts, self.lens, self.mm = head, items, starts, lens, mm
@@ -92,9 +92,26 @@ _U64 = struct.Struct("<Q")
 
 
 def _walk_strings(buf, p: int, n: int, size: int, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Start offsets and lengths of n GGUF strings (u64 length + bytes) stored back to back at p."""
-    unpack = _U64.unpack_from
+    """Start offsets and lengths of n GGUF strings (u64 length + bytes) stored back to back at p.
+
+    Fast path: read only each length's low byte (a vocabulary's strings are short), then check with
+    numpy that every length's 7 high bytes are zero; otherwise walk again reading full u64 lengths."""
+    p0 = p
     starts = [0] * n
+    try:
+        for i in range(n):
+            starts[i] = p
+            p += 8 + buf[p]
+    except IndexError:
+        p = size + 1
+    if p <= size and n:
+        st = np.array(starts, np.int64)
+        mm = np.frombuffer(buf, np.uint8)
+        hi = mm[st[:, None] + np.arange(1, 8)]
+        if not hi.any():
+            return st, mm[st].astype(np.int64)
+    p = p0
+    unpack = _U64.unpack_from
     lens = [0] * n
     try:
         for i in range(n):
@@ -116,6 +133,12 @@ class _CheckedReader(GGUFReader):
     numpy view per item as gguf-py does (seconds for a big vocabulary): scalar arrays are one view,
     string arrays a walk over their length prefixes, and items are made on demand. `kv_spans`
     records each key/value's byte range (for copying metadata verbatim)."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > len(self.data):
+            raise ValueError(f"the file ends at byte {len(self.data)} but the header needs bytes up to {end}")
+        return super()._get(offset, dtype, count, override_order)
 
     def _build_fields(self, offs: int, count: int) -> int:
         self.kv_spans: dict[str, tuple[int, int]] = {}

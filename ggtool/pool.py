@@ -30,6 +30,7 @@ own BLAS is limited to one thread for the duration of each pooled compute (`ggto
 from __future__ import annotations
 
 import atexit
+import operator
 import os
 import pickle
 import signal
@@ -57,7 +58,8 @@ _ABORT = 0                                  # slot: non-zero once a participant 
 # participant i owns line 1+i: [arrival counter, index of the node it is computing (-1: none yet)]
 _CTL_SIZE = (1 + MAX_PARTICIPANTS) * 64
 
-_SPIN = 400            # barrier: busy polls before yielding the CPU
+_SPIN = 50             # barrier: busy polls before yielding the CPU (short: with more participants than
+                       # free cores, spinning only delays the participant we wait for)
 _YIELD_FOR = 0.002     # seconds of sched_yield polling before sleeping
 _MAX_SLEEP = 0.001     # longest sleep between polls
 _CHECK_EVERY = 0.005   # seconds between liveness checks while waiting
@@ -65,6 +67,8 @@ _START_TIMEOUT = 120.0
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
 
 _BARRIER = (-1, 0)
+# set in the workers' environment: a pool made there (by a module a worker imports) stays in-process
+_IN_WORKER = bool(os.environ.get("GGTOOL_POOL_WORKER"))
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -208,6 +212,7 @@ def share_context(ctx) -> shm.Segment:
     garbage-collected, when its pool grows out of it, when a pool that used it is closed, and at exit.
     """
     with _SEG_LOCK:
+        shm.flush()
         key = id(ctx)
         ent = _SEGMENTS.get(key)
         if ent is not None:
@@ -227,14 +232,15 @@ def share_context(ctx) -> shm.Segment:
             raise GGToolError(
                 f"not enough shared memory for the worker pool: the context needs {need} bytes, "
                 f"/dev/shm has {free} free (enlarge /dev/shm or use --threads 1)")
-        seg = shm.Segment(max(len(ctx.buffer), need, 1))
-        try:
-            ctx.rebind(seg.array)
-        except BaseException:
-            seg.unlink()
-            raise
-        ref = weakref.ref(ctx, lambda r, k=key, s=seg: _ctx_gone(k, s, r))
-        _SEGMENTS[key] = (ref, seg)
+        with shm.signals_held():  # the copy and the registry entry go together, Ctrl-C or not
+            seg = shm.Segment(max(len(ctx.buffer), need, 1))
+            try:
+                ctx.rebind(seg.array)
+            except BaseException:
+                seg.unlink()
+                raise
+            ref = weakref.ref(ctx, lambda r, k=key, s=seg: _ctx_gone(k, s, r))
+            _SEGMENTS[key] = (ref, seg)
         return seg
 
 
@@ -253,6 +259,7 @@ def _release_segments(names) -> None:
 @atexit.register
 def _release_all_segments() -> None:
     _release_segments({seg.name for _, seg in list(_SEGMENTS.values())})
+    shm.flush()
 
 
 # -- the graph as the workers see it --------------------------------------------------------------
@@ -263,10 +270,15 @@ class _Entry:
         self.key, self.blob, self.segs, self.prog0 = key, blob, segs, prog0
 
 
-def _describe(graph, plan, nth: int):
-    """(fingerprint, blob builder inputs): every tensor the graph's nodes reach, as plain tuples."""
-    from .ops import kernel_for
+_FIELDS = operator.attrgetter("type", "ne", "nb", "op", "flags", "_name", "struct_offset", "data_offset",
+                              "view_offs")
 
+
+def _describe(graph, plan):
+    """Every tensor the graph's nodes reach, as plain tuples (nodes first, then their sources):
+    (fields, op_params bytes, buffer, view_src index, src indices); buffer is the name of the
+    shared segment holding the tensor's context pool, or its FileStorage. Also the kernels by op
+    and the work buffer (segment, offset, size). Everything the workers' copy is built from."""
     nodes = graph.nodes
     order = list(nodes)
     index = {id(t): i for i, t in enumerate(order)}
@@ -280,36 +292,31 @@ def _describe(graph, plan, nth: int):
                 order.append(s)
     bufs: dict[int, str] = {}
     records = []
+    append = records.append
     for t in order:
-        if t.storage is None:
-            name = bufs.get(id(t.ctx))
-            if name is None:
-                name = bufs[id(t.ctx)] = share_context(t.ctx).name
-            buf = name
-        else:
-            buf = t.storage
+        buf = t.storage
+        if buf is None:
+            buf = bufs.get(id(t.ctx))
+            if buf is None:
+                buf = bufs[id(t.ctx)] = share_context(t.ctx).name
         vs = t.view_src
-        records.append((int(t.type), t.ne, t.nb, t.op, t.op_params.tobytes(), t.flags, t._name,
-                        t.struct_offset, t.data_offset, buf, t.view_offs,
-                        -1 if vs is None else index[id(vs)],
-                        tuple(-1 if s is None else index[id(s)] for s in t.src)))
+        append((_FIELDS(t), t.op_params.tobytes(), buf, -1 if vs is None else index[id(vs)],
+                tuple([-1 if s is None else index[id(s)] for s in t.src])))
+    from .ops import kernel_for
+
     kernels = {}
     for t in nodes:
-        op = t.op_desc
-        if op not in kernels and t.op != "NONE":
-            kernels[op] = kernel_for(t).forward
+        if t.op != "NONE" and t.op_desc not in kernels:
+            kernels[t.op_desc] = kernel_for(t).forward
+    kernels = {op: fn for op, fn in kernels.items() if fn is not None}
     work_seg = bufs.get(id(graph.ctx)) or share_context(graph.ctx).name
-    work = (work_seg, plan.work_offset, plan.work_size)
-    prog0, progw = _programs(plan, nth)
-    fingerprint = (nth, work, prog0, tuple(records), tuple(kernels.items()))
-    return fingerprint, (records, len(nodes), kernels, work, progw), prog0
+    return tuple(records), kernels, (work_seg, plan.work_offset, plan.work_size)
 
 
-def _pack(parts) -> bytes:
+def _pack(records, n_nodes: int, kernels: dict, work, progw) -> bytes:
     """Pickle a graph description. Kernels go by reference (module and name); a kernel that pickle
     cannot name (a closure made by a factory, a lambda) goes as (module, qualname): the worker imports
     the module and takes the kernel its registry then holds for the op, if it is the same function."""
-    records, n_nodes, kernels, work, progw = parts
     shipped = {}
     for op, fn in kernels.items():
         module = getattr(fn, "__module__", None)
@@ -364,13 +371,11 @@ class _WorkerGraph:
 
 
 def _install(blob: bytes, segs: dict) -> _WorkerGraph:
-    from .types import GGMLType
-
     records, n_nodes, kernels, (wseg, woff, wsize), progw = pickle.loads(blob)
     ctxs: dict[str, _Ctx] = {}
     nostore = _Ctx(None)
     tensors = []
-    for (type_, ne, nb, op, params, flags, name, soffs, doffs, buf, voffs, _vs, _src) in records:
+    for (type_, ne, nb, op, flags, name, soffs, doffs, voffs), params, buf, _vs, _src in records:
         if isinstance(buf, str):
             ctx = ctxs.get(buf)
             if ctx is None:
@@ -378,13 +383,12 @@ def _install(blob: bytes, segs: dict) -> _WorkerGraph:
             storage = None
         else:
             ctx, storage = nostore, buf
-        t = Tensor(ctx, GGMLType(type_), ne, nb, soffs, doffs, storage)
+        t = Tensor(ctx, type_, ne, nb, soffs, doffs, storage)
         t.op = op
         t.op_params = np.frombuffer(params, dtype=np.int32).copy()
         t.flags, t._name, t.view_offs = flags, name, voffs
         tensors.append(t)
-    for t, rec in zip(tensors, records):
-        vs, src = rec[11], rec[12]
+    for t, (_, _, _, vs, src) in zip(tensors, records):
         t.view_src = None if vs < 0 else tensors[vs]
         t.src = [None if s < 0 else tensors[s] for s in src]
     wg = _WorkerGraph()
@@ -450,8 +454,11 @@ class _State:
         self.workers: list[_Worker] = []
         self.ctl: shm.Segment | None = None
         self.used: set[str] = set()
+        self.pid = os.getpid()
 
     def teardown(self, graceful: bool = False) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked copy of the caller: the workers and segments are the parent's
         workers, self.workers = self.workers, []
         if graceful:
             for w in workers:
@@ -485,7 +492,7 @@ class _State:
             self.ctl.unlink()
             self.ctl = None
         used, self.used = self.used, set()
-        _release_segments(used)
+        _release_segments(used)  # the tracker hears of it at the next flush (this may run in a GC)
 
 
 class WorkerPool:
@@ -503,6 +510,8 @@ class WorkerPool:
         n = default_threads() if n_threads is None else int(n_threads)
         if not 1 <= n <= MAX_PARTICIPANTS:
             raise GGToolError(f"a worker pool has 1 to {MAX_PARTICIPANTS} participants, not {n}")
+        if _IN_WORKER:
+            n = 1
         self.n_threads = n
         self._state = _State()
         self._finalizer = weakref.finalize(self, self._state.teardown, True)
@@ -537,6 +546,7 @@ class WorkerPool:
         self._entries.clear()
         self._keys.clear()
         self._finalizer()
+        shm.flush()
 
     def _start(self, n: int) -> None:
         st = self._state
@@ -563,6 +573,7 @@ class WorkerPool:
         try:
             env = blas.single_thread_env()
             env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
+            env["GGTOOL_POOL_WORKER"] = "1"
             proc = subprocess.Popen(cmd, pass_fds=(child.fileno(), life_r), env=env,
                                     stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
         except BaseException:
@@ -599,6 +610,8 @@ class WorkerPool:
         """At least n participants, started and ready; returns workers 1..n-1."""
         if self._closed:
             raise GGToolError("the worker pool is closed")
+        if os.getpid() != self._state.pid:
+            raise GGToolError("this worker pool belongs to the parent process (os.fork): make a new one")
         if n > MAX_PARTICIPANTS:
             raise GGToolError(f"a worker pool has at most {MAX_PARTICIPANTS} participants, not {n}")
         self.n_threads = max(self.n_threads, n)
@@ -634,7 +647,7 @@ class WorkerPool:
     def run(self, graph, plan) -> None:
         """Compute `graph` with `plan` (work buffer already allocated, see compute.prepare)."""
         nth = plan.n_threads
-        if nth <= 1:
+        if nth <= 1 or _IN_WORKER:
             work = Work(work_view(graph, plan))
             for i, node in enumerate(graph.nodes):
                 run_node(i, node, 0, 1, work)
@@ -648,15 +661,19 @@ class WorkerPool:
             self._leave()
 
     def _entry(self, graph, plan, nth: int) -> _Entry:
-        fingerprint, parts, prog0 = _describe(graph, plan, nth)
+        """The graph as the workers know it, from the cache when nothing changed since it was sent."""
+        records, kernels, work = _describe(graph, plan)
+        n_tasks = tuple([p.n_tasks for p in plan.nodes])
+        fingerprint = (nth, work, n_tasks, records, tuple(kernels.items()))
         entry = self._entries.get(fingerprint)
         if entry is not None:
             self._entries.move_to_end(fingerprint)
             return entry
         key = self._next_key
         self._next_key += 1
-        segs = {r[9] for r in parts[0] if isinstance(r[9], str)} | {parts[3][0]}
-        entry = _Entry(key, _pack(parts), segs, prog0)
+        prog0, progw = _programs(plan, nth)
+        segs = {r[2] for r in records if isinstance(r[2], str)} | {work[0]}
+        entry = _Entry(key, _pack(records, graph.n_nodes, kernels, work, progw), segs, prog0)
         self._entries[fingerprint] = entry
         self._keys[key] = entry
         while len(self._entries) > _GRAPH_CACHE:
@@ -767,7 +784,7 @@ class WorkerPool:
         """
         items = list(items)
         n = min(self.n_threads if n_threads is None else int(n_threads), len(items))
-        if n <= 1 or self._owner == threading.get_ident():
+        if n <= 1 or _IN_WORKER or self._owner == threading.get_ident():
             return [fn(x) for x in items]
         self._enter()
         try:
@@ -775,7 +792,10 @@ class WorkerPool:
             bounds = [len(items) * k // n for k in range(n + 1)]
             try:
                 for k, w in enumerate(workers, 1):
-                    w.conn.send(("map", fn, items[bounds[k]: bounds[k + 1]]))
+                    try:
+                        w.conn.send(("map", fn, items[bounds[k]: bounds[k + 1]]))
+                    except OSError:
+                        raise _WorkerDied(k, w) from None
                 results: list = [None] * n
                 errors = []
                 with _single_threaded():
@@ -828,7 +848,7 @@ def get_pool(n_threads: int | None = None) -> WorkerPool:
     global _DEFAULT
     n = default_threads() if n_threads is None else int(n_threads)
     with _DEFAULT_LOCK:
-        if _DEFAULT is None or _DEFAULT.closed:
+        if _DEFAULT is None or _DEFAULT.closed or _DEFAULT._state.pid != os.getpid():
             _DEFAULT = WorkerPool(n)
         elif n > _DEFAULT.n_threads:
             _DEFAULT.n_threads = n
@@ -877,7 +897,7 @@ def _worker_main() -> None:
             os._exit(1)
 
     segs: dict[str, np.ndarray] = {}
-    graphs: OrderedDict[int, _WorkerGraph] = OrderedDict()
+    graphs: dict[int, _WorkerGraph] = {}
     from .ops.base import KERNELS, Kernel
 
     def run(msg):
@@ -915,26 +935,26 @@ def _worker_main() -> None:
                 e = GGToolError(f"{type(e).__name__}: {e}")
             return ("exc", e)
 
+    def failure(e: BaseException):
+        mv[_ABORT] = 1   # whoever waits for us at a barrier stops
+        segs.clear()     # and the caller forgets what it sent us, as we do
+        graphs.clear()
+        return ("error", str(e) if isinstance(e, GGToolError) else f"{type(e).__name__}: {e}")
+
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             break
-        except BaseException as e:  # a message that cannot be unpickled here
-            mv[_ABORT] = 1
-            segs.clear()
-            graphs.clear()
-            reply = ("error", f"{type(e).__name__}: {e}")
+        except BaseException as e:  # a message that cannot be unpickled here (a kernel's module, say)
+            reply = failure(e)
         else:
             if msg[0] == "exit":
                 break
             try:
                 reply = run(msg) if msg[0] == "run" else run_map(msg)
             except BaseException as e:
-                mv[_ABORT] = 1
-                segs.clear()
-                graphs.clear()
-                reply = ("error", str(e) if isinstance(e, GGToolError) else f"{type(e).__name__}: {e}")
+                reply = failure(e)
         try:
             conn.send(reply)
         except (OSError, ValueError):

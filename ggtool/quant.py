@@ -16,12 +16,15 @@ or +-inf raises QuantizationError naming the tensor and the first bad index in n
 
 ``mul_mat_q8_0`` computes GGML's quantized dot product (Q4_0 or Q8_0 weights x Q8_0 activations).
 Numerics, the documented choice: both operands are expanded exactly to float32 (every code times
-its fp16 scale is exact in float32) and multiplied with float32 BLAS, in column blocks of the
-weights that stay in cache.  Mathematically this is GGML's sum over blocks of
-``(float(sumi) * dW) * dA``; only the float32 rounding/accumulation order differs, which GGML's
-own SIMD kernels also change (NMSE ~1e-13 here, the bound is 5e-4).  ``exact=True`` instead forms
-every per-block integer sum exactly and accumulates ``(sumi*dW)*dA`` over blocks in order in
-float32, i.e. GGML's scalar reference bit for bit (slow; for tests and audits).
+its fp16 scale is exact in float32) and multiplied with float32 BLAS (single-threaded, in column
+blocks of the weights of a size fixed by K, ~1 MiB).  Mathematically this is GGML's sum over blocks
+of ``(float(sumi) * dW) * dA``; only the float32 rounding/accumulation order differs, which GGML's
+own SIMD kernels also change (NMSE ~1e-14 against the golden results, the bound is 5e-4).  Results
+are reproducible run to run and between the worker pool and one process; like the f32 mul_mat's
+BLAS they may differ in the last bits between different (ith, nth) splits of a mul_mat.
+``exact=True`` instead forms every per-block integer sum exactly and accumulates ``(sumi*dW)*dA``
+over blocks in order in float32, i.e. GGML's scalar reference bit for bit and independent of any
+split (slow; for tests and audits).
 """
 
 from __future__ import annotations
@@ -42,9 +45,22 @@ CHUNK_BLOCKS = 8192           # blocks per work item: 1 MiB of f32 input, about 
 _F32 = np.float32
 
 __all__ = [
-    "fp32_to_fp16", "fp16_to_fp32", "quantize_q4_0", "dequantize_q4_0", "quantize_q8_0",
-    "quantize_q8_0_cpu", "dequantize_q8_0", "quantize", "dequantize", "convert", "mul_mat_q8_0",
-    "can_quantize", "can_dequantize", "set_threads", "get_threads", "check_finite",
+    "can_dequantize",
+    "can_quantize",
+    "check_finite",
+    "convert",
+    "dequantize",
+    "dequantize_q4_0",
+    "dequantize_q8_0",
+    "fp16_to_fp32",
+    "fp32_to_fp16",
+    "get_threads",
+    "mul_mat_q8_0",
+    "quantize",
+    "quantize_q4_0",
+    "quantize_q8_0",
+    "quantize_q8_0_cpu",
+    "set_threads",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -78,26 +94,44 @@ def _pool() -> ThreadPoolExecutor:
         return _executor
 
 
+_tls = threading.local()
+_CALLER_REDUCEAT = False   # measured: no gain when the caller holds the GIL in reduceat
+
+
 def _run_chunks(fn, n_items: int, chunk: int) -> None:
-    """Call fn(start, stop) over [0, n_items) in pieces of `chunk`, on up to get_threads() threads."""
+    """Call fn(start, stop) over [0, n_items) in pieces of `chunk`, on up to get_threads() threads.
+
+    Chunks are handed out dynamically. The calling thread uses the GIL-holding but faster
+    ufunc.reduceat for per-block max/min; helper threads use GIL-free folds (see _row_max_min)."""
     starts = list(range(0, n_items, chunk))
     nt = min(get_threads(), len(starts))
     if nt <= 1:
         for s in starts:
             fn(s, min(s + chunk, n_items))
         return
-    # contiguous runs of chunks per thread (no per-chunk future overhead)
-    per = -(-len(starts) // nt)
-    groups = [starts[i:i + per] for i in range(0, len(starts), per)]
+    it = iter(starts)
+    lock = threading.Lock()
+    stop = []
 
-    def run(group):
-        for s in group:
-            fn(s, min(s + chunk, n_items))
+    def run(solo: bool):
+        _tls.solo = solo and _CALLER_REDUCEAT
+        try:
+            while not stop:
+                with lock:
+                    s = next(it, None)
+                if s is None:
+                    return
+                fn(s, min(s + chunk, n_items))
+        except BaseException:
+            stop.append(1)
+            raise
+        finally:
+            _tls.solo = None
 
-    futures = [_pool().submit(run, g) for g in groups[1:]]
+    futures = [_pool().submit(run, False) for _ in range(nt - 1)]
     err = None
     try:
-        run(groups[0])
+        run(True)
     except BaseException as e:  # noqa: BLE001 - re-raised below after the others finished
         err = e
     for f in futures:
@@ -173,7 +207,8 @@ def check_finite(x: np.ndarray, name: str = "tensor") -> None:
 
 
 def _fold(op, xb: np.ndarray, bufs) -> np.ndarray:
-    """Per-row reduction of (n, 32) with elementwise ops on 1-D strided views (no per-row calls)."""
+    """Per-row reduction of (n, 32) with elementwise ops on strided views. Unlike ufunc.reduceat
+    (faster on one thread) these release the GIL, so several threads can run them at once."""
     n = xb.shape[0]
     b16 = bufs[0][:n * 16].reshape(n, 16)
     op(xb[:, :16], xb[:, 16:], out=b16)
@@ -187,6 +222,24 @@ def _fold(op, xb: np.ndarray, bufs) -> np.ndarray:
     return a
 
 
+def _row_max_min(xb: np.ndarray, s, want_min: bool = True):
+    """Per-block max (and min) of (n, 32) float32 blocks; NaN propagates."""
+    n = xb.shape[0]
+    solo = getattr(_tls, "solo", None)
+    if solo or (solo is None and get_threads() == 1):
+        flat = xb.reshape(-1)
+        mx = np.maximum.reduceat(flat, s.starts[:n], out=s.mx[:n])
+        mn = np.minimum.reduceat(flat, s.starts[:n], out=s.mn[:n]) if want_min else None
+        return mx, mn
+    mx = s.mx[:n]
+    mx[...] = _fold(np.maximum, xb, s.f1)
+    if not want_min:
+        return mx, None
+    mn = s.mn[:n]
+    mn[...] = _fold(np.minimum, xb, s.f2)
+    return mx, mn
+
+
 class _Scratch(threading.local):
     """Per-thread scratch buffers for one chunk (reused across calls, no big temporaries)."""
 
@@ -198,8 +251,11 @@ class _Scratch(threading.local):
             self.q = np.empty((nblk, QK), np.uint8)
             self.c15 = np.full((nblk, QK), 15, np.uint8)
             self.h64 = np.empty((nblk, 2), np.uint64)
+            self.starts = np.arange(0, nblk * QK, QK, dtype=np.intp)
             self.f1 = [np.empty(nblk * k, _F32) for k in (16, 8, 4, 2, 1)]
             self.f2 = [np.empty(nblk * k, _F32) for k in (16, 8, 4, 2, 1)]
+            self.mx, self.mn, self.t1, self.d, self.id = (np.empty(nblk, _F32) for _ in range(5))
+            self.b1, self.b2 = np.empty(nblk, bool), np.empty(nblk, bool)
         return self
 
 
@@ -220,25 +276,29 @@ def _chunk_f32(flat: np.ndarray, b0: int, b1: int) -> np.ndarray:
 def _q4_0_blocks(xb: np.ndarray, out: np.ndarray, s) -> int:
     """Quantize (n, 32) float32 blocks into out (n, 18). Returns -1, or the flat index of a NaN/inf."""
     n = xb.shape[0]
-    mx = _fold(np.maximum, xb, s.f1)
-    mn = _fold(np.minimum, xb, s.f2)
+    flat = xb.reshape(-1)
+    mx, mn = _row_max_min(xb, s)                              # NaN propagates, inf shows
+    neg = np.negative(mn, out=s.t1[:n])
     with np.errstate(invalid="ignore"):
-        ok = np.isfinite(mx).all() and np.isfinite(mn).all()
+        ok = np.isfinite(mx).all() and np.isfinite(neg).all()
     if not ok:
-        bad = ~np.isfinite(xb.reshape(-1))
+        bad = ~np.isfinite(flat)
         return int(np.argmax(bad))
     # signed value of largest magnitude; ties in magnitude between +a and -a: the first one wins
-    m = np.where(-mn > mx, mn, mx)
+    tie = np.equal(neg, mx, out=s.b2[:n])
+    m = mx
+    np.copyto(m, mn, where=np.greater(neg, mx, out=s.b1[:n]))
     m += _F32(0.0)  # a block of +-0.0 has max +0.0 (GGML's scan starts at +0 and keeps it)
-    tie = np.flatnonzero((mn == -mx) & (mx != 0))
-    if tie.size:
-        sub = xb[tie]
-        j = np.argmax(np.abs(sub), axis=1)
-        m[tie] = sub[np.arange(tie.size), j]
-    d = np.divide(m, _F32(-8.0))
+    if tie.any():
+        tie = np.flatnonzero(tie & (m != 0))
+        if tie.size:
+            sub = xb[tie]
+            j = np.argmax(np.abs(sub), axis=1)
+            m[tie] = sub[np.arange(tie.size), j]
+    d = np.multiply(m, _F32(-0.125), out=s.d[:n])              # == m / -8 exactly
     with np.errstate(divide="ignore", over="ignore"):
-        idv = np.divide(_F32(1.0), d)
-    idv[d == 0] = 0
+        idv = np.divide(_F32(1.0), d, out=s.id[:n])
+    np.copyto(idv, _F32(0.0), where=(d == 0))
     v = s.v[:n]
     np.multiply(xb, idv[:, None], out=v)
     np.add(v, _F32(8.5), out=v)
@@ -256,7 +316,8 @@ def _q4_0_blocks(xb: np.ndarray, out: np.ndarray, s) -> int:
     np.left_shift(q64[:, 2:], np.uint64(4), out=hi)
     np.bitwise_or(hi, q64[:, :2], out=hi)
     out[:, 2:] = hi.view(np.uint8)
-    out.view(np.uint16)[:, 0] = fp32_to_fp16(d).view(np.uint16)
+    with np.errstate(over="ignore"):
+        out.view(np.uint16)[:, 0] = d.astype(np.float16).view(np.uint16)   # d is not NaN here
     return -1
 
 
@@ -298,8 +359,29 @@ _Q4_LUT64 = _Q4_LUT.view(np.uint64).reshape(256)
 def _dq4_0_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     d = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(_F32)   # (n, 1)
-    pairs = _Q4_LUT64[blocks[:, 2:]].view(_F32).reshape(n, 16, 2)         # [j] = (lo_j-8, hi_j-8)
+    pairs = _gather(_Q4_LUT64, blocks[:, 2:]).view(_F32).reshape(n, 16, 2)  # [j] = (lo_j-8, hi_j-8)
     np.multiply(pairs.transpose(0, 2, 1), d[:, :, None], out=out.reshape(n, 2, 16))
+
+
+class _GatherBuf(threading.local):
+    def get(self, name: str, shape, dtype) -> np.ndarray:
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        buf = getattr(self, name, None)
+        if buf is None or buf.size < size:
+            buf = np.empty(size, np.uint8)
+            setattr(self, name, buf)
+        return buf[:size].view(dtype).reshape(shape)
+
+
+_gbuf = _GatherBuf()
+
+
+def _gather(lut: np.ndarray, idx: np.ndarray, slot: str = "g0") -> np.ndarray:
+    """lut[idx] into a reused per-thread buffer (np.take with out= and mode="clip" is ~10x faster
+    than fancy indexing or mode="raise"; idx are bytes, always in range)."""
+    out = _gbuf.get(slot, idx.shape, lut.dtype)
+    np.take(lut, idx, out=out, mode="clip")
+    return out
 
 
 def _raw_blocks(raw, nbytes: int, what: str) -> np.ndarray:
@@ -337,7 +419,7 @@ def dequantize_q4_0(raw) -> np.ndarray:
 def _amax(xb: np.ndarray, s) -> np.ndarray:
     a = s.v[:xb.shape[0]]
     np.abs(xb, out=a)
-    return _fold(np.maximum, a, s.f1)
+    return _row_max_min(a, s, want_min=False)[0]
 
 
 def _q8_0_blocks(xb: np.ndarray, out: np.ndarray, s, cpu: bool) -> int:
@@ -393,6 +475,92 @@ def _dq8_0_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
 def dequantize_q8_0(raw) -> np.ndarray:
     """float32 values of Q8_0 bytes (rows of 34-byte blocks): shape (..., row_bytes/34*32)."""
     return _dequantize_blocks(raw, Q8_0_BYTES, "Q8_0", _dq8_0_blocks)
+
+
+# ---------------------------------------------------------------------------------------------
+# other block types, dequantized natively with gguf-py's float32 arithmetic (bit-identical)
+
+_NIB_LUT64 = np.stack([np.arange(256) & 15, np.arange(256) >> 4], axis=1).astype(_F32).view(np.uint64).reshape(256)
+# byte -> its four 2-bit fields (shifts 0, 2, 4, 6) times 16, as float32
+_Q6H_LUT = (((np.arange(256)[:, None] >> np.array([0, 2, 4, 6])) & 3) * 16).astype(_F32)
+_Q6H_LUT128 = _Q6H_LUT.view(np.complex128).reshape(256)      # 16 bytes per entry, for a 1-D take
+
+
+def _f16(col: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(col).view(np.float16).astype(_F32)
+
+
+def _dq5_0_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
+    """Q5_0 (22 bytes: d, qh u32, qs[16]): x = (nibble | bit<<4) - 16, times d (all exact)."""
+    n = blocks.shape[0]
+    d = _f16(blocks[:, :2])                                              # (n, 1)
+    bits = np.unpackbits(blocks[:, 2:6], axis=1, bitorder="little")     # (n, 32): element j's bit
+    pairs = _gather(_NIB_LUT64, blocks[:, 6:]).view(_F32).reshape(n, 16, 2)   # (lo, hi) nibbles
+    o3 = out.reshape(n, 2, 16)
+    np.multiply(bits.reshape(n, 2, 16), _F32(16), out=o3)
+    np.add(o3, pairs.transpose(0, 2, 1), out=o3)
+    np.subtract(out, _F32(16), out=out)
+    np.multiply(out, d, out=out)
+
+
+def _dq4_k_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
+    """Q4_K (144 bytes): x = (d*sc) * q - (dmin*m) in float32, as gguf-py."""
+    from gguf.quants import Q4_K as _G
+    n = blocks.shape[0]
+    d = _f16(blocks[:, 0:2])
+    dmin = _f16(blocks[:, 2:4])
+    sc, m = _G.get_scale_min(blocks[:, 4:16])
+    a = (d * sc.astype(_F32))[:, :, None]                               # (n, 8, 1)
+    b = (dmin * m.astype(_F32))[:, :, None]
+    pairs = _gather(_NIB_LUT64, blocks[:, 16:]).view(_F32).reshape(n, 4, 32, 2)
+    o3 = out.reshape(n, 4, 2, 32)
+    np.multiply(pairs.transpose(0, 1, 3, 2), a.reshape(n, 4, 2, 1), out=o3)
+    np.subtract(o3, b.reshape(n, 4, 2, 1), out=o3)
+
+
+def _dq6_k_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
+    """Q6_K (210 bytes): x = (d*scale) * (ql | qh<<4 - 32) in float32, as gguf-py."""
+    n = blocks.shape[0]
+    scales = blocks[:, 192:208].view(np.int8).astype(_F32)
+    d = _f16(blocks[:, 208:210])
+    ds = (d * scales)                                                    # (n, 16)
+    lo = _gather(_NIB_LUT64, blocks[:, :128]).view(_F32).reshape(n, 2, 64, 2)        # ql nibbles
+    hi = _gather(_Q6H_LUT128, blocks[:, 128:192], "g1").view(_F32).reshape(n, 2, 32, 4)  # qh * 16
+    o = out.reshape(n, 2, 2, 64)
+    np.copyto(o, lo.transpose(0, 1, 3, 2))
+    oh = out.reshape(n, 2, 4, 32)
+    np.add(oh, hi.transpose(0, 1, 3, 2), out=oh)
+    np.subtract(out, _F32(32), out=out)
+    o16 = out.reshape(n, 16, 16)
+    np.multiply(o16, ds[:, :, None], out=o16)
+
+
+_NATIVE_DQ = {  # type -> (bytes per block, values per block, kernel)
+    T.GGMLType.Q5_0: (22, 32, _dq5_0_blocks),
+    T.GGMLType.Q4_K: (144, 256, _dq4_k_blocks),
+    T.GGMLType.Q6_K: (210, 256, _dq6_k_blocks),
+}
+
+
+def _dequantize_native(raw, t) -> np.ndarray:
+    nbytes, nval, kernel = _NATIVE_DQ[t]
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8:
+        raw = raw.view(np.uint8)
+    if raw.ndim == 0 or raw.shape[-1] % nbytes:
+        raise QuantizationError(f"{T.type_name(t)} data has rows of {raw.shape[-1] if raw.ndim else 0} bytes, "
+                                f"not a multiple of the {nbytes}-byte block")
+    shape = (*raw.shape[:-1], raw.shape[-1] // nbytes * nval)
+    blocks = np.ascontiguousarray(raw).reshape(-1, nbytes)
+    out = np.empty((blocks.shape[0], nval), _F32)
+    step = max(1, CHUNK_BLOCKS * QK // nval)
+
+    def work(b0, b1):
+        with np.errstate(all="ignore"):
+            kernel(blocks[b0:b1], out[b0:b1])
+
+    _run_chunks(work, blocks.shape[0], step)
+    return out.reshape(shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,6 +636,8 @@ def dequantize(raw, ggml_type) -> np.ndarray:
         if raw.dtype != dt:
             raw = raw.view(dt) if raw.dtype == np.uint8 else raw.astype(dt)
         return raw.astype(_F32)
+    if t in _NATIVE_DQ:
+        return _dequantize_native(raw, t)
     if t == T.GGMLType.BF16 and raw.dtype != np.uint8:
         raw = raw.view(np.uint8)
     try:
@@ -525,16 +695,6 @@ def convert(array, src_type, dst_type, name: str = "tensor") -> np.ndarray:
 # quantized dot product
 
 
-def _weights_f32(w_rows: np.ndarray, w_type) -> np.ndarray:
-    if w_type == T.Q4_0:
-        out = np.empty((w_rows.shape[0], w_rows.shape[1] // Q4_0_BYTES * QK), _F32)
-        _dq4_0_blocks(np.ascontiguousarray(w_rows).reshape(-1, Q4_0_BYTES), out.reshape(-1, QK))
-        return out
-    out = np.empty((w_rows.shape[0], w_rows.shape[1] // Q8_0_BYTES * QK), _F32)
-    _dq8_0_blocks(np.ascontiguousarray(w_rows).reshape(-1, Q8_0_BYTES), out.reshape(-1, QK))
-    return out
-
-
 def _mul_mat_exact(w_raw, w_type, act_raw) -> np.ndarray:
     N, M = w_raw.shape[0], act_raw.shape[0]
     wb = Q4_0_BYTES if w_type == T.Q4_0 else Q8_0_BYTES
@@ -579,15 +739,74 @@ def mul_mat_q8_0(w_raw, w_type, act_raw, exact: bool = False) -> np.ndarray:
     if exact:
         return _mul_mat_exact(w_raw, wt, act_raw)
     N, M = w_raw.shape[0], act_raw.shape[0]
-    K = w_raw.shape[1] // wb * QK
-    A = dequantize_q8_0(act_raw)                            # exact float32 (M, K)
+    nb = w_raw.shape[1] // wb
+    K = nb * QK
     out = np.empty((M, N), _F32)
     if N == 0 or M == 0 or K == 0:
         out[...] = 0
         return out
-    cols = max(8, (1 << 21) // (4 * K))                     # ~2 MiB of f32 weights per block
-    for n0 in range(0, N, cols):
-        n1 = min(N, n0 + cols)
-        W = _weights_f32(w_raw[n0:n1], wt)                  # exact float32 (cols, K)
-        np.matmul(A, W.T, out=out[:, n0:n1])
+    A = dequantize_q8_0(act_raw)                            # exact float32 (M, K)
+    if wt == T.Q4_0:
+        # the weights are expanded with each byte's two nibbles side by side (elements j, j+16 of a
+        # block); permute the activations' columns the same way (a dot product does not mind)
+        A = A.reshape(M, nb, 2, 16).transpose(0, 1, 3, 2).reshape(M, K)
+    if M == 1:                                              # keep BLAS on its gemm path (not gemv)
+        A = np.concatenate([A, np.zeros((1, K), _F32)])
+    A = np.ascontiguousarray(A)
+    # Every sgemm has the shape (M', K) x (K, cols) with cols fixed by K alone (~1 MiB of weights,
+    # at most 512 rows; the last block padded with zero rows, M' >= 2 so it is never a gemv).
+    # BLAS runs on one thread meanwhile: OpenBLAS's multi-threaded sgemm may sum in another order.
+    cols = max(8, min(512, (1 << 20) // (4 * K)))
+    buf = _gbuf.get(f"mm{cols}x{K}", (cols, K), _F32)
+    with _one_blas_thread():
+        for n0 in range(0, N, cols):
+            n1 = min(N, n0 + cols)
+            if n1 - n0 < cols:
+                buf[n1 - n0:] = 0
+            _expand_weights(w_raw[n0:n1], wt, buf[:n1 - n0])   # exact float32
+            out[:, n0:n1] = (A @ buf.T)[:M, :n1 - n0]
     return out
+
+
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_saved: int | None = None
+
+
+class _one_blas_thread:
+    """Process-wide 'BLAS on one thread' while any thread is inside (reference counted)."""
+
+    def __enter__(self):
+        global _blas_users, _blas_saved
+        from . import blas
+        with _blas_lock:
+            if _blas_users == 0:
+                n = blas.get_threads()
+                _blas_saved = n
+                if n is not None and n > 1:
+                    blas.set_threads(1)
+            _blas_users += 1
+        return self
+
+    def __exit__(self, *exc):
+        global _blas_users
+        from . import blas
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0 and _blas_saved is not None and _blas_saved > 1:
+                blas.set_threads(_blas_saved)
+        return False
+
+
+def _expand_weights(w_rows: np.ndarray, wt, W: np.ndarray) -> None:
+    """float32 values of Q4_0 (nibble pairs side by side) or Q8_0 (element order) rows into W."""
+    if wt == T.Q4_0:
+        blocks = w_rows.reshape(-1, Q4_0_BYTES)
+        d = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(_F32)       # (n, 1)
+        np.take(_Q4_LUT64, blocks[:, 2:], out=W.view(np.uint64).reshape(-1, 16), mode="clip")
+    else:
+        blocks = w_rows.reshape(-1, Q8_0_BYTES)
+        d = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(_F32)
+        np.copyto(W.reshape(-1, QK), blocks[:, 2:].view(np.int8), casting="unsafe")
+    W2 = W.reshape(-1, QK)
+    np.multiply(W2, d, out=W2)

@@ -31,6 +31,7 @@ import os
 import re
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,9 +47,10 @@ GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = 32
 FILE_TYPES = {T.Q4_0: 2, T.Q8_0: 7}          # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0
 TARGET_TYPES = (T.Q4_0, T.Q8_0)
-CHUNK_BYTES = 16 << 20                        # f32 bytes of one conversion task
+PIECE_BYTES = 4 << 20                         # f32 bytes of one conversion task
+POOL_MIN_BYTES = 16 << 20                     # less conversion work than this: no worker processes
+WINDOW_BYTES = 32 << 20                       # f32 bytes converted per pool round trip, per worker
 QK_ = 32
-SMALL_BYTES = 4 << 20                         # below this, convert in-process (no pool round trip)
 _KQUANTS = {T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K,
             T.GGMLType.IQ4_XS, T.GGMLType.IQ2_XS, T.GGMLType.IQ2_XXS, T.GGMLType.IQ2_S,
             T.GGMLType.IQ3_XXS, T.GGMLType.IQ1_S, T.GGMLType.IQ3_S, T.GGMLType.IQ1_M}
@@ -373,58 +375,124 @@ def _task(args) -> bytes:
     return _convert_rows(_source_rows(path, offset, src, ne0, r0, r1), src, dst, name, shape, r0)
 
 
-def _parallel_map(fn, items: list, threads: int) -> list:
-    """THE seam to the worker pool: [fn(x) for x in items] spread over `threads` processes."""
+def _get_pool(threads: int):
+    """THE seam to the worker pool (ggtool.pool's process-wide pool, `map`-like API)."""
+    from .pool import get_pool
+    return get_pool(threads)
+
+
+def _parallel_map(fn, items: list, threads: int, pool=None) -> list:
+    """[fn(x) for x in items] spread over `threads` processes of the pool."""
     if threads <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
-    from .pool import get_pool
-    return get_pool(threads).map(fn, items, n_threads=threads)
+    return (pool or _get_pool(threads)).map(fn, items, n_threads=threads)
 
 
-def _tensor_chunks(plan: QuantizePlan, t: TensorPlan, threads: int):
-    """Yield the converted bytes of tensor t in row order (pieces)."""
-    ne0 = t.ne[0]
-    nrows = t.n_elements // ne0
-    shape = tuple(t.ne[::-1])
-    f32_bytes = t.n_elements * 4
-    if plan.npy is not None:
-        arr = plan.npy.reshape(nrows, ne0)
-        rows = max(1, CHUNK_BYTES // (4 * ne0))
-        for r0 in range(0, nrows, rows):
-            r1 = min(nrows, r0 + rows)
-            x = np.asarray(arr[r0:r1])
-            if x.dtype == np.float64:
-                x = x.astype(np.float32)
-            yield _convert_rows(x, t.src_type, t.dst_type, t.name, shape, r0)
-        return
-    if threads <= 1 or f32_bytes < SMALL_BYTES:
-        rows = max(1, CHUNK_BYTES // (4 * ne0))
-        for r0 in range(0, nrows, rows):
-            r1 = min(nrows, r0 + rows)
-            x = _source_rows(plan.input, t.src_offset, t.src_type, ne0, r0, r1)
-            yield _convert_rows(x, t.src_type, t.dst_type, t.name, shape, r0)
-        return
-    # several tasks per participant keep each one's memory at one chunk; the pool hands each
-    # participant a contiguous run of tasks
-    n_tasks = max(threads, -(-f32_bytes // CHUNK_BYTES))
-    n_tasks = -(-n_tasks // threads) * threads
-    n_tasks = min(n_tasks, nrows)
-    bounds = [nrows * k // n_tasks for k in range(n_tasks + 1)]
-    items = [(os.path.abspath(plan.input), t.src_offset, int(t.src_type), int(t.dst_type), ne0,
-              bounds[k], bounds[k + 1], t.name, shape) for k in range(n_tasks) if bounds[k + 1] > bounds[k]]
-    yield from _parallel_map(_task, items, threads)
+def _warm(_=None) -> int:
+    """A no-op task: makes a worker import this module before real work arrives."""
+    return os.getpid()
 
 
-def _copy_chunks(plan: QuantizePlan, t: TensorPlan):
+class _PoolStarter:
+    """Starts the pool in a background thread; conversion runs in-process until it is ready."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.pool = None
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._start, name="ggtool-pool-start", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> None:
+        try:
+            pool = _get_pool(self.threads)
+            pool.map(_warm, list(range(self.threads)), n_threads=self.threads)
+            self.pool = pool
+        except BaseException as e:  # noqa: BLE001 - reported when the pool is asked for
+            self.error = e
+        finally:
+            self.ready.set()
+
+    def get(self):
+        """The pool if it is ready now, else None (never waits)."""
+        if not self.ready.is_set():
+            return None
+        if self.error is not None:
+            raise self.error
+        return self.pool
+
+
+@dataclass
+class _Item:
+    """One piece of output, in file order: a tensor copied verbatim, or rows r0..r1 converted."""
+
+    t: TensorPlan
+    r0: int = 0
+    r1: int = 0
+    first: bool = True
+    last: bool = True
+
+    @property
+    def work(self) -> int:       # f32 bytes the conversion handles
+        return 0 if self.t.copy else (self.r1 - self.r0) * self.t.ne[0] * 4
+
+
+def _items(plan: QuantizePlan, piece_bytes: int) -> list[_Item]:
+    items = []
+    for t in plan.tensors:
+        if t.copy:
+            items.append(_Item(t))
+            continue
+        ne0 = t.ne[0]
+        nrows = t.n_elements // ne0 if ne0 else 0
+        rows = max(1, piece_bytes // (4 * max(ne0, 1)))
+        starts = list(range(0, nrows, rows)) or [0]
+        for k, r0 in enumerate(starts):
+            items.append(_Item(t, r0, min(nrows, r0 + rows), k == 0, k == len(starts) - 1))
+    return items
+
+
+def _windows(items: list[_Item], window_bytes: int):
+    """Consecutive runs of items holding about window_bytes of conversion work."""
+    cur, work = [], 0
+    for it in items:
+        cur.append(it)
+        work += it.work
+        if work >= window_bytes:
+            yield cur
+            cur, work = [], 0
+    if cur:
+        yield cur
+
+
+def _npy_rows(plan: QuantizePlan, it: _Item) -> np.ndarray:
+    ne0 = it.t.ne[0]
+    x = np.asarray(plan.npy.reshape(-1, ne0)[it.r0:it.r1])
+    return x.astype(np.float32) if x.dtype == np.float64 else x
+
+
+def _copy_tensor(plan: QuantizePlan, t: TensorPlan, out_fd: int, write, on_bytes) -> None:
     if plan.npy is not None:
         a = np.ascontiguousarray(plan.npy, dtype=np.float16 if t.src_type == T.F16 else np.float32)
-        yield a.view(np.uint8).reshape(-1)
+        write(a.view(np.uint8).reshape(-1))
         return
-    from .storage import FileStorage
-    mm = FileStorage(plan.input).array
     step = 64 << 20
-    for s in range(0, t.src_bytes, step):
-        yield mm[t.src_offset + s: t.src_offset + min(t.src_bytes, s + step)]
+    with open(plan.input, "rb") as src:
+        done = 0
+        while done < t.src_bytes:
+            n = min(step, t.src_bytes - done)
+            try:
+                k = os.copy_file_range(src.fileno(), out_fd, n, t.src_offset + done)
+            except (AttributeError, OSError):
+                k = 0
+            if k <= 0:   # no copy_file_range here (or it refused): through the memory map
+                from .storage import FileStorage
+                write(FileStorage(plan.input).array[t.src_offset + done: t.src_offset + done + n])
+                k = n
+            done += k
+            if on_bytes:
+                on_bytes(k)
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -456,43 +524,77 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
                      on_bytes: Callable[[int], None] | None = None) -> QuantizeResult:
     """Write the quantized model to output_path atomically (temporary file + rename).
 
-    Callbacks: on_start(t) before a tensor, on_done(t) after it, on_bytes(n) as source bytes are
-    consumed (for a progress bar)."""
+    Work is cut into pieces of about PIECE_BYTES of f32 (a tensor or some of its rows) and handed
+    to the worker pool a window at a time; the parent writes the results in file order, so memory
+    stays at a window of converted bytes plus one piece per worker.  Callbacks: on_start(t) before
+    a tensor's data is written, on_done(t) after it, on_bytes(n) as source bytes are consumed."""
     check_paths(plan.input, output_path, force)
     t0 = time.perf_counter()
     threads = max(1, int(plan.options.threads))
+    work = sum(t.n_elements * 4 for t in plan.tensors if not t.copy)
+    use_pool = threads > 1 and plan.npy is None and work >= POOL_MIN_BYTES
     op = os.path.abspath(output_path)
+    src_abs = os.path.abspath(plan.input)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(op)}.", suffix=".tmp", dir=os.path.dirname(op))
     ok = False
+    saved_threads = Q._threads
     try:
+        Q.set_threads(1 if use_pool else threads)   # with the pool: one thread per process
         with os.fdopen(fd, "wb", buffering=0) as f:
+            def write(buf):
+                mv = memoryview(buf).cast("B")
+                while len(mv):
+                    n = f.write(mv)
+                    mv = mv[n:]
+
             head = header_bytes(plan)
-            f.write(head)
-            data_start = len(head)
+            write(head)
             pos = 0
-            for t in plan.tensors:
-                if on_start:
-                    on_start(t)
-                pieces = _copy_chunks(plan, t) if t.copy else _tensor_chunks(plan, t, threads)
-                written = 0
-                for piece in pieces:
-                    mv = memoryview(piece).cast("B")
-                    f.write(mv)
-                    written += len(mv)
-                    if on_bytes:
-                        on_bytes(int(round(len(mv) * t.src_bytes / max(1, t.dst_bytes))))
-                if written != t.dst_bytes:  # pragma: no cover - a bug, not bad input
-                    raise GGToolError(f"internal error: tensor '{t.name}' produced {written} bytes, "
-                                      f"expected {t.dst_bytes}")
-                pad = _pad(t.dst_offset + written, plan.alignment) - (t.dst_offset + written)
-                f.write(b"\0" * pad)
-                pos = t.dst_offset + written + pad
-                if on_done:
-                    on_done(t)
-            size = data_start + pos
+            items = _items(plan, PIECE_BYTES)
+            starter = _PoolStarter(threads) if use_pool else None
+            for window in _windows(items, WINDOW_BYTES * (threads if use_pool else 1)):
+                todo = [it for it in window if not it.t.copy]
+                pool = starter.get() if starter is not None and todo else None
+                if pool is not None:
+                    args = [(src_abs, it.t.src_offset, int(it.t.src_type), int(it.t.dst_type), it.t.ne[0],
+                             it.r0, it.r1, it.t.name, tuple(it.t.ne[::-1])) for it in todo]
+                    results = iter(_parallel_map(_task, args, threads, pool))
+                else:
+                    results = None
+                for it in window:
+                    t = it.t
+                    if it.first:
+                        if on_start:
+                            on_start(t)
+                        written = 0
+                    if t.copy:
+                        _copy_tensor(plan, t, f.fileno(), write, on_bytes)
+                        written = t.src_bytes
+                    else:
+                        if results is not None:
+                            data = next(results)
+                        else:
+                            x = (_npy_rows(plan, it) if plan.npy is not None else
+                                 _source_rows(plan.input, t.src_offset, t.src_type, t.ne[0], it.r0, it.r1))
+                            data = _convert_rows(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0)
+                        write(data)
+                        written += len(data)
+                        if on_bytes:
+                            on_bytes(int(round(len(data) * t.src_bytes / max(1, t.dst_bytes))))
+                    if it.last:
+                        if written != t.dst_bytes:  # pragma: no cover - a bug, not bad input
+                            raise GGToolError(f"internal error: tensor '{t.name}' produced {written} bytes, "
+                                              f"expected {t.dst_bytes}")
+                        end = _pad(t.dst_offset + written, plan.alignment)
+                        write(b"\0" * (end - t.dst_offset - written))
+                        pos = end
+                        if on_done:
+                            on_done(t)
+            size = len(head) + pos
         os.replace(tmp, op)
         ok = True
     finally:
+        Q.set_threads(saved_threads)
         if not ok:
             try:
                 os.unlink(tmp)

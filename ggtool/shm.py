@@ -16,6 +16,9 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import signal
+import threading
+from contextlib import contextmanager
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
@@ -27,6 +30,31 @@ except ImportError:  # pragma: no cover (not POSIX)
 
 PREFIX = "ggtool_"
 PAGE = mmap.PAGESIZE
+
+
+@contextmanager
+def signals_held():
+    """Hold SIGINT and SIGTERM (their Python handlers) until the block is over, so that it completes
+    or fails as a whole; a signal that came meanwhile is raised again afterwards.
+
+    (Masking the signal would not do: any other thread of the process, a BLAS thread say, may take
+    it, and Python runs the handler in the main thread at its next bytecode.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python runs signal handlers in the main thread only
+        return
+    held: list[int] = []
+    saved = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        h = signal.getsignal(sig)
+        if callable(h):
+            saved[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, h in saved.items():
+            signal.signal(sig, h)
+        for sig in dict.fromkeys(held):
+            signal.raise_signal(sig)
 
 
 def _path(name: str) -> str:
@@ -49,37 +77,62 @@ def attach(name: str, size: int) -> np.ndarray:
 class Segment:
     """A named segment this process created. `array` is the whole segment as uint8."""
 
-    __slots__ = ("name", "size", "array", "_shm", "__weakref__")
+    __slots__ = ("name", "size", "array", "_shm", "_pid")
 
     def __init__(self, size: int):
         size = max(PAGE, -(-int(size) // PAGE) * PAGE)
-        name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
-        self._shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-        self._shm.close()  # its own mapping is not used; the name stays until unlink()
-        self.name, self.size = name, size
-        try:
-            self.array = attach(name, size)
-        except BaseException:
-            self.unlink()
-            raise
+        self.name, self.size, self._pid = f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}", size, os.getpid()
+        self._shm = None
+        with signals_held():  # Ctrl-C now would leave a named segment nobody knows of
+            shm = shared_memory.SharedMemory(name=self.name, create=True, size=size)
+            self._shm = shm
+            try:
+                shm.close()  # its own mapping is not used; the name stays until unlink()
+                self.array = attach(self.name, size)
+            except BaseException:
+                self.unlink()
+                raise
 
     @property
     def linked(self) -> bool:
         return self._shm is not None
 
     def unlink(self) -> None:
-        """Remove the name (idempotent). Mappings, ours and the workers', stay valid until dropped."""
-        shm, self._shm = self._shm, None
-        if shm is None:
+        """Remove the name (idempotent). Mappings, ours and the workers', stay valid until dropped.
+
+        Safe in a garbage-collection callback: the name goes at once, the resource tracker is told
+        later (`flush`), because Python 3.11's tracker takes a non-reentrant lock that the interrupted
+        code may be holding."""
+        if self._shm is None:
             return
+        self._shm = None
+        if os.getpid() != self._pid:
+            return  # a forked child: the segment is its parent's to remove
         try:
-            shm.unlink()  # shm_unlink + resource_tracker.unregister
+            _unlink(_path(self.name))
         except FileNotFoundError:
-            resource_tracker.unregister(shm._name, "shared_memory")
+            pass
+        _unregister.append(_path(self.name))
 
     def __repr__(self) -> str:
         state = "" if self.linked else ", unlinked"
         return f"<Segment {self.name} {self.size} bytes{state}>"
+
+
+_unregister: list[str] = []
+
+
+def _unlink(path: str) -> None:
+    if _posixshmem is not None:
+        _posixshmem.shm_unlink(path)
+    else:  # pragma: no cover
+        os.unlink(os.path.join("/dev/shm", path.lstrip("/")))
+
+
+def flush() -> None:
+    """Tell the resource tracker about the segments unlinked since the last call."""
+    while _unregister:
+        resource_tracker.unregister(_unregister.pop(), "shared_memory")
 
 
 def list_segments() -> list[str]:

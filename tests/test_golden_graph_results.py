@@ -3,7 +3,6 @@ in process and with GGML's thread split on real threads."""
 
 import numpy as np
 import pytest
-
 from kernel_threads import compute_threaded
 from replay import Replay, load_json, load_npz
 from test_golden_ops import assert_result, tolerance

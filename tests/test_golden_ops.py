@@ -5,7 +5,6 @@ README says GGML's own result is exact, NMSE otherwise), computed in process and
 
 import numpy as np
 import pytest
-
 from kernel_threads import compute_threaded, thread_writes
 from replay import Replay, load_json, load_npz, nmse
 
@@ -85,7 +84,7 @@ def test_result_on_threads(case, nth):
 def test_every_element_written_by_exactly_one_thread(case, nth):
     """Each thread's slice, run alone on a poisoned output: together they cover it once.
     (clamp writes into its input; diag_mask_inf's thread 0 copies everything before masking.)"""
-    r, graph = build(case)
+    _, graph = build(case)
     plan = graph.plan(nth)
     for i, node in enumerate(graph.nodes):
         if node.op in ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"):

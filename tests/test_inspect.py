@@ -61,6 +61,20 @@ def test_fast_reader_matches_gguf_py(path):
     assert [t.name for t in f.reader.tensors] == [t.name for t in r.tensors]
 
 
+def test_string_arrays_with_long_items(tmp_path):
+    # lengths of 256+ bytes take the exact (u64) walk; mixed with short, empty and non-ASCII items
+    items = ["a", "", "é" * 200, "x" * 70000, "tail", "ü"]
+    p = write_gguf(tmp_path / "s.gguf", {"w": np.zeros(4, np.float32)},
+                   kv={"test.strings": items, "test.short": ["a", "bc", ""], "test.ints": [1, 2, 3]})
+    f = GGUFFile(p)
+    r = gguf.GGUFReader(str(p))
+    for k in ("test.strings", "test.short", "test.ints"):
+        assert f.metadata(k) == r.fields[k].contents(), k
+    assert f.metadata("test.strings") == items
+    assert f.reader.fields["test.strings"].contents(3) == "x" * 70000
+    assert GGUFFile(p).tensors["w"].ne == (4,)
+
+
 def test_big_vocabulary_opens_fast():
     t0 = time.perf_counter()
     f = GGUFFile(TINY)          # 32,000 tokens: gguf-py's reader needs ~1.6 s here

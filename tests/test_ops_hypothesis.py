@@ -8,10 +8,10 @@ inverse permutation argsort(p).
 import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from kernel_threads import compute_threaded
 
 import ggtool
 from ggtool.ops import FUNCTIONS as F
-from kernel_threads import compute_threaded
 
 SETTINGS = settings(max_examples=40, deadline=None)
 dims = st.lists(st.integers(1, 5), min_size=4, max_size=4)
@@ -123,11 +123,13 @@ def test_mul_mat_against_numpy(m, n, k32, b2, r2, r3, nth, wtype, permute_b):
         b = ctx.new_tensor_from(x)
     assert list(b.ne) == [K, n, b2 * r2, r3]
     got = run(ctx, F["mul_mat"](ctx, a, b), nth)
-    wv = quant.dequantize(np.ascontiguousarray(a.data), a.type).reshape(w.shape) if wtype[0] == "q" else \
-        w.astype(np.float16).astype(np.float32) if wtype == "f16" else w
-    want = np.einsum("abnk,abmk->abnm", x.astype(np.float64), np.repeat(wv, r2, axis=1).astype(np.float64))
-    tol = 1e-2 if wtype[0] == "q" else 1e-3 if wtype == "f16" else 1e-5
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.sqrt(K))
+    if wtype[0] == "q":  # weights as stored; activations as mul_mat converts them (CPU Q8_0)
+        wv = quant.dequantize(np.ascontiguousarray(a.data), a.type).reshape(w.shape)
+        xv = quant.dequantize(quant.quantize_q8_0_cpu(x), "q8_0").reshape(x.shape)
+    else:
+        wv, xv = (w, x) if wtype == "f32" else (w.astype(np.float16).astype(np.float32), x.astype(np.float16).astype(np.float32))
+    want = np.einsum("abnk,abmk->abnm", xv.astype(np.float64), np.repeat(wv, r2, axis=1).astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(K))
 
 
 @SETTINGS

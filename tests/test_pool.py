@@ -520,3 +520,19 @@ def test_workers_follow_a_killed_caller():
     while segments_of(r.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert segments_of(r.pid) == set()
+
+
+def test_segment_creation_is_not_cut_by_ctrl_c():
+    """A Ctrl-C while a segment is being created and registered is held until that is done, so the
+    segment is never left behind half-known (it is raised right after, and the segment cleaned up)."""
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with shm.signals_held():
+            seg = shm.Segment(4096)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)   # the handler runs here: held
+            reached.append(seg.name)
+    assert reached and seg.name in shm.list_segments()
+    seg.unlink()
+    shm.flush()
+    assert seg.name not in shm.list_segments()

@@ -131,6 +131,7 @@ def test_q4_0_matches_gguf_py_random(shape, threads):
 
 def test_q4_0_matches_gguf_py_on_stories260k():
     import gguf
+
     from ggtool.gguf_file import GGUFFile
     f = GGUFFile(FIXTURES / "stories260K.gguf")
     n = 0
@@ -339,3 +340,55 @@ def test_mul_mat_fast_vs_exact_random(wtype):
 def test_mul_mat_shape_mismatch():
     with pytest.raises(QuantizationError, match="differ in length"):
         Q.mul_mat_q8_0(np.zeros((2, 36), np.uint8), "q4_0", np.zeros((1, 34), np.uint8))
+
+
+# ------------------------------------------------------------------- Q4_0 golden op / graph cases
+
+@pytest.fixture(scope="module")
+def graphs():
+    return np.load(GOLDEN / "graphs.npz")
+
+
+@pytest.mark.parametrize("case,key", [("mul_mat_q4_0", "a"), ("mul_mat_q4_0_bcast", "a"),
+                                      ("mul_mat_q4_0_q8ref", "a"), ("get_rows_q4_0", "a")])
+def test_golden_q4_0_inputs_are_our_bytes(ops, case, key):
+    """Every Q4_0 tensor of the op cases was made by GGML from its f32 source: same bytes here."""
+    z, _ = ops
+    src, q = z[f"{case}.aux.{key}_f32_source"], z[f"{case}.{key}"]
+    assert np.array_equal(Q.quantize_q4_0(src).reshape(q.shape), q)
+
+
+def test_golden_q8ref_input_is_our_reference_q8_0(ops):
+    z, _ = ops
+    q = z["mul_mat_q4_0_q8ref.b"]
+    assert np.array_equal(Q.quantize_q8_0(z["mul_mat_q4_0_q8ref.aux.b_f32_source"]).reshape(q.shape), q)
+
+
+def test_golden_get_rows_q4_0(ops):
+    z, cases = ops
+    a, idx, r = z["get_rows_q4_0.a"], z["get_rows_q4_0.idx"].reshape(-1), z["get_rows_q4_0.result"]
+    rows = Q.dequantize_q4_0(a.reshape(-1, a.shape[-1]))[idx]
+    assert np.array_equal(rows.view(np.uint32), r.reshape(rows.shape).view(np.uint32))
+
+
+def test_golden_graph_cpy_q4_0_mul_mat(graphs):
+    w, x, y = graphs["cpy_q4_0_mul_mat.w"], graphs["cpy_q4_0_mul_mat.x"], graphs["cpy_q4_0_mul_mat.result.y"]
+    wq = Q.quantize_q4_0(w.reshape(-1, 32))                       # cpy f32 -> q4_0
+    got = Q.mul_mat_q8_0(wq, "q4_0", Q.quantize_q8_0_cpu(x.reshape(-1, 32)))
+    assert _nmse(got, y.reshape(got.shape)) < 1e-10
+
+
+def test_golden_graph_q4_0_weights(graphs):
+    for src, q in (("q4_0_mlp.aux.w1_f32_source", "q4_0_mlp.w1"), ("embed_rope.aux.emb_f32_source", "embed_rope.emb")):
+        assert np.array_equal(Q.quantize_q4_0(graphs[src]).reshape(graphs[q].shape), graphs[q])
+
+
+def test_mul_mat_exact_is_split_invariant_and_fast_is_reproducible():
+    rng = np.random.default_rng(12)
+    w = Q.quantize_q4_0(rng.standard_normal((40, 256)).astype(np.float32))
+    act = Q.quantize_q8_0_cpu(rng.standard_normal((6, 256)).astype(np.float32))
+    full = Q.mul_mat_q8_0(w, "q4_0", act, exact=True)
+    assert Q.mul_mat_q8_0(w[5:17], "q4_0", act[2:3], exact=True).tobytes() == full[2:3, 5:17].tobytes()
+    fast = Q.mul_mat_q8_0(w, "q4_0", act)
+    assert fast.tobytes() == Q.mul_mat_q8_0(w, "q4_0", act).tobytes()
+    assert _nmse(fast, full) < 1e-12

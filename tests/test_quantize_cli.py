@@ -282,7 +282,7 @@ def test_npy_input(run, tmp_path):
 
 def test_threads_use_worker_processes_and_give_identical_bytes(run, tmp_path):
     rng = np.random.default_rng(4)
-    big = rng.standard_normal((1024, 1536)).astype(np.float32)      # 6 MiB f32: goes to the pool
+    big = rng.standard_normal((2048, 1536)).astype(np.float32)      # 12+12 MiB f32: goes to the pool
     src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": big,
                                              "blk.0.ffn_down.weight": (gguf.quants.quantize(big, QT.Q8_0), QT.Q8_0)})
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
@@ -297,9 +297,9 @@ def test_threads_use_worker_processes_and_give_identical_bytes(run, tmp_path):
 
 
 def test_nan_index_in_pooled_chunk(tmp_path):
-    big = np.zeros((1024, 2048), np.float32)
-    big[900, 5] = np.inf
+    big = np.zeros((2048, 2048), np.float32)
+    big[1900, 5] = np.inf
     src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": big})
-    with pytest.raises(Exception, match=r"cannot quantize inf at index \(900, 5\)"):
+    with pytest.raises(Exception, match=r"cannot quantize inf at index \(1900, 5\)"):
         QM.quantize_file(src, tmp_path / "o.gguf", QM.QuantizeOptions(threads=2))
     assert sorted(os.listdir(tmp_path)) == ["big.gguf"]

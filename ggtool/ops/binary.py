@@ -26,10 +26,6 @@ def _tiled(ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
           dtype=np.float32, casting="unsafe")
 
 
-def _rows_of(t, shape2):
-    return with_shape(t.data, shape2)
-
-
 def _forward(node, ith: int, nth: int, ufunc, interleaved: bool) -> None:
     a, b = node.src
     op = node.op.lower()
@@ -45,19 +41,19 @@ def _forward(node, ith: int, nth: int, ufunc, interleaved: bool) -> None:
     sel = slice(ith, nr, nth) if interleaved else slice(*row_block(nr, ith, nth))
     if not len(range(nr)[sel]):
         return
-    a2, d2 = _rows_of(a, (nr, ne0)), _rows_of(node, (nr, ne0))
-    if b.ne[1:] == a.ne[1:]:
-        b2 = _rows_of(b, (nr, b.ne[0]))
-    else:
-        b2 = _rows_of(b, (1, b.ne[0])) if b.nrows == 1 else None
+    rows_a, rows_d = with_shape(a.data, (nr, ne0)), with_shape(node.data, (nr, ne0))
+    if b.nrows == 1:                       # one b row for every row of a
+        rows_b, sel_b = with_shape(b.data, (1, b.ne[0])), slice(None)
+    else:                                  # b row r for row r of a, if b has a's rows
+        rows_b, sel_b = (with_shape(b.data, (nr, b.ne[0])), sel) if b.ne[1:] == a.ne[1:] else (None, sel)
     with np.errstate(all="ignore"):
-        if a2 is not None and d2 is not None and b2 is not None:  # rows are plain slices
-            _tiled(ufunc, a2[sel], b2[sel] if len(b2) > 1 else b2, d2[sel])
+        if rows_a is not None and rows_d is not None and rows_b is not None:  # plain row slices
+            _tiled(ufunc, rows_a[sel], rows_b[sel_b], rows_d[sel])
             return
         i3, i2, i1 = unravel_rows(np.arange(nr)[sel], node.ne[1], node.ne[2])
-        rows = np.empty((len(i1), ne0), dtype=node.data.dtype)
-        _tiled(ufunc, a.data[i3, i2, i1], b.data[i3 % b.ne[3], i2 % b.ne[2], i1 % b.ne[1]], rows)
-        node.data[i3, i2, i1] = rows
+        out = np.empty((len(i1), ne0), dtype=node.data.dtype)
+        _tiled(ufunc, a.data[i3, i2, i1], b.data[i3 % b.ne[3], i2 % b.ne[2], i1 % b.ne[1]], out)
+        node.data[i3, i2, i1] = out
 
 
 def _add_quantized(node, a, b, r0: int, r1: int) -> None:

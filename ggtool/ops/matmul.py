@@ -98,7 +98,7 @@ def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 def _whole(a, act, out, r2: int, r3: int) -> bool:
     """The whole result in one batched BLAS call (float weights, nth == 1). False if the
     layouts cannot be regrouped without copying."""
-    ne03, ne02, ne01, k = a.shape
+    ne03, ne02, _, k = a.shape
     w = a.data if a.type == T.F32 else a.data.astype(np.float32)
     x = act if act.dtype == np.float32 else act.astype(np.float32)
     if ne03 == ne02 == 1 and out.shape[:2] == (1, 1):

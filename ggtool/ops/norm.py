@@ -28,9 +28,9 @@ def _rows(node, ith, nth, op):
 @kernel("NORM", n_tasks=ALL)
 def forward_norm(node, ith, nth, work):
     x, y, sel, eps, n = _rows(node, ith, nth, "norm")
-    mean = (x.astype(np.float64).sum(axis=-1) / n).astype(f32)
+    mean = (x.sum(axis=-1, dtype=np.float64) / n).astype(f32)
     v = x - mean[..., None]
-    variance = ((v * v).astype(np.float64).sum(axis=-1) / n).astype(f32)
+    variance = ((v * v).sum(axis=-1, dtype=np.float64) / n).astype(f32)
     y[sel] = v * (f32(1) / np.sqrt(variance + eps))[..., None]
 
 
@@ -42,7 +42,7 @@ def norm(ctx, a, eps):
 @kernel("RMS_NORM", n_tasks=ALL)
 def forward_rms_norm(node, ith, nth, work):
     x, y, sel, eps, n = _rows(node, ith, nth, "rms_norm")
-    mean = ((x * x).astype(np.float64).sum(axis=-1) / n).astype(f32)
+    mean = ((x * x).sum(axis=-1, dtype=np.float64) / n).astype(f32)
     y[sel] = x * (f32(1) / np.sqrt(mean + eps))[..., None]
 
 

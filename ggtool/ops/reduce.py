@@ -14,7 +14,7 @@ from .walk import packed_rows, require_type, row_walk
 
 def _row_sums(a) -> np.ndarray:
     """Per-row sums in float64, shape (ne3, ne2, ne1)."""
-    return packed_rows(a).astype(np.float64).sum(axis=-1)
+    return packed_rows(a).sum(axis=-1, dtype=np.float64)
 
 
 @kernel("SUM", n_tasks=1)
@@ -33,7 +33,7 @@ def forward_sum(node, ith, nth, work):
 
 
 @function("sum", "ggml_sum(ctx, a)", "sum of all elements: a 1-element tensor of a's type")
-def sum(ctx, a):  # noqa: A001  (GGML's name)
+def sum_all(ctx, a):
     return new_op(ctx, "SUM", a.type, [1], (a,))
 
 
@@ -70,7 +70,7 @@ def _argmax_scalar(row: np.ndarray) -> int:
     """ggml_vec_argmax_f32 literally: max = MAX(max, x); if max == x: idx = i (NaN rows only)."""
     mx, idx = np.float32(-np.inf), 0
     for i, v in enumerate(row):
-        mx = mx if mx > v else v
+        mx = mx if mx > v else v  # noqa: FURB136 - C's MAX(a, b): a NaN x resets it
         if mx == v:
             idx = i
     return idx

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import types as T
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import require, require_type, unravel_rows
+from .walk import require, require_type, unravel_rows, with_shape
 
 f32 = np.float32
 ROPE_TYPE_NEOX = 2
@@ -45,28 +45,48 @@ def forward_rope(node, ith, nth, work):
     if r0 >= r1:
         return
     i3, i2, i1 = unravel_rows(np.arange(r0, r1), ne1, ne2)
-    x = a.data[i3, i2, i1]                                  # (rows, ne0)
-    positions = pos.data.reshape(-1)[i2]
-    cos, sin = _cos_sin(positions, ne0, n_dims, freq_base, freq_scale, attn_factor)
+    x2, y2 = with_shape(a.data, (node.nrows, ne0)), with_shape(node.data, (node.nrows, ne0))
+    x = x2[r0:r1] if x2 is not None else a.data[i3, i2, i1]        # (rows, ne0)
     half = n_dims // 2
-    cos, sin = cos[:, :half], sin[:, :half]
+    cos, sin = _cos_sin(pos.data.reshape(-1), ne0, n_dims, freq_base, freq_scale, attn_factor)
+    cos, sin = cos[i2, :half], sin[i2, :half]                         # one cache per token
     if mode == ROPE_TYPE_NEOX:
-        j0, j1 = np.arange(half), np.arange(half) + half     # element ic pairs with ic + n_dims/2
+        j0, j1 = slice(0, half), slice(half, n_dims)                 # element ic pairs with ic + n_dims/2
     else:
-        j0, j1 = np.arange(0, n_dims, 2), np.arange(1, n_dims, 2)
+        j0, j1 = slice(0, n_dims, 2), slice(1, n_dims, 2)
     y = x.copy()
     x0, x1 = x[:, j0], x[:, j1]
     y[:, j0] = x0 * cos - x1 * sin
     y[:, j1] = x0 * sin + x1 * cos
-    node.data[i3, i2, i1] = y
+    if y2 is not None:
+        y2[r0:r1] = y
+    else:
+        node.data[i3, i2, i1] = y
+
+
+def _rope(ctx, op, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+          attn_factor, beta_fast, beta_slow):
+    """ggml_rope_impl: the constructor behind rope and rope_ext (same asserts, same op_params)."""
+    check((int(mode) & 1) == 0, op, "mode & 1 == 1 is no longer supported")
+    check(b.is_vector(), op, f"positions b '{b.name}' {fmt_ne(b)} must be a vector")
+    check(b.type == T.I32, op, f"positions b '{b.name}' must be i32, not {T.type_name(b.type)}")
+    check(a.ne[2] == b.ne[0], op, f"a '{a.name}' {fmt_ne(a)} has {a.ne[2]} tokens (ne2) but b '{b.name}' has {b.ne[0]} positions")
+    check(c is None, op, "frequency factors (c) are not supported; pass null")
+    params = (0, int(n_dims), int(mode), 0, int(n_ctx_orig), float(freq_base), float(freq_scale),
+              float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow), 0, 0, 0, 0)
+    return new_op(ctx, "ROPE", a.type, a.ne, (a, b), params=params)
 
 
 @function("rope", "ggml_rope(ctx, a, b, n_dims, mode)",
           "rotary embedding of a's first n_dims of each head; b = I32 positions, one per a.ne2 token")
 def rope(ctx, a, b, n_dims, mode):
-    check((int(mode) & 1) == 0, "rope", "mode & 1 == 1 is no longer supported")
-    check(b.is_vector(), "rope", f"positions b '{b.name}' {fmt_ne(b)} must be a vector")
-    check(b.type == T.I32, "rope", f"positions b '{b.name}' must be i32, not {T.type_name(b.type)}")
-    check(a.ne[2] == b.ne[0], "rope", f"a '{a.name}' {fmt_ne(a)} has {a.ne[2]} tokens (ne2) but b '{b.name}' has {b.ne[0]} positions")
-    params = (0, int(n_dims), int(mode), 0, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0, 0, 0, 0)
-    return new_op(ctx, "ROPE", a.type, a.ne, (a, b), params=params)
+    return _rope(ctx, "rope", a, b, None, n_dims, mode, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
+
+
+@function("rope_ext", "ggml_rope_ext(ctx, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, "
+          "ext_factor, attn_factor, beta_fast, beta_slow)",
+          "rope with GGML's full parameters (freq_base, freq_scale, attn_factor; c and YaRN unsupported)")
+def rope_ext(ctx, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+             beta_fast, beta_slow):
+    return _rope(ctx, "rope_ext", a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
+                 ext_factor, attn_factor, beta_fast, beta_slow)

@@ -45,7 +45,7 @@ def forward_clamp(node, ith, nth, work):
 
 @function("clamp", "ggml_clamp(ctx, a, min, max)",
           "min(max(a, min), max) computed INTO a: the result is a view of a")
-def clamp(ctx, a, min, max):  # noqa: A002  (GGML's parameter names)
+def clamp(ctx, a, min, max):
     t = view_tensor(ctx, a)
     t.op, t.src = "CLAMP", [a]
     t.set_params(float(min), float(max))

@@ -21,7 +21,7 @@ def _alibi_slopes(rows: np.ndarray, ne1: int, ne2: int, max_bias: np.float32) ->
     """Per-row slope: head h = (row/ne1) % ne2, m0^(h+1) or m1^(2(h-nhl)+1), all in float32."""
     if max_bias <= 0:
         return np.ones(len(rows), dtype=f32)
-    nhl = f32(1 << int(math.floor(math.log2(ne2))))
+    nhl = f32(1 << math.floor(math.log2(ne2)))
     m0 = f32(2) ** (-max_bias / nhl)
     m1 = f32(2) ** (-(max_bias / f32(2)) / nhl)
     h = (rows // ne1) % ne2
@@ -47,7 +47,7 @@ def forward_soft_max(node, ith, nth, work):
         w = w + slope[:, None] * m[rows % ne1].astype(f32)
     with np.errstate(all="ignore"):
         e = np.exp(w - w.max(axis=1, keepdims=True))
-        inv = (1.0 / e.astype(np.float64).sum(axis=1)).astype(f32)
+        inv = (1.0 / e.sum(axis=1, dtype=np.float64)).astype(f32)
         row_walk(node)[r0:r1] = e * inv[:, None]
 
 
@@ -83,9 +83,9 @@ def forward_diag_mask_inf(node, ith, nth, work):
     require_type(a, "diag_mask_inf", (T.F32,))
     n_past = node.param_i32(0)
     require(n_past >= 0, "diag_mask_inf", f"n_past must be >= 0, got {n_past}")
-    if node.data_offset != a.data_offset:
+    if node.data_offset != a.data_offset:  # not in place: copy first (checked by every thread)
+        require(a.is_contiguous() and node.is_contiguous(), "diag_mask_inf", "a and the result must be contiguous")
         if ith == 0:
-            require(a.is_contiguous() and node.is_contiguous(), "diag_mask_inf", "a and the result must be contiguous")
             node.data[...] = a.data
         work.barrier()
     nc, nr = a.ne[0], a.ne[1]

@@ -53,15 +53,14 @@ def _fp16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    y = _table("gelu", _gelu_f32)[_fp16_bits(x)]
-    y[x <= -10] = 0
-    hi = x >= 10
-    y[hi] = x[hi]
+    y = np.take(_table("gelu", _gelu_f32), _fp16_bits(x))
+    np.copyto(y, x, where=x >= 10)
+    np.copyto(y, f32(0), where=x <= -10)
     return y
 
 
 def _gelu_quick(x: np.ndarray) -> np.ndarray:
-    return _table("gelu_quick", _gelu_quick_f32)[_fp16_bits(x)]
+    return np.take(_table("gelu_quick", _gelu_quick_f32), _fp16_bits(x))
 
 
 def _relu_like(x, pos, other):
