@@ -208,7 +208,7 @@ def bench_mul_mat(repeat: int) -> None:
     for K, N, M in ((4096, 4096, 1), (2048, 2048, 512), (4096, 4096, 64)):
         w = Q.quantize_q4_0(rng.standard_normal((N, K), dtype=np.float32))
         act = Q.quantize_q8_0_cpu(rng.standard_normal((M, K), dtype=np.float32))
-        t = _median_times({"mm": lambda: Q.mul_mat_q8_0(w, "q4_0", act)}, repeat)["mm"]
+        t = _median_times({"mm": lambda w=w, act=act: Q.mul_mat_q8_0(w, "q4_0", act)}, repeat)["mm"]
         print(f"  K={K} N={N} M={M:<4d} {t * 1e3:8.2f} ms  {2 * K * N * M / t / 1e9:6.1f} GFLOP/s"
               f"   (GGML 1 thread: ~37-39 GFLOP/s)")
 

@@ -42,6 +42,17 @@ def one_line(e: Exception) -> str:
 
 
 class GGToolGroup(click.Group):
+    """Subcommands are imported when used, so a tiny compute does not pay for quantize's imports."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(m.replace("_", "-") for m in SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        module = name.replace("-", "_")
+        if module not in SUBCOMMANDS:
+            return None
+        return importlib.import_module(f"{__name__}.{module}").command
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -94,8 +105,8 @@ def cli():
     pass
 
 
-# Subcommands: commands/<module>.py defines `command`, a click.Command named as typed on the
-# command line. To add one, create the module and add ONE line here, e.g. "quantize",
+# Subcommands: commands/<module>.py defines `command`, a click.Command whose name is the module's
+# with "_" as "-". To add one, create the module and add ONE line here, e.g. "quantize",
 SUBCOMMANDS = (
     "compute",
     "inspect_graph",
@@ -105,9 +116,6 @@ SUBCOMMANDS = (
     "inspect",
     "compare",
 )
-
-for _module in SUBCOMMANDS:
-    cli.add_command(importlib.import_module(f"{__name__}.{_module}").command)
 
 
 def main() -> None:

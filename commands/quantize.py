@@ -8,6 +8,7 @@ import click
 
 from ggtool import quantize_model as QM
 from ggtool import types as T
+from ggtool.errors import GGToolError
 
 from ._common import NUMPY_ORDER_HELP, default_threads, log
 
@@ -51,7 +52,7 @@ def _type_choice(what):
             return None
         try:
             return QM.parse_target_type(value, what)
-        except Exception as e:
+        except GGToolError as e:
             raise click.BadParameter(str(e).split(": ", 1)[-1], ctx=ctx, param=param) from None
     return cb
 

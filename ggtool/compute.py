@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import blas
 from .errors import ComputeError, GGToolError
 from .plan import Plan, make_plan
 
@@ -60,6 +61,7 @@ def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None) -> P
         pool.run(graph, plan)
         return plan
     work = Work(work_view(graph, plan))
-    for i, node in enumerate(graph.nodes):
-        run_node(i, node, 0, 1, work)
+    with blas.limit(1):  # one participant is one thread, as in the pool: same tiles, same bits
+        for i, node in enumerate(graph.nodes):
+            run_node(i, node, 0, 1, work)
     return plan

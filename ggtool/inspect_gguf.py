@@ -17,7 +17,7 @@ import numpy as np
 
 from . import quant as Q
 from . import types as T
-from .errors import InputError
+from .errors import GGToolError, InputError
 from .gguf_file import GGUFFile
 
 SHORT_STR = 60          # characters of a string value shown unless full
@@ -106,7 +106,7 @@ def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict
         n_bytes += info.n_bytes
     if diffable:
         tensors.sort(key=lambda r: r["name"])
-    metadata = [_value(g, k, full) for k in g.keys()]
+    metadata = [_value(g, k, full) for k in g.keys()]  # noqa: SIM118 - GGUFFile.keys(), not a dict
     if diffable:
         metadata.sort(key=lambda r: r["key"])
     d = {"file": os.path.basename(g.path) if diffable else g.path, "version": g.version,
@@ -148,8 +148,9 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
 
 
 def format_describe(d: dict, stats: dict | None = None) -> str:
-    lines = [f"{d['file']}: GGUF v{d['version']}, {d['n_kv']} metadata keys, {d['n_tensors']} tensors, "
-             f"alignment {d['alignment']}"]
+    head = (f"{d['file']}: GGUF v{d['version']}, {d['n_kv']} metadata keys, {d['n_tensors']} tensors, "
+            f"alignment {d['alignment']}")
+    lines = [head]
     if "data_offset" in d:
         lines.append(f"data offset {d['data_offset']:,}, file size {d['file_size']:,} bytes")
     lines.append("")
@@ -208,7 +209,7 @@ def _row_chunks(g: GGUFFile, name: str):
         part = raw2[r0:r0 + step]
         try:
             yield Q.dequantize(part, info.type).reshape(-1)
-        except Exception as e:
+        except (GGToolError, ValueError, NotImplementedError) as e:
             raise InputError(f"{g.path}: tensor '{name}': cannot read its {T.type_name(info.type)} data ({e})") from None
 
 
@@ -304,7 +305,7 @@ def open_source(spec: str) -> Source:
     if magic == b"\x93NUMPY":
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except Exception as e:
+        except (OSError, ValueError, EOFError) as e:
             raise InputError(f"{path}: not a readable .npy file ({e})") from None
         if arr.dtype.kind not in "fiu":
             raise InputError(f"{path}: cannot compare a {arr.dtype} array")

@@ -284,7 +284,7 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
 def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as e:
+    except (OSError, ValueError, EOFError) as e:
         raise InputError(f"{path}: not a readable .npy file ({e})") from None
     if arr.dtype.kind != "f" or arr.dtype.itemsize not in (2, 4, 8):
         raise InputError(f"{path}: cannot quantize a {arr.dtype} array (float16/32/64 expected)")
@@ -580,7 +580,7 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
                         write(data)
                         written += len(data)
                         if on_bytes:
-                            on_bytes(int(round(len(data) * t.src_bytes / max(1, t.dst_bytes))))
+                            on_bytes(round(len(data) * t.src_bytes / max(1, t.dst_bytes)))
                     if it.last:
                         if written != t.dst_bytes:  # pragma: no cover - a bug, not bad input
                             raise GGToolError(f"internal error: tensor '{t.name}' produced {written} bytes, "

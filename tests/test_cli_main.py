@@ -9,11 +9,14 @@ import pytest
 from conftest import ROOT, ok, requires_ops
 from ggtool.commands import SUBCOMMANDS, cli
 
-COMMANDS = sorted(cli.commands)
+COMMANDS = cli.list_commands(None)
 
 
 def test_every_module_is_registered():
+    """Every command module loads and is reachable under its listed name."""
     assert len(COMMANDS) == len(SUBCOMMANDS)
+    for name in COMMANDS:
+        assert cli.get_command(None, name).name == name
 
 
 @pytest.mark.parametrize("name", COMMANDS)

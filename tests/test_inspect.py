@@ -48,7 +48,7 @@ def _ti_offset(path, name: str) -> int:
 def test_fast_reader_matches_gguf_py(path):
     f = GGUFFile(path)
     r = gguf.GGUFReader(str(path))
-    for k in f.keys():
+    for k in f.keys():  # noqa: SIM118 - GGUFFile.keys(), not a dict
         assert f.metadata(k) == r.fields[k].contents(), k
         if r.fields[k].types[0] == gguf.GGUFValueType.ARRAY:
             fa, fb = f.reader.fields[k], r.fields[k]

@@ -241,7 +241,7 @@ def test_dequantize_other_types_like_gguf_py():
     import gguf
     rng = np.random.default_rng(8)
     for t in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K, gguf.GGMLQuantizationType.Q5_0):
-        bs, ts = gguf.GGML_QUANT_SIZES[t]
+        _, ts = gguf.GGML_QUANT_SIZES[t]
         raw = rng.integers(0, 256, (3, 2 * ts), dtype=np.uint8)
         raw.reshape(3, 2, ts)[..., :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
         with np.errstate(all="ignore"):
@@ -365,7 +365,7 @@ def test_golden_q8ref_input_is_our_reference_q8_0(ops):
 
 
 def test_golden_get_rows_q4_0(ops):
-    z, cases = ops
+    z, _ = ops
     a, idx, r = z["get_rows_q4_0.a"], z["get_rows_q4_0.idx"].reshape(-1), z["get_rows_q4_0.result"]
     rows = Q.dequantize_q4_0(a.reshape(-1, a.shape[-1]))[idx]
     assert np.array_equal(rows.view(np.uint32), r.reshape(rows.shape).view(np.uint32))

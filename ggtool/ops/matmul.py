@@ -6,9 +6,8 @@ repeat: b-matrix (i12, i13) uses a-matrix (i12 // r2, i13 // r3).
 When b's type is not vec_dot_type(a) (Q8_0 for Q4_0/Q8_0 weights, F16 for F16 weights), every
 thread first converts its interleaved b rows into the work buffer (packed rows at
 i13*nbw3 + i12*nbw2 + i11*nbw1), then all threads meet at the barrier. The output is then cut
-into GGML's chunks; each thread takes a static, contiguous run of chunk numbers (GGML hands
-them out dynamically, which changes nothing in the result) and computes it with one BLAS call
-or one quantized dot per rectangle and matrix.
+into tiles that depend on the shapes only (see TILE_ROWS); each thread takes a contiguous run
+of them and computes each with one BLAS call or one quantized dot.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import numpy as np
 
 from .. import types as T
 from .base import ALL, check, fmt_ne, function, kernel, new_op
-from .walk import require, require_type, with_shape
+from .walk import require, require_type
 
 WEIGHT_TYPES = (T.F32, T.F16, T.Q4_0, T.Q8_0)
 
@@ -54,34 +53,29 @@ def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
     return raw.view(np.float16) if vdt == T.F16 else raw
 
 
-def _chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
-    """GGML's chunk grid: (nchunk0, nchunk1, dr0, dr1)."""
-    size = 64 if nr0 == 1 or nr1 == 1 else 16
-    nchunk0, nchunk1 = -(-nr0 // size), -(-nr1 // size)
-    if nchunk0 * nchunk1 < 4 * nth:  # too few chunks: one per thread along the longer side
-        nchunk0, nchunk1 = (nth, 1) if nr0 > nr1 else (1, nth)
-    return nchunk0, nchunk1, -(-nr0 // nchunk0), -(-nr1 // nchunk1)
+# The output is cut into tiles whose size depends on the shapes only, never on nth: each tile is
+# one BLAS call (or one quantized dot), so every element is computed by the same call whatever the
+# number of participants, and results are bit-identical for 1..N of them (GGML's own chunks give
+# that property to its dot products; a BLAS call over a different sub-block would not).
+TILE_ROWS = 128    # b rows (output rows) per tile
+TILE_COLS = 1024   # a rows (output columns) per tile
 
 
-def _my_rectangles(nr0: int, nr1: int, ith: int, nth: int):
-    """This thread's output as (row0, row1, col0, col1) rectangles (rows = flattened i11..i13)."""
-    nchunk0, nchunk1, dr0, dr1 = _chunking(nr0, nr1, nth)
-    total = nchunk0 * nchunk1
-    lo, hi = (ith, min(ith + 1, total)) if nth >= total else (ith * total // nth, (ith + 1) * total // nth)
-    c = lo
-    while c < hi:
-        c1, c0 = divmod(c, nchunk0)
-        if c0 == 0 and c + nchunk0 <= hi:  # whole rows of chunks
-            n = (hi - c) // nchunk0
-            span = (c1, c1 + n, 0, nchunk0)
-        else:
-            end = min(hi, (c1 + 1) * nchunk0)
-            span = (c1, c1 + 1, c0, end - c1 * nchunk0)
-        c += (span[1] - span[0]) * (span[3] - span[2])
-        r0, r1 = span[0] * dr1, min(span[1] * dr1, nr1)
-        k0, k1 = span[2] * dr0, min(span[3] * dr0, nr0)
-        if r0 < r1 and k0 < k1:
-            yield r0, r1, k0, k1
+def _tiles(nr0: int, nr1: int, ne1: int):
+    """Every tile as (row0, row1, col0, col1): rows are flattened (i11, i12, i13), never crossing
+    a matrix boundary, columns are a's rows."""
+    for m0 in range(0, nr1, ne1):                       # one b matrix at a time
+        for r0 in range(m0, m0 + ne1, TILE_ROWS):
+            for c0 in range(0, nr0, TILE_COLS):
+                yield r0, min(r0 + TILE_ROWS, m0 + ne1), c0, min(c0 + TILE_COLS, nr0)
+
+
+def _my_tiles(nr0: int, nr1: int, ne1: int, ith: int, nth: int):
+    """A contiguous share of the tiles for participant ith (GGML hands chunks out dynamically;
+    who computes a tile changes nothing in its result)."""
+    tiles = list(_tiles(nr0, nr1, ne1))
+    n = len(tiles)
+    return tiles[ith * n // nth: (ith + 1) * n // nth]
 
 
 def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
@@ -93,24 +87,6 @@ def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     else:
         from .. import quant
         out[...] = quant.mul_mat_q8_0(np.ascontiguousarray(w), a.type, np.ascontiguousarray(x))
-
-
-def _whole(a, act, out, r2: int, r3: int) -> bool:
-    """The whole result in one batched BLAS call (float weights, nth == 1). False if the
-    layouts cannot be regrouped without copying."""
-    ne03, ne02, _, k = a.shape
-    w = a.data if a.type == T.F32 else a.data.astype(np.float32)
-    x = act if act.dtype == np.float32 else act.astype(np.float32)
-    if ne03 == ne02 == 1 and out.shape[:2] == (1, 1):
-        np.matmul(x[0, 0], w[0, 0].T, out=out[0, 0])
-        return True
-    ne11, ne0 = out.shape[2], out.shape[3]
-    x6 = with_shape(x, (ne03, r3, ne02, r2, ne11, k))
-    o6 = with_shape(out, (ne03, r3, ne02, r2, ne11, ne0))
-    if x6 is None or o6 is None:
-        return False
-    np.matmul(x6, w[:, None, :, None].swapaxes(-1, -2), out=o6)
-    return True
 
 
 @kernel("MUL_MAT", n_tasks=ALL, work_size=_work_size)
@@ -129,13 +105,11 @@ def forward_mul_mat(node, ith, nth, work):
     out = node.data
     ne0, ne1, ne2, _ = node.ne
     r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
-    if nth == 1 and a.type in (T.F32, T.F16) and _whole(a, act, out, r2, r3):
-        return
-    for row0, row1, col0, col1 in _my_rectangles(ne0, ne1 * ne2 * b.ne[3], ith, nth):
-        for m in range(row0 // ne1, (row1 - 1) // ne1 + 1):  # one b matrix (i12, i13) at a time
-            i13, i12 = divmod(m, ne2)
-            i0, i1 = max(row0 - m * ne1, 0), min(row1 - m * ne1, ne1)
-            _dot_block(a, a.data[i13 // r3, i12 // r2, col0:col1], act[i13, i12, i0:i1], out[i13, i12, i0:i1, col0:col1])
+    w = a.data
+    for row0, row1, col0, col1 in _my_tiles(ne0, ne1 * ne2 * b.ne[3], ne1, ith, nth):
+        i13, i12 = divmod(row0 // ne1, ne2)
+        i0, i1 = row0 % ne1, row0 % ne1 + (row1 - row0)
+        _dot_block(a, w[i13 // r3, i12 // r2, col0:col1], act[i13, i12, i0:i1], out[i13, i12, i0:i1, col0:col1])
 
 
 @function("mul_mat", "ggml_mul_mat(ctx, a, b)",
