@@ -233,8 +233,11 @@ class GGUFFile:
             raise InputError(f"{self.path}: not a GGUF file ({size} bytes, too short for a header)")
         with open(self.path, "rb") as f:
             magic = f.read(4)
+            version = int.from_bytes(f.read(4), "little")
         if magic != b"GGUF":
             raise InputError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+        if version in (1,) or (version & 0xFFFF and version not in (2, 3)):
+            raise InputError(f"{self.path}: GGUF version {version} is not supported (versions 2 and 3 are)")
         try:
             self.reader = _CheckedReader(self.path)
         except InputError as e:

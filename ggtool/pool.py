@@ -401,6 +401,36 @@ def _install(blob: bytes, segs: dict) -> _WorkerGraph:
 
 
 # -- the caller's side ---------------------------------------------------------------------------
+def _process_start_time() -> float | None:
+    """When this process started (seconds since the epoch, Linux), or None."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _changed_sources() -> list[str]:
+    """Files of ggtool's loaded modules modified since this process started: workers started now
+    would import them as they are now, and compute with other kernels than the caller."""
+    t0 = _process_start_time()
+    if t0 is None:
+        return []
+    out = []
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if (name == "ggtool" or name.startswith("ggtool.")) and path:
+            try:
+                if os.stat(path).st_mtime > t0 + 1.0:  # btime has a 1 s resolution
+                    out.append(path)
+            except OSError:
+                pass
+    return sorted(out)
+
+
 @contextmanager
 def _single_threaded():
     """The caller is one participant of N: one BLAS thread, one ggtool.quant thread, meanwhile."""
@@ -550,7 +580,13 @@ class WorkerPool:
 
     def _start(self, n: int) -> None:
         st = self._state
-        if n > 1 and st.ctl is None:
+        if len(st.workers) >= n - 1:
+            return
+        changed = _changed_sources()
+        if changed:
+            raise GGToolError(f"{changed[0]} changed after this process started: new worker processes would run "
+                              "other code than this one; restart the program")
+        if st.ctl is None:
             st.ctl = shm.Segment(_CTL_SIZE)
         while len(st.workers) < n - 1:
             st.workers.append(self._spawn())

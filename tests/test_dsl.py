@@ -506,3 +506,23 @@ def test_every_form_in_the_docs_parses():
     assert len(examples) >= 18
     for code in examples:
         assert parse(code).body, code
+
+
+# -- input(): a declared program input with a placeholder shape --------------------------------
+def test_input_uses_the_given_tensor_and_checks_its_type():
+    ctx = ggtool.Context()
+    built = build("t = input(\"t\", i32, 2)\ny = get_rows(w, t)", ctx,
+                  DictEnv({"t": np.array([2, 0], np.int32), "w": np.arange(6, dtype=np.float32).reshape(3, 2)}))
+    built.graph.compute(1)
+    assert built.outputs[0][1].numpy().tolist() == [[[[4.0, 5.0], [0.0, 1.0]]]]
+    with pytest.raises(DSLError, match="input 't' is f32, the program needs i32"):
+        build('t = input("t", i32, 2)', ggtool.Context(), DictEnv({"t": np.zeros(2, np.float32)}))
+
+
+def test_input_without_a_tensor_is_a_zero_placeholder_of_the_declared_shape():
+    built = build('t = input("t", f16, 3, 2)', ggtool.Context(), DictEnv({}))
+    t = built.outputs[0][1]
+    assert (t.ne, t.name, T.type_name(t.type)) == ((3, 2, 1, 1), "t", "f16")
+    assert not t.numpy().any()
+    with pytest.raises(DSLError, match="no input 'u' was given"):
+        build('u = input("u", f32)', ggtool.Context(), DictEnv({}))

@@ -246,3 +246,10 @@ def test_compare_only_in_one(run, tmp_path):
     r = run("compare", a, b)
     assert "1 tensors compared (1 identical), 1 only in A, 1 only in B" in r.stdout
     assert "only in A: y" in r.stdout and "only in B: z" in r.stdout
+
+
+def test_gguf_v1_is_refused_clearly(run, tmp_path):
+    p = tmp_path / "v1.gguf"
+    p.write_bytes(b"GGUF" + struct.pack("<I", 1) + b"\0" * 64)
+    r = run("inspect", p)
+    assert r.exit_code == 1 and "GGUF version 1 is not supported" in r.stderr

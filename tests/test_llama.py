@@ -211,8 +211,19 @@ def test_dot_renders_one_layer(run):
     assert not any("-1 (" in line or "blk.1." in line for line in labels)
 
 
-def test_missing_tokens_input_is_a_located_error(run):
-    err = fails(run("plan", "-f", PROGRAM, "--gguf", STORIES), "unknown tensor or variable 'tokens'")
+def test_plan_and_inspect_with_the_gguf_alone(run):
+    """Without --tensor tokens the program's input() declaration stands in one placeholder token."""
+    plan = json.loads(ok(run("plan", "-f", PROGRAM, "--gguf", STORIES, "--json")))
+    graph = json.loads(ok(run("inspect-graph", "-f", PROGRAM, "--gguf", STORIES, "--json")))
+    assert plan["nodes"][-1]["name"] == "logits" and plan["mem_size"] > 0
+    tokens = next(t for t in graph["leafs"] if t["name"] == "tokens")
+    assert tokens["type"] == "i32" and tokens["ne"] == [1, 1, 1, 1]
+    assert graph["nodes"][-1]["ne"] == [512, 1, 1, 1]
+
+
+def test_tokens_of_the_wrong_type_is_a_located_error(run):
+    err = fails(run("plan", "-f", PROGRAM, "--gguf", STORIES, "--tensor", "tokens=f32[4]"),
+                "input 'tokens' is f32, the program needs i32")
     assert "llama.gg, line" in err
 
 

@@ -182,6 +182,28 @@ def _type_of(ev, t):
     return _tensor(t, 0, "type").type
 
 
+@builtin("input(name, type, ne0, ne1, ne2, ne3)",
+         "declares the program's input `name` of `type`; when none is given, a zero-filled "
+         "placeholder of shape [ne0, ...] stands in (enough for inspect-graph and plan)")
+def _input(ev, name, type, *ne):
+    if not isinstance(name, str):
+        raise BuiltinError(f"input() needs the input's name as a string, got {describe(name)}", 0)
+    ty = _type(type, 1, "input")
+    t = ev.env.tensor(name, ev.ctx)
+    if t is not None:
+        if t.type != ty:
+            raise BuiltinError(f"input '{name}' is {T.type_name(t.type)}, the program needs "
+                               f"{T.type_name(ty)} (e.g. --tensor {name}={T.type_name(ty)}:...)", 0)
+        return t
+    if not 1 <= len(ne) <= 4:
+        raise BuiltinError(f"no input '{name}' was given and input() has no placeholder shape "
+                           f"(give --tensor {name}=...)", 0)
+    dims = [_integer(n, i + 2, "input") for i, n in enumerate(ne)]
+    placeholder = ev.ctx.new_tensor(ty, dims)
+    placeholder.name = name
+    return placeholder
+
+
 @builtin("arange_i32(start, stop, step)",
          "an I32 leaf holding range(start, stop, step) (one argument: 0..stop-1), e.g. token positions")
 def _arange_i32(ev, *args):
