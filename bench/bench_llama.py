@@ -186,8 +186,6 @@ def main() -> None:
                      "2": command(cli + ["--threads", "2"])}, cli_runs, pick=statistics.median)
     t_npcli, t_cli1, t_cli2 = t["np"], t["1"], t["2"]
 
-    from ggtool.commands import _common
-    pooled = getattr(_common, "USE_WORKER_POOL", False)
     print()
     print(f"in-process, best of {runs} (interleaved):")
     print(f"  numpy forward (weights loaded)          {t_np * 1e3:8.2f} ms")
@@ -199,7 +197,7 @@ def main() -> None:
     print(f"fresh process, median of {cli_runs} (interleaved):")
     print(f"  numpy script (import, load GGUF, forward, save)  {t_npcli * 1e3:8.1f} ms")
     for what, t in (("ggtool compute --threads 1", t_cli1),
-                    (f"ggtool compute --threads 2{'' if pooled else ' (in-process: pool not wired in the CLI)'}",
+                    ("ggtool compute --threads 2 (worker pool)",
                      t_cli2)):
         print(f"  {what:<49}{t * 1e3:8.1f} ms   ratio {t / t_npcli:5.2f}x numpy script")
 

@@ -36,15 +36,20 @@ def empty_kernel(node, ith, nth, work):
     """An all-participant node that does nothing: what is left is dispatch and the barrier."""
 
 
-def timed(fn, runs: int = 7, warmup: int = 1) -> float:
-    for _ in range(warmup):
+def timed(*fns, runs: int = 7, settle: float = 0.0) -> list[float]:
+    """Median seconds of each fn, their runs interleaved (fn1, fn2, fn1, ...) after a warm-up, so
+    that a figure and its reference see the same background load. A fn may return its own time.
+    `settle`: a pause before each run, for OpenBLAS threads of the previous one to stop spinning."""
+    for fn in fns:
         fn()
-    times = []
+    times = [[] for _ in fns]
     for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, ts in zip(fns, times):
+            time.sleep(settle)
+            t0 = time.perf_counter()
+            r = fn()
+            ts.append(r if isinstance(r, float) else time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
 def _busy_fraction(seconds: float = 1.0) -> float:
@@ -97,7 +102,7 @@ def startup() -> None:
             t2 = time.perf_counter()
         times.append(t1 - t0)
         first.append(t2 - t1)
-    ref = timed(lambda: subprocess.run([sys.executable, "-c", "import numpy, gguf"], check=True), runs=3)
+    (ref,) = timed(lambda: subprocess.run([sys.executable, "-c", "import numpy, gguf"], check=True), runs=3)
     print(f"pool start-up (2 participants, worker ready): {statistics.median(times) * 1e3:6.0f} ms; "
           f"first compute (segment + graph): {statistics.median(first) * 1e3:5.1f} ms; "
           f"for reference `python -c 'import numpy, gguf'`: {ref * 1e3:.0f} ms")
@@ -130,19 +135,18 @@ def overhead(n: int = 1000) -> None:
     ge.expand(e)
 
     p1 = g.compute(1)
-    t1 = timed(lambda: g.compute(1, plan=p1))
     want = y.numpy()
+    pe1 = ge.compute(1)
     with WorkerPool(2) as pool:
         p2 = g.compute(2, pool=pool)
         assert np.array_equal(y.numpy(), want)
-        t2 = timed(lambda: g.compute(2, pool=pool, plan=p2), runs=9)
         pe = ge.compute(2, pool=pool)
-        te = timed(lambda: ge.compute(2, pool=pool, plan=pe), runs=9)
-    # the kernels alone, as participant 0 of 2 runs them (the split has its own cost in the kernel)
-    work = Work(work_view(g, p2))
-    tk = timed(lambda: [run_node(i, node, 0, 2, work) for i, node in enumerate(g.nodes)])
-    pe1 = ge.compute(1)
-    te1 = timed(lambda: ge.compute(1, plan=pe1))
+        # the kernels alone, as participant 0 of 2 runs them (the split has its own cost in the kernel)
+        work = Work(work_view(g, p2))
+        t2, t1, tk, te, te1 = timed(lambda: g.compute(2, pool=pool, plan=p2), lambda: g.compute(1, plan=p1),
+                                    lambda: [run_node(i, node, 0, 2, work) for i, node in enumerate(g.nodes)],
+                                    lambda: ge.compute(2, pool=pool, plan=pe), lambda: ge.compute(1, plan=pe1),
+                                    runs=9)
     us = 1e6 / n
     print(f"add chain, {n} nodes of 16 floats: 2 participants {t2 * us:5.1f} us/node (target <= 20; GGML 0.4); "
           f"in-process {t1 * us:5.1f} us/node; the kernel as participant 0 of 2 {tk * us:5.1f} us/node, "
@@ -152,26 +156,37 @@ def overhead(n: int = 1000) -> None:
 
 
 # -- 3, 4, 5 -----------------------------------------------------------------------------------
-NUMPY_2T = """
-import os, statistics, sys, time
+NUMPY_SERVER = """
+import sys, time
 import numpy as np
 K, N, M = map(int, sys.argv[1:4])
 rng = np.random.default_rng(0)
 w = rng.standard_normal((N, K), dtype=np.float32)
 x = rng.standard_normal((M, K), dtype=np.float32)
-x @ w.T
-ts = []
-for _ in range(7):
-    t0 = time.perf_counter(); x @ w.T; ts.append(time.perf_counter() - t0)
-print(statistics.median(ts))
+print("ready", flush=True)
+for _ in sys.stdin:   # one timed `x @ w.T` per line
+    t0 = time.perf_counter(); x @ w.T; print(time.perf_counter() - t0, flush=True)
 """
 
 
-def numpy_seconds(K: int, N: int, M: int, threads: int) -> float:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-    out = subprocess.run([sys.executable, "-c", NUMPY_2T, str(K), str(N), str(M)], env=env, check=True,
-                         capture_output=True, text=True).stdout
-    return float(out.strip())
+class NumpyTimer:
+    """numpy's `x @ w.T` with `threads` BLAS threads, in its own process (ours has BLAS on one
+    thread while it computes on the pool); each call times one product there."""
+
+    def __init__(self, K: int, N: int, M: int, threads: int):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+        self.proc = subprocess.Popen([sys.executable, "-c", NUMPY_SERVER, str(K), str(N), str(M)], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def __call__(self) -> float:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def mul_mat_graph(K: int, N: int, M: int, wtype: str):
@@ -190,42 +205,44 @@ def mul_mat_graph(K: int, N: int, M: int, wtype: str):
     return g, out, w, x
 
 
+def one_vs_pool(g, pool) -> tuple[float, float]:
+    """Seconds for `g` in-process on one thread (one BLAS thread, one ggtool.quant thread) and on
+    the pool with 2 participants, runs interleaved."""
+    from ggtool.pool import _single_threaded
+
+    p1 = g.compute(1)
+    p2 = g.compute(2, pool=pool)
+
+    def one():
+        with _single_threaded():
+            g.compute(1, plan=p1)
+
+    return tuple(timed(one, lambda: g.compute(2, pool=pool, plan=p2), settle=0.2))
+
+
 def f32(pool, shapes=((2048, 2048, 512), (4096, 4096, 64))) -> None:
     for K, N, M in shapes:
         g, out, w, x = mul_mat_graph(K, N, M, "f32")
         plan = g.compute(2, pool=pool)
         assert np.allclose(out.numpy()[0, 0], x @ w.T, rtol=1e-3, atol=1e-2)
-        t = timed(lambda: g.compute(2, pool=pool, plan=plan))
-        tn = numpy_seconds(K, N, M, 2)
+        numpy2 = NumpyTimer(K, N, M, threads=2)
+        t, tn = timed(lambda: g.compute(2, pool=pool, plan=plan), numpy2, settle=0.2)  # noqa: B023 (called here)
+        numpy2.close()
         fl = 2 * K * N * M
         print(f"f32 mul_mat K={K} N={N} M={M}: pool(2) {fl / t / 1e9:6.1f} GFLOP/s, numpy @ with 2 BLAS threads "
               f"{fl / tn / 1e9:6.1f}: ratio {tn / t:.2f}x (target >= 0.9x); GGML nth=2 {GGML_F32[(K, N, M)]}")
 
 
 def scaling(pool, K: int = 2048, N: int = 2048, M: int = 512) -> None:
-    from ggtool import blas
-
-    g, out, w, x = mul_mat_graph(K, N, M, "f32")
-    p1 = g.compute(1)
-    with blas.limit(1):
-        t1 = timed(lambda: g.compute(1, plan=p1))
-    p2 = g.compute(2, pool=pool)
-    t2 = timed(lambda: g.compute(2, pool=pool, plan=p2))
+    t1, t2 = one_vs_pool(mul_mat_graph(K, N, M, "f32")[0], pool)
     fl = 2 * K * N * M
-    print(f"scaling f32 mul_mat K={K} N={N} M={M}: 1 participant (BLAS on 1 thread) {fl / t1 / 1e9:6.1f} GFLOP/s, "
+    print(f"scaling f32 mul_mat K={K} N={N} M={M}: 1 participant (in-process, 1 thread) {fl / t1 / 1e9:6.1f} GFLOP/s, "
           f"2 participants {fl / t2 / 1e9:6.1f}: {t1 / t2:.2f}x (target >= 1.8x)")
 
 
 def q4_0(pool, shapes=((2048, 2048, 512), (4096, 4096, 64), (4096, 4096, 1))) -> None:
-    from ggtool import blas
-
     for K, N, M in shapes:
-        g, out, w, x = mul_mat_graph(K, N, M, "q4_0")
-        p1 = g.compute(1)
-        with blas.limit(1):
-            t1 = timed(lambda: g.compute(1, plan=p1), runs=5)
-        plan = g.compute(2, pool=pool)
-        t = timed(lambda: g.compute(2, pool=pool, plan=plan))
+        t1, t = one_vs_pool(mul_mat_graph(K, N, M, "q4_0")[0], pool)
         fl = 2 * K * N * M
         print(f"Q4_0 x f32 mul_mat K={K} N={N} M={M}: 1 participant {fl / t1 / 1e9:6.1f} GFLOP/s, pool(2) "
               f"{fl / t / 1e9:6.1f} GFLOP/s = {fl / t / 1e9 / GGML_Q4_0[(K, N, M)]:.2f}x GGML nth=2 "

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
+
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import click
 
@@ -81,9 +81,25 @@ def default_threads() -> int:
 
 
 def threads_option(f):
-    return click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
+    """--threads N; None when neither it nor GGTOOL_THREADS is given (see compute_threads)."""
+    return click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=None,
                         envvar=THREADS_ENV, show_envvar=True, show_default="the number of CPU cores",
-                        metavar="N", help="Threads (GGML's n_threads).")(f)
+                        metavar="N", help="Threads (GGML's n_threads): participants in the compute, "
+                        "the calling process and N-1 worker processes.")(f)
+
+
+# Below this much arithmetic, starting worker processes (~0.3 s) costs more than it saves.
+AUTO_POOL_MIN_FLOPS = 10**10
+
+
+def compute_threads(n_threads: int | None, graph) -> int:
+    """The participants to compute `graph` with: --threads N exactly as given; by default the
+    machine's cores, or 1 (this process alone) when the graph is too small to gain from them."""
+    if n_threads is not None:
+        return n_threads
+    from ggtool.plan import estimate_flops
+
+    return default_threads() if estimate_flops(graph) >= AUTO_POOL_MIN_FLOPS else 1
 
 
 # -- the program and its inputs ---------------------------------------------------------------------------
@@ -137,20 +153,14 @@ def warn_unused(inputs: Inputs) -> None:
         log(f"Warning: --tensor {name} is not used by the program")
 
 
-# INTEGRATION POINT (ggtool/pool.py): True computes on the multiprocess WorkerPool when --threads > 1.
-USE_WORKER_POOL = False
+def open_pool(n_threads: int):
+    """The process-wide worker pool for n_threads participants, or None to compute in this
+    process. Workers start in the background; the first compute waits for them."""
+    if n_threads <= 1:
+        return None
+    from ggtool.pool import get_pool
 
-
-@contextlib.contextmanager
-def open_pool(n_threads: int) -> Iterator[object | None]:
-    """The worker pool to compute with, or None to compute in this process."""
-    if not USE_WORKER_POOL or n_threads <= 1:
-        yield None
-        return
-    from ggtool.pool import WorkerPool
-
-    with WorkerPool(n_threads) as pool:
-        yield pool
+    return get_pool(n_threads)
 
 
 # -- streams ------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from ._common import (
     input_options,
     log,
     make_inputs,
+    compute_threads,
     open_pool,
     program_options,
     read_program,
@@ -88,6 +89,8 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
     if not to_file and fmt != "json":
         refuse_binary_to_tty(fmt)
 
+    if n_threads is not None and n_threads > 1:
+        open_pool(n_threads)  # workers start while the inputs load and the graph builds
     source, filename = read_program(program, program_file)
     inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=True, verbose=verbose)
     if to_file:
@@ -102,7 +105,9 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
                                "pick one with --output NAME, or use .json or .gguf")
     timer.mark("build")
 
-    with open_pool(n_threads) as pool, np.errstate(all="ignore"):
+    n_threads = compute_threads(n_threads, built.graph)
+    pool = open_pool(n_threads)
+    with np.errstate(all="ignore"):
         plan = built.graph.compute(n_threads, pool=pool)
     timer.mark("compute")
     if verbose:

@@ -16,6 +16,7 @@ from ._common import (
     make_inputs,
     program_options,
     read_program,
+    default_threads,
     threads_option,
     warn_unused,
     write_text,
@@ -65,7 +66,7 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
     inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=False)
     built = build_graph(source, filename, inputs, Context(), output_names, graph_size)
     warn_unused(inputs)
-    plan = make_plan(built.graph, n_threads)
+    plan = make_plan(built.graph, n_threads or default_threads())
     if as_json:
         write_text(line + "\n" for line in json_text(plan_json(built.graph, plan)))
     else:

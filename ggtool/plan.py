@@ -52,3 +52,16 @@ def make_plan(graph, n_threads: int = 0) -> Plan:
     if work_size > 0:
         work_size += CACHE_LINE_SIZE * n_threads
     return Plan(n_threads, min(max_tasks, n_threads), work_size, nodes)
+
+
+def estimate_flops(graph) -> int:
+    """Rough arithmetic of one compute: 2·K per mul_mat output element, one per other element.
+
+    Used to decide whether starting worker processes can pay for itself."""
+    total = 0
+    for node in graph.nodes:
+        if node.op in ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"):
+            continue
+        per = 2 * node.src[0].ne[0] if node.op == "MUL_MAT" else 1
+        total += per * node.nelements
+    return total

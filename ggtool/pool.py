@@ -14,11 +14,12 @@ as GGML's main thread does. For each graph:
 - Per node, every participant calls the kernel with its (ith, nth) and a barrier separates nodes.
   Nodes whose n_tasks is 1 run on worker 0 alone, and a run of them needs no barrier inside it.
   The barrier is a spin/yield/sleep barrier on per-participant counters in a small shared segment;
-  while waiting, the caller checks that its workers are alive and the workers that the caller is.
+  while waiting, the caller checks that its workers are alive. Each worker has a watchdog thread
+  that exits the process as soon as the caller is gone (EOF on a pipe only the caller holds).
 - A kernel error stops every participant at its next barrier; the caller raises the ComputeError of
   the failing node (the same message as a single-process run) and the pool stays usable. A dead worker
-  gives a ComputeError within milliseconds, the other workers are killed and the pool is rebuilt on its
-  next use. KeyboardInterrupt (or any other exception in the caller) kills the workers, unlinks the
+  gives a ComputeError as soon as the caller reaches a barrier (milliseconds when it is waiting), the
+  other workers are killed and the pool is rebuilt on its next use. KeyboardInterrupt (or any other exception in the caller) kills the workers, unlinks the
   segments and propagates.
 
 Workers are started with an explicit "spawn" (a fresh interpreter via subprocess: nothing inherited
@@ -103,7 +104,7 @@ class _Barrier:
     counter; the barrier of generation g is passed once every participant's counter reaches g.
     (Aligned 8-byte stores are atomic and stores are seen in order on x86-64 / TSO.)"""
 
-    __slots__ = ("mv", "mine", "others", "gen", "check")
+    __slots__ = ("check", "gen", "mine", "mv", "others")
 
     def __init__(self, mv: memoryview, ith: int, nth: int, gen: int, check):
         self.mv, self.gen, self.check = mv, gen, check
@@ -264,7 +265,7 @@ def _release_all_segments() -> None:
 
 # -- the graph as the workers see it --------------------------------------------------------------
 class _Entry:
-    __slots__ = ("key", "blob", "segs", "prog0")
+    __slots__ = ("blob", "key", "prog0", "segs")
 
     def __init__(self, key, blob, segs, prog0):
         self.key, self.blob, self.segs, self.prog0 = key, blob, segs, prog0
@@ -367,7 +368,7 @@ class _Ctx:
 
 
 class _WorkerGraph:
-    __slots__ = ("nodes", "prog", "wdata", "kernels", "segs")
+    __slots__ = ("kernels", "nodes", "prog", "segs", "wdata")
 
 
 def _install(blob: bytes, segs: dict) -> _WorkerGraph:
@@ -452,7 +453,7 @@ class _WorkerDied(BaseException):  # BaseException: raised from barriers inside 
 
 
 class _Worker:
-    __slots__ = ("proc", "conn", "life", "ready", "segs", "graphs")
+    __slots__ = ("conn", "graphs", "life", "proc", "ready", "segs")
 
     def __init__(self, proc, conn, life: int):
         self.proc, self.conn, self.life, self.ready = proc, conn, life, False

@@ -23,6 +23,8 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
+from .errors import GGToolError
+
 try:
     import _posixshmem
 except ImportError:  # pragma: no cover (not POSIX)
@@ -63,10 +65,7 @@ def _path(name: str) -> str:
 
 def attach(name: str, size: int) -> np.ndarray:
     """Map an existing segment read-write; the array keeps the mapping alive."""
-    if _posixshmem is not None:
-        fd = _posixshmem.shm_open(_path(name), os.O_RDWR, mode=0o600)
-    else:  # pragma: no cover
-        fd = os.open(os.path.join("/dev/shm", name), os.O_RDWR)
+    fd = _posixshmem.shm_open(_path(name), os.O_RDWR, mode=0o600)
     try:
         mm = mmap.mmap(fd, size)
     finally:
@@ -77,25 +76,23 @@ def attach(name: str, size: int) -> np.ndarray:
 class Segment:
     """A named segment this process created. `array` is the whole segment as uint8."""
 
-    __slots__ = ("name", "size", "array", "_shm", "_pid")
+    __slots__ = ("_pid", "array", "linked", "name", "size")
 
     def __init__(self, size: int):
+        if _posixshmem is None:  # pragma: no cover
+            raise GGToolError("the worker pool needs POSIX shared memory (use --threads 1)")
         size = max(PAGE, -(-int(size) // PAGE) * PAGE)
         self.name, self.size, self._pid = f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}", size, os.getpid()
-        self._shm = None
+        self.linked = False
         with signals_held():  # Ctrl-C now would leave a named segment nobody knows of
-            shm = shared_memory.SharedMemory(name=self.name, create=True, size=size)
-            self._shm = shm
+            # created and registered with the tracker; its own mapping is not used
+            shared_memory.SharedMemory(name=self.name, create=True, size=size).close()
+            self.linked = True
             try:
-                shm.close()  # its own mapping is not used; the name stays until unlink()
                 self.array = attach(self.name, size)
             except BaseException:
                 self.unlink()
                 raise
-
-    @property
-    def linked(self) -> bool:
-        return self._shm is not None
 
     def unlink(self) -> None:
         """Remove the name (idempotent). Mappings, ours and the workers', stay valid until dropped.
@@ -103,13 +100,13 @@ class Segment:
         Safe in a garbage-collection callback: the name goes at once, the resource tracker is told
         later (`flush`), because Python 3.11's tracker takes a non-reentrant lock that the interrupted
         code may be holding."""
-        if self._shm is None:
+        if not self.linked:
             return
-        self._shm = None
+        self.linked = False
         if os.getpid() != self._pid:
             return  # a forked child: the segment is its parent's to remove
         try:
-            _unlink(_path(self.name))
+            _posixshmem.shm_unlink(_path(self.name))
         except FileNotFoundError:
             pass
         _unregister.append(_path(self.name))
@@ -120,13 +117,6 @@ class Segment:
 
 
 _unregister: list[str] = []
-
-
-def _unlink(path: str) -> None:
-    if _posixshmem is not None:
-        _posixshmem.shm_unlink(path)
-    else:  # pragma: no cover
-        os.unlink(os.path.join("/dev/shm", path.lstrip("/")))
 
 
 def flush() -> None:

@@ -66,9 +66,7 @@ def test_docs_show_the_program_verbatim():
 
 
 # -- logits against llama.cpp ----------------------------------------------------------------------------------
-# --threads 2 goes through the CLI's worker pool once `commands._common.USE_WORKER_POOL` is on. Until then
-# the CLI plans for 2 threads but computes in-process with one participant; the real 2-participant run
-# is test_worker_pool_two_processes below.
+# An explicit --threads 2 computes on the CLI's worker pool: the calling process and one worker process.
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seq", [0, 1])
 @needs_ops
