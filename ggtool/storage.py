@@ -13,24 +13,30 @@ _MAPS: dict[tuple[str, int], np.ndarray] = {}  # per process: (path, mtime_ns) -
 
 
 class FileStorage:
-    __slots__ = ("path",)
+    __slots__ = ("path", "_array")
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.path.abspath(os.fspath(path))
+        self._array = None
 
     @property
     def array(self) -> np.ndarray:
-        key = (self.path, os.stat(self.path).st_mtime_ns)
-        arr = _MAPS.get(key)
-        if arr is None:
-            arr = _MAPS[key] = np.memmap(self.path, dtype=np.uint8, mode="r")
-        return arr
+        """The whole file, mapped once per process (per modification time: a rewritten file is
+        mapped anew by the next FileStorage of it)."""
+        if self._array is None:
+            key = (self.path, os.stat(self.path).st_mtime_ns)
+            arr = _MAPS.get(key)
+            if arr is None:
+                arr = _MAPS[key] = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self._array = arr
+        return self._array
 
     def __getstate__(self):
         return self.path
 
     def __setstate__(self, state):
         self.path = state
+        self._array = None
 
     def __eq__(self, other) -> bool:
         return isinstance(other, FileStorage) and other.path == self.path

@@ -28,7 +28,7 @@ class Tensor:
     """
 
     __slots__ = ("ctx", "type", "ne", "nb", "op", "op_params", "flags", "src", "view_src",
-                 "view_offs", "_name", "struct_offset", "data_offset", "storage", "__weakref__")
+                 "view_offs", "_name", "struct_offset", "data_offset", "storage", "_view", "__weakref__")
 
     def __init__(self, ctx: Context, type: T.GGMLType, ne, nb, struct_offset: int,
                  data_offset: int | None, storage=None):
@@ -46,6 +46,7 @@ class Tensor:
         self.struct_offset = struct_offset
         self.data_offset = data_offset
         self.storage = storage  # None: the context's pool; else an object with `.array` (uint8)
+        self._view = None  # (buffer, ne, nb, data_offset, view): `.data` is on every kernel's path
 
     # -- name ------------------------------------------------------------------------------
     @property
@@ -174,6 +175,14 @@ class Tensor:
         if self.data_offset is None:
             raise GGToolError(f"tensor '{self.name}' has no data (no_alloc context)")
         buf = self._buffer()
+        c = self._view
+        if c is not None and c[0] is buf and c[1] is self.ne and c[2] is self.nb and c[3] == self.data_offset:
+            return c[4]
+        view = self._make_view(buf)
+        self._view = (buf, self.ne, self.nb, self.data_offset, view)
+        return view
+
+    def _make_view(self, buf: np.ndarray) -> np.ndarray:
         if T.is_quantized(self.type):
             if self.nb[0] != T.type_size(self.type):
                 raise GGToolError(f"tensor '{self.name}': a quantized tensor with permuted blocks has no byte view")
