@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .context import OBJ_GRAPH, Context, pad
-from .errors import GraphFullError, GGToolError
+from .errors import GGToolError, GraphFullError
 from .tensor import FLAG_PARAM, Tensor
 
 DEFAULT_GRAPH_SIZE = 2048

@@ -182,8 +182,9 @@ def test_unused_tensor_warns(run):
 
 def test_default_threads_compute_small_graphs_in_process(monkeypatch):
     """No --threads: the machine's cores, unless the graph is too small to gain from workers."""
-    import ggtool
     from ggtool.commands import _common
+
+    import ggtool
     from ggtool.ops import FUNCTIONS
 
     monkeypatch.setattr(_common, "default_threads", lambda: 2)

@@ -13,8 +13,9 @@ from ggtool.dsl.nodes import Assign, BinOp, Call, ExprStmt, For, Keyword, Name, 
 from ggtool.dsl.parser import TYPE_WORDS
 from ggtool.ops import FUNCTIONS
 
-needs = lambda *ops: pytest.mark.skipif(
-    any(o not in FUNCTIONS for o in ops), reason=f"ops {ops} not registered yet")
+
+def needs(*ops):
+    return pytest.mark.skipif(any(o not in FUNCTIONS for o in ops), reason=f"ops {ops} not registered yet")
 
 
 def f32(a):

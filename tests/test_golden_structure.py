@@ -1,9 +1,9 @@
 """Shapes, strides, names, node/leaf order, plans and memory offsets against GGML's own output."""
 
 import pytest
+from replay import Replay, load_json, load_npz
 
 from ggtool.graph import graph_overhead
-from replay import Replay, load_json, load_npz
 
 GRAPHS = load_json("graphs.json")["graphs"]
 MEMORY = load_json("memory.json")

@@ -60,7 +60,8 @@ ERRORS = [
     ("unary permuted", lambda c: F["gelu"](c, F["permute"](c, t(c, "f32", 8, 4, 3), 1, 0, 2, 3)), ["gelu", "[4, 8, 3, 1]", "cont"]),
     ("scale not padded", lambda c: F["scale"](c, F["transpose"](c, t(c, "f32", 8, 4)), 2.0), ["scale", "padded", "[4, 8, 1, 1]"]),
     ("argmax 3d", lambda c: F["argmax"](c, t(c, "f32", 8, 4, 2)), ["argmax", "matrix", "[8, 4, 2, 1]"]),
-    ("cpy count", lambda c: F["cpy"](c, t(c, "f32", 8, name="a"), t(c, "f16", 9, name="b")), ["cpy", "'a' [8, 1, 1, 1]", "'b' [9, 1, 1, 1]"]),
+    ("cpy count", lambda c: F["cpy"](c, t(c, "f32", 8, name="a"), t(c, "f16", 9, name="b")),
+     ["cpy", "'a' [8, 1, 1, 1]", "'b' [9, 1, 1, 1]"]),
     ("cont_2d count", lambda c: F["cont_2d"](c, t(c, "f32", 8, 3), 5, 5), ["cont", "24 elements", "[5, 5, 1, 1]"]),
 ]
 

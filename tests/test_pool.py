@@ -353,7 +353,7 @@ def test_map(pool):
         pool.map(_maybe_fail, range(10))
     out = pool.map(_env_and_blas, ["OPENBLAS_NUM_THREADS"] * 4)
     assert len({pid for _, _, pid in out}) == 4
-    for env, threads, pid in out[1:]:  # the workers: one BLAS thread, set before numpy loaded
+    for env, threads, _pid in out[1:]:  # the workers: one BLAS thread, set before numpy loaded
         assert env == "1" and threads in (1, None)
 
 

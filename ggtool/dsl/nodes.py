@@ -4,7 +4,6 @@ printer can be checked with `==`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 Pos = tuple  # (line, column), both 1-based
 
@@ -82,7 +81,7 @@ class Call:
     pos: Pos = _pos()
 
 
-Expr = Union[Num, Str, Name, TypeWord, Null, Neg, BinOp, Call]
+Expr = Num | Str | Name | TypeWord | Null | Neg | BinOp | Call
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ class For:
     pos: Pos = _pos()
 
 
-Stmt = Union[Assign, ExprStmt, For]
+Stmt = Assign | ExprStmt | For
 
 
 @dataclass(frozen=True)

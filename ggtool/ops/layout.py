@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 from .base import check, fmt_ne, function, new_op, noop_kernel
 
 for _op in ("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"):

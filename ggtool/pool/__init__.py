@@ -1,0 +1,64 @@
+"""The worker pool: GGML's compute threads as processes over shared memory (spec section 9).
+
+Python threads cannot run the numpy kernels of one node in parallel, so `WorkerPool` starts N-1
+worker processes once and reuses them for every graph; the calling process takes part as worker 0,
+as GGML's main thread does. For each graph:
+
+- Every context whose pool the graph touches is moved into a POSIX shared-memory segment
+  (`Context.rebind`; the plan's work buffer lives in the graph context's pool, so it moves too).
+  Memory-mapped GGUF tensors (`FileStorage`) are mapped by each worker from the file. Workers see every
+  tensor as a zero-copy numpy view of the same bytes.
+- The graph goes to each worker once, as a compact picklable description (per tensor: type, ne, nb,
+  op, op_params, sources, data offset, buffer); workers rebuild light Tensor objects on the shared
+  buffers and cache them, so computing the same graph again only sends "run graph #k".
+- Per node, every participant calls the kernel with its (ith, nth) and a barrier separates nodes.
+  Nodes whose n_tasks is 1 run on worker 0 alone, and a run of them needs no barrier inside it.
+  The barrier is a spin/yield/sleep barrier on per-participant counters in a small shared segment;
+  while waiting, the caller checks that its workers are alive. Each worker has a watchdog thread
+  that exits the process as soon as the caller is gone (EOF on a pipe only the caller holds).
+- A kernel error stops every participant at its next barrier; the caller raises the ComputeError of
+  the failing node (the same message as a single-process run) and the pool stays usable. A dead worker
+  gives a ComputeError as soon as the caller reaches a barrier (milliseconds when it is waiting), the
+  other workers are killed and the pool is rebuilt on its next use. KeyboardInterrupt (or any other
+  exception in the caller) kills the workers, unlinks the segments and propagates.
+
+The modules: `caller` (WorkerPool), `procs` (starting and stopping worker processes), `wire` (the
+graph description), `barrier` (the barrier and the per-participant loop), `segments` (contexts in
+shared memory), `threads` (thread counts), `worker` (the worker process's main loop). This module
+holds the process-wide pool (`get_pool`, `close_pool`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from .barrier import MAX_PARTICIPANTS  # noqa: F401
+from .caller import WorkerPool
+from .segments import share_context  # noqa: F401
+from .threads import _single_threaded, default_threads  # noqa: F401 (_single_threaded: bench/bench_pool.py)
+
+_DEFAULT: WorkerPool | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def get_pool(n_threads: int | None = None) -> WorkerPool:
+    """The process's shared pool (created on first use, grown on demand, closed at exit)."""
+    global _DEFAULT
+    n = default_threads() if n_threads is None else int(n_threads)
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None or _DEFAULT.closed or _DEFAULT._state.pid != os.getpid():
+            _DEFAULT = WorkerPool(n)
+        elif n > _DEFAULT.n_threads:
+            _DEFAULT.n_threads = n
+            _DEFAULT._start(n)
+        return _DEFAULT
+
+
+def close_pool() -> None:
+    """Close the process-wide pool, if any (it is also closed at exit)."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is not None:
+            _DEFAULT.close()
+            _DEFAULT = None

@@ -1,0 +1,131 @@
+"""The barrier between nodes and the per-participant loop: the same code in the caller and the workers.
+
+The pool's control segment holds one 64-byte line for the abort flag, then one line per participant
+(`slot`): [arrival counter, index of the node it is computing (-1: none yet)]. `programs` turns a plan
+into what each participant runs; `participate` runs it, with a `Barrier` between segments of nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..compute import Work, run_node
+from ..errors import ComputeError
+
+MAX_PARTICIPANTS = 256
+_LINE = 8                                   # int64 slots per 64-byte cache line
+ABORT = 0                                   # slot: non-zero once a participant stopped the graph
+# participant i owns line 1+i: [arrival counter, index of the node it is computing (-1: none yet)]
+CTL_SIZE = (1 + MAX_PARTICIPANTS) * 64
+
+_SPIN = 50             # barrier: busy polls before yielding the CPU (short: with more participants than
+                       # free cores, spinning only delays the participant we wait for)
+_YIELD_FOR = 0.002     # seconds of sched_yield polling before sleeping
+_MAX_SLEEP = 0.001     # longest sleep between polls
+CHECK_EVERY = 0.005    # seconds between liveness checks while waiting
+
+_BARRIER = (-1, 0)
+
+
+def slot(ith: int) -> int:
+    return (1 + ith) * _LINE
+
+
+class Aborted(BaseException):
+    """Another participant stopped the graph (BaseException: kernels' `except Exception` let it pass)."""
+
+
+class Barrier:
+    """Reusable barrier without atomics: participant i only ever writes its own, increasing arrival
+    counter; the barrier of generation g is passed once every participant's counter reaches g.
+    (Aligned 8-byte stores are atomic and stores are seen in order on x86-64 / TSO.)"""
+
+    __slots__ = ("check", "gen", "mine", "mv", "others")
+
+    def __init__(self, mv: memoryview, ith: int, nth: int, gen: int, check):
+        self.mv, self.gen, self.check = mv, gen, check
+        self.mine = slot(ith)
+        self.others = [slot(j) for j in range(nth) if j != ith]
+
+    def __call__(self) -> None:
+        g = self.gen = self.gen + 1
+        mv = self.mv
+        mv[self.mine] = g
+        for s in self.others:
+            if mv[s] < g:
+                self._wait(s, g)
+
+    def _wait(self, s: int, g: int) -> None:
+        mv = self.mv
+        for _ in range(_SPIN):
+            if mv[s] >= g:
+                return
+        start = time.monotonic()
+        next_check = start + CHECK_EVERY
+        pause = 0.0
+        while mv[s] < g:
+            if mv[ABORT]:
+                raise Aborted
+            now = time.monotonic()
+            if now >= next_check:
+                self.check()
+                next_check = now + CHECK_EVERY
+            if now - start < _YIELD_FOR:
+                os.sched_yield()
+            else:
+                pause = min(_MAX_SLEEP, pause * 2 or 2e-5)
+                time.sleep(pause)
+
+
+def participate(nodes, prog, ith: int, work: Work, mv: memoryview):
+    """Run this participant's program; returns None, or (node index, message) if a kernel failed."""
+    i = -1
+    at = slot(ith) + 1
+    try:
+        for i, n in prog:
+            if i < 0:
+                work.barrier()
+            else:
+                mv[at] = i
+                run_node(i, nodes[i], ith if n > 1 else 0, n, work)
+    except ComputeError as e:
+        mv[ABORT] = 1
+        return i, str(e)
+    return None
+
+
+def programs(plan, nth: int):
+    """Per-participant programs: (node index, nth for the call) or a barrier.
+
+    Nodes with n_tasks > 1 run on every participant with (ith, nth); runs of single-task nodes run
+    on participant 0 with (0, 1). A barrier separates consecutive segments and follows a final
+    multi-task node; no-op nodes (views, NONE, empty tensors) are left out.
+    """
+    from ..ops import kernel_for
+
+    segs: list = []
+    for i, p in enumerate(plan.nodes):
+        node = p.node
+        if node.op == "NONE" or node.is_empty() or kernel_for(node).forward is None:
+            continue
+        if p.n_tasks > 1:
+            segs.append(i)
+        elif segs and isinstance(segs[-1], list):
+            segs[-1].append(i)
+        else:
+            segs.append([i])
+    prog0, progw = [], []
+    for k, seg in enumerate(segs):
+        if k:
+            prog0.append(_BARRIER)
+            progw.append(_BARRIER)
+        if isinstance(seg, list):
+            prog0.extend((i, 1) for i in seg)
+        else:
+            prog0.append((seg, nth))
+            progw.append((seg, nth))
+    if segs and not isinstance(segs[-1], list):
+        prog0.append(_BARRIER)
+        progw.append(_BARRIER)
+    return tuple(prog0), tuple(progw)

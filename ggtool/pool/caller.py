@@ -1,0 +1,330 @@
+"""WorkerPool: N participants for GGML-style compute, the caller plus N-1 worker processes.
+
+For each graph the caller shares the contexts' pools (`segments`), sends the graph's description
+to each worker once (`wire`), tells every worker to run it, and takes part itself as participant 0
+(`barrier`). A kernel error stops every participant at its next barrier; the caller raises the
+ComputeError of the failing node (the same message as a single-process run) and the pool stays
+usable. A dead worker gives a ComputeError as soon as the caller reaches a barrier (milliseconds when
+it is waiting), the other workers are killed and the pool is rebuilt on its next use.
+KeyboardInterrupt (or any other exception in the caller) kills the workers, unlinks the segments and
+propagates.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from multiprocessing.connection import wait as _wait
+
+from .. import shm
+from ..compute import Work, run_node, work_view
+from ..errors import ComputeError, GGToolError
+from . import wire
+from .barrier import ABORT, CHECK_EVERY, CTL_SIZE, MAX_PARTICIPANTS, Aborted, Barrier, participate, programs, slot
+from .procs import IN_WORKER, State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
+from .segments import live_segments, segment_size
+from .threads import _single_threaded, default_threads
+
+_GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
+
+
+class _Entry:
+    """A graph as sent to the workers: its key, pickled description, segments and participant 0's program."""
+
+    __slots__ = ("blob", "key", "prog0", "segs")
+
+    def __init__(self, key, blob, segs, prog0):
+        self.key, self.blob, self.segs, self.prog0 = key, blob, segs, prog0
+
+
+class WorkerPool:
+    """N participants for GGML-style compute: the caller plus N-1 worker processes.
+
+        with WorkerPool(4) as pool:
+            graph.compute(4, pool=pool)        # or ggtool.compute.compute(graph, 4, pool=pool)
+            squares = pool.map(math.sqrt, range(100))
+
+    A plan of more threads than the pool has starts more workers; a plan of 1 runs in-process.
+    Workers start in the background when the pool is created; the first compute waits for them.
+    """
+
+    def __init__(self, n_threads: int | None = None):
+        n = default_threads() if n_threads is None else int(n_threads)
+        if not 1 <= n <= MAX_PARTICIPANTS:
+            raise GGToolError(f"a worker pool has 1 to {MAX_PARTICIPANTS} participants, not {n}")
+        if IN_WORKER:
+            n = 1
+        self.n_threads = n
+        self._state = State()
+        self._finalizer = weakref.finalize(self, self._state.teardown, True)
+        self._lock = threading.Lock()
+        self._owner = None
+        self._closed = False
+        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._keys: dict[int, _Entry] = {}
+        self._next_key = 0
+        self.stats = {"graphs_sent": 0, "runs": 0, "restarts": 0}
+        self._start(n)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers (participants 1..N-1)."""
+        return [w.pid for w in self._state.workers]
+
+    def close(self) -> None:
+        """Stop the workers and unlink every segment the pool used (idempotent)."""
+        self._closed = True
+        self._entries.clear()
+        self._keys.clear()
+        self._finalizer()
+        shm.flush()
+
+    def _start(self, n: int) -> None:
+        st = self._state
+        if len(st.workers) >= n - 1:
+            return
+        changed = changed_sources()
+        if changed:
+            raise GGToolError(f"{changed[0]} changed after this process started: new worker processes would run "
+                              "other code than this one; restart the program")
+        if st.ctl is None:
+            st.ctl = shm.Segment(CTL_SIZE)
+        while len(st.workers) < n - 1:
+            st.workers.append(spawn(st.ctl))
+
+    def _ensure(self, n: int) -> list[Worker]:
+        """At least n participants, started and ready; returns workers 1..n-1."""
+        if self._closed:
+            raise GGToolError("the worker pool is closed")
+        if os.getpid() != self._state.pid:
+            raise GGToolError("this worker pool belongs to the parent process (os.fork): make a new one")
+        if n > MAX_PARTICIPANTS:
+            raise GGToolError(f"a worker pool has at most {MAX_PARTICIPANTS} participants, not {n}")
+        self.n_threads = max(self.n_threads, n)
+        if any(w.proc.poll() is not None for w in self._state.workers):
+            self._broken()  # a worker died while idle: start afresh
+        try:
+            self._start(self.n_threads)
+            workers = self._state.workers[: n - 1]
+            wait_ready(workers)
+        except BaseException:
+            self._broken()
+            raise
+        return workers
+
+    def _broken(self) -> None:
+        """Kill every worker and unlink the segments; the next use starts afresh."""
+        self._state.teardown()
+        self._entries.clear()
+        self._keys.clear()
+        self.stats["restarts"] += 1
+
+    def _enter(self):
+        if self._owner == threading.get_ident():
+            raise GGToolError("the worker pool is already busy in this thread (a kernel cannot use the pool)")
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def _leave(self):
+        self._owner = None
+        self._lock.release()
+
+    # -- compute -------------------------------------------------------------------------
+    def run(self, graph, plan) -> None:
+        """Compute `graph` with `plan` (work buffer already allocated, see compute.prepare)."""
+        nth = plan.n_threads
+        if nth <= 1 or IN_WORKER:
+            work = Work(work_view(graph, plan))
+            for i, node in enumerate(graph.nodes):
+                run_node(i, node, 0, 1, work)
+            return
+        self._enter()
+        try:
+            workers = self._ensure(nth)
+            with _single_threaded():
+                self._run(graph, plan, nth, workers)
+        finally:
+            self._leave()
+
+    def _entry(self, graph, plan, nth: int) -> _Entry:
+        """The graph as the workers know it, from the cache when nothing changed since it was sent."""
+        records, kernels, work = wire.describe(graph, plan)
+        n_tasks = tuple([p.n_tasks for p in plan.nodes])
+        fingerprint = (nth, work, n_tasks, records, tuple(kernels.items()))
+        entry = self._entries.get(fingerprint)
+        if entry is not None:
+            self._entries.move_to_end(fingerprint)
+            return entry
+        key = self._next_key
+        self._next_key += 1
+        prog0, progw = programs(plan, nth)
+        segs = {r[2] for r in records if isinstance(r[2], str)} | {work[0]}
+        entry = _Entry(key, wire.pack(records, graph.n_nodes, kernels, work, progw), segs, prog0)
+        self._entries[fingerprint] = entry
+        self._keys[key] = entry
+        while len(self._entries) > _GRAPH_CACHE:
+            _, old = self._entries.popitem(last=False)
+            self._keys.pop(old.key, None)
+        return entry
+
+    def _run(self, graph, plan, nth: int, workers: list[Worker]) -> None:
+        if len(plan.nodes) != graph.n_nodes:
+            raise GGToolError(f"the plan was made for {len(plan.nodes)} nodes but the graph has "
+                              f"{graph.n_nodes}: plan it again")
+        st = self._state
+        entry = self._entry(graph, plan, nth)   # shares the contexts' pools (may move them)
+        st.used |= entry.segs
+        live = live_segments()
+        for fp, e in list(self._entries.items()):  # forget graphs whose segments are gone
+            if not e.segs <= live:
+                del self._entries[fp]
+                self._keys.pop(e.key, None)
+        mv = memoryview(st.ctl.array).cast("q")
+        g0 = max(mv[slot(i)] for i in range(len(st.workers) + 1))
+        mv[ABORT] = 0
+        for i in range(nth):
+            mv[slot(i) + 1] = -1
+        try:
+            for ith, w in enumerate(workers, 1):
+                drop_graphs = [k for k in w.graphs if k not in self._keys]
+                w.graphs.difference_update(drop_graphs)
+                drop_segs = [n for n in w.segs if n not in live]
+                for n in drop_segs:
+                    del w.segs[n]
+                attach = [(n, segment_size(n)) for n in entry.segs if n not in w.segs]
+                blob = None
+                if entry.key not in w.graphs:
+                    blob = entry.blob
+                    self.stats["graphs_sent"] += 1
+                try:
+                    w.conn.send(("run", entry.key, ith, nth, g0, blob, attach, drop_segs, drop_graphs))
+                except OSError:
+                    raise WorkerDied(ith, w) from None
+                w.graphs.add(entry.key)
+                w.segs.update(attach)
+            self.stats["runs"] += 1
+
+            def check():
+                for i, w in enumerate(workers, 1):
+                    if w.proc.poll() is not None:
+                        raise WorkerDied(i, w)
+
+            work = Work(work_view(graph, plan), Barrier(mv, 0, nth, g0, check))
+            failures = []
+            try:
+                failed = participate(graph.nodes, entry.prog0, 0, work, mv)
+                if failed:
+                    failures.append(failed)
+            except Aborted:
+                pass
+            for ith, reply in self._replies(workers):
+                if reply[0] == "failed":
+                    failures.append((reply[1], reply[2]))
+                elif reply[0] == "error":
+                    w = workers[ith - 1]
+                    w.graphs.clear()
+                    w.segs.clear()
+                    failures.append((-1, f"worker {ith} (pid {w.pid}) could not run the graph: {reply[1]}"))
+        except WorkerDied as d:
+            how = death(d.w)
+            self._broken()
+            i = mv[slot(d.ith) + 1]
+            at = "before starting the graph"
+            if i >= 0:
+                node = graph.nodes[i]
+                at = f"while computing node {i} '{node.name}' ({node.op_desc})"
+            raise ComputeError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) {at}") from None
+        except BaseException:
+            # KeyboardInterrupt, or a failure of the pool itself: nothing may be left behind
+            mv[ABORT] = 1
+            self._broken()
+            raise
+        if failures:
+            raise ComputeError(min(failures)[1])
+        if mv[ABORT]:  # pragma: no cover (a participant stopped without saying why)
+            raise ComputeError("the compute was aborted by a worker")
+
+    def _replies(self, workers: list[Worker]):
+        """One reply per worker, in any order; a closed connection or a dead process raises."""
+        pending = {w.conn: (i, w) for i, w in enumerate(workers, 1)}
+        while pending:
+            ready = _wait(list(pending), timeout=CHECK_EVERY)
+            for c in ready:
+                i, w = pending.pop(c)
+                try:
+                    reply = c.recv()
+                except (EOFError, OSError):
+                    raise WorkerDied(i, w) from None
+                yield i, reply
+            if not ready:
+                for i, w in pending.values():
+                    if w.proc.poll() is not None:
+                        raise WorkerDied(i, w)
+
+    # -- map -----------------------------------------------------------------------------
+    def map(self, fn, items, n_threads: int | None = None) -> list:
+        """[fn(x) for x in items], split in contiguous blocks over the participants.
+
+        `fn` must be picklable (a module-level function); items and results travel pickled.
+        The first exception, in item order, is re-raised in the caller.
+        """
+        items = list(items)
+        n = min(self.n_threads if n_threads is None else int(n_threads), len(items))
+        if n <= 1 or IN_WORKER or self._owner == threading.get_ident():
+            return [fn(x) for x in items]
+        self._enter()
+        try:
+            workers = self._ensure(n)
+            bounds = [len(items) * k // n for k in range(n + 1)]
+            try:
+                for k, w in enumerate(workers, 1):
+                    try:
+                        w.conn.send(("map", fn, items[bounds[k]: bounds[k + 1]]))
+                    except OSError:
+                        raise WorkerDied(k, w) from None
+                results: list = [None] * n
+                errors = []
+                with _single_threaded():
+                    try:
+                        results[0] = [fn(x) for x in items[: bounds[1]]]
+                    except Exception as e:
+                        errors.append((0, e))
+                for k, reply in self._replies(workers):
+                    if reply[0] == "ok":
+                        results[k] = reply[1]
+                    elif reply[0] == "exc":
+                        errors.append((k, reply[1]))
+                    else:
+                        w = workers[k - 1]
+                        w.graphs.clear()
+                        w.segs.clear()
+                        errors.append((k, GGToolError(f"worker {k} (pid {w.pid}): {reply[1]}")))
+            except WorkerDied as d:
+                how = death(d.w)
+                self._broken()
+                raise GGToolError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) during pool.map") from None
+            except BaseException:
+                self._broken()
+                raise
+            if errors:
+                raise min(errors, key=lambda e: e[0])[1]
+            return [r for block in results for r in block]
+        finally:
+            self._leave()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._state.workers)} workers"
+        return f"<WorkerPool {self.n_threads} participants, {state}>"

@@ -1,0 +1,191 @@
+"""The worker processes as the caller sees them: starting, waiting for, describing the death of, and
+killing them.
+
+Workers are started with an explicit "spawn" (a fresh interpreter via subprocess: nothing inherited
+from the caller's state, no re-import of the caller's `__main__` as multiprocessing's spawn does,
+and the environment is ours to set: BLAS and OpenMP on one thread before numpy loads). Each worker
+has a watchdog thread that exits the process as soon as the caller is gone (EOF on a pipe only the
+caller holds). `State` holds what must be cleaned up, apart from the pool so a finalizer can do it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as _wait_ready
+
+from .. import blas, shm
+from ..errors import GGToolError
+from .segments import release_segments
+
+_START_TIMEOUT = 120.0
+# set in the workers' environment: a pool made there (by a module a worker imports) stays in-process
+IN_WORKER = bool(os.environ.get("GGTOOL_POOL_WORKER"))
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _process_start_time() -> float | None:
+    """When this process started (seconds since the epoch, Linux), or None."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def changed_sources() -> list[str]:
+    """Files of ggtool's loaded modules modified since this process started: workers started now
+    would import them as they are now, and compute with other kernels than the caller."""
+    t0 = _process_start_time()
+    if t0 is None:
+        return []
+    out = []
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if (name == "ggtool" or name.startswith("ggtool.")) and path:
+            try:
+                if os.stat(path).st_mtime > t0 + 1.0:  # btime has a 1 s resolution
+                    out.append(path)
+            except OSError:
+                pass
+    return sorted(out)
+
+
+class WorkerDied(BaseException):  # BaseException: raised from barriers inside kernels
+    def __init__(self, ith: int, w):
+        self.ith, self.w = ith, w
+
+
+class Worker:
+    __slots__ = ("conn", "graphs", "life", "proc", "ready", "segs")
+
+    def __init__(self, proc, conn, life: int):
+        self.proc, self.conn, self.life, self.ready = proc, conn, life, False
+        self.segs: dict[str, int] = {}
+        self.graphs: set[int] = set()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def death(w: Worker) -> str:
+    try:
+        rc = w.proc.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        return "stopped responding"
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+def spawn(ctl: shm.Segment) -> Worker:
+    """Start one worker: a fresh interpreter with our sys.path and single-threaded BLAS.
+
+    It gets a socket for messages and the read end of a pipe whose write end only this process
+    holds: when we die, however we die, the worker's watchdog thread reads EOF and exits, even
+    in the middle of a kernel.
+    """
+    parent, child = socket.socketpair()
+    life_r, life_w = os.pipe()
+    path = list(sys.path)
+    if _PKG_ROOT not in path:
+        path.append(_PKG_ROOT)
+    code = f"import sys; sys.path[:] = {path!r}; from ggtool.pool.worker import main; main()"
+    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code,
+           str(child.fileno()), str(life_r)]
+    try:
+        env = blas.single_thread_env()
+        env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
+        env["GGTOOL_POOL_WORKER"] = "1"
+        proc = subprocess.Popen(cmd, pass_fds=(child.fileno(), life_r), env=env,
+                                stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
+    except BaseException:
+        parent.close()
+        os.close(life_w)
+        raise
+    finally:
+        child.close()
+        os.close(life_r)
+    conn = Connection(parent.detach())
+    w = Worker(proc, conn, life_w)
+    conn.send(("init", ctl.name, ctl.size))
+    return w
+
+
+def wait_ready(workers) -> None:
+    """Wait until each of `workers` has said it is ready (at most _START_TIMEOUT seconds)."""
+    pending = {w.conn: w for w in workers if not w.ready}
+    deadline = time.monotonic() + _START_TIMEOUT
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GGToolError(f"worker processes did not start within {_START_TIMEOUT:.0f} s")
+        for c in _wait_ready(list(pending), timeout=min(left, 1.0)):
+            w = pending.pop(c)
+            try:
+                msg = c.recv()
+            except (EOFError, OSError):
+                raise GGToolError(f"a worker process (pid {w.pid}) failed to start ({death(w)})") from None
+            if msg[0] != "ready":
+                raise GGToolError(f"a worker process (pid {w.pid}) failed to start: {msg[1]}")
+            w.ready = True
+
+
+class State:
+    """What must be cleaned up, held apart from the pool so a finalizer can do it."""
+
+    def __init__(self):
+        self.workers: list[Worker] = []
+        self.ctl: shm.Segment | None = None
+        self.used: set[str] = set()
+        self.pid = os.getpid()
+
+    def teardown(self, graceful: bool = False) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked copy of the caller: the workers and segments are the parent's
+        workers, self.workers = self.workers, []
+        if graceful:
+            for w in workers:
+                try:
+                    w.conn.send(("exit",))
+                except Exception:
+                    pass
+            deadline = time.monotonic() + 2.0
+            for w in workers:
+                try:
+                    w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        for w in workers:
+            if w.proc.poll() is None:
+                try:
+                    w.proc.kill()
+                except OSError:
+                    pass
+        for w in workers:
+            try:
+                w.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+            try:
+                w.conn.close()
+                os.close(w.life)
+            except Exception:
+                pass
+        if self.ctl is not None:
+            self.ctl.unlink()
+            self.ctl = None
+        used, self.used = self.used, set()
+        release_segments(used)  # the tracker hears of it at the next flush (this may run in a GC)

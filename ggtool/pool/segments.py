@@ -1,0 +1,90 @@
+"""Shared segments for contexts (process-wide): where a context's pool goes so workers can see it.
+
+`share_context` moves a context's pool into a POSIX shared-memory segment (`ggtool.shm`) and keeps a
+registry of those segments, so that each is unlinked exactly when nothing needs it any more: the
+context is garbage-collected, its pool grows out of it, a worker pool that used it closes, or at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import weakref
+
+from .. import shm
+from ..errors import GGToolError
+
+_SEGMENTS: dict[int, tuple] = {}   # id(ctx) -> (weakref to ctx, Segment)
+_SEG_LOCK = threading.RLock()
+
+
+def _ctx_gone(key: int, seg: shm.Segment, ref) -> None:
+    seg.unlink()
+    ent = _SEGMENTS.get(key)
+    if ent is not None and ent[0] is ref:
+        _SEGMENTS.pop(key, None)
+
+
+def share_context(ctx) -> shm.Segment:
+    """The shared segment holding `ctx`'s pool, moving the pool there first if needed.
+
+    The segment lives as long as the context keeps that buffer; it is unlinked when the context is
+    garbage-collected, when its pool grows out of it, when a pool that used it is closed, and at exit.
+    """
+    with _SEG_LOCK:
+        shm.flush()
+        key = id(ctx)
+        ent = _SEGMENTS.get(key)
+        if ent is not None:
+            ref, seg = ent
+            if ref() is ctx and seg.linked and ctx.buffer is seg.array:
+                return seg
+            _SEGMENTS.pop(key, None)
+            if ref() is ctx:
+                seg.unlink()   # the pool grew into a private buffer: this copy is stale
+        need = ctx.used_mem
+        try:
+            st = os.statvfs("/dev/shm")
+            free = st.f_bavail * st.f_frsize
+        except OSError:  # pragma: no cover
+            free = None
+        if free is not None and need > free:
+            raise GGToolError(
+                f"not enough shared memory for the worker pool: the context needs {need} bytes, "
+                f"/dev/shm has {free} free (enlarge /dev/shm or use --threads 1)")
+        with shm.signals_held():  # the copy and the registry entry go together, Ctrl-C or not
+            seg = shm.Segment(max(len(ctx.buffer), need, 1))
+            try:
+                ctx.rebind(seg.array)
+            except BaseException:
+                seg.unlink()
+                raise
+            ref = weakref.ref(ctx, lambda r, k=key, s=seg: _ctx_gone(k, s, r))
+            _SEGMENTS[key] = (ref, seg)
+        return seg
+
+
+def live_segments() -> set[str]:
+    return {seg.name for _, seg in list(_SEGMENTS.values()) if seg.linked}
+
+
+def segment_size(name: str) -> int:
+    for _, seg in list(_SEGMENTS.values()):
+        if seg.name == name:
+            return seg.size
+    raise GGToolError(f"shared segment {name} is gone")  # pragma: no cover
+
+
+def release_segments(names) -> None:
+    with _SEG_LOCK:
+        for key, (_ref, seg) in list(_SEGMENTS.items()):
+            if seg.name in names:
+                seg.unlink()
+                _SEGMENTS.pop(key, None)
+
+
+@atexit.register
+def _release_all_segments() -> None:
+    release_segments({seg.name for _, seg in list(_SEGMENTS.values())})
+    shm.flush()

@@ -1,0 +1,125 @@
+"""The worker's side: the main loop of a worker process.
+
+A worker is started as `python -c "...; from ggtool.pool.worker import main; main()" <socket fd>
+<pipe fd>` (see procs.spawn). It ignores Ctrl-C (the caller's to handle), exits as soon as the caller
+is gone (a watchdog thread reads EOF on the pipe), and answers the caller's messages: "run" a graph
+as participant ith of nth (installing and caching it the first time), "map" a function over items,
+"exit".
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from .. import shm
+from ..compute import Work
+from ..errors import GGToolError
+from .barrier import ABORT, Aborted, Barrier, participate
+from .wire import WorkerGraph, install
+
+
+def _nothing() -> None:
+    """A worker's liveness check while waiting: nothing to do, its watchdog thread watches the caller."""
+
+
+def main() -> None:
+    """Entry point of a worker process: `python -c ... <fd of its socket to the caller>`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the caller's to handle
+    conn = Connection(int(sys.argv[-2]))
+    life = int(sys.argv[-1])
+
+    def watchdog():  # EOF: the caller is gone (or has let us go); nothing left to compute for
+        try:
+            os.read(life, 1)
+        finally:
+            os._exit(3)
+
+    threading.Thread(target=watchdog, name="ggtool-pool-watchdog", daemon=True).start()
+    try:
+        _, ctl_name, ctl_size = conn.recv()
+    except (EOFError, OSError):
+        os._exit(0)
+    try:
+        mv = memoryview(shm.attach(ctl_name, ctl_size)).cast("q")
+        conn.send(("ready", os.getpid()))
+    except BaseException as e:
+        try:
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+        finally:
+            os._exit(1)
+
+    segs: dict[str, np.ndarray] = {}
+    graphs: dict[int, WorkerGraph] = {}
+    from ..ops.base import KERNELS, Kernel
+
+    def run(msg):
+        _, key, ith, nth, g0, blob, attach, drop_segs, drop_graphs = msg
+        for k in drop_graphs:
+            graphs.pop(k, None)
+        for n in drop_segs:
+            segs.pop(n, None)
+            for k in [k for k, g in graphs.items() if n in g.segs]:
+                del graphs[k]
+        for n, size in attach:
+            segs[n] = shm.attach(n, size)
+        if blob is not None:
+            graphs[key] = install(blob, segs)
+        wg = graphs[key]
+        for op, fn in wg.kernels.items():
+            k = KERNELS.get(op)
+            if k is None or k.forward is not fn:
+                KERNELS[op] = Kernel(op, fn)
+        work = Work(wg.wdata, Barrier(mv, ith, nth, g0, _nothing))
+        try:
+            failed = participate(wg.nodes, wg.prog, ith, work, mv)
+        except Aborted:
+            return ("aborted",)
+        return ("ok",) if failed is None else ("failed", *failed)
+
+    def run_map(msg):
+        _, fn, items = msg
+        try:
+            return ("ok", [fn(x) for x in items])
+        except Exception as e:
+            try:
+                pickle.dumps(e)
+            except Exception:
+                e = GGToolError(f"{type(e).__name__}: {e}")
+            return ("exc", e)
+
+    def failure(e: BaseException):
+        mv[ABORT] = 1   # whoever waits for us at a barrier stops
+        segs.clear()     # and the caller forgets what it sent us, as we do
+        graphs.clear()
+        return ("error", str(e) if isinstance(e, GGToolError) else f"{type(e).__name__}: {e}")
+
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        except BaseException as e:  # a message that cannot be unpickled here (a kernel's module, say)
+            reply = failure(e)
+        else:
+            if msg[0] == "exit":
+                break
+            try:
+                reply = run(msg) if msg[0] == "run" else run_map(msg)
+            except BaseException as e:
+                reply = failure(e)
+        try:
+            conn.send(reply)
+        except (OSError, ValueError):
+            break
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)

@@ -1,0 +1,61 @@
+"""GGML's Q4_0 / Q8_0 / F16 arithmetic in vectorised numpy, byte-exact with the C library.
+
+Everything is float32 exactly as GGML computes it (spec sections 1-2, golden q4_0/q8_0/f16.npz):
+
+* ``fp32_to_fp16``: round to nearest even, overflow to +-inf, subnormals kept, NaN -> 0x7e00 | sign.
+* Q4_0 (``quantize_row_q4_0_ref``): the signed value of largest magnitude (first one on ties, and
+  +0.0 for a block of +-0.0) gives ``d = max / -8``, ``id = 1/d`` from the unrounded d,
+  ``code = min(15, trunc(x*id + 8.5))``, nibbles split-half (element j low, j+16 high).
+* Q8_0 reference (``quantize_row_q8_0_ref``): ``d = amax/127``, ``id = 1/d``, ``roundf`` (half away
+  from zero).  Q8_0 CPU (``quantize_q8_0_cpu``, the x86 AVX2 ``from_float`` mul_mat uses for its
+  activations): ``id = 127/amax``, round half to even.
+
+Large arrays are processed in cache-sized chunks of blocks, spread over a few threads (numpy
+releases the GIL inside its loops), never as one giant temporary.  Data to quantize that holds NaN
+or +-inf raises QuantizationError naming the tensor and the first bad index in numpy order.
+
+``mul_mat_q8_0`` computes GGML's quantized dot product (Q4_0 or Q8_0 weights x Q8_0 activations);
+its numerics are described in ``ggtool/quant/matmul.py``.
+
+Modules: ``threads`` (worker threads), ``blocks`` (shared block plumbing), ``f16``, ``q4_0``,
+``q8_0``, ``kquants`` (native Q5_0/Q4_K/Q6_K dequantizers), ``generic`` (quantize/dequantize/convert
+for any type), ``matmul`` (``mul_mat_q8_0``).  This package re-exports the public names.
+"""
+
+from __future__ import annotations
+
+from . import threads as _threads_mod
+from .blocks import CHUNK_BLOCKS, Q4_0_BYTES, Q8_0_BYTES, QK, check_finite  # noqa: F401 (constants, as before)
+from .f16 import fp16_to_fp32, fp32_to_fp16
+from .generic import can_dequantize, can_quantize, convert, dequantize, quantize
+from .matmul import mul_mat_q8_0
+from .q4_0 import dequantize_q4_0, quantize_q4_0
+from .q8_0 import dequantize_q8_0, quantize_q8_0, quantize_q8_0_cpu
+from .threads import get_threads, set_threads
+
+__all__ = [
+    "can_dequantize",
+    "can_quantize",
+    "check_finite",
+    "convert",
+    "dequantize",
+    "dequantize_q4_0",
+    "dequantize_q8_0",
+    "fp16_to_fp32",
+    "fp32_to_fp16",
+    "get_threads",
+    "mul_mat_q8_0",
+    "quantize",
+    "quantize_q4_0",
+    "quantize_q8_0",
+    "quantize_q8_0_cpu",
+    "set_threads",
+]
+
+
+def __getattr__(name: str):
+    # `_threads` (the set_threads value, read by quantize_model and pool to restore it) lives in
+    # .threads; forward reads so they see the current value, not a copy taken at import
+    if name == "_threads":
+        return _threads_mod._threads
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,139 @@
+"""Type-generic entry points: ``quantize`` / ``dequantize`` / ``convert`` between any GGML types,
+dispatching to the native kernels (F16, Q4_0, Q8_0, Q5_0, Q4_K, Q6_K) or to gguf-py, with the
+integer types checked for range and integrality."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import types as T
+from ..errors import QuantizationError
+from .blocks import _F32, check_finite
+from .f16 import fp32_to_fp16
+from .kquants import _NATIVE_DQ, _dequantize_native
+from .q4_0 import dequantize_q4_0, quantize_q4_0
+from .q8_0 import dequantize_q8_0, quantize_q8_0
+
+
+def _gguf_quants():
+    import gguf.quants as gq
+    return gq
+
+
+def can_quantize(t) -> bool:
+    """Whether quantize() can produce type t (natively or through gguf-py)."""
+    t = T.parse_type(t)
+    if t in (T.F32, T.F16, T.Q4_0, T.Q8_0):
+        return True
+    gq = _gguf_quants()
+    q = gq._type_traits.get(t)
+    return q is not None and "quantize_blocks" in _own_methods(q)
+
+
+def can_dequantize(t) -> bool:
+    t = T.parse_type(t)
+    if t in T._NP_DTYPES or t in (T.Q4_0, T.Q8_0, T.GGMLType.BF16):
+        return True
+    return t in _gguf_quants()._type_traits
+
+
+def _own_methods(cls) -> set[str]:
+    names = set()
+    for c in cls.__mro__:
+        if c.__name__.endswith("__Quant") or c is object:
+            break
+        names |= set(vars(c))
+    return names
+
+
+def quantize(x, ggml_type, name: str = "tensor") -> np.ndarray:
+    """x (float values, numpy order) in ggml_type: a typed array for F32/F16/I32, bytes otherwise."""
+    t = T.parse_type(ggml_type)
+    if t == T.Q4_0:
+        return quantize_q4_0(x, name)
+    if t == T.Q8_0:
+        return quantize_q8_0(x, name)
+    x = np.asarray(x)
+    if t == T.F32:
+        return x.astype(_F32)
+    if t == T.F16:
+        return fp32_to_fp16(x)
+    if t in T._NP_DTYPES:
+        return _to_int(x, t, name)
+    if not can_quantize(t):
+        raise QuantizationError(f"tensor '{name}': cannot quantize to {T.type_name(t)} (not implemented)")
+    blk = T.block_size(t)
+    if x.ndim == 0 or x.shape[-1] % blk:
+        n = x.shape[-1] if x.ndim else 1
+        raise QuantizationError(f"tensor '{name}': row length {n} is not a multiple of {blk} "
+                                f"({T.type_name(t)} block size)")
+    check_finite(x, name)
+    return np.asarray(_gguf_quants().quantize(x.astype(_F32, copy=False), t))
+
+
+def dequantize(raw, ggml_type) -> np.ndarray:
+    """float32 values of data stored as ggml_type (bytes (..., row_bytes) for block types)."""
+    t = T.parse_type(ggml_type)
+    if t == T.Q4_0:
+        return dequantize_q4_0(raw)
+    if t == T.Q8_0:
+        return dequantize_q8_0(raw)
+    raw = np.asarray(raw)
+    if t in T._NP_DTYPES:
+        dt = T.np_dtype(t)
+        if raw.dtype != dt:
+            raw = raw.view(dt) if raw.dtype == np.uint8 else raw.astype(dt)
+        return raw.astype(_F32)
+    if t in _NATIVE_DQ:
+        return _dequantize_native(raw, t)
+    if t == T.GGMLType.BF16 and raw.dtype != np.uint8:
+        raw = raw.view(np.uint8)
+    try:
+        out = _gguf_quants().dequantize(np.ascontiguousarray(raw), t)
+    except NotImplementedError:
+        raise QuantizationError(f"cannot dequantize {T.type_name(t)} data (gguf-py has no "
+                                f"dequantizer for it)") from None
+    return np.asarray(out, dtype=_F32)
+
+
+def _to_int(x: np.ndarray, t, name: str) -> np.ndarray:
+    dt = T.np_dtype(t)
+    if x.dtype.kind in "iub":
+        info = np.iinfo(dt)
+        if x.size and (x.min() < info.min or x.max() > info.max):
+            bad = np.flatnonzero((x.reshape(-1) < info.min) | (x.reshape(-1) > info.max))[0]
+            idx = tuple(int(i) for i in np.unravel_index(bad, x.shape))
+            raise QuantizationError(f"tensor '{name}': value {x.reshape(-1)[bad]} at index {idx} "
+                                    f"does not fit {T.type_name(t)}")
+        return x.astype(dt)
+    check_finite(x, name)
+    info = np.iinfo(dt)
+    flat = x.reshape(-1)
+    badm = (flat != np.trunc(flat)) | (flat < info.min) | (flat > info.max)
+    if badm.any():
+        bad = int(np.argmax(badm))
+        idx = tuple(int(i) for i in np.unravel_index(bad, x.shape))
+        raise QuantizationError(f"tensor '{name}': value {flat[bad]!r} at index {idx} is not "
+                                f"a {T.type_name(t)} integer")
+    return x.astype(dt)
+
+
+def convert(array, src_type, dst_type, name: str = "tensor") -> np.ndarray:
+    """Typed conversion of `array` (data stored as src_type) to dst_type.
+
+    Quantized data is uint8 bytes (..., row_bytes); other types are numpy arrays of their dtype.
+    The result is bytes (..., row_bytes) for quantized dst types, else an array of dst's dtype.
+    """
+    src, dst = T.parse_type(src_type), T.parse_type(dst_type)
+    a = np.asarray(array)
+    if src == dst:
+        if T.is_quantized(src) or src == T.GGMLType.BF16:
+            return a if a.dtype == np.uint8 else a.view(np.uint8)
+        return a.astype(T.np_dtype(src), copy=False)
+    if src in T._NP_DTYPES and dst in T._NP_DTYPES and T.np_dtype(dst).kind in "iu":
+        return _to_int(a.astype(T.np_dtype(src), copy=False), dst, name)
+    if src in T._NP_DTYPES and T.np_dtype(src).kind in "iu":
+        vals = a.astype(T.np_dtype(src), copy=False).astype(_F32)
+    else:
+        vals = dequantize(a, src)
+    return quantize(vals, dst, name)

@@ -1,0 +1,86 @@
+"""Worker threads for the array-level quantizers: large arrays are cut into cache-sized chunks of
+blocks and spread over a few threads (numpy releases the GIL inside its loops).
+
+Kept apart so every kernel module shares one executor and one thread setting (``set_threads``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+_threads: int | None = None
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def set_threads(n: int | None) -> None:
+    """Threads used by the array-level functions here (None: GGTOOL_QUANT_THREADS or cpu count)."""
+    global _threads
+    _threads = None if n is None else max(1, int(n))
+
+
+def get_threads() -> int:
+    if _threads is not None:
+        return _threads
+    env = os.environ.get("GGTOOL_QUANT_THREADS")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ggtool-quant")
+        return _executor
+
+
+_tls = threading.local()   # .solo: False while several threads run chunks (see blocks._row_max_min)
+
+
+def _run_chunks(fn, n_items: int, chunk: int) -> None:
+    """Call fn(start, stop) over [0, n_items) in pieces of `chunk`, on up to get_threads() threads.
+
+    Chunks are handed out dynamically. While several threads run, every one of them (the caller
+    too: measured, no gain from its holding the GIL) uses GIL-free folds for per-block max/min
+    instead of the faster ufunc.reduceat (see blocks._row_max_min)."""
+    starts = list(range(0, n_items, chunk))
+    nt = min(get_threads(), len(starts))
+    if nt <= 1:
+        for s in starts:
+            fn(s, min(s + chunk, n_items))
+        return
+    it = iter(starts)
+    lock = threading.Lock()
+    stop = []
+
+    def run():
+        _tls.solo = False
+        try:
+            while not stop:
+                with lock:
+                    s = next(it, None)
+                if s is None:
+                    return
+                fn(s, min(s + chunk, n_items))
+        except BaseException:
+            stop.append(1)
+            raise
+        finally:
+            _tls.solo = None
+
+    futures = [_pool().submit(run) for _ in range(nt - 1)]
+    err = None
+    try:
+        run()
+    except BaseException as e:  # noqa: BLE001 - re-raised below after the others finished
+        err = e
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001
+            err = err or e
+    if err is not None:
+        raise err
