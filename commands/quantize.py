@@ -100,7 +100,7 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
               envvar="GGTOOL_THREADS", show_envvar=True, show_default="the number of CPU cores", metavar="N",
               help="Worker processes for the conversion.")
 @click.option("--name", "tensor_name", metavar="NAME", help="Tensor name for a .npy INPUT (default: its file stem).")
-@click.option("--force", "-f", is_flag=True, help="Overwrite an existing OUTPUT.")
+@click.option("--force", is_flag=True, help="Overwrite an existing OUTPUT.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and sizes (stdout); write nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-tensor lines, no progress bar, no summary.")
 def command(input_path, output_path, qtype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
@@ -108,8 +108,6 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
     opts = QM.QuantizeOptions(type=T.parse_type(qtype), pure=pure, leave_output_tensor=leave_output_tensor,
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
                               threads=n_threads, name=tensor_name)
-    if not dry_run:
-        QM.check_paths(input_path, output_path, force)
     plan = QM.plan_quantization(input_path, opts)
     n = len(plan.tensors)
     if dry_run:

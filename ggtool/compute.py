@@ -6,6 +6,7 @@ import numpy as np
 
 from . import blas
 from .errors import ComputeError, GGToolError
+from .ops.base import kernel_for
 from .plan import Plan, make_plan
 
 
@@ -29,15 +30,13 @@ def work_view(graph, plan: Plan) -> np.ndarray:
 
 
 def run_node(index: int, node, ith: int, nth: int, work: Work) -> None:
-    from .ops import kernel_for
-
-    if node.op == "NONE" or node.is_empty():
-        return
-    k = kernel_for(node)
-    if k.forward is None:
+    """One node's kernel for participant ith of nth. Callers run nodes inside
+    `np.errstate(all="ignore")`: as in GGML, inf and NaN are results, not errors."""
+    forward = kernel_for(node).forward
+    if forward is None or 0 in node.ne:  # NONE and views; empty tensors
         return
     try:
-        k.forward(node, ith, nth, work)
+        forward(node, ith, nth, work)
     except Exception as e:  # a kernel failure is reported with its node, never as a traceback
         raise node_error(index, node, e) from e
 
@@ -59,9 +58,14 @@ def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None) -> P
     plan = prepare(graph, n_threads, plan)
     if pool is not None and plan.n_threads > 1:
         pool.run(graph, plan)
-        return plan
+    else:
+        run_in_process(graph, plan)
+    return plan
+
+
+def run_in_process(graph, plan: Plan) -> None:
+    """Every node in this process as participant 0 of 1."""
     work = Work(work_view(graph, plan))
-    with blas.limit(1):  # one participant is one thread, as in the pool: same tiles, same bits
+    with blas.limit(1), np.errstate(all="ignore"):  # one participant is one thread, as in the pool
         for i, node in enumerate(graph.nodes):
             run_node(i, node, 0, 1, work)
-    return plan

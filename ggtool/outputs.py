@@ -36,8 +36,10 @@ def format_for_path(path: str) -> str | None:
 
 def tensor_array(t: Tensor) -> np.ndarray:
     """A tensor's values in numpy order, packed, with ggml_n_dims dimensions (trailing ne of 1 dropped:
-    ne [4, 3, 1, 1] is numpy shape (3, 4)); quantized tensors are dequantized to f32."""
-    return t.numpy().reshape(t.ne[: t.n_dims][::-1])
+    ne [4, 3, 1, 1] is numpy shape (3, 4); an empty dimension is kept); quantized tensors are
+    dequantized to f32."""
+    n = max((i + 1 for i, d in enumerate(t.ne) if d != 1), default=1)
+    return t.numpy().reshape(t.ne[:n][::-1])
 
 
 # -- JSON -----------------------------------------------------------------------------------------
@@ -66,7 +68,6 @@ def json_chunks(arr: np.ndarray) -> Iterator[str]:
     if arr.ndim == 0:
         yield format_numbers(arr.reshape(1))[0]
         return
-    rows = arr.reshape(-1, arr.shape[-1]) if arr.shape[-1] else arr.reshape(-1, 0)
     outer = arr.shape[:-1]
     if not outer:
         yield "[" + ",".join(format_numbers(arr)) + "]"
@@ -75,6 +76,7 @@ def json_chunks(arr: np.ndarray) -> Iterator[str]:
     if n_rows == 0:
         yield _empty_nested(outer)
         return
+    rows = arr.reshape(n_rows, arr.shape[-1])
     for r in range(n_rows):
         idx = np.unravel_index(r, outer)
         opening = 0  # how many enclosing lists open at this row (trailing zero indices)

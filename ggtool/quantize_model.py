@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import re
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from . import quant as Q
 from . import types as T
 from .errors import GGToolError, InputError, QuantizationError
 from .gguf_file import GGUFFile
+from .outputs import atomic_path
 
 GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -533,14 +533,13 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
     threads = max(1, int(plan.options.threads))
     work = sum(t.n_elements * 4 for t in plan.tensors if not t.copy)
     use_pool = threads > 1 and plan.npy is None and work >= POOL_MIN_BYTES
-    op = os.path.abspath(output_path)
     src_abs = os.path.abspath(plan.input)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(op)}.", suffix=".tmp", dir=os.path.dirname(op))
-    ok = False
     saved_threads = Q._threads
     try:
         Q.set_threads(1 if use_pool else threads)   # with the pool: one thread per process
-        with os.fdopen(fd, "wb", buffering=0) as f:
+        # atomic_path: a temporary file beside OUTPUT, renamed over it (with the normal new-file
+        # mode) only if the block succeeds, removed on any error or Ctrl-C.
+        with atomic_path(output_path) as tmp, open(tmp, "wb", buffering=0) as f:
             def write(buf):
                 mv = memoryview(buf).cast("B")
                 while len(mv):
@@ -591,15 +590,8 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
                         if on_done:
                             on_done(t)
             size = len(head) + pos
-        os.replace(tmp, op)
-        ok = True
     finally:
         Q.set_threads(saved_threads)
-        if not ok:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
     return QuantizeResult(plan, output_path, size, time.perf_counter() - t0)
 
 
@@ -607,6 +599,5 @@ def quantize_file(input_path, output_path, opts: QuantizeOptions | None = None, 
                   **callbacks) -> QuantizeResult:
     """plan_quantization + run_quantization."""
     opts = opts or QuantizeOptions()
-    check_paths(os.fspath(input_path), os.fspath(output_path), force)
     plan = plan_quantization(input_path, opts)
     return run_quantization(plan, os.fspath(output_path), force=force, **callbacks)

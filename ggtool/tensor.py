@@ -116,7 +116,7 @@ class Tensor:
         return self.ne[::-1]
 
     def is_empty(self) -> bool:
-        return any(n == 0 for n in self.ne)
+        return 0 in self.ne
 
     def is_transposed(self) -> bool:
         return self.nb[0] > self.nb[1]

@@ -16,14 +16,6 @@ TINY_LLAMA = ROOT / "fixtures" / "llama-2-tiny-random.gguf"
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/replay.py and friends
 
 
-def requires_ops(*names: str):
-    """Skip until the op kernels that register these DSL functions have landed."""
-    from ggtool.ops import FUNCTIONS
-
-    missing = [n for n in names if n not in FUNCTIONS]
-    return pytest.mark.skipif(bool(missing), reason=f"ops not registered yet: {', '.join(missing)}")
-
-
 @pytest.fixture
 def run():
     """run(*args, input=None) -> click Result, invoking the real `ggtool` group in-process."""

@@ -9,13 +9,12 @@ import os
 import gguf
 import numpy as np
 import pytest
-from conftest import STORIES, fails, ok, requires_ops
+from conftest import STORIES, fails, ok
 
 SEED_A = "a=[[2,8],[5,1],[4,2],[8,6]]"
 SEED_B = "b=[[10,5],[9,9],[5,4]]"
 SEED_OUT = "[[60,55,50,110],[90,54,54,126],[42,29,28,64]]\n"
 
-pytestmark = requires_ops("mul_mat", "relu", "get_rows", "add", "scale")
 
 
 def test_seed_example(run):
@@ -195,3 +194,10 @@ def test_default_threads_compute_small_graphs_in_process(monkeypatch):
     assert _common.compute_threads(None, small) == 1
     assert _common.compute_threads(None, big) == 2
     assert _common.compute_threads(3, small) == 3                  # an explicit --threads is obeyed
+
+
+@pytest.mark.parametrize("source,printed", [("f32[0,3]", "[[],[],[]]"), ("f32[3,0]", "[]"), ("[[],[]]", "[[],[]]")])
+def test_empty_tensors_print_as_empty_json(run, source, printed):
+    r = run("compute", "relu(x)", "--tensor", f"x={source}")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == printed + "\n"

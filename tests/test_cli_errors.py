@@ -8,9 +8,7 @@ import struct
 import gguf
 import numpy as np
 import pytest
-from conftest import STORIES, fails, ok, requires_ops
-
-pytestmark = requires_ops("mul_mat", "relu")
+from conftest import STORIES, fails, ok
 
 A = "a=[[2,8],[5,1],[4,2],[8,6]]"
 B = "b=[[10,5],[9,9],[5,4]]"

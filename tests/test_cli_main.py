@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, ok, requires_ops
+from conftest import ROOT, ok
 from ggtool.commands import SUBCOMMANDS, cli
 
 COMMANDS = cli.list_commands(None)
@@ -79,7 +79,6 @@ def help_example(text: str) -> tuple[list[str], str]:
     return shlex.split(command)[1:], "\n".join(out) + "\n"
 
 
-@requires_ops("mul_mat")
 @pytest.mark.parametrize("name", ["compute", "inspect-graph", "plan"])
 def test_help_examples_are_real(run, name):
     args, shown = help_example(ok(run(name, "--help")))

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 
-from conftest import STORIES, ok, requires_ops
+from conftest import STORIES, ok
 
 from ggtool import Context
 from ggtool.dsl import build, parse
 from ggtool.inputs import Inputs, parse_tensor_option
 from ggtool.plan import make_plan
-
-pytestmark = requires_ops("mul_mat", "relu")
 
 ARGS = ("mul_mat(w, x)", "--tensor", "w=q4_0[64,8]", "--tensor", "x=f32[64,3]")
 

@@ -15,18 +15,12 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, STORIES, TINY_LLAMA, fails, ok, requires_ops
+from conftest import ROOT, STORIES, TINY_LLAMA, fails, ok
 
 from ggtool.storage import FileStorage
 
 PROGRAM = ROOT / "fixtures" / "llama.gg"
 GOLDEN = ROOT / "tests" / "golden" / "llama" / "stories260K-logits.npz"
-
-OPS = ("get_rows", "rms_norm", "mul", "mul_mat", "reshape_3d", "rope_ext", "permute", "cont", "scale",
-       "diag_mask_inf", "soft_max", "cont_2d", "add", "silu")
-# rope_ext (GGML's rope with freq_base) is what honours `{arch}.rope.freq_base`: without it (or any other
-# op here) the tests that build the program are skipped; the parse test still runs.
-needs_ops = requires_ops(*OPS)
 
 STORIES_LAYERS, NODES_PER_LAYER = 5, 31
 
@@ -50,7 +44,7 @@ def check_against_llama_cpp(logits: np.ndarray, seq: int) -> None:
     assert (logits.argmax(axis=1) == ref.argmax(axis=1)).all()
 
 
-# -- always: the program itself --------------------------------------------------------------------------------
+# -- the program itself --------------------------------------------------------------------------------
 def test_program_parses_and_round_trips():
     from ggtool.dsl import parse, unparse
 
@@ -69,13 +63,11 @@ def test_docs_show_the_program_verbatim():
 # An explicit --threads 2 computes on the CLI's worker pool: the calling process and one worker process.
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seq", [0, 1])
-@needs_ops
 def test_stories260k_logits_match_llama_cpp(run, tmp_path, seq, threads):
     tokens = np.load(GOLDEN)[f"tokens_{seq}"]
     check_against_llama_cpp(compute(run, tmp_path, STORIES, tokens, threads), seq)
 
 
-@needs_ops
 def test_the_issue_command_line(tmp_path):
     """The command of the issue, verbatim, in a fresh process: 4 tokens, numpy (n_tokens, n_vocab)."""
     out = tmp_path / "logits.npy"
@@ -88,7 +80,6 @@ def test_the_issue_command_line(tmp_path):
     assert np.abs(logits - ref).max() <= 1e-3 and (logits.argmax(1) == ref.argmax(1)).all()
 
 
-@needs_ops
 def test_worker_pool_two_processes():
     """The engine API on a real 2-process WorkerPool: same logits as llama.cpp, twice on one pool."""
     import ggtool
@@ -108,7 +99,6 @@ def test_worker_pool_two_processes():
 
 
 # -- not this model only ---------------------------------------------------------------------------------------
-@needs_ops
 def test_llama2_tiny_random_f16(run, tmp_path):
     """Another llama GGUF: 1 layer, 2 heads, n_embd 8, n_rot 4, F16 weights, 32000-token vocabulary."""
     logits = compute(run, tmp_path, TINY_LLAMA, [1, 100, 2000, 31999], threads=2)
@@ -151,7 +141,6 @@ def _ropes(meta):
     return [n for n in _build(meta).graph.nodes if n.op == "ROPE"]
 
 
-@needs_ops
 def test_rope_follows_the_metadata():
     """freq_base is `{arch}.rope.freq_base` (10000 when absent, as in stories260K), n_dims the rope
     dimension count, freq_scale 1 / the linear scaling factor; mode 0 (adjacent pairs)."""
@@ -178,7 +167,6 @@ def no_data_reads(monkeypatch):
     monkeypatch.setattr(Inputs, "_read", boom)
 
 
-@needs_ops
 def test_inspect_graph_and_plan_read_no_data(run, tmp_path, no_data_reads):
     args = ("-f", PROGRAM, "--gguf", STORIES, "--tensor", "tokens=i32[16]")   # a shape-only tokens input
     graph = json.loads(ok(run("inspect-graph", *args, "--json")))
@@ -195,7 +183,6 @@ def test_inspect_graph_and_plan_read_no_data(run, tmp_path, no_data_reads):
     fails(run("compute", *args), "tensor data was read")
 
 
-@needs_ops
 def test_dot_renders_one_layer(run):
     """`--only '-0\\b'` picks layer 0's 31 nodes (every node a layer creates is named `name-0`) and their
     direct sources: the weights of blk.0, the positions and the previous residual `inp_embd`."""
@@ -225,7 +212,6 @@ def test_tokens_of_the_wrong_type_is_a_located_error(run):
     assert "llama.gg, line" in err
 
 
-@needs_ops
 def test_error_in_a_layer_names_the_iteration_line_and_column():
     from ggtool.dsl import DSLError
 
@@ -241,7 +227,6 @@ def test_error_in_a_layer_names_the_iteration_line_and_column():
     assert caret.strip() == "^" and caret.index("^") == shown.index("blk.{il}.attn_k")
 
 
-@needs_ops
 def test_tied_embeddings_by_substituting_output_weight(run, tmp_path):
     """A model without output.weight (tied embeddings) runs with the embedding passed under that name;
     the logits are then the final normed state times token_embd."""

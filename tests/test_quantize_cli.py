@@ -194,6 +194,63 @@ def test_existing_output_needs_force(run, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["o.gguf"]
 
 
+def test_force_has_no_short_alias(run, tmp_path):
+    """-f is --file in compute, inspect-graph and plan; quantize only spells it --force."""
+    out = tmp_path / "o.gguf"
+    out.write_bytes(b"keep me")
+    r = run_cli(run, STORIES, out, "-q", "-f", "-t", "1")
+    assert r.exit_code == 2 and "-f" in r.stderr and out.read_bytes() == b"keep me"
+    assert "-f," not in run_cli(run, "--help").stdout
+
+
+def test_api_refuses_existing_output_and_same_path(tmp_path):
+    """run_quantization itself checks the paths, so quantize_file (no CLI) is covered too."""
+    out = tmp_path / "o.gguf"
+    out.write_bytes(b"keep me")
+    with pytest.raises(Exception, match="--force"):
+        QM.quantize_file(STORIES, out, QM.QuantizeOptions(threads=1))
+    assert out.read_bytes() == b"keep me"
+    p = tmp_path / "m.gguf"
+    p.write_bytes(STORIES.read_bytes())
+    with pytest.raises(Exception, match="same file"):
+        QM.quantize_file(p, p, QM.QuantizeOptions(threads=1), force=True)
+    assert p.read_bytes() == STORIES.read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["m.gguf", "o.gguf"]
+
+
+def test_paths_checked_once(run, tmp_path, monkeypatch):
+    calls = []
+    real = QM.check_paths
+    monkeypatch.setattr(QM, "check_paths", lambda *a: (calls.append(a), real(*a))[1])
+    assert run_cli(run, STORIES, tmp_path / "a.gguf", "-q", "-t", "1").exit_code == 0
+    assert len(calls) == 1
+    QM.quantize_file(STORIES, tmp_path / "b.gguf", QM.QuantizeOptions(threads=1))
+    assert len(calls) == 2
+
+
+def _plain_new_file_mode(path) -> int:
+    with open(path, "w"):
+        pass
+    return os.stat(path).st_mode & 0o7777
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_output_mode_matches_a_plain_new_file(run, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        want = _plain_new_file_mode(tmp_path / "plain")
+        out = tmp_path / "q.gguf"
+        assert run_cli(run, STORIES, out, "-q", "-t", "1").exit_code == 0
+        assert os.stat(out).st_mode & 0o7777 == want
+        api = tmp_path / "api.gguf"
+        QM.quantize_file(STORIES, api, QM.QuantizeOptions(threads=1))
+        assert os.stat(api).st_mode & 0o7777 == want
+    finally:
+        os.umask(old)
+    if umask == 0o022:
+        assert want == 0o644
+
+
 def test_nan_is_an_error_and_leaves_nothing(run, tmp_path):
     w = np.zeros((8, 64), np.float32)
     w[3, 17] = np.nan

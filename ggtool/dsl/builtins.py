@@ -183,24 +183,27 @@ def _type_of(ev, t):
 
 
 @builtin("input(name, type, ne0, ne1, ne2, ne3)",
-         "declares the program's input `name` of `type`; when none is given, a zero-filled "
-         "placeholder of shape [ne0, ...] stands in (enough for inspect-graph and plan)")
+         "declares the program's input `name` of `type`; where no data is read (inspect-graph, plan) "
+         "and none is given, a placeholder of shape [ne0, ...] stands in")
 def _input(ev, name, type, *ne):
     if not isinstance(name, str):
         raise BuiltinError(f"input() needs the input's name as a string, got {describe(name)}", 0)
     ty = _type(type, 1, "input")
-    t = ev.env.tensor(name, ev.ctx)
+    t = ev.input(name)
     if t is not None:
         if t.type != ty:
             raise BuiltinError(f"input '{name}' is {T.type_name(t.type)}, the program needs "
                                f"{T.type_name(ty)} (e.g. --tensor {name}={T.type_name(ty)}:...)", 0)
         return t
+    if getattr(ev.env, "read_data", True):
+        raise BuiltinError(f"no input '{name}' was given (give it with --tensor {name}=...)", 0)
     if not 1 <= len(ne) <= 4:
         raise BuiltinError(f"no input '{name}' was given and input() has no placeholder shape "
                            f"(give --tensor {name}=...)", 0)
     dims = [_integer(n, i + 2, "input") for i, n in enumerate(ne)]
     placeholder = ev.ctx.new_tensor(ty, dims)
     placeholder.name = name
+    ev.inputs[name] = placeholder  # an input: the assignment that declares it does not rename it
     return placeholder
 
 

@@ -13,6 +13,8 @@ from ..tensor import Tensor
 
 @runtime_checkable
 class Env(Protocol):
+    read_data: bool  # False where no data is read (inspect-graph, plan): input() may use placeholders
+
     def tensor(self, name: str, ctx: Context) -> Tensor | None:
         """The input tensor `name`, created in ctx on first use; None if there is none."""
 
@@ -33,7 +35,9 @@ class DictEnv:
     float64 and int64 arrays (what Python lists become) are stored as f32 and i32.
     """
 
-    def __init__(self, tensors: dict[str, Any] | None = None, metadata: dict | None = None):
+    def __init__(self, tensors: dict[str, Any] | None = None, metadata: dict | None = None,
+                 read_data: bool = True):
+        self.read_data = read_data
         self.arrays = {k: np.asarray(v) for k, v in (tensors or {}).items()}
         self.meta = dict(metadata or {})
         self._made: dict[str, Tensor] = {}

@@ -30,7 +30,7 @@ def _same_shape_f32(node, ith: int, nth: int, ufunc, interleaved: bool) -> bool:
     """The common case (f32, b of a's shape, packed rows) without the general path's bookkeeping:
     it is most of a small graph's per-node cost. False if the case does not apply."""
     a, b = node.src
-    if not (a.type == b.type == node.type == T.F32 and a.ne == b.ne and a.nb[0] == node.nb[0] == 4):
+    if not (a.type is b.type is node.type is T.F32 and a.ne == b.ne and a.nb[0] == node.nb[0] == 4):
         return False
     x, y, out = a.data, b.data, node.data
     if nth > 1:
@@ -39,8 +39,7 @@ def _same_shape_f32(node, ith: int, nth: int, ufunc, interleaved: bool) -> bool:
         nr = node.nrows
         sel = slice(ith, nr, nth) if interleaved else slice(*row_block(nr, ith, nth))
         x, y, out = x.reshape(nr, -1)[sel], y.reshape(nr, -1)[sel], out.reshape(nr, -1)[sel]
-    with np.errstate(all="ignore"):
-        ufunc(x, y, out=out)
+    ufunc(x, y, out=out)  # the driver runs kernels under np.errstate(all="ignore")
     return True
 
 

@@ -57,7 +57,7 @@ def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
 # one BLAS call (or one quantized dot), so every element is computed by the same call whatever the
 # number of participants, and results are bit-identical for 1..N of them (GGML's own chunks give
 # that property to its dot products; a BLAS call over a different sub-block would not).
-TILE_ROWS = 128    # b rows (output rows) per tile
+TILE_ROWS = 256    # b rows (output rows) per tile
 TILE_COLS = 1024   # a rows (output columns) per tile
 
 
