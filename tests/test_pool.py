@@ -2,7 +2,7 @@
 
 Test kernels live at module level here: the pool ships a kernel to its workers by reference, so a
 worker imports this module (as `test_pool`, the tests folder being on the shared sys.path) to run
-them. They are registered in the caller only for the duration of a test (fixture `test_kernels`).
+them. They are registered in the caller only for the duration of a test (fixture `registered_test_kernels`).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def register_test_kernels() -> list[str]:
 
 
 @pytest.fixture
-def test_kernels():
+def registered_test_kernels():
     ops = register_test_kernels()
     yield
     for op in ops:
@@ -107,16 +107,9 @@ def chain(ctx, n: int, width: int = 16, rows: int = 1):
 
 
 # -- correctness: golden ops and graphs with 1..4 participants ------------------------------------
-def _missing_ops(steps) -> list[str]:
-    return [s["op"] for s in steps if "op" in s and s["op"] not in FUNCTIONS]
-
-
 def _replay_op(case, nth, pool=None, serial=False):
     """The case's output after computing with nth participants: on the pool, or `serial`: the same
     (ith, nth) kernel calls made by threads of this process (what the pool must reproduce exactly)."""
-    missing = _missing_ops(case["steps"])
-    if missing:
-        pytest.skip(f"ops not implemented yet: {missing}")
     r = Replay(case["steps"], load_npz("ops.npz"))
     out = r.ids[case["output"]]
     g = r.ctx.new_graph()
@@ -164,9 +157,6 @@ def test_golden_op_same_with_n_participants(case, nth, pool):
 @pytest.mark.parametrize("nth", [2, 3, 4])
 @pytest.mark.parametrize("gcase", GRAPHS, ids=lambda g: g["name"])
 def test_golden_graph_same_with_n_participants(gcase, nth, pool):
-    missing = _missing_ops(gcase["steps"])
-    if missing:
-        pytest.skip(f"ops not implemented yet: {missing}")
     results = {}
     for n, p in ((1, None), (nth, pool)):
         r = Replay(gcase["steps"], load_npz("graphs.npz"))
@@ -210,8 +200,6 @@ def test_plan_of_one_runs_in_process(pool):
 
 def test_changed_node_is_sent_again(pool):
     """A node mutated between computes (op_params here) is picked up: the cache never lies."""
-    if "scale" not in FUNCTIONS:
-        pytest.skip("scale not implemented yet")
     ctx = ggtool.Context()
     a = ctx.new_tensor("f32", [16, 8])
     a.data[...] = 1
@@ -264,7 +252,7 @@ def test_context_that_grows_moves_again(pool, shm_clean):
 
 # -- failures ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("failing", [0, 2])
-def test_kernel_error_names_node_and_pool_survives(pool, test_kernels, failing):
+def test_kernel_error_names_node_and_pool_survives(pool, registered_test_kernels, failing):
     ctx = ggtool.Context()
     a = ctx.new_tensor("f32", [16, 8])
     a.data[...] = 1

@@ -49,9 +49,8 @@ def get_pool(n_threads: int | None = None) -> WorkerPool:
     with _DEFAULT_LOCK:
         if _DEFAULT is None or _DEFAULT.closed or _DEFAULT._state.pid != os.getpid():
             _DEFAULT = WorkerPool(n)
-        elif n > _DEFAULT.n_threads:
-            _DEFAULT.n_threads = n
-            _DEFAULT._start(n)
+        # a larger n is not started here: WorkerPool._ensure grows the pool, under its lock, when a
+        # compute or map asks for more participants
         return _DEFAULT
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+
 from ..compute import Work, run_node
 from ..errors import ComputeError
 
@@ -83,12 +85,13 @@ def participate(nodes, prog, ith: int, work: Work, mv: memoryview):
     i = -1
     at = slot(ith) + 1
     try:
-        for i, n in prog:
-            if i < 0:
-                work.barrier()
-            else:
-                mv[at] = i
-                run_node(i, nodes[i], ith if n > 1 else 0, n, work)
+        with np.errstate(all="ignore"):  # inf and NaN are results, as in GGML
+            for i, n in prog:
+                if i < 0:
+                    work.barrier()
+                else:
+                    mv[at] = i
+                    run_node(i, nodes[i], ith if n > 1 else 0, n, work)
     except ComputeError as e:
         mv[ABORT] = 1
         return i, str(e)

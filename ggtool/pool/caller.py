@@ -19,7 +19,7 @@ from collections import OrderedDict
 from multiprocessing.connection import wait as _wait
 
 from .. import shm
-from ..compute import Work, run_node, work_view
+from ..compute import Work, run_in_process, work_view
 from ..errors import ComputeError, GGToolError
 from . import wire
 from .barrier import ABORT, CHECK_EVERY, CTL_SIZE, MAX_PARTICIPANTS, Aborted, Barrier, participate, programs, slot
@@ -147,9 +147,7 @@ class WorkerPool:
         """Compute `graph` with `plan` (work buffer already allocated, see compute.prepare)."""
         nth = plan.n_threads
         if nth <= 1 or IN_WORKER:
-            work = Work(work_view(graph, plan))
-            for i, node in enumerate(graph.nodes):
-                run_node(i, node, 0, 1, work)
+            run_in_process(graph, plan)
             return
         self._enter()
         try:

@@ -120,8 +120,32 @@ def spawn(ctl: shm.Segment) -> Worker:
         os.close(life_r)
     conn = Connection(parent.detach())
     w = Worker(proc, conn, life_w)
-    conn.send(("init", ctl.name, ctl.size))
+    try:
+        conn.send(("init", ctl.name, ctl.size))
+    except BaseException:
+        kill(w)
+        raise
     return w
+
+
+def kill(w: Worker) -> None:
+    """Kill a worker that is not (yet) in State.workers, and close its connection and life pipe."""
+    try:
+        w.proc.kill()
+    except OSError:
+        pass
+    try:
+        w.proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        pass
+    try:
+        w.conn.close()
+    except Exception:
+        pass
+    try:
+        os.close(w.life)
+    except Exception:
+        pass
 
 
 def wait_ready(workers) -> None:
@@ -181,6 +205,9 @@ class State:
                 pass
             try:
                 w.conn.close()
+            except Exception:
+                pass
+            try:
                 os.close(w.life)
             except Exception:
                 pass
