@@ -208,13 +208,13 @@ def mul_mat_graph(K: int, N: int, M: int, wtype: str):
 def one_vs_pool(g, pool) -> tuple[float, float]:
     """Seconds for `g` in-process on one thread (one BLAS thread, one ggtool.quant thread) and on
     the pool with 2 participants, runs interleaved."""
-    from ggtool.pool import _single_threaded
+    from ggtool.compute import single_threaded
 
     p1 = g.compute(1)
     p2 = g.compute(2, pool=pool)
 
     def one():
-        with _single_threaded():
+        with single_threaded():
             g.compute(1, plan=p1)
 
     return tuple(timed(one, lambda: g.compute(2, pool=pool, plan=p2), settle=0.2))

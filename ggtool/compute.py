@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+
 import numpy as np
 
 from . import blas
@@ -66,6 +69,22 @@ def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None) -> P
 def run_in_process(graph, plan: Plan) -> None:
     """Every node in this process as participant 0 of 1."""
     work = Work(work_view(graph, plan))
-    with blas.limit(1), np.errstate(all="ignore"):  # one participant is one thread, as in the pool
+    with single_threaded(), np.errstate(all="ignore"):
         for i, node in enumerate(graph.nodes):
             run_node(i, node, 0, 1, work)
+
+
+@contextmanager
+def single_threaded():
+    """A participant is one thread: BLAS and ggtool.quant's array functions on one thread
+    meanwhile. Parallelism is the pool's job, and the same thread counts give the same bits."""
+    quant = sys.modules.get("ggtool.quant")
+    saved = getattr(quant, "_threads", None)
+    with blas.limit(1):
+        if quant is not None:
+            quant.set_threads(1)
+        try:
+            yield
+        finally:
+            if quant is not None:
+                quant.set_threads(saved)

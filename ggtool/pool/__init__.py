@@ -36,7 +36,7 @@ import threading
 from .barrier import MAX_PARTICIPANTS  # noqa: F401
 from .caller import WorkerPool
 from .segments import share_context  # noqa: F401
-from .threads import _single_threaded, default_threads  # noqa: F401 (_single_threaded: bench/bench_pool.py)
+from .threads import default_threads
 
 _DEFAULT: WorkerPool | None = None
 _DEFAULT_LOCK = threading.Lock()

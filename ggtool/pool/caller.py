@@ -19,13 +19,13 @@ from collections import OrderedDict
 from multiprocessing.connection import wait as _wait
 
 from .. import shm
-from ..compute import Work, run_in_process, work_view
+from ..compute import Work, run_in_process, single_threaded, work_view
 from ..errors import ComputeError, GGToolError
 from . import wire
 from .barrier import ABORT, CHECK_EVERY, CTL_SIZE, MAX_PARTICIPANTS, Aborted, Barrier, participate, programs, slot
 from .procs import IN_WORKER, State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
 from .segments import live_segments, segment_size
-from .threads import _single_threaded, default_threads
+from .threads import default_threads
 
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
 
@@ -152,7 +152,7 @@ class WorkerPool:
         self._enter()
         try:
             workers = self._ensure(nth)
-            with _single_threaded():
+            with single_threaded():
                 self._run(graph, plan, nth, workers)
         finally:
             self._leave()
@@ -295,7 +295,7 @@ class WorkerPool:
                         raise WorkerDied(k, w) from None
                 results: list = [None] * n
                 errors = []
-                with _single_threaded():
+                with single_threaded():
                     try:
                         results[0] = [fn(x) for x in items[: bounds[1]]]
                     except Exception as e:
