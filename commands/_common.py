@@ -79,12 +79,13 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
-def threads_option(f):
+def threads_option(f=None, *, help: str = "Threads (GGML's n_threads): participants in the compute, "
+                   "this process and N-1 worker processes; by default a small graph computes in this process."):
     """--threads N; None when neither it nor GGTOOL_THREADS is given (see compute_threads)."""
-    return click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=None,
-                        envvar=THREADS_ENV, show_envvar=True, show_default="the number of CPU cores",
-                        metavar="N", help="Threads (GGML's n_threads): participants in the compute, "
-                        "the calling process and N-1 worker processes.")(f)
+    option = click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=None,
+                          envvar=THREADS_ENV, show_envvar=True, show_default="the number of CPU cores",
+                          metavar="N", help=help)
+    return option(f) if f is not None else option
 
 
 # Below this much arithmetic, starting worker processes (~0.3 s) costs more than it saves.

@@ -20,25 +20,31 @@ Example:
   mul_mat  ggml_mul_mat(ctx, a, b)  a . b^T row by row: result ne = [a.ne1, b.ne1, ...
   $ ggtool ops --json | jq -r '.[].name'
 
-PATTERN keeps the ops whose name contains it.
+PATTERN keeps the ops whose name contains it. --builtins lists the DSL's own functions instead
+(input, meta, ne, arange_i32, scalar math...), which are not GGML ops.
 """
 
 
 @click.command("ops", help=HELP, short_help="List the ops with their C signatures.")
 @click.argument("pattern", required=False)
+@click.option("--builtins", is_flag=True, help="List the DSL's functions that are not GGML ops.")
 @click.option("--json", "as_json", is_flag=True,
               help='JSON: [{"name", "signature", "description", "params"}, ...].')
-def command(pattern, as_json):
-    from ggtool.ops import FUNCTIONS
+def command(pattern, builtins, as_json):
+    if builtins:
+        from ggtool.dsl import BUILTINS as table
+    else:
+        from ggtool.ops import FUNCTIONS as table
 
-    funcs = [f for f in FUNCTIONS.values() if pattern is None or pattern.lower() in f.name.lower()]
+    funcs = [f for f in table.values() if pattern is None or pattern.lower() in f.name.lower()]
     if as_json:
         records = [{"name": f.name, "signature": f.signature, "description": f.doc, "params": list(f.params)}
                    for f in funcs]
         write_text([json.dumps(records, indent=2), "\n"])
         return
     if not funcs:
-        raise click.ClickException(f"no op name contains {pattern!r}; see ggtool ops")
+        what = "builtin" if builtins else "op"
+        raise click.ClickException(f"no {what} name contains {pattern!r}; see ggtool ops{' --builtins' * builtins}")
     w0 = max(len(f.name) for f in funcs)
     w1 = max(len(f.signature) for f in funcs)
     write_text(f"{f.name.ljust(w0)}  {f.signature.ljust(w1)}  {f.doc}\n" for f in funcs)

@@ -37,7 +37,7 @@ def _loaded_libraries() -> list[str]:
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "/" in line}
-    except OSError:  # not Linux: ask numpy where its BLAS is
+    except OSError:  # no /proc (not Linux): BLAS threads cannot be found, limit() does nothing
         return []
     return sorted(p for p in paths if any(k in os.path.basename(p).lower() for k in ("blas", "mkl_rt")))
 

@@ -293,16 +293,17 @@ class GGUFFile:
 
     def array(self, name: str) -> np.ndarray:
         """The tensor's raw data as gguf-py maps it (numpy order; quantized types as bytes)."""
-        for t in self.reader.tensors:
-            if t.name == name:
-                return t.data
-        raise KeyError(name)
+        return self._reader_tensors[name].data
+
+    @cached_property
+    def _reader_tensors(self) -> dict:
+        return {t.name: t for t in self.reader.tensors}
 
     def storage(self) -> FileStorage:
         return FileStorage(self.path)
 
 
-_OPEN: dict[tuple[str, int, int], GGUFFile] = {}
+_OPEN: dict[str, tuple[tuple[int, int], GGUFFile]] = {}  # path -> ((mtime, size), file): the newest only
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
@@ -312,8 +313,10 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
         st = os.stat(p)
     except OSError as e:
         raise InputError(f"{os.fspath(path)}: {e.strerror}") from None
-    key = (p, st.st_mtime_ns, st.st_size)
-    f = _OPEN.get(key)
-    if f is None:
-        f = _OPEN[key] = GGUFFile(path)
+    version = (st.st_mtime_ns, st.st_size)
+    cached = _OPEN.get(p)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    f = GGUFFile(path)
+    _OPEN[p] = (version, f)  # a rewritten file replaces its old reader (and lets its map go)
     return f

@@ -69,7 +69,16 @@ class Graph:
         return True
 
     def contains(self, t: Tensor) -> bool:
-        return any(k is t for k in self._keys)
+        """ggml_hash_contains: probe from t's slot, as insertion does."""
+        size, keys = self.hash_size, self._keys
+        h = i = ((_POOL_BASE + t.struct_offset) >> 4) % size
+        while keys[i] is not None:
+            if keys[i] is t:
+                return True
+            i = (i + 1) % size
+            if i == h:
+                break
+        return False
 
     def expand(self, tensor: Tensor) -> Graph:
         """ggml_build_forward_expand: add `tensor` and its unvisited ancestors in post-order."""

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-_MAPS: dict[tuple[str, int], np.ndarray] = {}  # per process: (path, mtime_ns) -> whole-file map
+_MAPS: dict[str, tuple[int, np.ndarray]] = {}  # per process: path -> (mtime_ns, whole-file map), newest only
 
 
 class FileStorage:
@@ -24,11 +24,11 @@ class FileStorage:
         """The whole file, mapped once per process (per modification time: a rewritten file is
         mapped anew by the next FileStorage of it)."""
         if self._array is None:
-            key = (self.path, os.stat(self.path).st_mtime_ns)
-            arr = _MAPS.get(key)
-            if arr is None:
-                arr = _MAPS[key] = np.memmap(self.path, dtype=np.uint8, mode="r")
-            self._array = arr
+            mtime = os.stat(self.path).st_mtime_ns
+            cached = _MAPS.get(self.path)
+            if cached is None or cached[0] != mtime:
+                cached = _MAPS[self.path] = (mtime, np.memmap(self.path, dtype=np.uint8, mode="r"))
+            self._array = cached[1]
         return self._array
 
     def __getstate__(self):

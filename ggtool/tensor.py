@@ -152,9 +152,6 @@ class Tensor:
     def is_vector(self) -> bool:
         return self.ne[1] == 1 and self.ne[2] == 1 and self.ne[3] == 1
 
-    def same_shape(self, other: Tensor) -> bool:
-        return self.ne == other.ne
-
     def can_repeat(self, other: Tensor) -> bool:
         """ggml_can_repeat(self, other): other can be tiled from self."""
         if self.is_empty():

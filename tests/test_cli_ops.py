@@ -28,3 +28,9 @@ def test_ops_pattern(run):
     names = [line.split()[0] for line in ok(run("ops", "reshape")).splitlines()]
     assert names and all("reshape" in n for n in names)
     fails(run("ops", "no_such_op"), "no op name contains 'no_such_op'")
+
+
+def test_builtins_are_listed_apart_from_ops(run):
+    out = ok(run("ops", "--builtins"))
+    assert "input(name, type, ne0, ne1, ne2, ne3)" in out and "meta(key, default)" in out and "ggml_mul_mat" not in out
+    assert "input(" not in ok(run("ops"))

@@ -64,3 +64,20 @@ def test_constants():
     for m in MEMORY["mem_size_rounding"]:
         from ggtool import Context
         assert Context(m["mem_size"]).mem_size == m["ggml_get_mem_size"]
+
+
+def test_layout_predicates_follow_the_spec_examples():
+    """spec 3/5: permute(1,0,2,3) of a 3x4 F32 tensor is transposed and permuted; view_2d(m,2,3,12,4)
+    is contiguous_1 but not contiguous; permute(0,2,1,3) of [64,12,4] is contiguous_2 only."""
+    from ggtool import Context
+    from ggtool.ops import FUNCTIONS as F
+
+    ctx = Context()
+    m = ctx.new_tensor("f32", [3, 4])
+    p = F["permute"](ctx, m, 1, 0, 2, 3)
+    assert (p.ne, p.nb, p.is_transposed(), p.is_permuted()) == ((4, 3, 1, 1), (12, 4, 48, 48), True, True)
+    assert not m.is_permuted() and m.is_contiguous()
+    v = F["view_2d"](ctx, m, 2, 3, 12, 4)
+    assert (v.is_contiguous(), v.is_contiguous(1), v.nbytes) == (False, True, 32)
+    q = F["permute"](ctx, ctx.new_tensor("f32", [64, 12, 4]), 0, 2, 1, 3)
+    assert (q.is_contiguous(0), q.is_contiguous(1), q.is_contiguous(2)) == (False, False, True)

@@ -142,6 +142,3 @@ def rows(a: np.ndarray) -> np.ndarray:
     """(ne3, ne2, ne1, ne0) -> (nrows, ne0) without copying when the layout allows it."""
     return a.reshape(-1, a.shape[-1])
 
-
-def f32(x) -> np.float32:
-    return np.float32(x)
