@@ -134,6 +134,12 @@ def kill(w: Worker) -> None:
         w.proc.kill()
     except OSError:
         pass
+    reap(w)
+
+
+def reap(w: Worker) -> None:
+    """Wait for a killed or exiting worker, then close its connection and life pipe (each on its
+    own: a failure to close one must not leak the other, or the worker's watchdog never sees EOF)."""
     try:
         w.proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:  # pragma: no cover
@@ -199,18 +205,7 @@ class State:
                 except OSError:
                     pass
         for w in workers:
-            try:
-                w.proc.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                pass
-            try:
-                w.conn.close()
-            except Exception:
-                pass
-            try:
-                os.close(w.life)
-            except Exception:
-                pass
+            reap(w)
         if self.ctl is not None:
             self.ctl.unlink()
             self.ctl = None
