@@ -46,5 +46,5 @@ def command(pattern, builtins, as_json):
         what = "builtin" if builtins else "op"
         raise click.ClickException(f"no {what} name contains {pattern!r}; see ggtool ops{' --builtins' * builtins}")
     w0 = max(len(f.name) for f in funcs)
-    w1 = max(len(f.signature) for f in funcs)
+    w1 = min(max(len(f.signature) for f in funcs), 48)  # a few very long signatures overflow their column
     write_text(f"{f.name.ljust(w0)}  {f.signature.ljust(w1)}  {f.doc}\n" for f in funcs)
