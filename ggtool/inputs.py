@@ -1,21 +1,16 @@
-"""Tensor sources for the command line: .npy files, inline JSON, GGUF tensors, stdin and bare shapes.
+"""The tensors a program may use, by name: `Inputs`, the DSL's environment over `--tensor` sources and `--gguf` files.
 
 Every `--tensor NAME=SOURCE` is parsed and checked up front (a typo or a bad file is reported
 before anything runs), but a tensor is only created, and its data only read, when a program uses
 its name: `Inputs.tensor(name, ctx)` is what the DSL calls. So `--gguf model.gguf` costs one
-header parse however large the model is.
-
-numpy shape `(d3, d2, d1, d0)` is GGML `ne = [d0, d1, d2, d3]`: a (2, 3) array has 2 rows of
-3 elements, `ne = [3, 2]`. Shape-only sources (`f32[3,2]`) are written in GGML order.
+header parse however large the model is. The source syntax and the array readers live in
+`ggtool.sources`; their names are re-exported here.
 """
 
 from __future__ import annotations
 
 import io
-import json
-import math
 import os
-import re
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,268 +21,31 @@ from . import types as T
 from .context import Context
 from .errors import GGToolError, InputError
 from .gguf_file import GGUFFile, TensorInfo, open_gguf
-from .tensor import MAX_DIMS, Tensor
+from .sources import (
+    NPY_MAGIC,
+    TARGET_TYPES,
+    Source,
+    SourceSyntaxError,
+    convert_array,
+    default_type,
+    parse_json_array,
+    parse_source,
+    parse_tensor_option,
+    read_npy_header,
+)
+from .tensor import Tensor
 
-NPY_MAGIC = b"\x93NUMPY"
+__all__ = [
+    "MMAP_TYPES", "NO_DATA", "NPY_MAGIC", "PLAIN_GGUF_TYPES", "TARGET_TYPES", "Inputs", "Source", "SourceSyntaxError",
+    "convert_array", "default_type", "parse_json_array", "parse_source", "parse_tensor_option", "read_npy_header",
+]
 
 # Types a GGUF tensor keeps when loaded (memory-mapped, zero-copy); the rest are dequantized to f32.
 MMAP_TYPES = (T.F32, T.F16, T.I32, T.Q4_0, T.Q8_0)
 # GGUF types gguf-py maps as typed numpy arrays; the others are dequantized with gguf.quants.
 PLAIN_GGUF_TYPES = (T.F32, T.F16, T.I32, T.GGMLType.I8, T.GGMLType.I16, T.GGMLType.I64, T.GGMLType.F64)
-# Types a source can be converted to with a prefix (`f16:w.npy`).
-TARGET_TYPES = T.COMPUTE_TYPES
-
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
-_PREFIX_RE = re.compile(r"([A-Za-z][A-Za-z0-9_]*):(.*)\Z", re.S)
-_SHAPE_RE = re.compile(r"([A-Za-z][A-Za-z0-9_]*)\[([^\]]*)\]\Z")
-_NUMBER_RE = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|-?Infinity|NaN")
 
 
-class SourceSyntaxError(GGToolError):
-    """A `--tensor` option that is malformed as written (the CLI reports it as a usage error)."""
-
-
-@dataclass(frozen=True)
-class Source:
-    """One parsed `--tensor NAME=SOURCE`; `kind` is npy, json, gguf, stdin or shape."""
-
-    name: str
-    kind: str
-    type: T.GGMLType | None = None     # the type prefix: convert on load
-    path: str | None = None            # npy/json/gguf file
-    tensor: str | None = None          # tensor name inside a GGUF file
-    ne: tuple[int, ...] | None = None  # shape-only sources
-    json: str | None = None            # inline JSON text
-
-    @property
-    def where(self) -> str:
-        return f"--tensor {self.name}"
-
-
-def _known_type(name: str) -> T.GGMLType | None:
-    try:
-        return T.parse_type(name)
-    except GGToolError:
-        return None
-
-
-def _target_type(name: str, where: str) -> T.GGMLType:
-    t = _known_type(name)
-    if t not in TARGET_TYPES:
-        known = ", ".join(T.type_name(x) for x in TARGET_TYPES)
-        what = "unknown type" if t is None else "cannot convert to"
-        raise SourceSyntaxError(f"{where}: {what} {name!r}; the type prefix must be one of {known}")
-    return t
-
-
-def parse_tensor_option(option: str) -> Source:
-    """`NAME=SOURCE` -> Source. Raises SourceSyntaxError for anything malformed as written."""
-    name, eq, text = option.partition("=")
-    name = name.strip()
-    if not eq:
-        raise SourceSyntaxError(f"--tensor {option!r}: expected NAME=SOURCE, e.g. x=w.npy or x='[[1,2],[3,4]]'")
-    if not _NAME_RE.match(name):
-        raise SourceSyntaxError(f"--tensor {option!r}: {name!r} is not a tensor name "
-                                "(letters, digits, '_' and '.', not starting with a digit)")
-    return parse_source(name, text)
-
-
-def parse_source(name: str, text: str) -> Source:
-    where = f"--tensor {name}"
-    if not text.strip():
-        raise SourceSyntaxError(f"{where}: empty source")
-    type_ = None
-    body = text
-    m = _PREFIX_RE.match(text)
-    if m and _known_type(m.group(1)) is not None:
-        type_ = _target_type(m.group(1), where)
-        body = m.group(2)
-        if not body.strip():
-            raise SourceSyntaxError(f"{where}: nothing after the type prefix {m.group(1)}:")
-    stripped = body.strip()
-
-    if stripped == "-":
-        return Source(name, "stdin", type_)
-    m = _SHAPE_RE.match(stripped)
-    if m and _known_type(m.group(1)) is not None:
-        if type_ is not None:
-            raise SourceSyntaxError(f"{where}: a shape-only source names its own type; write {m.group(1)}[...] "
-                                    "without a prefix")
-        shape_type = _target_type(m.group(1), where)
-        try:
-            ne = tuple(int(n) for n in m.group(2).split(",")) if m.group(2).strip() else ()
-        except ValueError:
-            raise SourceSyntaxError(f"{where}: bad shape {stripped!r}; expected TYPE[ne0,ne1,...], "
-                                    "e.g. f32[4,3]") from None
-        if not 1 <= len(ne) <= MAX_DIMS or any(n < 0 for n in ne):
-            raise SourceSyntaxError(f"{where}: bad shape {stripped!r}: 1 to {MAX_DIMS} non-negative sizes "
-                                    "in GGML order (ne0 first)")
-        return Source(name, "shape", shape_type, ne=ne)
-    if stripped[:1] in "[{" or _NUMBER_RE.fullmatch(stripped):
-        return Source(name, "json", type_, json=body)
-    i = body.find(".gguf:")
-    while i >= 0:  # FILE.gguf:TENSOR; the first split whose file exists (paths may contain '.gguf:')
-        path, tensor = body[: i + 5], body[i + 6:]
-        if os.path.exists(path) or body.find(".gguf:", i + 1) < 0:
-            if not tensor:
-                raise SourceSyntaxError(f"{where}: no tensor name after {path}:")
-            return Source(name, "gguf", type_, path=path, tensor=tensor)
-        i = body.find(".gguf:", i + 1)
-    if body.endswith(".gguf"):
-        raise SourceSyntaxError(f"{where}: name the tensor: {body}:TENSOR (or use --gguf {body} to make "
-                                "all of its tensors available)")
-    return Source(name, "json" if body.lower().endswith(".json") else "npy", type_, path=body)
-
-
-# -- reading arrays ---------------------------------------------------------------------------
-def parse_json_array(text: str, where: str) -> np.ndarray:
-    """Nested JSON lists of numbers -> a float64 (or int64, if all are integers) array."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except RecursionError:
-        raise InputError(f"{where}: JSON is nested too deeply") from None
-    shape = _json_shape(value, where, ())
-    if len(shape) > MAX_DIMS:
-        raise InputError(f"{where}: JSON array has {len(shape)} dimensions; GGML tensors have at most {MAX_DIMS}")
-    flat = list(_flatten(value))
-    if all(type(v) is int for v in flat) and all(-(2**63) <= v < 2**63 for v in flat):
-        return np.array(flat, dtype=np.int64).reshape(shape)
-    try:
-        return np.array([float(v) for v in flat], dtype=np.float64).reshape(shape)
-    except OverflowError:
-        raise InputError(f"{where}: a JSON number is too large for a float") from None
-
-
-def _json_shape(value, where: str, path: tuple[int, ...]) -> tuple[int, ...]:
-    if isinstance(value, list):
-        if len(path) >= MAX_DIMS + 1:
-            raise InputError(f"{where}: JSON array has more than {MAX_DIMS + 1} dimensions; GGML tensors have at "
-                             f"most {MAX_DIMS}")
-        if not value:
-            return (0,)
-        shapes = [_json_shape(v, where, path + (i,)) for i, v in enumerate(value)]
-        for i, s in enumerate(shapes[1:], 1):
-            if s != shapes[0]:
-                raise InputError(f"{where}: JSON is not rectangular: {_describe(value, path, i, shapes)}")
-        return (len(value), *shapes[0])
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        kinds = {bool: "a boolean", str: "a string", dict: "an object", type(None): "null"}
-        kind = kinds.get(type(value), "not a number")
-        at = f"element {_fmt_path(path)}" if path else "value"
-        raise InputError(f"{where}: JSON {at} is {kind}; expected a number or nested lists of numbers")
-    return ()
-
-
-def _fmt_path(path: tuple[int, ...]) -> str:
-    return "".join(f"[{i}]" for i in path)
-
-
-def _describe(value: list, path: tuple[int, ...], i: int, shapes) -> str:
-    a, b = value[0], value[i]
-    row = "row" if path or isinstance(a, list) or isinstance(b, list) else "element"
-    pi, p0 = _fmt_path(path + (i,)), _fmt_path(path + (0,))
-    if not path:
-        pi, p0 = str(i), "0"
-    if isinstance(a, list) != isinstance(b, list):
-        def kind(v):
-            return "a list" if isinstance(v, list) else "a number"
-        return f"{row} {pi} is {kind(b)}, {row} {p0} is {kind(a)}"
-    if len(a) != len(b):
-        return f"{row} {pi} has {len(b)} elements, {row} {p0} has {len(a)}"
-    return f"{row} {pi} has shape {list(shapes[i])}, {row} {p0} has shape {list(shapes[0])}"
-
-
-def _flatten(value):
-    if isinstance(value, list):
-        for v in value:
-            yield from _flatten(v)
-    else:
-        yield value
-
-
-def read_npy_header(f, where: str, size: int) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) of a .npy without reading its data; checks the dtype, dimensions and length."""
-    try:
-        version = np.lib.format.read_magic(f)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-            np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(f)
-    except ValueError as e:
-        raise InputError(f"{where}: not a valid .npy file ({e})") from None
-    if dtype.hasobject:
-        raise InputError(f"{where}: the .npy holds Python objects (a pickled array); ggtool loads numeric "
-                         ".npy files only (allow_pickle=False)")
-    if len(shape) > MAX_DIMS:
-        raise InputError(f"{where}: the .npy array has {len(shape)} dimensions {shape}; GGML tensors have at "
-                         f"most {MAX_DIMS}")
-    default_type(dtype, where)
-    need = f.tell() + math.prod(shape) * dtype.itemsize
-    if size < need:
-        raise InputError(f"{where}: the .npy file is truncated ({size} bytes, its header promises {need})")
-    return tuple(shape), dtype
-
-
-def default_type(dtype: np.dtype, where: str) -> T.GGMLType:
-    """The tensor type an array of `dtype` becomes without a type prefix."""
-    kind, size = dtype.kind, dtype.itemsize
-    if dtype.fields is not None or dtype.subdtype is not None:
-        raise InputError(f"{where}: structured dtype {dtype} is not supported")
-    if kind == "f" and size == 2:
-        return T.F16
-    if kind == "f" and size in (4, 8):
-        return T.F32
-    if kind == "i" and size <= 8 or kind == "u" and size <= 8:
-        return T.I32
-    if kind == "b":
-        raise InputError(f"{where}: boolean arrays are not supported; convert to int32 or float32")
-    raise InputError(f"{where}: dtype {dtype} is not supported (use float32, float16 or int32; float64 and "
-                     "other integer types are converted)")
-
-
-def convert_array(arr: np.ndarray, type_: T.GGMLType, where: str) -> np.ndarray:
-    """`arr` as the numpy dtype of `type_` (float32 for quantized types), refusing lossy casts.
-
-    Floats to i32 must be whole and in range; integers to i32 must fit; values that are finite in
-    the source must stay finite (1e40 does not fit in f32, 70000 does not fit in f16).
-    """
-    arr = np.asarray(arr)
-    if arr.dtype.kind not in "fiu":
-        default_type(arr.dtype, where)  # raises with the right message
-    dst = np.dtype(np.float32) if T.is_quantized(type_) else T.np_dtype(type_)
-    if arr.dtype == dst:
-        return arr
-    name = T.type_name(type_)
-    if dst.kind == "i":
-        info = np.iinfo(dst)
-        if arr.dtype.kind == "f":
-            bad = ~np.isfinite(arr) | (arr != np.round(arr))
-            if bad.any():
-                raise InputError(f"{where}: {name} needs whole numbers; element {_index(bad)} is {_first(arr, bad)}")
-        if arr.size and (arr.min() < info.min or arr.max() > info.max):
-            bad = (arr < info.min) | (arr > info.max)
-            raise InputError(f"{where}: element {_index(bad)} = {_first(arr, bad)} does not fit in {name}")
-        return arr.astype(dst)
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = arr.astype(dst)
-    bad = np.isfinite(arr) & ~np.isfinite(out)
-    if bad.any():
-        raise InputError(f"{where}: element {_index(bad)} = {_first(arr, bad)} is too large for {name}")
-    return out
-
-
-def _first(arr: np.ndarray, mask: np.ndarray):
-    return repr(arr[mask].flat[0].item())
-
-
-def _index(mask: np.ndarray) -> str:
-    """The first True position of `mask`, in numpy order, e.g. [1][0]."""
-    idx = np.unravel_index(int(np.flatnonzero(mask)[0]), mask.shape) if mask.ndim else ()
-    return _fmt_path(tuple(int(i) for i in idx)) or "[]"
-
-
-# -- inputs ------------------------------------------------------------------------------------
 class _NoData:
     """Storage of a shape-only tensor in a graph that is only inspected or planned, never computed."""
 
@@ -471,9 +229,7 @@ class Inputs:
         return _Prepared(s, _gguf_load_type(info, s.type), info.ne, where, gguf=g, info=info)
 
     def _from_array(self, s: Source, arr: np.ndarray, json_source: bool = False) -> _Prepared:
-        where = s.where
-        if arr.ndim > MAX_DIMS:
-            raise InputError(f"{where}: array has {arr.ndim} dimensions; GGML tensors have at most {MAX_DIMS}")
+        where = s.where  # at most MAX_DIMS dimensions: parse_json_array and read_npy_header checked
         type_ = s.type or (T.F32 if json_source else default_type(arr.dtype, where))
         arr = convert_array(arr, type_, where)
         return _Prepared(s, type_, tuple(arr.shape[::-1]) or (1,), where, array=arr)

@@ -1,0 +1,188 @@
+"""Converting a planned model's tensor data: pieces of rows, in-process or in the worker pool.
+
+Exists to keep the mechanics of conversion apart from the rules (`ggtool.quant_rules`) and from the
+writing loop (`ggtool.quantize_model`): reading source rows, dequantizing them to float32 exactly as
+gguf-py's ``dequantize`` does and quantizing with ``ggtool.quant`` (byte-identical to GGML), naming
+the first NaN/inf on failure, starting the pool in the background, cutting the work into pieces and
+windows, and copying unchanged tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import quant as Q
+from . import types as T
+from .errors import QuantizationError
+from .quant_rules import QuantizePlan, TensorPlan
+
+
+def _source_rows(path: str, offset: int, src_type: T.GGMLType, ne0: int, r0: int, r1: int) -> np.ndarray:
+    from .storage import FileStorage
+    rb = T.row_size(src_type, ne0)
+    raw = FileStorage(path).array[offset + r0 * rb: offset + r1 * rb]
+    raw = raw.reshape(r1 - r0, rb)
+    if T.is_quantized(src_type) or src_type == T.GGMLType.BF16:
+        return raw
+    return raw.view(T.np_dtype(src_type))
+
+
+def _convert_rows(x, src_type: T.GGMLType, dst_type: T.GGMLType, name: str, shape, r0: int) -> bytes:
+    """Convert rows [r0, r0+len(x)) of a tensor (numpy `shape`); errors name the full-tensor index."""
+    try:
+        if src_type in (T.F32, T.F16) and dst_type in (T.Q4_0, T.Q8_0, T.F16, T.F32):
+            vals = np.asarray(x, dtype=np.float32) if src_type == T.F16 else x
+        else:
+            vals = Q.dequantize(x, src_type)
+        out = Q.quantize(vals, dst_type, name)
+    except QuantizationError as e:
+        raise _relocate(e, x if src_type in (T.F32, T.F16) else Q.dequantize(x, src_type), name,
+                        shape, r0) from None
+    return np.ascontiguousarray(out).view(np.uint8).tobytes()
+
+
+def _relocate(e: QuantizationError, vals: np.ndarray, name: str, shape, r0: int) -> QuantizationError:
+    vals = np.asarray(vals)
+    if vals.dtype.kind != "f":
+        return e
+    fin = np.isfinite(vals.reshape(-1))
+    if fin.all():
+        return e
+    k = int(np.argmin(fin))
+    v = vals.reshape(-1)[k]
+    flat = r0 * vals.shape[-1] + k
+    idx = tuple(int(i) for i in np.unravel_index(flat, shape))
+    what = "NaN" if np.isnan(v) else ("inf" if v > 0 else "-inf")
+    return QuantizationError(f"tensor '{name}': cannot quantize {what} at index {idx}")
+
+
+def _task(args) -> bytes:
+    """Pool task: convert rows r0..r1 of one tensor, reading the input file itself."""
+    path, offset, src, dst, ne0, r0, r1, name, shape = args
+    src, dst = T.GGMLType(src), T.GGMLType(dst)
+    return _convert_rows(_source_rows(path, offset, src, ne0, r0, r1), src, dst, name, shape, r0)
+
+
+def _get_pool(threads: int):
+    """THE seam to the worker pool (ggtool.pool's process-wide pool, `map`-like API)."""
+    from .pool import get_pool
+    return get_pool(threads)
+
+
+def _parallel_map(fn, items: list, threads: int, pool) -> list:
+    """[fn(x) for x in items] spread over `threads` processes of the pool."""
+    if threads <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    return pool.map(fn, items, n_threads=threads)
+
+
+def _warm(_=None) -> int:
+    """A no-op task: makes a worker import this module before real work arrives."""
+    return os.getpid()
+
+
+class _PoolStarter:
+    """Starts the pool in a background thread; conversion runs in-process until it is ready."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.pool = None
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._start, name="ggtool-pool-start", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> None:
+        try:
+            pool = _get_pool(self.threads)
+            pool.map(_warm, list(range(self.threads)), n_threads=self.threads)
+            self.pool = pool
+        except BaseException as e:  # noqa: BLE001 - reported when the pool is asked for
+            self.error = e
+        finally:
+            self.ready.set()
+
+    def get(self):
+        """The pool if it is ready now, else None (never waits)."""
+        if not self.ready.is_set():
+            return None
+        if self.error is not None:
+            raise self.error
+        return self.pool
+
+
+@dataclass
+class _Item:
+    """One piece of output, in file order: a tensor copied verbatim, or rows r0..r1 converted."""
+
+    t: TensorPlan
+    r0: int = 0
+    r1: int = 0
+    first: bool = True
+    last: bool = True
+
+    @property
+    def work(self) -> int:       # f32 bytes the conversion handles
+        return 0 if self.t.copy else (self.r1 - self.r0) * self.t.ne[0] * 4
+
+
+def _items(plan: QuantizePlan, piece_bytes: int) -> list[_Item]:
+    items = []
+    for t in plan.tensors:
+        if t.copy:
+            items.append(_Item(t))
+            continue
+        ne0 = t.ne[0]
+        nrows = t.n_elements // ne0 if ne0 else 0
+        rows = max(1, piece_bytes // (4 * max(ne0, 1)))
+        starts = list(range(0, nrows, rows)) or [0]
+        for k, r0 in enumerate(starts):
+            items.append(_Item(t, r0, min(nrows, r0 + rows), k == 0, k == len(starts) - 1))
+    return items
+
+
+def _windows(items: list[_Item], window_bytes: int):
+    """Consecutive runs of items holding about window_bytes of conversion work."""
+    cur, work = [], 0
+    for it in items:
+        cur.append(it)
+        work += it.work
+        if work >= window_bytes:
+            yield cur
+            cur, work = [], 0
+    if cur:
+        yield cur
+
+
+def _npy_rows(plan: QuantizePlan, it: _Item) -> np.ndarray:
+    ne0 = it.t.ne[0]
+    x = np.asarray(plan.npy.reshape(-1, ne0)[it.r0:it.r1])
+    return x.astype(np.float32) if x.dtype == np.float64 else x
+
+
+def _copy_tensor(plan: QuantizePlan, t: TensorPlan, out_fd: int, write, on_bytes) -> None:
+    if plan.npy is not None:
+        a = np.ascontiguousarray(plan.npy, dtype=np.float16 if t.src_type == T.F16 else np.float32)
+        write(a.view(np.uint8).reshape(-1))
+        return
+    step = 64 << 20
+    with open(plan.input, "rb") as src:
+        done = 0
+        while done < t.src_bytes:
+            n = min(step, t.src_bytes - done)
+            try:
+                k = os.copy_file_range(src.fileno(), out_fd, n, t.src_offset + done)
+            except (AttributeError, OSError):
+                k = 0
+            if k <= 0:   # no copy_file_range here (or it refused): through the memory map
+                from .storage import FileStorage
+                write(FileStorage(plan.input).array[t.src_offset + done: t.src_offset + done + n])
+                k = n
+            done += k
+            if on_bytes:
+                on_bytes(k)
+

@@ -1,0 +1,307 @@
+"""Which type each tensor gets when a whole model is quantized, and the resulting output layout.
+
+Exists so the decisions (llama.cpp's rules, the plan, the GGUF header) can be read and tested apart
+from running them (`ggtool.quantize_model`).  The rules are llama.cpp's (`llama_model_quantize`,
+Q4_0/Q8_0 file types) so the file behaves like one `llama-quantize` writes:
+
+* only tensors whose name ends in ``weight`` with 2 or more dims (ggml_n_dims: trailing 1s do not
+  count) are quantized, never ``*_norm.weight`` nor the small/special tensors llama.cpp skips
+  (``ffn_gate_inp``, positional embeddings, RWKV/Mamba small weights, ...); the rest is copied;
+* default mode: ``output.weight`` (or ``token_embd.weight`` when no output.weight exists, i.e. tied)
+  would be Q6_K, or Q8_0 when its row is not a multiple of 256 (k-quant fallback) or the model is
+  Falcon; ggtool has no Q6_K quantizer, so where llama.cpp writes Q6_K it writes Q8_0 and warns.
+  MoE models with 8 experts get Q8_0 attn_v/attn_k as in llama.cpp.  ``pure`` skips all of this;
+* ``--output-tensor-type`` / ``--token-embedding-type`` override output.weight / token_embd.weight;
+* a row length that is not a multiple of the chosen type's block size falls back to F16;
+* a tensor whose chosen type equals its source type is copied byte for byte.
+
+All metadata is copied verbatim (raw key/value bytes), except that ``general.quantization_version``
+(2) and ``general.file_type`` are removed and appended last, as llama.cpp's gguf_set_val does, and
+split keys are dropped.  Tensors are written in llama.cpp's order (non-block tensors by name, then
+``blk.N.*`` by layer and name).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import quant as Q
+from . import types as T
+from .errors import GGToolError, InputError, QuantizationError
+from .gguf_file import GGUFFile
+
+GGML_QNT_VERSION = 2
+GGUF_DEFAULT_ALIGNMENT = 32
+FILE_TYPES = {T.Q4_0: 2, T.Q8_0: 7}          # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0
+TARGET_TYPES = (T.Q4_0, T.Q8_0)
+QK_ = 32
+_KQUANTS = {T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K,
+            T.GGMLType.IQ4_XS, T.GGMLType.IQ2_XS, T.GGMLType.IQ2_XXS, T.GGMLType.IQ2_S,
+            T.GGMLType.IQ3_XXS, T.GGMLType.IQ1_S, T.GGMLType.IQ3_S, T.GGMLType.IQ1_M}
+_KQUANT_FALLBACK = {T.GGMLType.Q4_K: T.GGMLType.Q5_0, T.GGMLType.Q5_K: T.GGMLType.Q5_1,
+                    T.GGMLType.Q6_K: T.Q8_0, T.GGMLType.Q2_K: T.GGMLType.IQ4_NL,
+                    T.GGMLType.Q3_K: T.GGMLType.IQ4_NL}
+_SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+# llama.cpp's llama_model_quantize: substrings / names never quantized
+_SKIP_SUBSTR = ("_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj",
+                "ssm_conv1d.weight", "shortconv.conv.weight", "time_mix_first.weight",
+                "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight", "time_mix_v0.weight",
+                "time_mix_v1.weight", "time_mix_v2.weight", "time_mix_a0.weight", "time_mix_a1.weight",
+                "time_mix_a2.weight", "time_mix_g1.weight", "time_mix_g2.weight",
+                "time_mix_decay_w1.weight", "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight",
+                "attn_rel_b.weight", ".position_embd.")
+_SKIP_NAMES = ("position_embd.weight", "token_types.weight")
+
+
+@dataclass
+class QuantizeOptions:
+    type: T.GGMLType = T.Q4_0
+    pure: bool = False
+    leave_output_tensor: bool = False
+    output_tensor_type: T.GGMLType | None = None
+    token_embedding_type: T.GGMLType | None = None
+    threads: int = 1
+    name: str | None = None        # tensor name for a .npy input
+
+
+@dataclass
+class TensorPlan:
+    """What happens to one tensor. `ne` in ggml order; offsets absolute in the input file."""
+
+    index: int
+    name: str
+    ne: tuple[int, ...]
+    src_type: T.GGMLType
+    dst_type: T.GGMLType
+    src_offset: int
+    src_bytes: int
+    dst_bytes: int
+    warning: str | None = None
+    dst_offset: int = 0            # relative to the output's data section
+
+    @property
+    def copy(self) -> bool:
+        return self.src_type == self.dst_type
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.ne, dtype=np.int64))
+
+
+@dataclass
+class QuantizePlan:
+    input: str
+    options: QuantizeOptions
+    tensors: list[TensorPlan]
+    kv: list[tuple[str, bytes]]          # (key, raw key/value bytes) in output order
+    alignment: int
+    warnings: list[str] = field(default_factory=list)
+    npy: np.ndarray | None = None        # the array of a .npy input
+
+    @property
+    def src_bytes(self) -> int:
+        return sum(t.src_bytes for t in self.tensors)
+
+    @property
+    def dst_bytes(self) -> int:
+        return sum(t.dst_bytes for t in self.tensors)
+
+    @property
+    def n_elements(self) -> int:
+        return sum(t.n_elements for t in self.tensors)
+
+    def file_bytes(self) -> int:
+        """Size of the output file."""
+        end = _pad(self.tensors[-1].dst_offset + self.tensors[-1].dst_bytes, self.alignment) if self.tensors else 0
+        return len(header_bytes(self)) + end
+
+
+# --------------------------------------------------------------------------------------------- GGUF bits
+
+def _gguf_str(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def _kv_u32(key: str, value: int) -> bytes:
+    return _gguf_str(key) + struct.pack("<II", 4, value)   # GGUFValueType.UINT32 = 4
+
+
+def _pad(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+def _n_dims(ne) -> int:
+    """ggml_n_dims: dimensions up to the last one that is not 1 (at least 1)."""
+    n = len(ne)
+    while n > 1 and ne[n - 1] == 1:
+        n -= 1
+    return max(n, 1)
+
+
+def _llama_order(name: str) -> tuple[int, str]:
+    """llama.cpp's weight_name_comparer: layer number of 'blk.N.' (-1 if none), then name."""
+    m = re.match(r"blk\.(-?\d+)\.", name)
+    return (int(m.group(1)) if m else -1, name)
+
+
+def tensor_bytes(t: T.GGMLType, ne) -> int:
+    n = int(np.prod(ne, dtype=np.int64))
+    return n * T.type_size(t) // T.block_size(t)
+
+
+# ------------------------------------------------------------------------------------------- the rules
+
+def _fallback(t: T.GGMLType, ne0: int) -> T.GGMLType:
+    if t in _KQUANTS and ne0 % 256:
+        t = _KQUANT_FALLBACK.get(t, T.GGMLType.IQ4_NL)
+    if ne0 % T.block_size(t):
+        t = T.F16
+    return t
+
+
+def choose_type(name: str, ne, src_type: T.GGMLType, opts: QuantizeOptions, *, has_output: bool,
+                arch: str = "", n_expert: int = 0) -> tuple[T.GGMLType, str | None]:
+    """(type to write, warning or None) for one tensor, following llama.cpp's Q4_0/Q8_0 rules."""
+    quantize = name.endswith("weight") and _n_dims(ne) >= 2
+    quantize &= not any(s in name for s in _SKIP_SUBSTR) and name not in _SKIP_NAMES
+    quantize &= not (opts.leave_output_tensor and name == "output.weight")
+    if not quantize:
+        return src_type, None
+    new = opts.type
+    warning = None
+    ne0 = int(ne[0])
+    if not opts.pure:
+        is_output = name == "output.weight" or (not has_output and name == "token_embd.weight")
+        if is_output:
+            if opts.output_tensor_type is not None:
+                new = opts.output_tensor_type
+            elif arch == "falcon" or ne0 % T.block_size(new):
+                new = T.Q8_0
+            elif new != T.Q8_0:
+                new = T.GGMLType.Q6_K
+        elif name == "token_embd.weight" and opts.token_embedding_type is not None:
+            new = opts.token_embedding_type
+        elif n_expert == 8 and ("attn_v.weight" in name or "attn_k.weight" in name):
+            new = T.Q8_0
+        new = _fallback(new, ne0)
+    if opts.token_embedding_type is not None and name == "token_embd.weight":
+        new = opts.token_embedding_type
+    if opts.output_tensor_type is not None and name == "output.weight":
+        new = opts.output_tensor_type
+    new = _fallback(new, ne0)
+    if new not in (T.F32, T.F16) and not Q.can_quantize(new):
+        if new == T.GGMLType.Q6_K:
+            warning = (f"{name}: llama.cpp would write q6_K here; ggtool has no Q6_K quantizer yet, "
+                       f"writing q8_0 instead")
+            new = _fallback(T.Q8_0, ne0)
+        else:
+            raise QuantizationError(f"tensor '{name}': cannot quantize to {T.type_name(new)} "
+                                    f"(not implemented)")
+    return new, warning
+
+
+def parse_target_type(name: str, what: str) -> T.GGMLType:
+    """A type for --output-tensor-type / --token-embedding-type: one ggtool can write."""
+    try:
+        t = T.parse_type(name)
+    except GGToolError:
+        t = None
+    if t is None or not (t in (T.F32, T.F16) or Q.can_quantize(t)):
+        ok = "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0"
+        extra = " (ggtool has no Q6_K quantizer yet)" if t == T.GGMLType.Q6_K else ""
+        raise GGToolError(f"{what}: cannot write tensor type {name!r}{extra}; use one of {ok}")
+    return t
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+def _is_npy(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(6) == b"\x93NUMPY"
+
+
+def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> QuantizePlan:
+    """Decide every tensor's type and the output layout (nothing is read but headers)."""
+    path = os.fspath(input_path)
+    if opts.type not in TARGET_TYPES:
+        raise GGToolError(f"--type must be q4_0 or q8_0, not {T.type_name(opts.type)}")
+    try:
+        npy = _is_npy(path)
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror}") from None
+    if npy:
+        return _plan_npy(path, opts)
+    g = GGUFFile(path)
+    infos = list(g.tensors.values())
+    has_output = "output.weight" in g.tensors
+    arch = str(g.metadata("general.architecture", ""))
+    n_expert = g.metadata(f"{arch}.expert_count", 0) if arch else 0
+    n_expert = int(n_expert) if isinstance(n_expert, (int, np.integer)) else 0
+    alignment = g.alignment
+    drop = {"general.quantization_version", "general.file_type", *_SPLIT_KEYS}
+    raw = g.reader.data
+    kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
+    kv.append(("general.quantization_version", _kv_u32("general.quantization_version", GGML_QNT_VERSION)))
+    kv.append(("general.file_type", _kv_u32("general.file_type", FILE_TYPES[opts.type])))
+    plans, warnings = [], []
+    for i, info in enumerate(sorted(infos, key=lambda t: _llama_order(t.name))):
+        dst, warn = choose_type(info.name, info.ne, info.type, opts, has_output=has_output, arch=arch,
+                                n_expert=n_expert)
+        if warn:
+            warnings.append(warn)
+        if dst != info.type and not Q.can_dequantize(info.type):
+            raise QuantizationError(f"tensor '{info.name}': cannot dequantize {T.type_name(info.type)}")
+        plans.append(TensorPlan(i, info.name, info.ne, info.type, dst, info.offset, info.n_bytes,
+                                tensor_bytes(dst, info.ne), warn))
+    return _layout(QuantizePlan(path, opts, plans, kv, alignment, warnings))
+
+
+def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise InputError(f"{path}: not a readable .npy file ({e})") from None
+    if arr.dtype.kind != "f" or arr.dtype.itemsize not in (2, 4, 8):
+        raise InputError(f"{path}: cannot quantize a {arr.dtype} array (float16/32/64 expected)")
+    if arr.ndim == 0 or arr.ndim > 4 or arr.size == 0:
+        raise InputError(f"{path}: expected a non-empty array of 1 to 4 dimensions, got shape {arr.shape}")
+    name = opts.name or os.path.splitext(os.path.basename(path))[0] or "tensor"
+    src = T.F16 if arr.dtype == np.float16 else T.F32
+    ne = tuple(int(d) for d in arr.shape[::-1])
+    dst = opts.type
+    warn = None
+    if ne[0] % QK_:
+        dst = T.F16
+        warn = f"{name}: row length {ne[0]} is not a multiple of 32, writing f16"
+    src_bytes = int(arr.size) * (2 if src == T.F16 else 4)
+    tp = TensorPlan(0, name, ne, src, dst, 0, src_bytes, tensor_bytes(dst, ne), warn)
+    kv = [("general.quantization_version", _kv_u32("general.quantization_version", GGML_QNT_VERSION)),
+          ("general.file_type", _kv_u32("general.file_type", FILE_TYPES[opts.type]))]
+    plan = QuantizePlan(path, opts, [tp], kv, GGUF_DEFAULT_ALIGNMENT, [warn] if warn else [], npy=arr)
+    return _layout(plan)
+
+
+def _layout(plan: QuantizePlan) -> QuantizePlan:
+    off = 0
+    for t in plan.tensors:
+        t.dst_offset = off
+        off = _pad(off + t.dst_bytes, plan.alignment)
+    return plan
+
+
+def header_bytes(plan: QuantizePlan) -> bytes:
+    """GGUF v3 header, metadata and tensor infos, padded to the alignment."""
+    parts = [b"GGUF", struct.pack("<IQQ", 3, len(plan.tensors), len(plan.kv))]
+    parts += [raw for _, raw in plan.kv]
+    for t in plan.tensors:
+        parts.append(_gguf_str(t.name))
+        parts.append(struct.pack("<I", len(t.ne)) + struct.pack(f"<{len(t.ne)}Q", *t.ne))
+        parts.append(struct.pack("<IQ", int(t.dst_type), t.dst_offset))
+    head = b"".join(parts)
+    return head + b"\0" * (_pad(len(head), plan.alignment) - len(head))
