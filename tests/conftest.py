@@ -63,3 +63,28 @@ def npy(tmp_path):
         return p
 
     return save
+
+
+def write_gguf(path, tensors: dict, arch: str = "test", kv: dict | None = None):
+    """A small GGUF written with gguf-py. A tensor is an array, or (raw array, GGML type) for data
+    already in that type's bytes; kv values are str, list or int (uint32)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in (kv or {}).items():
+        if isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, list):
+            w.add_array(k, v)
+        else:
+            w.add_uint32(k, v)
+    for name, arr in tensors.items():
+        if isinstance(arr, tuple):
+            w.add_tensor(name, arr[0], raw_dtype=arr[1])
+        else:
+            w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import struct
 
-import gguf
 import numpy as np
 import pytest
-from conftest import STORIES, fails, ok
+from conftest import STORIES, fails, ok, write_gguf
 
 A = "a=[[2,8],[5,1],[4,2],[8,6]]"
 B = "b=[[10,5],[9,9],[5,4]]"
 
 
 def small_gguf(path, ne0=4):
-    w = gguf.GGUFWriter(str(path), "test")
-    w.add_tensor("w", np.arange(ne0, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_gguf(path, {"w": np.arange(ne0, dtype=np.float32)})
 
 
 def patch_tensor_info(path, field: str, value: int):

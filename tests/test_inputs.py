@@ -7,7 +7,7 @@ import io
 import gguf
 import numpy as np
 import pytest
-from conftest import STORIES, TINY_LLAMA
+from conftest import STORIES, TINY_LLAMA, write_gguf
 
 from ggtool import Context
 from ggtool import types as T
@@ -257,15 +257,6 @@ def test_missing_gguf_tensor_suggests():
     with pytest.raises(InputError, match="has no tensor 'token_embd.weights'; did you mean 'token_embd.weight'"):
         inputs(f"w={STORIES}:token_embd.weights")
 
-
-def write_gguf(path, tensors):
-    w = gguf.GGUFWriter(str(path), "test")
-    for name, (arr, raw_dtype) in tensors.items():
-        w.add_tensor(name, arr, raw_dtype=raw_dtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def test_other_gguf_types_are_dequantized_when_used(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from conftest import write_gguf
 
 from ggtool.gguf_file import GGUFFile
 
@@ -17,23 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 STORIES = ROOT / "fixtures" / "stories260K.gguf"
 TINY = ROOT / "fixtures" / "llama-2-tiny-random.gguf"
 
-
-def write_gguf(path, tensors: dict, kv: dict | None = None):
-    w = gguf.GGUFWriter(str(path), "llama")
-    for k, v in (kv or {}).items():
-        if isinstance(v, str):
-            w.add_string(k, v)
-        elif isinstance(v, list):
-            w.add_array(k, v)
-        else:
-            w.add_uint32(k, v)
-    for name, arr in tensors.items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def _ti_offset(path, name: str) -> int:
@@ -64,7 +48,7 @@ def test_fast_reader_matches_gguf_py(path):
 def test_string_arrays_with_long_items(tmp_path):
     # lengths of 256+ bytes take the exact (u64) walk; mixed with short, empty and non-ASCII items
     items = ["a", "", "é" * 200, "x" * 70000, "tail", "ü"]
-    p = write_gguf(tmp_path / "s.gguf", {"w": np.zeros(4, np.float32)},
+    p = write_gguf(tmp_path / "s.gguf", {"w": np.zeros(4, np.float32)}, arch="llama",
                    kv={"test.strings": items, "test.short": ["a", "bc", ""], "test.ints": [1, 2, 3]})
     f = GGUFFile(p)
     r = gguf.GGUFReader(str(p))
@@ -152,7 +136,7 @@ def test_inspect_stats(run, tmp_path):
 
 
 def test_inspect_long_string_shortened(run, tmp_path):
-    p = write_gguf(tmp_path / "s.gguf", {"w": np.zeros(4, np.float32)}, kv={"tokenizer.chat_template": "x" * 500})
+    p = write_gguf(tmp_path / "s.gguf", {"w": np.zeros(4, np.float32)}, arch="llama", kv={"tokenizer.chat_template": "x" * 500})
     out = run("inspect", p).stdout
     assert '..." (500 chars)' in out and "x" * 61 not in out
     assert "x" * 500 in run("inspect", p, "--full").stdout

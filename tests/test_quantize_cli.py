@@ -12,6 +12,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from conftest import write_gguf
 
 from ggtool import quantize_model as QM
 from ggtool import types as T
@@ -21,24 +22,6 @@ STORIES = ROOT / "fixtures" / "stories260K.gguf"
 TINY = ROOT / "fixtures" / "llama-2-tiny-random.gguf"
 QT = gguf.GGMLQuantizationType
 
-
-def write_gguf(path, tensors: dict, arch: str = "llama", kv: dict | None = None):
-    w = gguf.GGUFWriter(str(path), arch)
-    for k, v in (kv or {}).items():
-        if isinstance(v, str):
-            w.add_string(k, v)
-        else:
-            w.add_uint32(k, v)
-    for name, arr in tensors.items():
-        if isinstance(arr, tuple):         # (raw bytes array, quant type)
-            w.add_tensor(name, arr[0], raw_dtype=arr[1])
-        else:
-            w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def types_of(path) -> dict[str, str]:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from ..errors import QuantizationError
-from .blocks import _F32, CHUNK_BLOCKS, QK, _gather
+from .blocks import _F32, CHUNK_BLOCKS, QK, _gather, _raw_blocks
 from .threads import _run_chunks
 
 _NIB_LUT64 = np.stack([np.arange(256) & 15, np.arange(256) >> 4], axis=1).astype(_F32).view(np.uint64).reshape(256)
@@ -74,12 +73,7 @@ _NATIVE_DQ = {  # type -> (bytes per block, values per block, kernel)
 
 def _dequantize_native(raw, t) -> np.ndarray:
     nbytes, nval, kernel = _NATIVE_DQ[t]
-    raw = np.asarray(raw)
-    if raw.dtype != np.uint8:
-        raw = raw.view(np.uint8)
-    if raw.ndim == 0 or raw.shape[-1] % nbytes:
-        raise QuantizationError(f"{T.type_name(t)} data has rows of {raw.shape[-1] if raw.ndim else 0} bytes, "
-                                f"not a multiple of the {nbytes}-byte block")
+    raw = _raw_blocks(raw, nbytes, T.type_name(t))
     shape = (*raw.shape[:-1], raw.shape[-1] // nbytes * nval)
     blocks = np.ascontiguousarray(raw).reshape(-1, nbytes)
     out = np.empty((blocks.shape[0], nval), _F32)
