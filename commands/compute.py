@@ -7,7 +7,6 @@ import shutil
 import tempfile
 
 import click
-import numpy as np
 
 from ggtool.context import Context
 from ggtool.outputs import (
@@ -106,9 +105,7 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
     timer.mark("build")
 
     n_threads = compute_threads(n_threads, built.graph)
-    pool = open_pool(n_threads)
-    with np.errstate(all="ignore"):
-        plan = built.graph.compute(n_threads, pool=pool)
+    plan = built.graph.compute(n_threads, pool=open_pool(n_threads))
     timer.mark("compute")
     if verbose:
         log(f"computed {built.graph.n_nodes} nodes with {plan.n_threads} threads "
