@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import types as T
 from ..context import Context
 from ..errors import GGToolError, ShapeError
 from ..tensor import UNARY_OPS, Tensor
@@ -123,11 +122,6 @@ def check(cond: bool, op: str, msg: str) -> None:
     if not cond:
         raise ShapeError(f"{op}: {msg}")
 
-
-def check_type(t: Tensor, op: str, allowed, what: str = "a") -> None:
-    if t.type not in allowed:
-        names = ", ".join(T.type_name(x) for x in allowed)
-        raise ShapeError(f"{op}: {what} '{t.name}' is {T.type_name(t.type)}; supported: {names}")
 
 
 # -- helpers for kernels ---------------------------------------------------------------------
