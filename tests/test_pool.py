@@ -29,6 +29,7 @@ from ggtool.errors import ComputeError, GGToolError
 from ggtool.ops import FUNCTIONS, KERNELS, Kernel
 from ggtool.ops.base import ALL, new_op
 from ggtool.pool import WorkerPool, default_threads, get_pool
+from ggtool.pool.threads import placement
 
 TESTS = Path(__file__).resolve().parent
 OPS = load_json("ops.json")["cases"]
@@ -54,8 +55,14 @@ def sleep_kernel(node, ith, nth, work):
             time.sleep(0.005)
 
 
+def affinity_kernel(node, ith, nth, work):
+    """Row ith of the output: how many CPUs participant ith may run on, and the lowest of them."""
+    cpus = os.sched_getaffinity(0)
+    node.data.reshape(-1, node.ne[0])[ith, :2] = (len(cpus), min(cpus))
+
+
 def register_test_kernels() -> list[str]:
-    new = {"TEST_POOL_FAIL": fail_kernel, "TEST_POOL_SLEEP": sleep_kernel}
+    new = {"TEST_POOL_FAIL": fail_kernel, "TEST_POOL_SLEEP": sleep_kernel, "TEST_POOL_AFFINITY": affinity_kernel}
     for op, fn in new.items():
         KERNELS[op] = Kernel(op, fn, ALL, None)
     return list(new)
@@ -327,6 +334,43 @@ def test_hundred_computes_leave_nothing():
 def _env_and_blas(name):
     from ggtool import blas
     return os.environ.get(name), blas.get_threads(), os.getpid()
+
+
+def _affinities(pool, nth: int) -> np.ndarray:
+    """(CPU count, lowest CPU) of each participant's mask while computing on `pool`."""
+    ctx = ggtool.Context()
+    out = custom(ctx, "TEST_POOL_AFFINITY", ctx.new_tensor("f32", [2, nth]))
+    g = ctx.new_graph()
+    g.expand(out)
+    out.data[...] = -1
+    assert g.compute(nth, pool=pool).n_threads == nth
+    return out.numpy().reshape(nth, 2).astype(int)
+
+
+def test_placement(monkeypatch):
+    monkeypatch.delenv("GGTOOL_PIN", raising=False)
+    allowed = sorted(os.sched_getaffinity(0))
+    full = placement(len(allowed))
+    assert sorted(full) == allowed                        # one CPU each, all distinct
+    assert placement(1) == full[:1] and full[0] in allowed
+    assert placement(len(allowed) + 1) is None           # more participants than CPUs: no pinning
+
+
+def test_participants_pinned_while_computing(pool, registered_test_kernels, monkeypatch):
+    monkeypatch.delenv("GGTOOL_PIN", raising=False)
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("one CPU: nothing to place")
+    got = _affinities(pool, 2)
+    assert list(got[:, 0]) == [1, 1] and len(set(got[:, 1])) == 2 and set(got[:, 1]) <= allowed
+    assert os.sched_getaffinity(0) == allowed            # the caller's thread has its mask back
+    monkeypatch.setenv("GGTOOL_PIN", "0")                # off: every participant on its whole mask again
+    assert list(_affinities(pool, 2)[:, 0]) == [len(allowed)] * 2
+    monkeypatch.delenv("GGTOOL_PIN")
+    with WorkerPool(2, pin=False) as unpinned:
+        assert list(_affinities(unpinned, 2)[:, 0]) == [len(allowed)] * 2
+    if len(allowed) < 4:                                 # more participants than CPUs: none pinned
+        assert list(_affinities(pool, 4)[:, 0]) == [len(allowed)] * 4
 
 
 def _maybe_fail(x):

@@ -25,7 +25,7 @@ from . import wire
 from .barrier import ABORT, CHECK_EVERY, CTL_SIZE, MAX_PARTICIPANTS, Aborted, Barrier, participate, programs, slot
 from .procs import IN_WORKER, State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
 from .segments import live_segments, segment_size
-from .threads import default_threads
+from .threads import default_threads, pinned, placement
 
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
 
@@ -48,15 +48,18 @@ class WorkerPool:
 
     A plan of more threads than the pool has starts more workers; a plan of 1 runs in-process.
     Workers start in the background when the pool is created; the first compute waits for them.
+    With `pin` (and GGTOOL_PIN not 0), each participant of a compute runs on a CPU of its own while
+    it computes, when there are enough (see threads.placement).
     """
 
-    def __init__(self, n_threads: int | None = None):
+    def __init__(self, n_threads: int | None = None, pin: bool = True):
         n = default_threads() if n_threads is None else int(n_threads)
         if not 1 <= n <= MAX_PARTICIPANTS:
             raise GGToolError(f"a worker pool has 1 to {MAX_PARTICIPANTS} participants, not {n}")
         if IN_WORKER:
             n = 1
         self.n_threads = n
+        self.pin = pin
         self._state = State()
         self._finalizer = weakref.finalize(self, self._state.teardown, True)
         self._lock = threading.Lock()
@@ -152,8 +155,9 @@ class WorkerPool:
         self._enter()
         try:
             workers = self._ensure(nth)
-            with single_threaded():
-                self._run(graph, plan, nth, workers)
+            cpus = placement(nth) if self.pin else None
+            with single_threaded(), pinned(cpus[0] if cpus else None):
+                self._run(graph, plan, nth, workers, cpus)
         finally:
             self._leave()
 
@@ -178,7 +182,7 @@ class WorkerPool:
             self._keys.pop(old.key, None)
         return entry
 
-    def _run(self, graph, plan, nth: int, workers: list[Worker]) -> None:
+    def _run(self, graph, plan, nth: int, workers: list[Worker], cpus: list[int] | None) -> None:
         if len(plan.nodes) != graph.n_nodes:
             raise GGToolError(f"the plan was made for {len(plan.nodes)} nodes but the graph has "
                               f"{graph.n_nodes}: plan it again")
@@ -208,7 +212,8 @@ class WorkerPool:
                     blob = entry.blob
                     self.stats["graphs_sent"] += 1
                 try:
-                    w.conn.send(("run", entry.key, ith, nth, g0, blob, attach, drop_segs, drop_graphs))
+                    w.send(("run", entry.key, ith, nth, g0, cpus[ith] if cpus else None, blob, attach, drop_segs,
+                            drop_graphs))
                 except OSError:
                     raise WorkerDied(ith, w) from None
                 w.graphs.add(entry.key)
@@ -290,7 +295,7 @@ class WorkerPool:
             try:
                 for k, w in enumerate(workers, 1):
                     try:
-                        w.conn.send(("map", fn, items[bounds[k]: bounds[k + 1]]))
+                        w.send(("map", fn, items[bounds[k]: bounds[k + 1]]))
                     except OSError:
                         raise WorkerDied(k, w) from None
                 results: list = [None] * n

@@ -65,12 +65,21 @@ class WorkerDied(BaseException):  # BaseException: raised from barriers inside k
 
 
 class Worker:
-    __slots__ = ("conn", "graphs", "life", "proc", "ready", "segs")
+    __slots__ = ("bell", "conn", "graphs", "life", "proc", "ready", "segs")
 
-    def __init__(self, proc, conn, life: int):
-        self.proc, self.conn, self.life, self.ready = proc, conn, life, False
+    def __init__(self, proc, conn, life: int, bell: int):
+        self.proc, self.conn, self.life, self.bell, self.ready = proc, conn, life, bell, False
         self.segs: dict[str, int] = {}
         self.graphs: set[int] = set()
+
+    def send(self, msg) -> None:
+        """Send a message, then ring the worker's bell (an eventfd), on which it sleeps between
+        messages. A socket write wakes its reader as a "sync" wakeup, which makes Linux run the
+        worker on the caller's CPU and stall the caller for milliseconds while the other core
+        idles; an eventfd wakes it like a futex, on an idle CPU."""
+        self.conn.send(msg)
+        if self.bell >= 0:
+            os.eventfd_write(self.bell, 1)
 
     @property
     def pid(self) -> int:
@@ -99,29 +108,32 @@ def spawn(ctl: shm.Segment) -> Worker:
     """
     parent, child = socket.socketpair()
     life_r, life_w = os.pipe()
+    bell = os.eventfd(0, os.EFD_SEMAPHORE) if hasattr(os, "eventfd") else -1
     path = list(sys.path)
     if _PKG_ROOT not in path:
         path.append(_PKG_ROOT)
     code = f"import sys; sys.path[:] = {path!r}; from ggtool.pool.worker import main; main()"
     cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code,
-           str(child.fileno()), str(life_r)]
+           str(child.fileno()), str(life_r), str(bell)]
     try:
         env = blas.single_thread_env()
         env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
         env["GGTOOL_POOL_WORKER"] = "1"
-        proc = subprocess.Popen(cmd, pass_fds=(child.fileno(), life_r), env=env,
+        proc = subprocess.Popen(cmd, pass_fds=(child.fileno(), life_r, *([bell] if bell >= 0 else [])), env=env,
                                 stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
     except BaseException:
         parent.close()
         os.close(life_w)
+        if bell >= 0:
+            os.close(bell)
         raise
     finally:
         child.close()
         os.close(life_r)
     conn = Connection(parent.detach())
-    w = Worker(proc, conn, life_w)
+    w = Worker(proc, conn, life_w, bell)
     try:
-        conn.send(("init", ctl.name, ctl.size))
+        w.send(("init", ctl.name, ctl.size))
     except BaseException:
         kill(w)
         raise
@@ -138,8 +150,8 @@ def kill(w: Worker) -> None:
 
 
 def reap(w: Worker) -> None:
-    """Wait for a killed or exiting worker, then close its connection and life pipe (each on its
-    own: a failure to close one must not leak the other, or the worker's watchdog never sees EOF)."""
+    """Wait for a killed or exiting worker, then close its connection, bell and life pipe (each on
+    its own: a failure to close one must not leak the others, or the worker's watchdog never sees EOF)."""
     try:
         w.proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:  # pragma: no cover
@@ -148,10 +160,12 @@ def reap(w: Worker) -> None:
         w.conn.close()
     except Exception:
         pass
-    try:
-        os.close(w.life)
-    except Exception:
-        pass
+    for fd in (w.bell, w.life):
+        try:
+            if fd >= 0:
+                os.close(fd)
+        except Exception:
+            pass
 
 
 def wait_ready(workers) -> None:
@@ -189,7 +203,7 @@ class State:
         if graceful:
             for w in workers:
                 try:
-                    w.conn.send(("exit",))
+                    w.send(("exit",))
                 except Exception:
                     pass
             deadline = time.monotonic() + 2.0

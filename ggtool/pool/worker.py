@@ -1,10 +1,10 @@
 """The worker's side: the main loop of a worker process.
 
 A worker is started as `python -c "...; from ggtool.pool.worker import main; main()" <socket fd>
-<pipe fd>` (see procs.spawn). It ignores Ctrl-C (the caller's to handle), exits as soon as the caller
-is gone (a watchdog thread reads EOF on the pipe), and answers the caller's messages: "run" a graph
-as participant ith of nth (installing and caching it the first time), "map" a function over items,
-"exit".
+<pipe fd> <eventfd>` (see procs.spawn). It ignores Ctrl-C (the caller's to handle), exits as soon
+as the caller is gone (a watchdog thread reads EOF on the pipe), sleeps on the eventfd (its bell)
+between messages, and answers the caller's messages: "run" a graph as participant ith of nth on a
+given CPU (installing and caching the graph the first time), "map" a function over items, "exit".
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .. import shm
 from ..compute import Work
 from ..errors import GGToolError
 from .barrier import ABORT, Aborted, Barrier, participate
+from .threads import Pin
 from .wire import WorkerGraph, install
 
 
@@ -30,10 +31,15 @@ def _nothing() -> None:
 
 
 def main() -> None:
-    """Entry point of a worker process: `python -c ... <fd of its socket to the caller>`."""
+    """Entry point of a worker process: `python -c ... <socket fd> <life pipe fd> <bell fd or -1>`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the caller's to handle
-    conn = Connection(int(sys.argv[-2]))
-    life = int(sys.argv[-1])
+    conn = Connection(int(sys.argv[-3]))
+    life, bell = int(sys.argv[-2]), int(sys.argv[-1])
+
+    def receive():
+        if bell >= 0:
+            os.eventfd_read(bell)   # one ring per message (EFD_SEMAPHORE)
+        return conn.recv()
 
     def watchdog():  # EOF: the caller is gone (or has let us go); nothing left to compute for
         try:
@@ -43,7 +49,7 @@ def main() -> None:
 
     threading.Thread(target=watchdog, name="ggtool-pool-watchdog", daemon=True).start()
     try:
-        _, ctl_name, ctl_size = conn.recv()
+        _, ctl_name, ctl_size = receive()
     except (EOFError, OSError):
         os._exit(0)
     try:
@@ -59,8 +65,11 @@ def main() -> None:
     graphs: dict[int, WorkerGraph] = {}
     from ..ops.base import KERNELS, Kernel
 
+    pin = Pin()
+
     def run(msg):
-        _, key, ith, nth, g0, blob, attach, drop_segs, drop_graphs = msg
+        _, key, ith, nth, g0, cpu, blob, attach, drop_segs, drop_graphs = msg
+        pin.set(cpu)
         for k in drop_graphs:
             graphs.pop(k, None)
         for n in drop_segs:
@@ -102,7 +111,7 @@ def main() -> None:
 
     while True:
         try:
-            msg = conn.recv()
+            msg = receive()
         except (EOFError, OSError):
             break
         except BaseException as e:  # a message that cannot be unpickled here (a kernel's module, say)
