@@ -8,6 +8,7 @@ them. They are registered in the caller only for the duration of a test (fixture
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -29,7 +30,7 @@ from ggtool.errors import ComputeError, GGToolError
 from ggtool.ops import FUNCTIONS, KERNELS, Kernel
 from ggtool.ops.base import ALL, new_op
 from ggtool.pool import WorkerPool, default_threads, get_pool
-from ggtool.pool.threads import placement
+from ggtool.pool.threads import placement, wake_on
 
 TESTS = Path(__file__).resolve().parent
 OPS = load_json("ops.json")["cases"]
@@ -353,24 +354,54 @@ def test_placement(monkeypatch):
     full = placement(len(allowed))
     assert sorted(full) == allowed                        # one CPU each, all distinct
     assert placement(1) == full[:1] and full[0] in allowed
-    assert placement(len(allowed) + 1) is None           # more participants than CPUs: no pinning
+    assert placement(len(allowed) + 1) is None           # more participants than CPUs: none placed
+    monkeypatch.setenv("GGTOOL_PIN", "0")
+    assert placement(1) is None
 
 
-def test_participants_pinned_while_computing(pool, registered_test_kernels, monkeypatch):
+def test_wake_on_pins_a_sleeping_process_until_it_releases():
+    cpu = max(os.sched_getaffinity(0))
+    child = subprocess.Popen([sys.executable, "-c", "import sys; from ggtool.pool.threads import Release; "
+                              "r = Release(); print('ready', flush=True); sys.stdin.readline(); r(); print(sorted(r.home)); "
+                              "sys.stdin.readline()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"    # it has read its own mask: now it sleeps on stdin
+        wake_on(child.pid, cpu)
+        assert os.sched_getaffinity(child.pid) == {cpu}
+        child.stdin.write("\n")
+        child.stdin.flush()
+        home = set(json.loads(child.stdout.readline()))
+        assert home == os.sched_getaffinity(0) and os.sched_getaffinity(child.pid) == home
+    finally:
+        child.stdin.close()
+        child.wait(5)
+    wake_on(child.pid, cpu)                               # a worker already gone: no error
+
+
+def test_workers_woken_on_their_own_cpu(pool, registered_test_kernels, monkeypatch):
+    """Each worker is woken on a CPU of its own, and computes with its whole mask (it released the pin)."""
+    import ggtool.pool.caller as caller
+
     monkeypatch.delenv("GGTOOL_PIN", raising=False)
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2:
         pytest.skip("one CPU: nothing to place")
+    woken = []
+    monkeypatch.setattr(caller, "wake_on", lambda pid, cpu: woken.append((pid, cpu)))
     got = _affinities(pool, 2)
-    assert list(got[:, 0]) == [1, 1] and len(set(got[:, 1])) == 2 and set(got[:, 1]) <= allowed
-    assert os.sched_getaffinity(0) == allowed            # the caller's thread has its mask back
-    monkeypatch.setenv("GGTOOL_PIN", "0")                # off: every participant on its whole mask again
-    assert list(_affinities(pool, 2)[:, 0]) == [len(allowed)] * 2
+    assert [pid for pid, _ in woken] == pool.pids[:1] and woken[0][1] in allowed
+    assert list(got[:, 0]) == [len(allowed)] * 2         # nobody computes pinned
+    assert os.sched_getaffinity(0) == allowed
+    woken.clear()
+    monkeypatch.setenv("GGTOOL_PIN", "0")
+    _affinities(pool, 2)
     monkeypatch.delenv("GGTOOL_PIN")
-    with WorkerPool(2, pin=False) as unpinned:
-        assert list(_affinities(unpinned, 2)[:, 0]) == [len(allowed)] * 2
-    if len(allowed) < 4:                                 # more participants than CPUs: none pinned
-        assert list(_affinities(pool, 4)[:, 0]) == [len(allowed)] * 4
+    with WorkerPool(2, pin=False) as unplaced:
+        _affinities(unplaced, 2)
+    assert woken == []
+    if len(allowed) < 4:                                 # more participants than CPUs: nobody placed
+        _affinities(pool, 4)
+        assert woken == []
 
 
 def _maybe_fail(x):

@@ -25,7 +25,7 @@ from . import wire
 from .barrier import ABORT, CHECK_EVERY, CTL_SIZE, MAX_PARTICIPANTS, Aborted, Barrier, participate, programs, slot
 from .procs import IN_WORKER, State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
 from .segments import live_segments, segment_size
-from .threads import default_threads, pinned, placement
+from .threads import default_threads, placement, wake_on
 
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
 
@@ -48,8 +48,8 @@ class WorkerPool:
 
     A plan of more threads than the pool has starts more workers; a plan of 1 runs in-process.
     Workers start in the background when the pool is created; the first compute waits for them.
-    With `pin` (and GGTOOL_PIN not 0), each participant of a compute runs on a CPU of its own while
-    it computes, when there are enough (see threads.placement).
+    With `pin` (and GGTOOL_PIN not 0), each worker wakes up for a compute on a CPU of its own, when
+    there are enough (see threads.wake_on).
     """
 
     def __init__(self, n_threads: int | None = None, pin: bool = True):
@@ -155,9 +155,8 @@ class WorkerPool:
         self._enter()
         try:
             workers = self._ensure(nth)
-            cpus = placement(nth) if self.pin else None
-            with single_threaded(), pinned(cpus[0] if cpus else None):
-                self._run(graph, plan, nth, workers, cpus)
+            with single_threaded():
+                self._run(graph, plan, nth, workers, placement(nth) if self.pin else None)
         finally:
             self._leave()
 
@@ -211,9 +210,10 @@ class WorkerPool:
                 if entry.key not in w.graphs:
                     blob = entry.blob
                     self.stats["graphs_sent"] += 1
+                if cpus:
+                    wake_on(w.pid, cpus[ith])
                 try:
-                    w.send(("run", entry.key, ith, nth, g0, cpus[ith] if cpus else None, blob, attach, drop_segs,
-                            drop_graphs))
+                    w.send(("run", entry.key, ith, nth, g0, cpus is not None, blob, attach, drop_segs, drop_graphs))
                 except OSError:
                     raise WorkerDied(ith, w) from None
                 w.graphs.add(entry.key)

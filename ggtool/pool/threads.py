@@ -3,7 +3,6 @@ one thread: see ggtool.compute.single_threaded; workers get the same through the
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 
@@ -28,13 +27,8 @@ def default_threads() -> int:
 
 
 def placement(nth: int) -> list[int] | None:
-    """A distinct CPU for each participant of a compute (the caller's current CPU first), or None
-    when there are more participants than CPUs or GGTOOL_PIN=0.
-
-    Pinned, no participant waits for a CPU: unpinned, Linux often wakes a worker on the caller's
-    CPU and leaves the other core idle for milliseconds (measured: f32 mul_mat K=N=4096 M=64 on 2
-    participants, 85-99 GFLOP/s unpinned, 110-122 pinned). GGML's threadpool pins with a cpumask.
-    """
+    """A distinct CPU for each participant of a compute, the caller's current CPU first; None when
+    there are more participants than CPUs or GGTOOL_PIN=0. See `wake_on`."""
     if os.environ.get("GGTOOL_PIN", "").strip() == "0":
         return None
     try:
@@ -62,28 +56,27 @@ def _current_cpu() -> int | None:
     return _sched_getcpu() if _sched_getcpu else None
 
 
-@contextlib.contextmanager
-def pinned(cpu: int | None):
-    """Run the block with the calling thread on `cpu` alone (None: as it is), then restore its mask."""
-    if cpu is None:
-        yield
-        return
-    saved = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
+def wake_on(pid: int, cpu: int) -> None:
+    """Make a sleeping worker wake up on `cpu`; it widens its mask again as soon as it runs (`release`).
+
+    Left to itself, Linux often wakes a worker on the caller's CPU while the other core idles, and
+    one of them waits milliseconds for the load balancer (f32 mul_mat K=N=4096 M=64 on 2
+    participants: 85-99 GFLOP/s, 103-122 placed). Only the wake is placed: a participant pinned for
+    the whole compute cannot escape a busy thread that shares its CPU (the caller's own OpenBLAS
+    threads, spinning after a numpy call, made a 159-node graph 6x slower that way).
+    """
     try:
-        yield
-    finally:
-        os.sched_setaffinity(0, saved)
+        os.sched_setaffinity(pid, {cpu})
+    except OSError:
+        pass  # the worker is gone: the caller finds out at its next barrier
 
 
-class Pin:
-    """A worker's own placement: set per run, changed only when it changes (None: its first mask)."""
+class Release:
+    """A worker's side of `wake_on`: back to the mask it started with."""
 
     def __init__(self):
         self.home = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        self.cpu = None
 
-    def set(self, cpu: int | None) -> None:
-        if cpu != self.cpu and self.home is not None:
-            os.sched_setaffinity(0, {cpu} if cpu is not None else self.home)
-            self.cpu = cpu
+    def __call__(self) -> None:
+        if self.home is not None:
+            os.sched_setaffinity(0, self.home)

@@ -4,7 +4,7 @@ A worker is started as `python -c "...; from ggtool.pool.worker import main; mai
 <pipe fd> <eventfd>` (see procs.spawn). It ignores Ctrl-C (the caller's to handle), exits as soon
 as the caller is gone (a watchdog thread reads EOF on the pipe), sleeps on the eventfd (its bell)
 between messages, and answers the caller's messages: "run" a graph as participant ith of nth on a
-given CPU (installing and caching the graph the first time), "map" a function over items, "exit".
+CPU the caller chose (installing and caching the graph the first time), "map" a function over items, "exit".
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .. import shm
 from ..compute import Work
 from ..errors import GGToolError
 from .barrier import ABORT, Aborted, Barrier, participate
-from .threads import Pin
+from .threads import Release
 from .wire import WorkerGraph, install
 
 
@@ -54,6 +54,7 @@ def main() -> None:
         os._exit(0)
     try:
         mv = memoryview(shm.attach(ctl_name, ctl_size)).cast("q")
+        release = Release()   # our mask, read before "ready": after it the caller may pin us (wake_on)
         conn.send(("ready", os.getpid()))
     except BaseException as e:
         try:
@@ -65,11 +66,10 @@ def main() -> None:
     graphs: dict[int, WorkerGraph] = {}
     from ..ops.base import KERNELS, Kernel
 
-    pin = Pin()
-
     def run(msg):
-        _, key, ith, nth, g0, cpu, blob, attach, drop_segs, drop_graphs = msg
-        pin.set(cpu)
+        _, key, ith, nth, g0, placed, blob, attach, drop_segs, drop_graphs = msg
+        if placed:
+            release()  # the caller chose the CPU we woke up on; from here the scheduler may move us
         for k in drop_graphs:
             graphs.pop(k, None)
         for n in drop_segs:
