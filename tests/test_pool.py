@@ -349,13 +349,13 @@ def _affinities(pool, nth: int) -> np.ndarray:
 
 
 def test_placement(monkeypatch):
-    monkeypatch.delenv("GGTOOL_PIN", raising=False)
+    monkeypatch.delenv("GGTOOL_PLACE", raising=False)
     allowed = sorted(os.sched_getaffinity(0))
     full = placement(len(allowed))
     assert sorted(full) == allowed                        # one CPU each, all distinct
     assert placement(1) == full[:1] and full[0] in allowed
     assert placement(len(allowed) + 1) is None           # more participants than CPUs: none placed
-    monkeypatch.setenv("GGTOOL_PIN", "0")
+    monkeypatch.setenv("GGTOOL_PLACE", "0")
     assert placement(1) is None
 
 
@@ -379,10 +379,10 @@ def test_wake_on_pins_a_sleeping_process_until_it_releases():
 
 
 def test_workers_woken_on_their_own_cpu(pool, registered_test_kernels, monkeypatch):
-    """Each worker is woken on a CPU of its own, and computes with its whole mask (it released the pin)."""
+    """Each worker is woken on a CPU of its own, and computes with its whole mask (it released the pin of its wake)."""
     import ggtool.pool.caller as caller
 
-    monkeypatch.delenv("GGTOOL_PIN", raising=False)
+    monkeypatch.delenv("GGTOOL_PLACE", raising=False)
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2:
         pytest.skip("one CPU: nothing to place")
@@ -393,15 +393,29 @@ def test_workers_woken_on_their_own_cpu(pool, registered_test_kernels, monkeypat
     assert list(got[:, 0]) == [len(allowed)] * 2         # nobody computes pinned
     assert os.sched_getaffinity(0) == allowed
     woken.clear()
-    monkeypatch.setenv("GGTOOL_PIN", "0")
+    monkeypatch.setenv("GGTOOL_PLACE", "0")
     _affinities(pool, 2)
-    monkeypatch.delenv("GGTOOL_PIN")
-    with WorkerPool(2, pin=False) as unplaced:
+    monkeypatch.delenv("GGTOOL_PLACE")
+    with WorkerPool(2, place=False) as unplaced:
         _affinities(unplaced, 2)
     assert woken == []
     if len(allowed) < 4:                                 # more participants than CPUs: nobody placed
         _affinities(pool, 4)
         assert woken == []
+
+
+def test_pool_without_eventfd(monkeypatch, shm_clean):
+    """Where os.eventfd is missing, workers wake on their socket alone."""
+    monkeypatch.delattr(os, "eventfd")
+    ctx = ggtool.Context()
+    g, y = chain(ctx, 20)
+    g.compute(1)
+    want = y.numpy()
+    with WorkerPool(2) as p:
+        assert [w.bell for w in p._state.workers] == [-1]
+        y.data[...] = 0
+        g.compute(2, pool=p)
+        assert np.array_equal(y.numpy(), want) and p.map(abs, [-1, -2]) == [1, 2]
 
 
 def _maybe_fail(x):

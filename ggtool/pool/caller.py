@@ -48,18 +48,18 @@ class WorkerPool:
 
     A plan of more threads than the pool has starts more workers; a plan of 1 runs in-process.
     Workers start in the background when the pool is created; the first compute waits for them.
-    With `pin` (and GGTOOL_PIN not 0), each worker wakes up for a compute on a CPU of its own, when
+    With `place` (and GGTOOL_PLACE not 0), each worker wakes up for a compute on a CPU of its own, when
     there are enough (see threads.wake_on).
     """
 
-    def __init__(self, n_threads: int | None = None, pin: bool = True):
+    def __init__(self, n_threads: int | None = None, place: bool = True):
         n = default_threads() if n_threads is None else int(n_threads)
         if not 1 <= n <= MAX_PARTICIPANTS:
             raise GGToolError(f"a worker pool has 1 to {MAX_PARTICIPANTS} participants, not {n}")
         if IN_WORKER:
             n = 1
         self.n_threads = n
-        self.pin = pin
+        self.place = place
         self._state = State()
         self._finalizer = weakref.finalize(self, self._state.teardown, True)
         self._lock = threading.Lock()
@@ -156,7 +156,7 @@ class WorkerPool:
         try:
             workers = self._ensure(nth)
             with single_threaded():
-                self._run(graph, plan, nth, workers, placement(nth) if self.pin else None)
+                self._run(graph, plan, nth, workers, placement(nth) if self.place else None)
         finally:
             self._leave()
 

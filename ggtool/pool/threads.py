@@ -28,8 +28,8 @@ def default_threads() -> int:
 
 def placement(nth: int) -> list[int] | None:
     """A distinct CPU for each participant of a compute, the caller's current CPU first; None when
-    there are more participants than CPUs or GGTOOL_PIN=0. See `wake_on`."""
-    if os.environ.get("GGTOOL_PIN", "").strip() == "0":
+    there are more participants than CPUs or GGTOOL_PLACE=0. See `wake_on`."""
+    if os.environ.get("GGTOOL_PLACE", "").strip() == "0":
         return None
     try:
         allowed = sorted(os.sched_getaffinity(0))
