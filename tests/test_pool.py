@@ -404,6 +404,11 @@ def test_workers_woken_on_their_own_cpu(pool, registered_test_kernels, monkeypat
         assert woken == []
 
 
+def test_bells_are_not_inherited(pool):
+    """A worker's eventfd reaches that worker only, not every process this one starts later."""
+    assert pool._state.workers and all(not os.get_inheritable(w.bell) for w in pool._state.workers)
+
+
 def test_pool_without_eventfd(monkeypatch, shm_clean):
     """Where os.eventfd is missing, workers wake on their socket alone."""
     monkeypatch.delattr(os, "eventfd")

@@ -108,7 +108,7 @@ def spawn(ctl: shm.Segment) -> Worker:
     """
     parent, child = socket.socketpair()
     life_r, life_w = os.pipe()
-    bell = os.eventfd(0, os.EFD_SEMAPHORE) if hasattr(os, "eventfd") else -1
+    bell = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC) if hasattr(os, "eventfd") else -1
     path = list(sys.path)
     if _PKG_ROOT not in path:
         path.append(_PKG_ROOT)
