@@ -3,8 +3,8 @@
 A worker is started as `python -c "...; from ggtool.pool.worker import main; main()" <socket fd>
 <pipe fd> <eventfd>` (see procs.spawn). It ignores Ctrl-C (the caller's to handle), exits as soon
 as the caller is gone (a watchdog thread reads EOF on the pipe), sleeps on the eventfd (its bell)
-between messages, and answers the caller's messages: "run" a graph as participant ith of nth on a
-CPU the caller chose (installing and caching the graph the first time), "map" a function over items, "exit".
+between messages, and answers the caller's messages: "run" a graph as participant ith of nth
+(installing and caching the graph the first time), "map" a function over items, "exit".
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ def main() -> None:
             return ("exc", e)
 
     def failure(e: BaseException):
+        release()       # in case the caller placed us for a run we could not start
         mv[ABORT] = 1   # whoever waits for us at a barrier stops
-        segs.clear()     # and the caller forgets what it sent us, as we do
+        segs.clear()    # and the caller forgets what it sent us, as we do
         graphs.clear()
         return ("error", str(e) if isinstance(e, GGToolError) else f"{type(e).__name__}: {e}")
 
