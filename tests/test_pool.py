@@ -359,6 +359,20 @@ def test_placement(monkeypatch):
     assert placement(1) is None
 
 
+def test_placement_spreads_over_cores_first(monkeypatch):
+    """With SMT, a worker on the caller's sibling would share its core: siblings come last."""
+    import ggtool.pool.threads as threads
+
+    monkeypatch.delenv("GGTOOL_PLACE", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    monkeypatch.setattr(threads, "_core", lambda cpu: f"{cpu - cpu % 2}-{cpu - cpu % 2 + 1}")  # pairs 0-1, 2-3, 4-5
+    monkeypatch.setattr(threads, "_current_cpu", lambda: 3)
+    assert placement(3) == [3, 4, 0]
+    assert placement(6) == [3, 4, 0, 5, 1, 2]
+    monkeypatch.setattr(threads, "_current_cpu", lambda: None)   # unknown: from the first allowed CPU
+    assert placement(2) == [0, 2]
+
+
 def test_wake_on_pins_a_sleeping_process_until_it_releases():
     cpu = max(os.sched_getaffinity(0))
     child = subprocess.Popen([sys.executable, "-c", "import sys; from ggtool.pool.threads import Release; "

@@ -4,6 +4,7 @@ one thread: see ggtool.compute.single_threaded; workers get the same through the
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 
 from ..errors import GGToolError
@@ -27,8 +28,9 @@ def default_threads() -> int:
 
 
 def placement(nth: int) -> list[int] | None:
-    """A distinct CPU for each participant of a compute, the caller's current CPU first; None when
-    there are more participants than CPUs or GGTOOL_PLACE=0. See `wake_on`."""
+    """A distinct CPU for each participant of a compute, on distinct cores while there are enough
+    (SMT siblings last), starting with the caller's current CPU; None when there are more
+    participants than CPUs or GGTOOL_PLACE=0. See `wake_on`."""
     if os.environ.get("GGTOOL_PLACE", "").strip() == "0":
         return None
     try:
@@ -39,7 +41,25 @@ def placement(nth: int) -> list[int] | None:
         return None
     here = _current_cpu()
     start = allowed.index(here) if here in allowed else 0
-    return [allowed[(start + i) % len(allowed)] for i in range(nth)]
+    rotated = allowed[start:] + allowed[:start]
+    firsts, seconds, cores = [], [], set()
+    for cpu in rotated:   # one CPU per core first, in order from the caller's: then the siblings
+        core = _core(cpu)
+        (seconds if core in cores else firsts).append(cpu)
+        cores.add(core)
+    return (firsts + seconds)[:nth]
+
+
+@functools.cache
+def _core(cpu: int) -> str:
+    """The CPUs sharing `cpu`'s core (its SMT siblings, itself included), as sysfs lists them."""
+    for name in ("core_cpus_list", "thread_siblings_list"):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/{name}") as f:
+                return f.read().strip()
+        except OSError:
+            continue
+    return str(cpu)
 
 
 _sched_getcpu = None
