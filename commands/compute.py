@@ -27,6 +27,7 @@ from ._common import (
     Timer,
     binary_stdout,
     build_graph,
+    compute_progress,
     compute_threads,
     input_options,
     log,
@@ -62,7 +63,8 @@ Outputs: one output prints as a bare array; several as {{"name": array, ...}}. -
 its format from the extension (.json, .npy for one output, .gguf for all outputs as named
 tensors) and is replaced atomically: a failed run leaves no file. --format npy|gguf to stdout
 is refused when stdout is a terminal. JSON writes NaN, Infinity and -Infinity as Python's json
-module does.
+module does. A compute that runs over a second shows a progress bar in nodes on stderr when
+stderr is a terminal.
 
 {NUMPY_ORDER_HELP}
 
@@ -105,7 +107,9 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
     timer.mark("build")
 
     n_threads = compute_threads(n_threads, built.graph)
-    plan = built.graph.compute(n_threads, pool=open_pool(n_threads))
+    pool = open_pool(n_threads)
+    with compute_progress(built.graph.n_nodes) as progress:
+        plan = built.graph.compute(n_threads, pool=pool, progress=progress)
     timer.mark("compute")
     if verbose:
         log(f"computed {built.graph.n_nodes} nodes with {plan.n_threads} threads "

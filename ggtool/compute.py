@@ -27,6 +27,16 @@ class Work:
             self._barrier()
 
 
+class Progress:
+    """The index of the node participant 0 is computing (-1 before the first), written as it goes:
+    a thread may watch a long compute through it (the CLI's progress bar does) at no cost to it."""
+
+    __slots__ = ("node", "total")
+
+    def __init__(self, total: int = 0):
+        self.node, self.total = -1, total
+
+
 def work_view(graph, plan: Plan) -> np.ndarray:
     buf = graph.ctx.buffer
     return buf[plan.work_offset: plan.work_offset + plan.work_size]
@@ -57,20 +67,22 @@ def prepare(graph, n_threads: int = 1, plan: Plan | None = None) -> Plan:
     return plan
 
 
-def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None) -> Plan:
+def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None, progress: Progress | None = None) -> Plan:
     plan = prepare(graph, n_threads, plan)
     if pool is not None and plan.n_threads > 1:
-        pool.run(graph, plan)
+        pool.run(graph, plan, progress)
     else:
-        run_in_process(graph, plan)
+        run_in_process(graph, plan, progress)
     return plan
 
 
-def run_in_process(graph, plan: Plan) -> None:
+def run_in_process(graph, plan: Plan, progress: Progress | None = None) -> None:
     """Every node in this process as participant 0 of 1."""
     work = Work(work_view(graph, plan))
     with single_threaded(), np.errstate(all="ignore"):
         for i, node in enumerate(graph.nodes):
+            if progress is not None:
+                progress.node = i
             run_node(i, node, 0, 1, work)
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import mmap
+import os
+import platform
+
 import numpy as np
 
 from . import types as T
@@ -24,7 +28,9 @@ class Context:
     """A memory pool of `mem_size` bytes with GGML's exact layout.
 
     `mem_size=None` makes a pool that grows as needed (same offsets, no upper bound); that is what
-    the CLI uses, and `ggml_mem_size` then says what a fixed GGML pool would have needed.
+    the CLI uses, and `ggml_mem_size` then says what a fixed GGML pool would have needed. Past
+    64 KiB it grows inside a reservation of address space as large as the machine's memory
+    (`_reserve`): nothing is copied and only the bytes written ever become memory.
     The pool is one contiguous numpy buffer, so it can be moved into shared memory (`rebind`).
     """
 
@@ -38,6 +44,7 @@ class Context:
             self.mem_size = None
             capacity = 1 << 16
         self.buffer = np.zeros(capacity, dtype=np.uint8)
+        self._reserved: np.ndarray | None = None   # the address space `buffer` grows into, if any
         self.objects: list[tuple[int, int, int]] = []  # (offs, size, type)
         self.tensors: list[Tensor] = []
         self.external_bytes = 0  # data of tensors that live outside the pool (memory-mapped)
@@ -65,9 +72,14 @@ class Context:
 
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * len(self.buffer))
-        new = np.zeros(capacity, dtype=np.uint8)
-        new[: len(self.buffer)] = self.buffer
-        self.buffer = new
+        if self._reserved is not None and capacity <= len(self._reserved):
+            self.buffer = self._reserved[:capacity]   # the same bytes, a longer view: nothing moves
+            return
+        reserved = _reserve(capacity)
+        new = np.zeros(capacity, dtype=np.uint8) if reserved is None else reserved[:capacity]
+        used = self.used_mem
+        new[:used] = self.buffer[:used]
+        self.buffer, self._reserved = new, reserved
 
     def rebind(self, buffer: np.ndarray) -> None:
         """Move the pool into `buffer` (e.g. shared memory); every tensor view follows it."""
@@ -75,7 +87,7 @@ class Context:
         if len(buffer) < used:
             raise GGToolError(f"buffer of {len(buffer)} bytes is smaller than the pool's {used}")
         buffer[:used] = self.buffer[:used]
-        self.buffer = buffer
+        self.buffer, self._reserved = buffer, None
 
     def new_buffer(self, nbytes: int) -> int:
         """ggml_new_buffer: a WORK_BUFFER object; returns its payload offset."""
@@ -152,3 +164,27 @@ class Context:
     def new_graph(self, size: int = 2048, grads: bool = False):
         from .graph import Graph
         return Graph(self, size, grads)
+
+
+# MAP_NORESERVE where Python (before 3.12) does not name it: its value on the common Linux ABIs
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if platform.machine() in ("x86_64", "aarch64", "AMD64") else 0)
+
+
+def _reserve(capacity: int) -> np.ndarray | None:
+    """Zeroed address space for a growing pool: as large as the machine's memory (at least
+    `capacity`), private and anonymous, so only the pages written are ever allocated; None where
+    it cannot be had (no MAP_NORESERVE, strict overcommit): the pool then grows by copying."""
+    if not _MAP_NORESERVE or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return None
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        size = -(-max(capacity, ram) // mmap.PAGESIZE) * mmap.PAGESIZE
+        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+    except (OSError, ValueError):
+        return None
+    if hasattr(mmap, "MADV_HUGEPAGE"):   # as numpy asks for its own large arrays
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return np.frombuffer(mm, dtype=np.uint8)

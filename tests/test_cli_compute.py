@@ -201,3 +201,23 @@ def test_empty_tensors_print_as_empty_json(run, source, printed):
     r = run("compute", "relu(x)", "--tensor", f"x={source}")
     assert r.exit_code == 0, r.stderr
     assert r.stdout == printed + "\n"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_on_a_terminal_only():
+    import time
+
+    from ggtool.commands._common import compute_progress
+
+    term = _Terminal()
+    with compute_progress(5, delay=0, interval=0.005, file=term) as progress:
+        for i in range(5):
+            progress.node = i
+            time.sleep(0.05)
+    assert "compute" in term.getvalue() and "4/5" in term.getvalue()   # node 4 running: 4 done
+    with compute_progress(5, file=io.StringIO()) as progress:           # not a terminal: no bar
+        assert progress is None

@@ -193,6 +193,17 @@ def test_long_chain_bitwise_and_cached(pool):
     assert plan.n_threads == 1
 
 
+def test_progress_follows_participant_0(pool):
+    from ggtool.compute import Progress
+
+    ctx = ggtool.Context()
+    g, y = chain(ctx, 50)
+    for nth, p in ((1, None), (2, pool)):
+        progress = Progress(g.n_nodes)
+        g.compute(nth, pool=p, progress=progress)
+        assert progress.node == g.n_nodes - 1
+
+
 def test_plan_of_one_runs_in_process(pool):
     ctx = ggtool.Context()
     a = ctx.new_tensor("f32", [8, 3])

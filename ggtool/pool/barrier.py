@@ -80,8 +80,9 @@ class Barrier:
                 time.sleep(pause)
 
 
-def participate(nodes, prog, ith: int, work: Work, mv: memoryview):
-    """Run this participant's program; returns None, or (node index, message) if a kernel failed."""
+def participate(nodes, prog, ith: int, work: Work, mv: memoryview, progress=None):
+    """Run this participant's program; returns None, or (node index, message) if a kernel failed.
+    `progress` (a ggtool.compute.Progress, participant 0's) follows the node being computed."""
     i = -1
     at = slot(ith) + 1
     try:
@@ -91,6 +92,8 @@ def participate(nodes, prog, ith: int, work: Work, mv: memoryview):
                     work.barrier()
                 else:
                     mv[at] = i
+                    if progress is not None:
+                        progress.node = i
                     run_node(i, nodes[i], ith if n > 1 else 0, n, work)
     except ComputeError as e:
         mv[ABORT] = 1

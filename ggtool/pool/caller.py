@@ -146,17 +146,18 @@ class WorkerPool:
         self._lock.release()
 
     # -- compute -------------------------------------------------------------------------
-    def run(self, graph, plan) -> None:
-        """Compute `graph` with `plan` (work buffer already allocated, see compute.prepare)."""
+    def run(self, graph, plan, progress=None) -> None:
+        """Compute `graph` with `plan` (work buffer already allocated, see compute.prepare);
+        `progress` (a ggtool.compute.Progress) follows participant 0."""
         nth = plan.n_threads
         if nth <= 1 or IN_WORKER:
-            run_in_process(graph, plan)
+            run_in_process(graph, plan, progress)
             return
         self._enter()
         try:
             workers = self._ensure(nth)
             with single_threaded():
-                self._run(graph, plan, nth, workers, placement(nth) if self.place else None)
+                self._run(graph, plan, nth, workers, placement(nth) if self.place else None, progress)
         finally:
             self._leave()
 
@@ -181,7 +182,7 @@ class WorkerPool:
             self._keys.pop(old.key, None)
         return entry
 
-    def _run(self, graph, plan, nth: int, workers: list[Worker], cpus: list[int] | None) -> None:
+    def _run(self, graph, plan, nth: int, workers: list[Worker], cpus: list[int] | None, progress) -> None:
         if len(plan.nodes) != graph.n_nodes:
             raise GGToolError(f"the plan was made for {len(plan.nodes)} nodes but the graph has "
                               f"{graph.n_nodes}: plan it again")
@@ -228,7 +229,7 @@ class WorkerPool:
             work = Work(work_view(graph, plan), Barrier(mv, 0, nth, g0, check))
             failures = []
             try:
-                failed = participate(graph.nodes, entry.prog0, 0, work, mv)
+                failed = participate(graph.nodes, entry.prog0, 0, work, mv, progress)
                 if failed:
                     failures.append(failed)
             except Aborted:

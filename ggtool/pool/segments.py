@@ -54,7 +54,7 @@ def share_context(ctx) -> shm.Segment:
                 f"not enough shared memory for the worker pool: the context needs {need} bytes, "
                 f"/dev/shm has {free} free (enlarge /dev/shm or use --threads 1)")
         with shm.signals_held():  # the copy and the registry entry go together, Ctrl-C or not
-            seg = shm.Segment(max(len(ctx.buffer), need, 1))
+            seg = shm.Segment(max(len(ctx.buffer), need, 1), populate=need)   # the copy writes `need` bytes
             try:
                 ctx.rebind(seg.array)
             except BaseException:
