@@ -83,11 +83,18 @@ class Context:
 
     def rebind(self, buffer: np.ndarray) -> None:
         """Move the pool into `buffer` (e.g. shared memory); every tensor view follows it."""
-        used = self.used_mem
-        if len(buffer) < used:
-            raise GGToolError(f"buffer of {len(buffer)} bytes is smaller than the pool's {used}")
-        buffer[:used] = self.buffer[:used]
+        self._check_room(buffer)
+        buffer[: self.used_mem] = self.buffer[: self.used_mem]
+        self.adopt(buffer)
+
+    def adopt(self, buffer: np.ndarray) -> None:
+        """Use `buffer`, which already holds the pool's bytes (copied by the caller), as the pool."""
+        self._check_room(buffer)
         self.buffer, self._reserved = buffer, None
+
+    def _check_room(self, buffer: np.ndarray) -> None:
+        if len(buffer) < self.used_mem:
+            raise GGToolError(f"buffer of {len(buffer)} bytes is smaller than the pool's {self.used_mem}")
 
     def new_buffer(self, nbytes: int) -> int:
         """ggml_new_buffer: a WORK_BUFFER object; returns its payload offset."""

@@ -253,6 +253,21 @@ def test_file_storage_and_second_context(pool, tmp_path):
     assert np.array_equal(out.numpy()[0, 0], vals + 1.25)
 
 
+def test_segment_fill():
+    """Moving a context into shared memory: zero chunks (results not computed yet) are skipped,
+    the rest copied exactly, whatever the alignment of the last chunk."""
+    data = np.zeros((16 << 20) + 3, np.uint8)                # 16 chunks of 1 MiB and a 3-byte tail
+    data[(4 << 20) + 5] = 1
+    data[-3:] = 9
+    seg = shm.Segment(len(data))
+    try:
+        seg.fill(data, chunk=1 << 20)
+        assert np.array_equal(seg.array[: len(data)], data)
+    finally:
+        seg.unlink()
+        shm.flush()
+
+
 def test_context_that_grows_moves_again(pool, shm_clean):
     ctx = ggtool.Context()
     g, y = chain(ctx, 3)

@@ -54,9 +54,10 @@ def share_context(ctx) -> shm.Segment:
                 f"not enough shared memory for the worker pool: the context needs {need} bytes, "
                 f"/dev/shm has {free} free (enlarge /dev/shm or use --threads 1)")
         with shm.signals_held():  # the copy and the registry entry go together, Ctrl-C or not
-            seg = shm.Segment(max(len(ctx.buffer), need, 1), populate=need)   # the copy writes `need` bytes
+            seg = shm.Segment(max(len(ctx.buffer), need, 1))
             try:
-                ctx.rebind(seg.array)
+                seg.fill(ctx.buffer[:need])   # what is not zero yet: inputs, earlier results
+                ctx.adopt(seg.array)
             except BaseException:
                 seg.unlink()
                 raise
