@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import platform
 
 import numpy as np
 
@@ -174,7 +173,8 @@ class Context:
 
 
 # MAP_NORESERVE where Python (before 3.12) does not name it: its value on the common Linux ABIs
-_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if platform.machine() in ("x86_64", "aarch64", "AMD64") else 0)
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE",
+                         0x4000 if hasattr(os, "uname") and os.uname().machine in ("x86_64", "aarch64") else 0)
 
 
 def _reserve(capacity: int) -> np.ndarray | None:
