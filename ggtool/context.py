@@ -29,7 +29,7 @@ class Context:
     `mem_size=None` makes a pool that grows as needed (same offsets, no upper bound); that is what
     the CLI uses, and `ggml_mem_size` then says what a fixed GGML pool would have needed. Past
     64 KiB it grows inside a reservation of address space as large as the machine's memory
-    (`_reserve`): nothing is copied and only the bytes written ever become memory.
+    (`_reserve`): nothing is copied, and only the bytes written ever become memory.
     The pool is one contiguous numpy buffer, so it can be moved into shared memory (`rebind`).
     """
 
@@ -177,15 +177,19 @@ _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE",
                          0x4000 if hasattr(os, "uname") and os.uname().machine in ("x86_64", "aarch64") else 0)
 
 
+_RESERVE_MAX = 64 << 30   # per context: thousands of live contexts stay within the address space
+
+
 def _reserve(capacity: int) -> np.ndarray | None:
-    """Zeroed address space for a growing pool: as large as the machine's memory (at least
-    `capacity`), private and anonymous, so only the pages written are ever allocated; None where
-    it cannot be had (no MAP_NORESERVE, strict overcommit): the pool then grows by copying."""
+    """Zeroed address space for a growing pool: as large as the machine's memory (at most 64 GiB,
+    at least `capacity`), private and anonymous, so only the pages written are ever allocated;
+    None where it cannot be had (no MAP_NORESERVE, strict overcommit, ulimit -v): the pool then
+    grows by copying."""
     if not _MAP_NORESERVE or not hasattr(mmap, "MAP_ANONYMOUS"):
         return None
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        size = -(-max(capacity, ram) // mmap.PAGESIZE) * mmap.PAGESIZE
+        size = -(-max(capacity, min(ram, _RESERVE_MAX)) // mmap.PAGESIZE) * mmap.PAGESIZE
         mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
     except (OSError, ValueError):
         return None

@@ -81,4 +81,3 @@ def test_layout_predicates_follow_the_spec_examples():
     assert (v.is_contiguous(), v.is_contiguous(1), v.nbytes) == (False, True, 32)
     q = F["permute"](ctx, ctx.new_tensor("f32", [64, 12, 4]), 0, 2, 1, 3)
     assert (q.is_contiguous(0), q.is_contiguous(1), q.is_contiguous(2)) == (False, False, True)
-
