@@ -178,7 +178,7 @@ def compute_progress(total: int, delay: float = 1.0, interval: float = 0.1, file
 
     from ggtool.compute import Progress
 
-    progress = Progress(total)
+    progress = Progress()
     bar = tqdm(total=total, unit=" nodes", desc="compute", file=file, leave=False, dynamic_ncols=True, delay=delay,
                mininterval=interval)
     stop = threading.Event()

@@ -31,10 +31,10 @@ class Progress:
     """The index of the node participant 0 is computing (-1 before the first), written as it goes:
     a thread may watch a long compute through it (the CLI's progress bar does) at no cost to it."""
 
-    __slots__ = ("node", "total")
+    __slots__ = ("node",)
 
-    def __init__(self, total: int = 0):
-        self.node, self.total = -1, total
+    def __init__(self):
+        self.node = -1
 
 
 def work_view(graph, plan: Plan) -> np.ndarray:

@@ -13,19 +13,18 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_threads import compute_threaded
 from replay import Replay, load_json, load_npz, nmse
 
 import ggtool
 from ggtool import shm
 from ggtool import types as T
-from ggtool.compute import Work, prepare, run_node, work_view
 from ggtool.errors import ComputeError, GGToolError
 from ggtool.ops import FUNCTIONS, KERNELS, Kernel
 from ggtool.ops.base import ALL, new_op
@@ -123,21 +122,7 @@ def _replay_op(case, nth, pool=None, serial=False):
     g = r.ctx.new_graph()
     g.expand(out)
     if serial:
-        plan = prepare(g, nth)
-        n = plan.n_threads
-        barrier = threading.Barrier(n)
-        work = Work(work_view(g, plan), barrier.wait)  # for the kernels' internal barriers
-
-        def participant(ith):
-            for i, node in enumerate(g.nodes):
-                run_node(i, node, ith, n, work)
-                barrier.wait()
-
-        threads = [threading.Thread(target=participant, args=(ith,)) for ith in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        compute_threaded(g, nth)
     else:
         g.compute(nth, pool=pool)
     return out.data.copy(), out
@@ -199,7 +184,7 @@ def test_progress_follows_participant_0(pool):
     ctx = ggtool.Context()
     g, y = chain(ctx, 50)
     for nth, p in ((1, None), (2, pool)):
-        progress = Progress(g.n_nodes)
+        progress = Progress()
         g.compute(nth, pool=p, progress=progress)
         assert progress.node == g.n_nodes - 1
 
