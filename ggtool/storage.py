@@ -9,34 +9,43 @@ import os
 
 import numpy as np
 
-_MAPS: dict[str, tuple[int, np.ndarray]] = {}  # per process: path -> (mtime_ns, whole-file map), newest only
+_MAPS: dict[str, tuple[int, np.ndarray, dict]] = {}  # per process: path -> (mtime_ns, map, derived), newest only
 
 
 class FileStorage:
-    __slots__ = ("path", "_array")
+    __slots__ = ("path", "_map")
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.path.abspath(os.fspath(path))
-        self._array = None
+        self._map = None
+
+    def _mapped(self) -> tuple:
+        if self._map is None:
+            mtime = os.stat(self.path).st_mtime_ns
+            cached = _MAPS.get(self.path)
+            if cached is None or cached[0] != mtime:
+                cached = _MAPS[self.path] = (mtime, np.memmap(self.path, dtype=np.uint8, mode="r"), {})
+            self._map = cached
+        return self._map
 
     @property
     def array(self) -> np.ndarray:
         """The whole file, mapped once per process (per modification time: a rewritten file is
         mapped anew by the next FileStorage of it)."""
-        if self._array is None:
-            mtime = os.stat(self.path).st_mtime_ns
-            cached = _MAPS.get(self.path)
-            if cached is None or cached[0] != mtime:
-                cached = _MAPS[self.path] = (mtime, np.memmap(self.path, dtype=np.uint8, mode="r"))
-            self._array = cached[1]
-        return self._array
+        return self._mapped()[1]
+
+    @property
+    def derived(self) -> dict:
+        """A cache of what is computed from the mapped bytes (repacked weights), living and dying
+        with the map: a rewritten file starts an empty one."""
+        return self._mapped()[2]
 
     def __getstate__(self):
         return self.path
 
     def __setstate__(self, state):
         self.path = state
-        self._array = None
+        self._map = None
 
     def __eq__(self, other) -> bool:
         return isinstance(other, FileStorage) and other.path == self.path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -205,6 +206,9 @@ class Tensor:
         if arr.size != dst.size:
             raise GGToolError(f"tensor '{self.name}' holds {dst.size} values, got {arr.size}")
         dst[...] = arr.reshape(dst.shape)
+        packs = sys.modules.get("ggtool.quant.matmul")   # loaded only once something was repacked
+        if packs is not None:
+            packs.forget(self)
         return self
 
     def __repr__(self) -> str:

@@ -12,6 +12,7 @@ import pytest
 from ggtool import quant as Q
 from ggtool import types as T
 from ggtool.errors import QuantizationError
+from oracle_matmul import mul_mat_exact
 
 GOLDEN = Path(__file__).parent / "golden"
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -277,22 +278,21 @@ def ops():
     return np.load(GOLDEN / "ops.npz"), {c["name"]: c for c in json.loads((GOLDEN / "ops.json").read_text())["cases"]}
 
 
-@pytest.mark.parametrize("exact", [False, True])
-def test_mul_mat_q4_0_golden(ops, exact):
+def test_mul_mat_q4_0_golden(ops):
     z, _ = ops
     a, b, r = z["mul_mat_q4_0.a"], z["mul_mat_q4_0.b"], z["mul_mat_q4_0.result"]
     act = Q.quantize_q8_0_cpu(b.reshape(-1, b.shape[-1]))
     assert np.array_equal(act, z["mul_mat_q4_0.aux.b_q8_0_cpu"].reshape(act.shape))
-    y = Q.mul_mat_q8_0(a.reshape(-1, a.shape[-1]), "q4_0", act, exact=exact)
+    y = Q.mul_mat_q8_0(a.reshape(-1, a.shape[-1]), "q4_0", act)
     assert y.shape == (5, 16) and y.dtype == np.float32
     assert _nmse(y, r.reshape(y.shape)) < 1e-10
+    assert y.tobytes() == mul_mat_exact(a.reshape(-1, a.shape[-1]), "q4_0", act).tobytes()
 
 
-@pytest.mark.parametrize("exact", [False, True])
-def test_mul_mat_q4_0_q8ref_golden(ops, exact):
+def test_mul_mat_q4_0_q8ref_golden(ops):
     z, _ = ops
     a, b, r = z["mul_mat_q4_0_q8ref.a"], z["mul_mat_q4_0_q8ref.b"], z["mul_mat_q4_0_q8ref.result"]
-    y = Q.mul_mat_q8_0(a.reshape(-1, a.shape[-1]), "q4_0", b.reshape(-1, b.shape[-1]), exact=exact)
+    y = Q.mul_mat_q8_0(a.reshape(-1, a.shape[-1]), "q4_0", b.reshape(-1, b.shape[-1]))
     assert _nmse(y, r.reshape(y.shape)) < 1e-10
 
 
@@ -332,7 +332,8 @@ def test_mul_mat_fast_vs_exact_random(wtype):
     wq = Q.quantize(w, wtype)
     act = Q.quantize_q8_0_cpu(x)
     fast = Q.mul_mat_q8_0(wq, wtype, act)
-    exact = Q.mul_mat_q8_0(wq, wtype, act, exact=True)
+    exact = mul_mat_exact(wq, wtype, act)
+    assert fast.tobytes() == exact.tobytes()          # M <= SMALL_M: GGML's scalar order, bit for bit
     ref = Q.dequantize_q8_0(act).astype(np.float64) @ Q.dequantize(wq, wtype).astype(np.float64).T
     assert _nmse(fast, ref) < 1e-12 and _nmse(exact, ref) < 1e-12
 
@@ -383,12 +384,14 @@ def test_golden_graph_q4_0_weights(graphs):
         assert np.array_equal(Q.quantize_q4_0(graphs[src]).reshape(graphs[q].shape), graphs[q])
 
 
-def test_mul_mat_exact_is_split_invariant_and_fast_is_reproducible():
+def test_mul_mat_is_split_invariant_and_reproducible():
     rng = np.random.default_rng(12)
     w = Q.quantize_q4_0(rng.standard_normal((40, 256)).astype(np.float32))
-    act = Q.quantize_q8_0_cpu(rng.standard_normal((6, 256)).astype(np.float32))
-    full = Q.mul_mat_q8_0(w, "q4_0", act, exact=True)
-    assert Q.mul_mat_q8_0(w[5:17], "q4_0", act[2:3], exact=True).tobytes() == full[2:3, 5:17].tobytes()
-    fast = Q.mul_mat_q8_0(w, "q4_0", act)
-    assert fast.tobytes() == Q.mul_mat_q8_0(w, "q4_0", act).tobytes()
-    assert _nmse(fast, full) < 1e-12
+    for m in (6, 40):                                 # the integer kernel, then expand + sgemm
+        act = Q.quantize_q8_0_cpu(rng.standard_normal((m, 256)).astype(np.float32))
+        full = Q.mul_mat_q8_0(w, "q4_0", act)
+        assert full.tobytes() == Q.mul_mat_q8_0(w, "q4_0", act).tobytes()
+        assert _nmse(full, mul_mat_exact(w, "q4_0", act)) < 1e-12
+    act = act[:6]
+    full = Q.mul_mat_q8_0(w, "q4_0", act)
+    assert Q.mul_mat_q8_0(w[5:17], "q4_0", act[2:3]).tobytes() == full[2:3, 5:17].tobytes()

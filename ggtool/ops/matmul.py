@@ -78,15 +78,20 @@ def _my_tiles(nr0: int, nr1: int, ne1: int, ith: int, nth: int):
     return tiles[ith * n // nth: (ith + 1) * n // nth]
 
 
-def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """out (m, n) = x (m, K) . w (n, K)^T in a's arithmetic."""
+def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray, tile: tuple) -> None:
+    """out (m, n) = x (m, K) . w (n, K)^T in a's arithmetic; tile names w's rows within a (the
+    key of their repacked form, made once per weight's storage)."""
     if a.type == T.F32:
         np.matmul(x, w.T, out=out)
     elif a.type == T.F16:  # f16 x f16 products are exact in float32; sums in float32
         np.matmul(x.astype(np.float32), w.astype(np.float32).T, out=out)
     else:
-        from .. import quant
-        out[...] = quant.mul_mat_q8_0(np.ascontiguousarray(w), a.type, np.ascontiguousarray(x))
+        from ..kernels import dot
+        from ..quant import matmul as qm
+
+        w = np.ascontiguousarray(w)
+        qm.mul_mat_into(a.type, w, np.ascontiguousarray(x), out,
+                        pack=lambda: qm.weight_pack(a, tile, lambda: dot.pack(a.type, w)))
 
 
 @kernel("MUL_MAT", n_tasks=ALL, work_size=_work_size)
@@ -109,7 +114,8 @@ def forward_mul_mat(node, ith, nth, work):
     for row0, row1, col0, col1 in _my_tiles(ne0, ne1 * ne2 * b.ne[3], ne1, ith, nth):
         i13, i12 = divmod(row0 // ne1, ne2)
         i0, i1 = row0 % ne1, row0 % ne1 + (row1 - row0)
-        _dot_block(a, w[i13 // r3, i12 // r2, col0:col1], act[i13, i12, i0:i1], out[i13, i12, i0:i1, col0:col1])
+        m3, m2 = i13 // r3, i12 // r2
+        _dot_block(a, w[m3, m2, col0:col1], act[i13, i12, i0:i1], out[i13, i12, i0:i1, col0:col1], (m3, m2, col0, col1))
 
 
 @function("mul_mat", "ggml_mul_mat(ctx, a, b)",

@@ -1,0 +1,186 @@
+"""Quantized dot products: weights of a block type x Q8_0 activations, GGML's integer block dot.
+
+Each weight type registers a ``DotKernel``: ``pack`` (rows of GGML blocks -> an interleaved layout
+where ``GROUP`` rows' blocks sit side by side, so the innermost loop runs across rows and
+vectorises; GGML's CPU backend repacks Q4_0 for the same reason) and ``dot`` (packed weights x
+activation rows -> float32). Adding a type is one pack, one dot and one ``register`` call.
+
+Numerics (every type): per block the integer sum ``sumi`` of code products is exact, then
+``(float(sumi) * d_w) * d_a`` is added to the output in block order starting from +0.0, in float32:
+GGML's scalar reference (``ggml_vec_dot_q4_0_q8_0`` without SIMD) bit for bit. The order does not
+depend on how rows are split between participants, so results are bit-identical for 1..N of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .. import types as T
+from .jit import njit
+
+GROUP = 32        # weight rows per interleaved group (32 and up vectorise; 16 does not)
+Q4_0_BYTES, Q8_0_BYTES, QK = 18, 34, 32
+
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class DotKernel:
+    type: T.GGMLType
+    block_bytes: int
+    pack: Callable        # (w uint8 (n, row_bytes), f16 table) -> packed arrays (a tuple)
+    dot: Callable         # (*packed, act uint8 (M, row_bytes of Q8_0), f16 table, out f32 (M, n)) -> None
+
+
+DOTS: dict[T.GGMLType, DotKernel] = {}
+
+
+def register(type_, block_bytes: int, pack, dot) -> None:
+    DOTS[type_] = DotKernel(type_, block_bytes, pack, dot)
+
+
+def pack(type_, w: np.ndarray) -> tuple:
+    """The interleaved form of weight rows w (uint8 (n, row_bytes)) of type_."""
+    return DOTS[type_].pack(np.ascontiguousarray(w), F16_TO_F32)
+
+
+def dot(type_, packed: tuple, act: np.ndarray, out: np.ndarray) -> None:
+    """out (M, n) = packed weight rows . Q8_0 activation rows act (uint8 (M, row_bytes))."""
+    DOTS[type_].dot(*packed, np.ascontiguousarray(act), F16_TO_F32, out)
+
+
+# -- shared by the Q8_0-activation types -------------------------------------------------------------
+@njit
+def _q8_0_scales(act, f16, sums):
+    """Per activation row and block: d as float32, and (if sums) the sum of the 32 codes."""
+    M, nb = act.shape[0], act.shape[1] // Q8_0_BYTES
+    d = np.empty((M, nb), np.float32)
+    s = np.zeros((M, nb), np.int32)
+    qa = act.view(np.int8)
+    for m in range(M):
+        for b in range(nb):
+            o = b * Q8_0_BYTES
+            d[m, b] = f16[np.int64(act[m, o]) | (np.int64(act[m, o + 1]) << 8)]
+            if sums:
+                t = 0
+                for k in range(QK):
+                    t += np.int32(qa[m, o + 2 + k])
+                s[m, b] = t
+    return d, s
+
+
+# Indices are unsigned (U): numba wraps negative indices, and that select per lane would turn every
+# contiguous load into a gather; with unsigned indices the row loop vectorises.
+U = np.uint64
+
+
+# -- Q4_0 ------------------------------------------------------------------------------------------
+@njit
+def _pack_q4_0(w, f16):
+    """qs[((g*nb + b)*16 + j)*GROUP + r] = byte j of block b of row g*GROUP + r; d likewise (float32)."""
+    n, nb = w.shape[0], w.shape[1] // Q4_0_BYTES
+    G = (n + GROUP - 1) // GROUP
+    qs = np.zeros(G * nb * 16 * GROUP, np.uint8)
+    d = np.zeros(G * nb * GROUP, np.float32)
+    for g in range(G):
+        for b in range(nb):
+            o = b * Q4_0_BYTES
+            base = (g * nb + b) * 16 * GROUP
+            for r in range(min(GROUP, n - g * GROUP)):
+                i = g * GROUP + r
+                d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
+                for j in range(16):
+                    qs[base + j * GROUP + r] = w[i, o + 2 + j]
+    return qs, d, n, nb
+
+
+@njit
+def _dot_q4_0(qs, d, n, nb, act, f16, out):
+    M = act.shape[0]
+    G = (n + GROUP - 1) // GROUP
+    qa = act.view(np.int8)
+    dA, sA = _q8_0_scales(act, f16, True)
+    sumi = np.empty(GROUP, np.int32)
+    acc = np.empty((M, GROUP), np.float32)
+    for g in range(G):
+        acc[:, :] = 0
+        for b in range(nb):
+            base = U((g * nb + b) * 16 * GROUP)
+            dw = (g * nb + b) * GROUP
+            ao = b * Q8_0_BYTES + 2
+            for m in range(M):
+                sumi[:] = 0
+                for j in range(16):
+                    alo = np.int32(qa[m, ao + j])
+                    ahi = np.int32(qa[m, ao + 16 + j])
+                    o = base + U(j * GROUP)
+                    for r in range(GROUP):
+                        q = np.int32(qs[o + U(r)])
+                        sumi[U(r)] += (q & 15) * alo + (q >> 4) * ahi
+                off = 8 * sA[m, b]          # the codes are nibble - 8: sum(8 * a) taken out once
+                da = dA[m, b]
+                for r in range(GROUP):
+                    acc[m, r] += (np.float32(sumi[r] - off) * d[dw + r]) * da
+        for m in range(M):
+            for r in range(min(GROUP, n - g * GROUP)):
+                out[m, g * GROUP + r] = acc[m, r]
+
+
+# -- Q8_0 ------------------------------------------------------------------------------------------
+@njit
+def _pack_q8_0(w, f16):
+    """qs[(((g*nb + b)*16 + j)*GROUP + r)*2 + h] = code j + 16h of block b of row g*GROUP + r (the
+    pair a byte's nibbles hold in Q4_0: the same loop shape vectorises); d as for Q4_0."""
+    n, nb = w.shape[0], w.shape[1] // Q8_0_BYTES
+    G = (n + GROUP - 1) // GROUP
+    qs = np.zeros(G * nb * QK * GROUP, np.int8)
+    d = np.zeros(G * nb * GROUP, np.float32)
+    wq = w.view(np.int8)
+    for g in range(G):
+        for b in range(nb):
+            o = b * Q8_0_BYTES
+            base = (g * nb + b) * QK * GROUP
+            for r in range(min(GROUP, n - g * GROUP)):
+                i = g * GROUP + r
+                d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
+                for j in range(16):
+                    qs[base + (j * GROUP + r) * 2] = wq[i, o + 2 + j]
+                    qs[base + (j * GROUP + r) * 2 + 1] = wq[i, o + 18 + j]
+    return qs, d, n, nb
+
+
+@njit
+def _dot_q8_0(qs, d, n, nb, act, f16, out):
+    M = act.shape[0]
+    G = (n + GROUP - 1) // GROUP
+    qa = act.view(np.int8)
+    dA, _ = _q8_0_scales(act, f16, False)
+    sumi = np.empty(GROUP, np.int32)
+    acc = np.empty((M, GROUP), np.float32)
+    for g in range(G):
+        acc[:, :] = 0
+        for b in range(nb):
+            base = U((g * nb + b) * QK * GROUP)
+            dw = (g * nb + b) * GROUP
+            ao = b * Q8_0_BYTES + 2
+            for m in range(M):
+                sumi[:] = 0
+                for j in range(16):
+                    alo = np.int32(qa[m, ao + j])
+                    ahi = np.int32(qa[m, ao + 16 + j])
+                    o = base + U(j * GROUP * 2)
+                    for r in range(GROUP):
+                        sumi[U(r)] += np.int32(qs[o + U(2 * r)]) * alo + np.int32(qs[o + U(2 * r + 1)]) * ahi
+                da = dA[m, b]
+                for r in range(GROUP):
+                    acc[m, r] += (np.float32(sumi[r]) * d[dw + r]) * da
+        for m in range(M):
+            for r in range(min(GROUP, n - g * GROUP)):
+                out[m, g * GROUP + r] = acc[m, r]
+
+
+register(T.Q4_0, Q4_0_BYTES, _pack_q4_0, _dot_q4_0)
+register(T.Q8_0, Q8_0_BYTES, _pack_q8_0, _dot_q8_0)

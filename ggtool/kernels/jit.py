@@ -1,0 +1,52 @@
+"""The one place numba is imported: ``njit``, GGML-exact settings, and the on-disk cache.
+
+Kernels are compiled on first use and cached on disk (numba's ``cache=True``). The cache lives in
+``$GGTOOL_CACHE_DIR/numba`` if that is set, else ``$XDG_CACHE_HOME/ggtool/numba`` (default
+``~/.cache/ggtool/numba``), never beside the installed package, which may not be writable. A
+``NUMBA_CACHE_DIR`` the user set wins over both.
+
+Settings: no ``fastmath`` (GGML's float32 order of operations is the contract: no reassociation,
+no fused multiply-add), ``nogil`` (the quantizer threads run kernels side by side), and numba's
+own threading is never used (``parallel`` is off): in the worker pool a participant is one thread.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import KernelError
+
+
+def cache_dir() -> str:
+    """Where compiled kernels are cached (see the module docstring)."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return os.environ["NUMBA_CACHE_DIR"]
+    base = os.environ.get("GGTOOL_CACHE_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "ggtool")
+    return os.path.join(base, "numba")
+
+
+def _load_numba():
+    if "numba" not in sys.modules:
+        os.environ.setdefault("NUMBA_CACHE_DIR", cache_dir())   # read once, when numba is imported
+    try:
+        import numba
+    except Exception as e:  # ImportError, or a broken install (llvmlite/numpy mismatch)
+        raise KernelError(f"ggtool's compiled kernels need numba, which cannot be loaded ({type(e).__name__}: {e}); "
+                          "install it with `python3 -m pip install numba`") from None
+    return numba
+
+
+numba = _load_numba()
+
+
+def njit(fn=None, **options):
+    """numba.njit with ggtool's settings: cache=True, nogil, no bounds checks, numpy's error model."""
+    opts = dict(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+    opts.update(options)
+    if fn is None:
+        return lambda f: numba.njit(**opts)(f)
+    return numba.njit(**opts)(fn)
