@@ -18,7 +18,6 @@ import ggtool
 from ggtool import quant as Q
 from ggtool import types as T
 from ggtool.kernels import dot
-from ggtool.quant.matmul import SMALL_M
 
 
 def _weights(rng, n, k, wtype):
@@ -30,7 +29,7 @@ def _acts(rng, m, k):
 
 
 @pytest.mark.parametrize("wtype", ["q4_0", "q8_0"])
-@pytest.mark.parametrize("n,k,m", [(1, 32, 1), (31, 64, 2), (33, 96, 1), (70, 256, 3), (130, 512, SMALL_M)])
+@pytest.mark.parametrize("n,k,m", [(1, 32, 1), (31, 64, 2), (33, 96, 1), (70, 256, 3), (130, 512, 16), (260, 128, 40)])
 def test_dot_is_ggml_scalar_reference_bit_for_bit(wtype, n, k, m):
     rng = np.random.default_rng(n * 1000 + k + m)
     w, a = _weights(rng, n, k, wtype), _acts(rng, m, k)
@@ -66,7 +65,7 @@ def _mul_mat_graph(wq, wtype, x):
 
 
 @pytest.mark.parametrize("wtype", ["q4_0", "q8_0"])
-@pytest.mark.parametrize("m", [3, SMALL_M + 4])
+@pytest.mark.parametrize("m", [3, 20])
 def test_mul_mat_node_bit_identical_for_1_to_4_participants(wtype, m):
     """Several column tiles (N > 2 x 1024) and a partial row group: the tile grid is fixed by shapes."""
     rng = np.random.default_rng(m)
@@ -77,10 +76,7 @@ def test_mul_mat_node_bit_identical_for_1_to_4_participants(wtype, m):
     g.compute(1)
     one = y.data.copy()
     want = mul_mat_exact(wq, wtype, Q.quantize_q8_0_cpu(x))
-    if m <= SMALL_M:
-        assert one.tobytes() == want.tobytes()
-    else:
-        assert np.abs(one - want).max() <= 1e-5 * np.abs(want).max()
+    assert one.tobytes() == want.tobytes()
     for nth in (2, 3, 4):
         y.data[...] = 0
         compute_threaded(g, nth, force=True)

@@ -333,7 +333,7 @@ def test_mul_mat_fast_vs_exact_random(wtype):
     act = Q.quantize_q8_0_cpu(x)
     fast = Q.mul_mat_q8_0(wq, wtype, act)
     exact = mul_mat_exact(wq, wtype, act)
-    assert fast.tobytes() == exact.tobytes()          # M <= SMALL_M: GGML's scalar order, bit for bit
+    assert fast.tobytes() == exact.tobytes()          # GGML's scalar order, bit for bit
     ref = Q.dequantize_q8_0(act).astype(np.float64) @ Q.dequantize(wq, wtype).astype(np.float64).T
     assert _nmse(fast, ref) < 1e-12 and _nmse(exact, ref) < 1e-12
 
@@ -387,11 +387,6 @@ def test_golden_graph_q4_0_weights(graphs):
 def test_mul_mat_is_split_invariant_and_reproducible():
     rng = np.random.default_rng(12)
     w = Q.quantize_q4_0(rng.standard_normal((40, 256)).astype(np.float32))
-    for m in (6, 40):                                 # the integer kernel, then expand + sgemm
-        act = Q.quantize_q8_0_cpu(rng.standard_normal((m, 256)).astype(np.float32))
-        full = Q.mul_mat_q8_0(w, "q4_0", act)
-        assert full.tobytes() == Q.mul_mat_q8_0(w, "q4_0", act).tobytes()
-        assert _nmse(full, mul_mat_exact(w, "q4_0", act)) < 1e-12
-    act = act[:6]
+    act = Q.quantize_q8_0_cpu(rng.standard_normal((6, 256)).astype(np.float32))
     full = Q.mul_mat_q8_0(w, "q4_0", act)
     assert Q.mul_mat_q8_0(w[5:17], "q4_0", act[2:3]).tobytes() == full[2:3, 5:17].tobytes()
