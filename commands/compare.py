@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ggtool import inspect_gguf as I
+from ggtool.gguf_io import inspect as I
 
 from ._common import NUMPY_ORDER_HELP
 

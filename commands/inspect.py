@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from ggtool import inspect_gguf as I
-from ggtool.gguf_file import GGUFFile
+from ggtool.gguf_io import GGUFFile
+from ggtool.gguf_io import inspect as I
 
 from ._common import NUMPY_ORDER_HELP
 

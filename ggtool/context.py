@@ -109,7 +109,7 @@ class Context:
                    storage=None, data_offset: int | None = None) -> Tensor:
         """ggml_new_tensor_impl: a packed tensor, or a view into `view_src` at `view_offs`.
 
-        With `storage` (e.g. a memory-mapped GGUF, see storage.FileStorage) only the struct goes
+        With `storage` (e.g. a memory-mapped GGUF, see gguf_io.FileStorage) only the struct goes
         into the pool and the data is read from `storage.array[data_offset:]`, as llama.cpp's
         mmap loading does.
         """

@@ -20,7 +20,7 @@ import numpy as np
 from . import types as T
 from .context import Context
 from .errors import GGToolError, InputError
-from .gguf_file import GGUFFile, TensorInfo, open_gguf
+from .gguf_io import GGUFFile, TensorInfo, open_gguf
 from .sources import (
     NPY_MAGIC,
     TARGET_TYPES,

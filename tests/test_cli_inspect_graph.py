@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import STORIES, fails, ok
 
-from ggtool.storage import FileStorage
+from ggtool.gguf_io import FileStorage
 
 SEED = ("mul_mat(a, b)", "--tensor", "a=[[2,8],[5,1],[4,2],[8,6]]", "--tensor", "b=[[10,5],[9,9],[5,4]]")
 

@@ -12,8 +12,8 @@ from conftest import STORIES, TINY_LLAMA, write_gguf
 from ggtool import Context
 from ggtool import types as T
 from ggtool.errors import InputError
+from ggtool.gguf_io import FileStorage
 from ggtool.inputs import Inputs, SourceSyntaxError, convert_array, parse_json_array, parse_source, parse_tensor_option
-from ggtool.storage import FileStorage
 
 
 def inputs(*options, gguf_paths=(), stdin=None, read_data=True):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import write_gguf
 
-from ggtool.gguf_file import GGUFFile
+from ggtool.gguf_io import GGUFFile
 
 ROOT = Path(__file__).resolve().parent.parent
 STORIES = ROOT / "fixtures" / "stories260K.gguf"

@@ -109,7 +109,7 @@ def test_repacked_context_weight_follows_set_data():
 
 
 def test_repacked_file_weight_is_cached_per_map(tmp_path, run):
-    from ggtool import storage
+    from ggtool.gguf_io import storage
 
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, 64)).astype(np.float32)

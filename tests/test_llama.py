@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, STORIES, TINY_LLAMA, fails, ok
 
-from ggtool.storage import FileStorage
+from ggtool.gguf_io import FileStorage
 
 PROGRAM = ROOT / "fixtures" / "llama.gg"
 GOLDEN = ROOT / "tests" / "golden" / "llama" / "stories260K-logits.npz"

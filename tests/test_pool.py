@@ -219,7 +219,7 @@ def test_changed_node_is_sent_again(pool):
 
 def test_file_storage_and_second_context(pool, tmp_path):
     """Memory-mapped tensors are read by each worker from the file; weights in another context."""
-    from ggtool.storage import FileStorage
+    from ggtool.gguf_io import FileStorage
 
     vals = np.arange(64 * 6, dtype=np.float32).reshape(6, 64)
     path = tmp_path / "w.bin"

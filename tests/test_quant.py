@@ -133,7 +133,7 @@ def test_q4_0_matches_gguf_py_random(shape, threads):
 def test_q4_0_matches_gguf_py_on_stories260k():
     import gguf
 
-    from ggtool.gguf_file import GGUFFile
+    from ggtool.gguf_io import GGUFFile
     f = GGUFFile(FIXTURES / "stories260K.gguf")
     n = 0
     for name, info in f.tensors.items():

@@ -14,7 +14,7 @@ depend on how rows are split between participants, so results are bit-identical 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

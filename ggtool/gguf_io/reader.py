@@ -16,8 +16,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.gguf_reader import ReaderField
 
-from . import types as T
-from .errors import InputError
+from .. import types as T
+from ..errors import InputError
 from .storage import FileStorage
 
 

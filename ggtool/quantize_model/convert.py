@@ -1,10 +1,10 @@
 """Converting a planned model's tensor data: pieces of rows, in-process or in the worker pool.
 
-Exists to keep the mechanics of conversion apart from the rules (`ggtool.quant_rules`) and from the
-writing loop (`ggtool.quantize_model`): reading source rows, dequantizing them to float32 exactly as
-gguf-py's ``dequantize`` does and quantizing with ``ggtool.quant`` (byte-identical to GGML), naming
-the first NaN/inf on failure, starting the pool in the background, cutting the work into pieces and
-windows, and copying unchanged tensors.
+Exists to keep the mechanics of conversion apart from the rules (`.rules`) and from the writing
+loop (the package itself, `ggtool.quantize_model`): reading source rows, dequantizing them to
+float32 exactly as gguf-py's ``dequantize`` does and quantizing with ``ggtool.quant`` (byte-identical
+to GGML), naming the first NaN/inf on failure, starting the pool in the background, cutting the work
+into pieces and windows, and copying unchanged tensors.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import quant as Q
-from . import types as T
-from .errors import QuantizationError
-from .quant_rules import QuantizePlan, TensorPlan
+from .. import quant as Q
+from .. import types as T
+from ..errors import QuantizationError
+from .rules import QuantizePlan, TensorPlan
 
 
 def _source_rows(path: str, offset: int, src_type: T.GGMLType, ne0: int, r0: int, r1: int) -> np.ndarray:
-    from .storage import FileStorage
+    from ..gguf_io.storage import FileStorage
     rb = T.row_size(src_type, ne0)
     raw = FileStorage(path).array[offset + r0 * rb: offset + r1 * rb]
     raw = raw.reshape(r1 - r0, rb)
@@ -69,7 +69,7 @@ def _task(args) -> bytes:
 
 def _get_pool(threads: int):
     """THE seam to the worker pool (ggtool.pool's process-wide pool, `map`-like API)."""
-    from .pool import get_pool
+    from ..pool import get_pool
     return get_pool(threads)
 
 
@@ -179,7 +179,7 @@ def _copy_tensor(plan: QuantizePlan, t: TensorPlan, out_fd: int, write, on_bytes
             except (AttributeError, OSError):
                 k = 0
             if k <= 0:   # no copy_file_range here (or it refused): through the memory map
-                from .storage import FileStorage
+                from ..gguf_io.storage import FileStorage
                 write(FileStorage(plan.input).array[t.src_offset + done: t.src_offset + done + n])
                 k = n
             done += k

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import quant as Q
-from . import types as T
-from .errors import GGToolError, InputError
-from .gguf_file import GGUFFile
+from .. import quant as Q
+from .. import types as T
+from ..errors import GGToolError, InputError
+from .reader import GGUFFile
 
 SHORT_STR = 60          # characters of a string value shown unless full
 SHORT_ITEMS = 8         # items of an array value shown unless full

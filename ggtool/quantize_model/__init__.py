@@ -1,8 +1,10 @@
 """Whole-model quantization: a GGUF model (or a .npy array) to a Q4_0 / Q8_0 GGUF file.
 
-This module runs a plan and is the API the `quantize` command uses; it re-exports the names of
-`ggtool.quant_rules` (which type each tensor gets: llama.cpp's rules, the plan, the header) and uses
-`ggtool.quant_convert` (pieces of rows converted in-process or in the worker pool).
+This package runs a plan and is the API the `quantize` command uses; it re-exports the names of
+`.rules` (which type each tensor gets: llama.cpp's rules, the plan, the header) and uses `.convert`
+(pieces of rows converted in-process or in the worker pool).  The writing loop stays here, not in a
+submodule, so that `check_paths` and `_convert_rows` are looked up in this namespace: patching
+`ggtool.quantize_model.<name>` (as the tests do) reaches the loop.
 
 Streaming: header, metadata and tensor infos are written first, then each tensor's data, converted
 in row chunks; peak memory is about one chunk per worker, not the model.  The output goes to a
@@ -16,10 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import quant as Q
-from .errors import GGToolError
-from .outputs import atomic_path
-from .quant_convert import (
+from .. import quant as Q
+from ..errors import GGToolError
+from ..outputs import atomic_path
+from .convert import (
     _convert_rows,
     _copy_tensor,
     _items,
@@ -30,7 +32,7 @@ from .quant_convert import (
     _task,
     _windows,
 )
-from .quant_rules import (
+from .rules import (
     FILE_TYPES,
     GGML_QNT_VERSION,
     GGUF_DEFAULT_ALIGNMENT,

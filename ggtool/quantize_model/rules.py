@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import quant as Q
-from . import types as T
-from .errors import GGToolError, InputError, QuantizationError
-from .gguf_file import GGUFFile
+from .. import quant as Q
+from .. import types as T
+from ..errors import GGToolError, InputError, QuantizationError
+from ..gguf_io import GGUFFile
 
 GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = 32
