@@ -1,4 +1,4 @@
-"""GGML's Q4_0 / Q8_0 / F16 arithmetic in vectorised numpy, byte-exact with the C library.
+"""GGML's Q4_0 / Q8_0 / F16 arithmetic, byte-exact with the C library.
 
 Everything is float32 exactly as GGML computes it (spec sections 1-2, golden q4_0/q8_0/f16.npz):
 
@@ -10,9 +10,11 @@ Everything is float32 exactly as GGML computes it (spec sections 1-2, golden q4_
   from zero).  Q8_0 CPU (``quantize_q8_0_cpu``, the x86 AVX2 ``from_float`` mul_mat uses for its
   activations): ``id = 127/amax``, round half to even.
 
-Large arrays are processed in cache-sized chunks of blocks, spread over a few threads (numpy
-releases the GIL inside its loops), never as one giant temporary.  Data to quantize that holds NaN
-or +-inf raises QuantizationError naming the tensor and the first bad index in numpy order.
+The per-block loops are compiled kernels (``ggtool.kernels.quantize``, numba, loaded on first use;
+their numpy predecessors are the test oracles in ``tests/numpy_oracle.py``).  Large arrays are
+processed in cache-sized chunks of blocks, spread over a few threads (the kernels release the GIL).
+Data to quantize that holds NaN or +-inf raises QuantizationError naming the tensor and the first
+bad index in numpy order.
 
 ``mul_mat_q8_0`` computes GGML's quantized dot product (Q4_0 or Q8_0 weights x Q8_0 activations);
 its numerics are described in ``ggtool/quant/matmul.py``.

@@ -1,6 +1,6 @@
 """Block-format plumbing shared by the Q4_0/Q8_0 (and other) kernels: input checks, NaN/inf
-reporting, per-thread scratch buffers, per-block max/min, and the chunked quantize/dequantize
-drivers that run a per-chunk kernel over an array on the quantizer threads."""
+reporting, and the chunked quantize/dequantize drivers that run a per-chunk kernel (compiled, from
+``ggtool.kernels.quantize``) over an array on the quantizer threads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import numpy as np
 
 from ..errors import QuantizationError
-from .threads import _run_chunks, _tls, get_threads
+from .threads import _run_chunks
 
 QK = 32                       # elements per Q4_0 / Q8_0 block
 Q4_0_BYTES = 18
@@ -52,70 +52,16 @@ def check_finite(x: np.ndarray, name: str = "tensor") -> None:
             raise _bad_value_error(x, s + int(np.argmin(np.isfinite(part))), name)
 
 
-def _fold(op, xb: np.ndarray, bufs) -> np.ndarray:
-    """Per-row reduction of (n, 32) with elementwise ops on strided views. Unlike ufunc.reduceat
-    (faster on one thread) these release the GIL, so several threads can run them at once."""
-    n = xb.shape[0]
-    b16 = bufs[0][:n * 16].reshape(n, 16)
-    op(xb[:, :16], xb[:, 16:], out=b16)
-    a = b16.reshape(-1)
-    for buf in bufs[1:]:
-        m = a.size // 2
-        out = buf[:m]
-        a2 = a.reshape(m, 2)
-        op(a2[:, 0], a2[:, 1], out=out)
-        a = out
-    return a
-
-
-def _row_max_min(xb: np.ndarray, s, want_min: bool = True):
-    """Per-block max (and min) of (n, 32) float32 blocks; NaN propagates."""
-    n = xb.shape[0]
-    solo = getattr(_tls, "solo", None)
-    if solo or (solo is None and get_threads() == 1):
-        flat = xb.reshape(-1)
-        mx = np.maximum.reduceat(flat, s.starts[:n], out=s.mx[:n])
-        mn = np.minimum.reduceat(flat, s.starts[:n], out=s.mn[:n]) if want_min else None
-        return mx, mn
-    mx = s.mx[:n]
-    mx[...] = _fold(np.maximum, xb, s.f1)
-    if not want_min:
-        return mx, None
-    mn = s.mn[:n]
-    mn[...] = _fold(np.minimum, xb, s.f2)
-    return mx, mn
-
-
-class _Scratch(threading.local):
-    """Per-thread scratch buffers for one chunk (reused across calls, no big temporaries)."""
-
-    def get(self, nblk: int):
-        cur = getattr(self, "n", 0)
-        if cur < nblk:
-            self.n = nblk
-            self.v = np.empty((nblk, QK), _F32)
-            self.q = np.empty((nblk, QK), np.uint8)
-            self.c15 = np.full((nblk, QK), 15, np.uint8)
-            self.h64 = np.empty((nblk, 2), np.uint64)
-            self.starts = np.arange(0, nblk * QK, QK, dtype=np.intp)
-            self.f1 = [np.empty(nblk * k, _F32) for k in (16, 8, 4, 2, 1)]
-            self.f2 = [np.empty(nblk * k, _F32) for k in (16, 8, 4, 2, 1)]
-            self.mx, self.mn, self.t1, self.d, self.id = (np.empty(nblk, _F32) for _ in range(5))
-            self.b1, self.b2 = np.empty(nblk, bool), np.empty(nblk, bool)
-        return self
-
-
-_scratch = _Scratch()
-
-
 def _chunk_f32(flat: np.ndarray, b0: int, b1: int) -> np.ndarray:
     xb = flat[b0 * QK:b1 * QK]
-    if xb.dtype != _F32:
+    if xb.dtype != _F32 or not xb.flags.aligned:     # the kernels take aligned native float32
         xb = xb.astype(_F32)
     return xb.reshape(-1, QK)
 
 
 def _quantize_blocks(x, name: str, what: str, nbytes: int, kernel) -> np.ndarray:
+    """kernel(xb (n, 32) float32, out (n, nbytes) uint8) -> -1 or the flat index in xb of its
+    first NaN/inf, run over chunks of x; raises QuantizationError for the first NaN/inf of x."""
     x = _as_f32_rows(x, name, what)
     nblocks = x.size // QK
     out = np.empty((nblocks, nbytes), np.uint8)
@@ -124,7 +70,7 @@ def _quantize_blocks(x, name: str, what: str, nbytes: int, kernel) -> np.ndarray
 
     def work(b0, b1):
         xb = _chunk_f32(flat, b0, b1)
-        r = kernel(xb, out[b0:b1], _scratch.get(b1 - b0))
+        r = kernel(xb, out[b0:b1])
         if r >= 0:
             bad.append(b0 * QK + r)
 
@@ -166,6 +112,7 @@ def _raw_blocks(raw, nbytes: int, what: str) -> np.ndarray:
 
 
 def _dequantize_blocks(raw, nbytes: int, what: str, kernel) -> np.ndarray:
+    """kernel(blocks (n, nbytes) uint8, out (n, 32) float32) run over chunks of raw."""
     raw = _raw_blocks(raw, nbytes, what)
     shape = (*raw.shape[:-1], raw.shape[-1] // nbytes * QK)
     blocks = np.ascontiguousarray(raw).reshape(-1, nbytes)

