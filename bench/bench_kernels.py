@@ -49,7 +49,7 @@ def _run(cmd: list[str], env=None) -> tuple[float, float]:
 
 def _interleaved(cmds: dict, runs: int) -> dict:
     res = {k: [] for k in cmds}
-    for k, c in cmds.items():     # warm-up (page cache, kernel cache)
+    for c in cmds.values():       # warm-up (page cache, kernel cache)
         _run(*c)
     for _ in range(runs):
         for k, c in cmds.items():
@@ -144,6 +144,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     if "matmul" in a.which:
         import bench_pool
+
         from ggtool.pool import WorkerPool
         with WorkerPool(2) as pool:
             bench_pool.q4_0(pool)

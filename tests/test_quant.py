@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracle_matmul import mul_mat_exact
 
 from ggtool import quant as Q
 from ggtool import types as T
 from ggtool.errors import QuantizationError
-from oracle_matmul import mul_mat_exact
 
 GOLDEN = Path(__file__).parent / "golden"
 FIXTURES = Path(__file__).parent.parent / "fixtures"

@@ -13,18 +13,18 @@ depend on how rows are split between participants, so results are bit-identical 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import types as T
 from .jit import njit
+from .tables import F16_TO_F32
 
 GROUP = 128       # weight rows per interleaved group (32 and up vectorise; 128 measured fastest)
 Q4_0_BYTES, Q8_0_BYTES, QK = 18, 34, 32
 
-F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 @dataclass(frozen=True)

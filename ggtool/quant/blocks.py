@@ -4,8 +4,6 @@ reporting, and the chunked quantize/dequantize drivers that run a per-chunk kern
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from ..errors import QuantizationError
@@ -80,27 +78,6 @@ def _quantize_blocks(x, name: str, what: str, nbytes: int, kernel) -> np.ndarray
     return out.reshape(*x.shape[:-1], x.shape[-1] // QK * nbytes)
 
 
-class _GatherBuf(threading.local):
-    def get(self, name: str, shape, dtype) -> np.ndarray:
-        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        buf = getattr(self, name, None)
-        if buf is None or buf.size < size:
-            buf = np.empty(size, np.uint8)
-            setattr(self, name, buf)
-        return buf[:size].view(dtype).reshape(shape)
-
-
-_gbuf = _GatherBuf()
-
-
-def _gather(lut: np.ndarray, idx: np.ndarray, slot: str = "g0") -> np.ndarray:
-    """lut[idx] into a reused per-thread buffer (np.take with out= and mode="clip" is ~10x faster
-    than fancy indexing or mode="raise"; idx are bytes, always in range)."""
-    out = _gbuf.get(slot, idx.shape, lut.dtype)
-    np.take(lut, idx, out=out, mode="clip")
-    return out
-
-
 def _raw_blocks(raw, nbytes: int, what: str) -> np.ndarray:
     raw = np.asarray(raw)
     if raw.dtype != np.uint8:
@@ -111,15 +88,16 @@ def _raw_blocks(raw, nbytes: int, what: str) -> np.ndarray:
     return raw
 
 
-def _dequantize_blocks(raw, nbytes: int, what: str, kernel) -> np.ndarray:
-    """kernel(blocks (n, nbytes) uint8, out (n, 32) float32) run over chunks of raw."""
+def _dequantize_blocks(raw, nbytes: int, what: str, kernel, nval: int = QK) -> np.ndarray:
+    """kernel(blocks (n, nbytes) uint8, out (n, nval) float32) run over chunks of raw (about
+    CHUNK_BLOCKS * 32 values each)."""
     raw = _raw_blocks(raw, nbytes, what)
-    shape = (*raw.shape[:-1], raw.shape[-1] // nbytes * QK)
+    shape = (*raw.shape[:-1], raw.shape[-1] // nbytes * nval)
     blocks = np.ascontiguousarray(raw).reshape(-1, nbytes)
-    out = np.empty((blocks.shape[0], QK), _F32)
+    out = np.empty((blocks.shape[0], nval), _F32)
 
     def work(b0, b1):
         kernel(blocks[b0:b1], out[b0:b1])
 
-    _run_chunks(work, blocks.shape[0], CHUNK_BLOCKS)
+    _run_chunks(work, blocks.shape[0], max(1, CHUNK_BLOCKS * QK // nval))
     return out.reshape(shape)

@@ -1,0 +1,9 @@
+"""Lookup tables the kernels share (passed to them as arguments: numba freezes global arrays
+into the compiled code, and a 256 KiB constant would be copied into every cached kernel)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# GGML_FP16_TO_FP32 of every fp16 bit pattern (exact; NaN payloads as numpy's cast keeps them)
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
