@@ -98,7 +98,7 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
               help="Type for token_embd.weight (same choices).")
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
               envvar="GGTOOL_THREADS", show_envvar=True, show_default="the number of CPU cores", metavar="N",
-              help="Worker processes for the conversion.")
+              help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
 @click.option("--name", "tensor_name", metavar="NAME", help="Tensor name for a .npy INPUT (default: its file stem).")
 @click.option("--force", is_flag=True, help="Overwrite an existing OUTPUT.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and sizes (stdout); write nothing.")

@@ -320,9 +320,9 @@ def test_npy_input(run, tmp_path):
     assert np.array_equal(np.asarray(t.data), gguf.quants.quantize(x, QT.Q4_0))
 
 
-def test_threads_use_worker_processes_and_give_identical_bytes(run, tmp_path):
+def test_threads_give_identical_bytes(run, tmp_path):
     rng = np.random.default_rng(4)
-    big = rng.standard_normal((2048, 1536)).astype(np.float32)      # 12+12 MiB f32: goes to the pool
+    big = rng.standard_normal((2048, 1536)).astype(np.float32)      # 12+12 MiB f32: pieces on 2 threads
     src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": big,
                                              "blk.0.ffn_down.weight": (gguf.quants.quantize(big, QT.Q8_0), QT.Q8_0)})
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
@@ -336,7 +336,7 @@ def test_threads_use_worker_processes_and_give_identical_bytes(run, tmp_path):
     assert np.array_equal(np.asarray(t["blk.0.ffn_down.weight"].data), gguf.quants.quantize(x, QT.Q4_0))
 
 
-def test_nan_index_in_pooled_chunk(tmp_path):
+def test_nan_index_in_a_piece_converted_on_a_thread(tmp_path):
     big = np.zeros((2048, 2048), np.float32)
     big[1900, 5] = np.inf
     src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": big})

@@ -2,7 +2,7 @@
 
 This package runs a plan and is the API the `quantize` command uses; it re-exports the names of
 `.rules` (which type each tensor gets: llama.cpp's rules, the plan, the header) and uses `.convert`
-(pieces of rows converted in-process or in the worker pool).  The writing loop stays here, not in a
+(pieces of rows converted on threads: the compiled kernels release the GIL).  The writing loop stays here, not in a
 submodule, so that `check_paths` and `_convert_rows` are looked up in this namespace: patching
 `ggtool.quantize_model.<name>` (as the tests do) reaches the loop.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .. import quant as Q
@@ -24,12 +25,10 @@ from ..outputs import atomic_path
 from .convert import (
     _convert_rows,
     _copy_tensor,
+    _Item,
     _items,
     _npy_rows,
-    _parallel_map,
-    _PoolStarter,
     _source_rows,
-    _task,
     _windows,
 )
 from .rules import (
@@ -53,7 +52,6 @@ __all__ = [
     "GGML_QNT_VERSION",
     "GGUF_DEFAULT_ALIGNMENT",
     "PIECE_BYTES",
-    "POOL_MIN_BYTES",
     "TARGET_TYPES",
     "WINDOW_BYTES",
     "QuantizeOptions",
@@ -71,8 +69,7 @@ __all__ = [
 ]
 
 PIECE_BYTES = 4 << 20                         # f32 bytes of one conversion task
-POOL_MIN_BYTES = 16 << 20                     # less conversion work than this: no worker processes
-WINDOW_BYTES = 32 << 20                       # f32 bytes converted per pool round trip, per worker
+WINDOW_BYTES = 32 << 20                       # f32 bytes converted between two writes, per thread
 
 
 @dataclass
@@ -112,19 +109,24 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
                      on_bytes: Callable[[int], None] | None = None) -> QuantizeResult:
     """Write the quantized model to output_path atomically (temporary file + rename).
 
-    Work is cut into pieces of about PIECE_BYTES of f32 (a tensor or some of its rows) and handed
-    to the worker pool a window at a time; the parent writes the results in file order, so memory
-    stays at a window of converted bytes plus one piece per worker.  Callbacks: on_start(t) before
-    a tensor's data is written, on_done(t) after it, on_bytes(n) as source bytes are consumed."""
+    Work is cut into pieces of about PIECE_BYTES of f32 (a tensor or some of its rows), converted
+    a window at a time on `threads` threads (each piece on one); the results are written in file
+    order, so memory stays at a window of converted bytes.  Callbacks: on_start(t) before a
+    tensor's data is written, on_done(t) after it, on_bytes(n) as source bytes are consumed."""
     check_paths(plan.input, output_path, force)
     t0 = time.perf_counter()
     threads = max(1, int(plan.options.threads))
-    work = sum(t.n_elements * 4 for t in plan.tensors if not t.copy)
-    use_pool = threads > 1 and plan.npy is None and work >= POOL_MIN_BYTES
-    src_abs = os.path.abspath(plan.input)
     saved_threads = Q._threads
+    executor = ThreadPoolExecutor(threads, thread_name_prefix="ggtool-quantize") if threads > 1 else None
+
+    def convert(it: _Item) -> bytes:
+        t = it.t
+        x = (_npy_rows(plan, it) if plan.npy is not None else
+             _source_rows(plan.input, t.src_offset, t.src_type, t.ne[0], it.r0, it.r1))
+        return _convert_rows(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0)
+
     try:
-        Q.set_threads(1 if use_pool else threads)   # with the pool: one thread per process
+        Q.set_threads(1)                            # the parallelism is across pieces
         # atomic_path: a temporary file beside OUTPUT, renamed over it (with the normal new-file
         # mode) only if the block succeeds, removed on any error or Ctrl-C.
         with atomic_path(output_path) as tmp, open(tmp, "wb", buffering=0) as f:
@@ -138,16 +140,10 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
             write(head)
             pos = 0
             items = _items(plan, PIECE_BYTES)
-            starter = _PoolStarter(threads) if use_pool else None
-            for window in _windows(items, WINDOW_BYTES * (threads if use_pool else 1)):
+            for window in _windows(items, WINDOW_BYTES * threads):
                 todo = [it for it in window if not it.t.copy]
-                pool = starter.get() if starter is not None and todo else None
-                if pool is not None:
-                    args = [(src_abs, it.t.src_offset, int(it.t.src_type), int(it.t.dst_type), it.t.ne[0],
-                             it.r0, it.r1, it.t.name, tuple(it.t.ne[::-1])) for it in todo]
-                    results = iter(_parallel_map(_task, args, threads, pool))
-                else:
-                    results = None
+                results = iter(executor.map(convert, todo) if executor is not None and len(todo) > 1
+                               else map(convert, todo))
                 for it in window:
                     t = it.t
                     if it.first:
@@ -158,12 +154,7 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
                         _copy_tensor(plan, t, f.fileno(), write, on_bytes)
                         written = t.src_bytes
                     else:
-                        if results is not None:
-                            data = next(results)
-                        else:
-                            x = (_npy_rows(plan, it) if plan.npy is not None else
-                                 _source_rows(plan.input, t.src_offset, t.src_type, t.ne[0], it.r0, it.r1))
-                            data = _convert_rows(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0)
+                        data = next(results)
                         write(data)
                         written += len(data)
                         if on_bytes:
@@ -179,6 +170,8 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
                             on_done(t)
             size = len(head) + pos
     finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
         Q.set_threads(saved_threads)
     return QuantizeResult(plan, output_path, size, time.perf_counter() - t0)
 

@@ -1,16 +1,15 @@
-"""Converting a planned model's tensor data: pieces of rows, in-process or in the worker pool.
+"""Converting a planned model's tensor data: pieces of rows.
 
 Exists to keep the mechanics of conversion apart from the rules (`.rules`) and from the writing
 loop (the package itself, `ggtool.quantize_model`): reading source rows, dequantizing them to
 float32 exactly as gguf-py's ``dequantize`` does and quantizing with ``ggtool.quant`` (byte-identical
-to GGML), naming the first NaN/inf on failure, starting the pool in the background, cutting the work
-into pieces and windows, and copying unchanged tensors.
+to GGML), naming the first NaN/inf on failure, cutting the work into pieces and windows, and
+copying unchanged tensors.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,61 +57,6 @@ def _relocate(e: QuantizationError, vals: np.ndarray, name: str, shape, r0: int)
     idx = tuple(int(i) for i in np.unravel_index(flat, shape))
     what = "NaN" if np.isnan(v) else ("inf" if v > 0 else "-inf")
     return QuantizationError(f"tensor '{name}': cannot quantize {what} at index {idx}")
-
-
-def _task(args) -> bytes:
-    """Pool task: convert rows r0..r1 of one tensor, reading the input file itself."""
-    path, offset, src, dst, ne0, r0, r1, name, shape = args
-    src, dst = T.GGMLType(src), T.GGMLType(dst)
-    return _convert_rows(_source_rows(path, offset, src, ne0, r0, r1), src, dst, name, shape, r0)
-
-
-def _get_pool(threads: int):
-    """THE seam to the worker pool (ggtool.pool's process-wide pool, `map`-like API)."""
-    from ..pool import get_pool
-    return get_pool(threads)
-
-
-def _parallel_map(fn, items: list, threads: int, pool) -> list:
-    """[fn(x) for x in items] spread over `threads` processes of the pool."""
-    if threads <= 1 or len(items) <= 1:
-        return [fn(x) for x in items]
-    return pool.map(fn, items, n_threads=threads)
-
-
-def _warm(_=None) -> int:
-    """A no-op task: makes a worker import this module before real work arrives."""
-    return os.getpid()
-
-
-class _PoolStarter:
-    """Starts the pool in a background thread; conversion runs in-process until it is ready."""
-
-    def __init__(self, threads: int):
-        self.threads = threads
-        self.pool = None
-        self.error: BaseException | None = None
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._start, name="ggtool-pool-start", daemon=True)
-        self.thread.start()
-
-    def _start(self) -> None:
-        try:
-            pool = _get_pool(self.threads)
-            pool.map(_warm, list(range(self.threads)), n_threads=self.threads)
-            self.pool = pool
-        except BaseException as e:  # noqa: BLE001 - reported when the pool is asked for
-            self.error = e
-        finally:
-            self.ready.set()
-
-    def get(self):
-        """The pool if it is ready now, else None (never waits)."""
-        if not self.ready.is_set():
-            return None
-        if self.error is not None:
-            raise self.error
-        return self.pool
 
 
 @dataclass
