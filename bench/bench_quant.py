@@ -11,7 +11,7 @@
    `gguf.quants.quantize`, written to a file; gguf-py's GGUFReader open is timed separately, since it
    alone takes seconds on gemma's 262,144-token vocabulary). Peak RSS is each subprocess's own
    maximum resident set (ggtool's worker processes are smaller than their parent).
-3. Q4_0 x Q8_0 mul_mat (`ggtool.quant.mul_mat_q8_0`) at the peer-baseline shapes, GFLOP/s.
+3. Q4_0 x Q8_0 mul_mat (`ggtool.quant.mul_mat_quantized`) at the peer-baseline shapes, GFLOP/s.
 
     python bench/bench_quant.py              # everything (gemma part skipped if not installed)
     python bench/bench_quant.py --only q4_0 --repeat 7
@@ -229,11 +229,11 @@ def bench_mul_mat(repeat: int) -> None:
     from ggtool import quant as Q
 
     rng = np.random.default_rng(0)
-    print(f"\n== Q4_0 x Q8_0 mul_mat (ggtool.quant.mul_mat_q8_0, this process's BLAS threads), median of {repeat}")
+    print(f"\n== Q4_0 x Q8_0 mul_mat (ggtool.quant.mul_mat_quantized, this process's BLAS threads), median of {repeat}")
     for K, N, M in ((4096, 4096, 1), (2048, 2048, 512), (4096, 4096, 64)):
         w = Q.quantize_q4_0(rng.standard_normal((N, K), dtype=np.float32))
         act = Q.quantize_q8_0_cpu(rng.standard_normal((M, K), dtype=np.float32))
-        t = _median_times({"mm": lambda w=w, act=act: Q.mul_mat_q8_0(w, "q4_0", act)}, repeat)["mm"]
+        t = _median_times({"mm": lambda w=w, act=act: Q.mul_mat_quantized(w, "q4_0", act)}, repeat)["mm"]
         print(f"  K={K} N={N} M={M:<4d} {t * 1e3:8.2f} ms  {2 * K * N * M / t / 1e9:6.1f} GFLOP/s"
               f"   (GGML 1 thread: ~37-39 GFLOP/s)")
 

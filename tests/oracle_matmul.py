@@ -31,3 +31,26 @@ def mul_mat_exact(w_raw, w_type, act_raw) -> np.ndarray:
         sumi = (qa[:, b, :] @ cw[:, b, :].T).astype(np.float32)                             # exact ints
         out += (sumi * dW[None, :, b]) * dA[:, b, None]
     return out
+
+
+def quantize_q8_k(x) -> np.ndarray:
+    """quantize_row_q8_K_ref in numpy: per 256 values the signed value of largest |x| (first on ties)
+    gives iscale = -127/max; q = min(127, nearest(iscale * x)); d = 1/iscale; bsums per 16."""
+    x = np.asarray(x, np.float32).reshape(-1, 256)
+    out = np.zeros((x.shape[0], 292), np.uint8)
+    for i, row in enumerate(x):
+        mx = row[int(np.argmax(np.abs(row)))]
+        if mx == 0:
+            continue
+        iscale = np.float32(-127.0) / mx
+        q = np.minimum(np.rint(iscale * row), 127).astype(np.int8)
+        out[i, 0:4] = np.array([np.float32(1.0) / iscale], np.float32).view(np.uint8)
+        out[i, 4:260] = q.view(np.uint8)
+        out[i, 260:] = q.reshape(16, 16).astype(np.int32).sum(1).astype(np.int16).view(np.uint8)
+    return out
+
+
+def dequantize_q8_k(raw) -> np.ndarray:
+    b = np.asarray(raw, np.uint8).reshape(-1, 292)
+    d = b[:, 0:4].copy().view(np.float32)
+    return (b[:, 4:260].view(np.int8).astype(np.float64) * d).reshape(np.asarray(raw).shape[0], -1)

@@ -50,7 +50,7 @@ def test_dot_extreme_codes_are_exact(wtype):
     a[..., 2:] = 0x80                                       # -128
     a[..., :2] = np.frombuffer(np.float16(0.25).tobytes(), np.uint8)
     w, a = w.reshape(n, -1), a.reshape(2, -1)
-    assert Q.mul_mat_q8_0(w, wtype, a).tobytes() == mul_mat_exact(w, wtype, a).tobytes()
+    assert Q.mul_mat_quantized(w, wtype, a).tobytes() == mul_mat_exact(w, wtype, a).tobytes()
 
 
 def _mul_mat_graph(wq, wtype, x):
@@ -158,7 +158,7 @@ def test_kernel_cache_goes_to_ggtool_cache_dir(tmp_path):
         import numpy as np
         from ggtool import quant as Q
         w = Q.quantize_q4_0(np.ones((4, 32), np.float32))
-        print(Q.mul_mat_q8_0(w, "q4_0", Q.quantize_q8_0_cpu(np.ones((1, 32), np.float32))).tolist())
+        print(Q.mul_mat_quantized(w, "q4_0", Q.quantize_q8_0_cpu(np.ones((1, 32), np.float32))).tolist())
     """, env)
     assert r.returncode == 0, r.stderr
     assert np.allclose(eval_json(r.stdout), 32, rtol=1e-3)      # 1 x 1 in 32 products, as fp16 scales give

@@ -283,7 +283,7 @@ def test_mul_mat_q4_0_golden(ops):
     a, b, r = z["mul_mat_q4_0.a"], z["mul_mat_q4_0.b"], z["mul_mat_q4_0.result"]
     act = Q.quantize_q8_0_cpu(b.reshape(-1, b.shape[-1]))
     assert np.array_equal(act, z["mul_mat_q4_0.aux.b_q8_0_cpu"].reshape(act.shape))
-    y = Q.mul_mat_q8_0(a.reshape(-1, a.shape[-1]), "q4_0", act)
+    y = Q.mul_mat_quantized(a.reshape(-1, a.shape[-1]), "q4_0", act)
     assert y.shape == (5, 16) and y.dtype == np.float32
     assert _nmse(y, r.reshape(y.shape)) < 1e-10
     assert y.tobytes() == mul_mat_exact(a.reshape(-1, a.shape[-1]), "q4_0", act).tobytes()
@@ -292,7 +292,7 @@ def test_mul_mat_q4_0_golden(ops):
 def test_mul_mat_q4_0_q8ref_golden(ops):
     z, _ = ops
     a, b, r = z["mul_mat_q4_0_q8ref.a"], z["mul_mat_q4_0_q8ref.b"], z["mul_mat_q4_0_q8ref.result"]
-    y = Q.mul_mat_q8_0(a.reshape(-1, a.shape[-1]), "q4_0", b.reshape(-1, b.shape[-1]))
+    y = Q.mul_mat_quantized(a.reshape(-1, a.shape[-1]), "q4_0", b.reshape(-1, b.shape[-1]))
     assert _nmse(y, r.reshape(y.shape)) < 1e-10
 
 
@@ -302,7 +302,7 @@ def test_mul_mat_q4_0_golden_bcast(ops):
     # a: (1, 2, 8, rb), b: (1, 4, 5, 128): b-matrix k uses a-matrix k // 2
     for k in range(4):
         act = Q.quantize_q8_0_cpu(b[0, k])
-        y = Q.mul_mat_q8_0(a[0, k // 2], "q4_0", act)
+        y = Q.mul_mat_quantized(a[0, k // 2], "q4_0", act)
         assert _nmse(y, r[0, k]) < 1e-10
 
 
@@ -319,7 +319,7 @@ def test_mul_mat_spec_example():
     wq = Q.quantize_q4_0(w)
     assert wq.tobytes()[:4].hex() == "662ea007"
     for act in (Q.quantize_q8_0(x), Q.quantize_q8_0_cpu(x)):
-        y = Q.mul_mat_q8_0(wq, "q4_0", act)
+        y = Q.mul_mat_quantized(wq, "q4_0", act)
         want = np.array([-1.20317614, -1.37910664, 0.193641663, 1.05794477, 2.90816736, -1.07683671], np.float32)
         assert np.allclose(y.reshape(-1), want, rtol=1e-6, atol=1e-6)
 
@@ -331,7 +331,7 @@ def test_mul_mat_fast_vs_exact_random(wtype):
     x = rng.standard_normal((7, 512)).astype(np.float32)
     wq = Q.quantize(w, wtype)
     act = Q.quantize_q8_0_cpu(x)
-    fast = Q.mul_mat_q8_0(wq, wtype, act)
+    fast = Q.mul_mat_quantized(wq, wtype, act)
     exact = mul_mat_exact(wq, wtype, act)
     assert fast.tobytes() == exact.tobytes()          # GGML's scalar order, bit for bit
     ref = Q.dequantize_q8_0(act).astype(np.float64) @ Q.dequantize(wq, wtype).astype(np.float64).T
@@ -340,7 +340,7 @@ def test_mul_mat_fast_vs_exact_random(wtype):
 
 def test_mul_mat_shape_mismatch():
     with pytest.raises(QuantizationError, match="differ in length"):
-        Q.mul_mat_q8_0(np.zeros((2, 36), np.uint8), "q4_0", np.zeros((1, 34), np.uint8))
+        Q.mul_mat_quantized(np.zeros((2, 36), np.uint8), "q4_0", np.zeros((1, 34), np.uint8))
 
 
 # ------------------------------------------------------------------- Q4_0 golden op / graph cases
@@ -375,7 +375,7 @@ def test_golden_get_rows_q4_0(ops):
 def test_golden_graph_cpy_q4_0_mul_mat(graphs):
     w, x, y = graphs["cpy_q4_0_mul_mat.w"], graphs["cpy_q4_0_mul_mat.x"], graphs["cpy_q4_0_mul_mat.result.y"]
     wq = Q.quantize_q4_0(w.reshape(-1, 32))                       # cpy f32 -> q4_0
-    got = Q.mul_mat_q8_0(wq, "q4_0", Q.quantize_q8_0_cpu(x.reshape(-1, 32)))
+    got = Q.mul_mat_quantized(wq, "q4_0", Q.quantize_q8_0_cpu(x.reshape(-1, 32)))
     assert _nmse(got, y.reshape(got.shape)) < 1e-10
 
 
@@ -388,5 +388,5 @@ def test_mul_mat_is_split_invariant_and_reproducible():
     rng = np.random.default_rng(12)
     w = Q.quantize_q4_0(rng.standard_normal((40, 256)).astype(np.float32))
     act = Q.quantize_q8_0_cpu(rng.standard_normal((6, 256)).astype(np.float32))
-    full = Q.mul_mat_q8_0(w, "q4_0", act)
-    assert Q.mul_mat_q8_0(w[5:17], "q4_0", act[2:3]).tobytes() == full[2:3, 5:17].tobytes()
+    full = Q.mul_mat_quantized(w, "q4_0", act)
+    assert Q.mul_mat_quantized(w[5:17], "q4_0", act[2:3]).tobytes() == full[2:3, 5:17].tobytes()

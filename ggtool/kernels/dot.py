@@ -1,14 +1,18 @@
-"""Quantized dot products: weights of a block type x Q8_0 activations, GGML's integer block dot.
+"""Quantized dot products: weights of a block type x their vec_dot_type activations (Q8_0 here,
+Q8_K in ``dot_k``), GGML's integer block dot.
 
 Each weight type registers a ``DotKernel``: ``pack`` (rows of GGML blocks -> an interleaved layout
 where ``GROUP`` rows' blocks sit side by side, so the innermost loop runs across rows and
 vectorises; GGML's CPU backend repacks Q4_0 for the same reason) and ``dot`` (packed weights x
-activation rows -> float32). Adding a type is one pack, one dot and one ``register`` call.
+activation rows -> float32). Adding a type is one pack function and one ``register`` call (and a dot
+function if no existing one fits its packed form).
 
-Numerics (every type): per block the integer sum ``sumi`` of code products is exact, then
-``(float(sumi) * d_w) * d_a`` is added to the output in block order starting from +0.0, in float32:
-GGML's scalar reference (``ggml_vec_dot_q4_0_q8_0`` without SIMD) bit for bit. The order does not
-depend on how rows are split between participants, so results are bit-identical for 1..N of them.
+Numerics: per block the integer sum ``sumi`` of code products is exact, then the float32 scaling
+is added to the output block after block. For Q4_0 and Q8_0 that is ``(float(sumi) * d_w) * d_a``
+from +0.0: GGML's scalar reference (``ggml_vec_dot_q4_0_q8_0`` without SIMD) bit for bit; Q5_0
+shares Q8_0's kernel (GGML's scalar Q5_0 multiplies ``(d_w * d_a) * sumi``: the last bit may differ).
+The order never depends on how rows are split between participants, so results are bit-identical
+for 1..N of them.
 """
 
 from __future__ import annotations
@@ -153,6 +157,29 @@ def _pack_q8_0(w, f16):
 
 
 @njit
+def _pack_q5_0(w, f16):
+    """Q5_0 (22 bytes: d, qh u32, nibbles) as Q8_0's packed form: codes (nibble | bit << 4) - 16."""
+    n, nb = w.shape[0], w.shape[1] // 22
+    G = (n + GROUP - 1) // GROUP
+    qs = np.zeros(G * nb * QK * GROUP, np.int8)
+    d = np.zeros(G * nb * GROUP, np.float32)
+    for g in range(G):
+        for b in range(nb):
+            o = b * 22
+            base = (g * nb + b) * QK * GROUP
+            for r in range(min(GROUP, n - g * GROUP)):
+                i = g * GROUP + r
+                d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
+                qh = np.int64(w[i, o + 2]) | (np.int64(w[i, o + 3]) << 8) | (np.int64(w[i, o + 4]) << 16) | \
+                    (np.int64(w[i, o + 5]) << 24)
+                for j in range(16):
+                    q = np.int64(w[i, o + 6 + j])
+                    qs[base + (j * GROUP + r) * 2] = ((q & 15) | (((qh >> j) & 1) << 4)) - 16
+                    qs[base + (j * GROUP + r) * 2 + 1] = ((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16
+    return qs, d, n, nb
+
+
+@njit
 def _dot_q8_0(qs, d, n, nb, act, f16, out):
     M = act.shape[0]
     G = (n + GROUP - 1) // GROUP
@@ -184,3 +211,6 @@ def _dot_q8_0(qs, d, n, nb, act, f16, out):
 
 register(T.Q4_0, Q4_0_BYTES, _pack_q4_0, _dot_q4_0)
 register(T.Q8_0, Q8_0_BYTES, _pack_q8_0, _dot_q8_0)
+register(T.GGMLType.Q5_0, 22, _pack_q5_0, _dot_q8_0)
+
+from . import dot_k  # noqa: E402,F401 - the K-quant dots register themselves

@@ -3,7 +3,7 @@
 With C-order arrays A (M, K) and B (N, K) the result is B @ A.T. Dims 2/3 broadcast by block
 repeat: b-matrix (i12, i13) uses a-matrix (i12 // r2, i13 // r3).
 
-When b's type is not vec_dot_type(a) (Q8_0 for Q4_0/Q8_0 weights, F16 for F16 weights), every
+When b's type is not vec_dot_type(a) (Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_K for K-quants, F16 for F16), every
 thread first converts its interleaved b rows into the work buffer (packed rows at
 i13*nbw3 + i12*nbw2 + i11*nbw1), then all threads meet at the barrier. The output is then cut
 into tiles that depend on the shapes only (see TILE_ROWS); each thread takes a contiguous run
@@ -18,7 +18,7 @@ from .. import types as T
 from .base import ALL, check, fmt_ne, function, kernel, new_op
 from .walk import require, require_type
 
-WEIGHT_TYPES = (T.F32, T.F16, T.Q4_0, T.Q8_0)
+WEIGHT_TYPES = (T.F32, T.F16, T.Q4_0, T.Q8_0, T.GGMLType.Q5_0, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
 
 
 def _work_size(node, n_tasks: int) -> int:
@@ -47,6 +47,8 @@ def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
     if x.size:
         if vdt == T.F16:
             conv = quant.fp32_to_fp16(np.ascontiguousarray(x)).view(np.uint8)
+        elif vdt == T.GGMLType.Q8_K:
+            conv = quant.quantize_q8_k(np.ascontiguousarray(x).reshape(-1, ne10))
         else:  # Q8_0: the CPU (AVX2) from_float, as GGML's mul_mat
             conv = quant.quantize_q8_0_cpu(np.ascontiguousarray(x).reshape(-1, ne10))
         raw[:, :, ith::nth] = conv.reshape(*x.shape[:3], nbw1)

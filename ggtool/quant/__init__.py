@@ -16,12 +16,12 @@ processed in cache-sized chunks of blocks, spread over a few threads (the kernel
 Data to quantize that holds NaN or +-inf raises QuantizationError naming the tensor and the first
 bad index in numpy order.
 
-``mul_mat_q8_0`` computes GGML's quantized dot product (Q4_0 or Q8_0 weights x Q8_0 activations);
+``mul_mat_quantized`` computes GGML's quantized dot products (Q4_0/Q5_0/Q8_0 x Q8_0, K-quants x Q8_K);
 its numerics are described in ``ggtool/quant/matmul.py``.
 
 Modules: ``threads`` (worker threads), ``blocks`` (shared block plumbing), ``f16``, ``q4_0``,
 ``q8_0``, ``kquants`` (native Q5_0/Q4_K/Q6_K dequantizers), ``generic`` (quantize/dequantize/convert
-for any type), ``matmul`` (``mul_mat_q8_0``).  This package re-exports the public names.
+for any type), ``matmul`` (``mul_mat_quantized``).  This package re-exports the public names.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from . import threads as _threads_mod
 from .blocks import CHUNK_BLOCKS, Q4_0_BYTES, Q8_0_BYTES, QK, check_finite  # noqa: F401 (constants, as before)
 from .f16 import fp16_to_fp32, fp32_to_fp16
 from .generic import can_dequantize, can_quantize, convert, dequantize, quantize
-from .matmul import mul_mat_q8_0
+from .kquants import quantize_q8_k
+from .matmul import mul_mat_quantized
 from .q4_0 import dequantize_q4_0, quantize_q4_0
 from .q8_0 import dequantize_q8_0, quantize_q8_0, quantize_q8_0_cpu
 from .threads import get_threads, set_threads
@@ -46,11 +47,12 @@ __all__ = [
     "fp16_to_fp32",
     "fp32_to_fp16",
     "get_threads",
-    "mul_mat_q8_0",
+    "mul_mat_quantized",
     "quantize",
     "quantize_q4_0",
     "quantize_q8_0",
     "quantize_q8_0_cpu",
+    "quantize_q8_k",
     "set_threads",
 ]
 

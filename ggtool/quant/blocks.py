@@ -16,13 +16,13 @@ CHUNK_BLOCKS = 8192           # blocks per work item: 1 MiB of f32 input, about 
 _F32 = np.float32
 
 
-def _as_f32_rows(x, name: str, what: str) -> np.ndarray:
+def _as_f32_rows(x, name: str, what: str, qk: int = QK) -> np.ndarray:
     x = np.asarray(x)
     if x.ndim == 0:
         x = x.reshape(1)
-    if x.shape[-1] % QK:
+    if x.shape[-1] % qk:
         raise QuantizationError(f"tensor '{name}': row length {x.shape[-1]} is not a multiple of "
-                                f"{QK} ({what} block size)")
+                                f"{qk} ({what} block size)")
     if x.dtype.kind not in "fiub":
         raise QuantizationError(f"tensor '{name}': cannot quantize {x.dtype} data")
     return x
@@ -50,32 +50,32 @@ def check_finite(x: np.ndarray, name: str = "tensor") -> None:
             raise _bad_value_error(x, s + int(np.argmin(np.isfinite(part))), name)
 
 
-def _chunk_f32(flat: np.ndarray, b0: int, b1: int) -> np.ndarray:
-    xb = flat[b0 * QK:b1 * QK]
+def _chunk_f32(flat: np.ndarray, b0: int, b1: int, qk: int = QK) -> np.ndarray:
+    xb = flat[b0 * qk:b1 * qk]
     if xb.dtype != _F32 or not xb.flags.aligned:     # the kernels take aligned native float32
         xb = xb.astype(_F32)
-    return xb.reshape(-1, QK)
+    return xb.reshape(-1, qk)
 
 
-def _quantize_blocks(x, name: str, what: str, nbytes: int, kernel) -> np.ndarray:
-    """kernel(xb (n, 32) float32, out (n, nbytes) uint8) -> -1 or the flat index in xb of its
+def _quantize_blocks(x, name: str, what: str, nbytes: int, kernel, qk: int = QK) -> np.ndarray:
+    """kernel(xb (n, qk) float32, out (n, nbytes) uint8) -> -1 or the flat index in xb of its
     first NaN/inf, run over chunks of x; raises QuantizationError for the first NaN/inf of x."""
-    x = _as_f32_rows(x, name, what)
-    nblocks = x.size // QK
+    x = _as_f32_rows(x, name, what, qk)
+    nblocks = x.size // qk
     out = np.empty((nblocks, nbytes), np.uint8)
     flat = x.reshape(-1)
     bad: list[int] = []
 
     def work(b0, b1):
-        xb = _chunk_f32(flat, b0, b1)
+        xb = _chunk_f32(flat, b0, b1, qk)
         r = kernel(xb, out[b0:b1])
         if r >= 0:
-            bad.append(b0 * QK + r)
+            bad.append(b0 * qk + r)
 
-    _run_chunks(work, nblocks, CHUNK_BLOCKS)
+    _run_chunks(work, nblocks, max(1, CHUNK_BLOCKS * QK // qk))
     if bad:
         raise _bad_value_error(x, min(bad), name)
-    return out.reshape(*x.shape[:-1], x.shape[-1] // QK * nbytes)
+    return out.reshape(*x.shape[:-1], x.shape[-1] // qk * nbytes)
 
 
 def _raw_blocks(raw, nbytes: int, what: str) -> np.ndarray:

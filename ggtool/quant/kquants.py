@@ -1,13 +1,15 @@
 """Native dequantizers for Q5_0, Q4_K and Q6_K (compiled: ``ggtool.kernels.kquants``), bit-identical
-to gguf-py's float32 arithmetic and ~10x faster; other block types go through gguf-py in
-``generic.dequantize``."""
+to gguf-py's float32 arithmetic and ~10x faster (other block types go through gguf-py in
+``generic.dequantize``), and Q8_K, the activations K-quant weights are multiplied with."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .. import types as T
-from .blocks import _dequantize_blocks
+from .blocks import _dequantize_blocks, _quantize_blocks
+
+Q8_K_BYTES = 292
 
 _NATIVE_DQ = {  # type -> (bytes per block, values per block, name of the kernel in ggtool.kernels.kquants)
     T.GGMLType.Q5_0: (22, 32, "dequantize_q5_0"),
@@ -23,3 +25,10 @@ def _dequantize_native(raw, t) -> np.ndarray:
     nbytes, nval, name = _NATIVE_DQ[t]
     kernel = getattr(kquants, name)
     return _dequantize_blocks(raw, nbytes, T.type_name(t), lambda b, o: kernel(b, F16_TO_F32, o), nval)
+
+
+def quantize_q8_k(x, name: str = "tensor") -> np.ndarray:
+    """Q8_K bytes of x (quantize_row_q8_K_ref, which is also GGML's CPU from_float): rows of 256-value
+    blocks of 292 bytes (float32 d, int8 qs[256], int16 bsums[16])."""
+    from ..kernels import kquants
+    return _quantize_blocks(x, name, "Q8_K", Q8_K_BYTES, kquants.quantize_q8_k, 256)

@@ -1,9 +1,10 @@
-"""GGML's quantized mul_mat: Q4_0 or Q8_0 weights x Q8_0 activations, on compiled kernels.
+"""GGML's quantized mul_mat: block-type weights x activations in its vec_dot_type (Q8_0 for
+Q4_0/Q5_0/Q8_0, Q8_K for Q4_K/Q5_K/Q6_K), on compiled kernels.
 
 One path for every M: GGML's integer block dot on weights repacked into groups of rows
-(``ggtool.kernels.dot``): exact integer sums per block, then ``(sumi * d_w) * d_a`` summed over
-blocks in order in float32 -- GGML's scalar reference bit for bit, whatever the number of
-participants. (Measured on 2 cores: faster than expanding the weights to float32 for BLAS up to
+(``ggtool.kernels.dot``): exact integer sums per block, then the float32 scaling block after block
+(for Q4_0/Q8_0, ``(sumi * d_w) * d_a``: GGML's scalar reference bit for bit), whatever the number
+of participants. (Measured on 2 cores: faster than expanding the weights to float32 for BLAS up to
 M=512, and exact.)
 
 Repacked weights are cached for the life of their storage (``weight_pack``): a weight read from a
@@ -18,17 +19,23 @@ import numpy as np
 
 from .. import types as T
 from ..errors import QuantizationError
-from .blocks import _F32, Q4_0_BYTES, Q8_0_BYTES
+from .blocks import _F32
+
+# weight types with a compiled dot product (ggtool.kernels.dot registers one for each)
+DOT_TYPES = (T.Q4_0, T.Q8_0, T.GGMLType.Q5_0, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
 
 
 def _check(w_raw, wt, act_raw):
-    if wt not in (T.Q4_0, T.Q8_0):
-        raise QuantizationError(f"mul_mat_q8_0: weights must be q4_0 or q8_0, not {T.type_name(wt)}")
-    wb = Q4_0_BYTES if wt == T.Q4_0 else Q8_0_BYTES
-    if w_raw.shape[1] % wb or act_raw.shape[1] % Q8_0_BYTES or \
-            w_raw.shape[1] // wb != act_raw.shape[1] // Q8_0_BYTES:
-        raise QuantizationError(f"mul_mat_q8_0: weight rows of {w_raw.shape[1]} bytes ({T.type_name(wt)}) "
-                                f"and activation rows of {act_raw.shape[1]} bytes (q8_0) differ in length")
+    if wt not in DOT_TYPES:
+        raise QuantizationError(f"mul_mat: no quantized dot product for {T.type_name(wt)} weights "
+                                f"(there is one for {', '.join(T.type_name(t) for t in DOT_TYPES)})")
+    vdt = T.vec_dot_type(wt)
+    wb, ab = T.type_size(wt), T.type_size(vdt)
+    if w_raw.shape[1] % wb or act_raw.shape[1] % ab or \
+            w_raw.shape[1] // wb * T.block_size(wt) != act_raw.shape[1] // ab * T.block_size(vdt):
+        raise QuantizationError(f"mul_mat: weight rows of {w_raw.shape[1]} bytes ({T.type_name(wt)}) "
+                                f"and activation rows of {act_raw.shape[1]} bytes ({T.type_name(vdt)}) "
+                                "differ in length")
 
 
 def _rows(x) -> np.ndarray:
@@ -38,11 +45,12 @@ def _rows(x) -> np.ndarray:
     return x.reshape(1, -1) if x.ndim == 1 else x
 
 
-def mul_mat_q8_0(w_raw, w_type, act_raw) -> np.ndarray:
-    """GGML's Q4_0/Q8_0 x Q8_0 dot products: float32 (M, N), out[m, n] = row n of W . row m of A.
+def mul_mat_quantized(w_raw, w_type, act_raw) -> np.ndarray:
+    """GGML's quantized dot products: float32 (M, N), out[m, n] = row n of W . row m of A.
 
-    w_raw: uint8 (N, row_bytes) of Q4_0 or Q8_0 rows; act_raw: uint8 (M, row_bytes) of Q8_0 rows
-    with the same number of blocks. See the module docstring for the numerics.
+    w_raw: uint8 (N, row_bytes) rows of a type in DOT_TYPES; act_raw: uint8 (M, row_bytes) rows of
+    its vec_dot_type (Q8_0, or Q8_K for the K-quants) with as many values. See the module
+    docstring for the numerics.
     """
     wt = T.parse_type(w_type)
     w_raw, act_raw = _rows(w_raw), _rows(act_raw)

@@ -1,0 +1,188 @@
+"""K-quant dot products: Q4_K, Q5_K and Q6_K weights x Q8_K activations.
+
+Every K-quant type is repacked into one form: per block of 256, int8 codes (the stored integer,
+offset applied: Q4_K 0..15, Q5_K 0..31, Q6_K -32..31), an integer scale and min per 16 values, and
+float32 d / dmin, interleaved across ``GROUP`` rows as ``dot`` does. Then one dot serves them all
+(GGML's generic ``ggml_vec_dot_qN_K_q8_K``, integer parts exact):
+``sumi = sum_j sc_j * (codes_j . a_j)``, ``summ = sum_j m_j * bsums_j``, then
+``out += (d_w * d_a) * sumi`` and ``out -= (dmin_w * d_a) * summ``, block after block. (GGML sums
+the scaled parts in 8 float lanes: the last bits may differ; the order never depends on the split
+between participants.) Adding a K-quant type is one pack function (decode a block) and a register.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import types as T
+from .dot import GROUP, U, register
+from .jit import njit
+
+Q8_K_BYTES = 292
+
+
+@njit
+def _scatter_k(codes, sc, mn, dw, dmw, g, nb, b, r, c256, s16, m16, d, dmin):
+    """One row's decoded block into the interleaved arrays (values e and e+8 of each 16 side by side)."""
+    base = (g * nb + b) * 256 * GROUP
+    for j in range(16):
+        for k in range(8):
+            o = base + ((j * 8 + k) * GROUP + r) * 2
+            codes[o] = c256[j * 16 + k]
+            codes[o + 1] = c256[j * 16 + k + 8]
+        sc[(g * nb + b) * 16 * GROUP + j * GROUP + r] = s16[j]
+        mn[(g * nb + b) * 16 * GROUP + j * GROUP + r] = m16[j]
+    dw[(g * nb + b) * GROUP + r] = d
+    dmw[(g * nb + b) * GROUP + r] = dmin
+
+
+@njit
+def _alloc_k(n, nb):
+    G = (n + GROUP - 1) // GROUP
+    return (np.zeros(G * nb * 256 * GROUP, np.int8), np.zeros(G * nb * 16 * GROUP, np.int32),
+            np.zeros(G * nb * 16 * GROUP, np.int32), np.zeros(G * nb * GROUP, np.float32),
+            np.zeros(G * nb * GROUP, np.float32))
+
+
+@njit
+def _scale_min_k4(q, o, j):
+    """ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 bytes at q[o:]."""
+    if j < 4:
+        return np.int32(q[o + j]) & 63, np.int32(q[o + j + 4]) & 63
+    sc = (np.int32(q[o + j + 4]) & 15) | ((np.int32(q[o + j - 4]) >> 6) << 4)
+    m = (np.int32(q[o + j + 4]) >> 4) | ((np.int32(q[o + j]) >> 6) << 4)
+    return sc, m
+
+
+@njit
+def _f16_at(w, i, o, f16):
+    return f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
+
+
+@njit
+def _pack_q4_k(w, f16):
+    """Q4_K (144 bytes: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles)."""
+    n, nb = w.shape[0], w.shape[1] // 144
+    codes, sc, mn, dw, dmw = _alloc_k(n, nb)
+    c256 = np.empty(256, np.int8)
+    s16 = np.empty(16, np.int32)
+    m16 = np.empty(16, np.int32)
+    for i in range(n):
+        for b in range(nb):
+            o = b * 144
+            for c in range(4):
+                for k in range(32):
+                    q = w[i, o + 16 + 32 * c + k]
+                    c256[64 * c + k] = q & 15
+                    c256[64 * c + 32 + k] = q >> 4
+            for j in range(8):
+                s, m = _scale_min_k4(w[i], o + 4, j)
+                s16[2 * j] = s16[2 * j + 1] = s
+                m16[2 * j] = m16[2 * j + 1] = m
+            _scatter_k(codes, sc, mn, dw, dmw, i // GROUP, nb, b, i % GROUP, c256, s16, m16,
+                       _f16_at(w, i, o, f16), _f16_at(w, i, o + 2, f16))
+    return codes, sc, mn, dw, dmw, n, nb
+
+
+@njit
+def _pack_q5_k(w, f16):
+    """Q5_K (176 bytes: d, dmin, 12 bytes of scales/mins, qh[32], qs[128]): a nibble plus a fifth bit."""
+    n, nb = w.shape[0], w.shape[1] // 176
+    codes, sc, mn, dw, dmw = _alloc_k(n, nb)
+    c256 = np.empty(256, np.int8)
+    s16 = np.empty(16, np.int32)
+    m16 = np.empty(16, np.int32)
+    for i in range(n):
+        for b in range(nb):
+            o = b * 176
+            for c in range(4):
+                for k in range(32):
+                    q = w[i, o + 48 + 32 * c + k]
+                    h = w[i, o + 16 + k]
+                    c256[64 * c + k] = (q & 15) | (((h >> (2 * c)) & 1) << 4)
+                    c256[64 * c + 32 + k] = (q >> 4) | (((h >> (2 * c + 1)) & 1) << 4)
+            for j in range(8):
+                s, m = _scale_min_k4(w[i], o + 4, j)
+                s16[2 * j] = s16[2 * j + 1] = s
+                m16[2 * j] = m16[2 * j + 1] = m
+            _scatter_k(codes, sc, mn, dw, dmw, i // GROUP, nb, b, i % GROUP, c256, s16, m16,
+                       _f16_at(w, i, o, f16), _f16_at(w, i, o + 2, f16))
+    return codes, sc, mn, dw, dmw, n, nb
+
+
+@njit
+def _pack_q6_k(w, f16):
+    """Q6_K (210 bytes: ql[128], qh[64], int8 scales[16], d): codes (ql nibble | qh 2 bits << 4) - 32."""
+    n, nb = w.shape[0], w.shape[1] // 210
+    codes, sc, mn, dw, dmw = _alloc_k(n, nb)
+    c256 = np.empty(256, np.int8)
+    s16 = np.empty(16, np.int32)
+    m16 = np.zeros(16, np.int32)
+    for i in range(n):
+        for b in range(nb):
+            o = b * 210
+            for half in range(2):
+                for g4 in range(4):
+                    for k in range(32):
+                        lo = (np.int32(w[i, o + half * 64 + k + 32 * (g4 & 1)]) >> (4 * (g4 >> 1))) & 15
+                        hi = (np.int32(w[i, o + 128 + half * 32 + k]) >> (2 * g4)) & 3
+                        c256[half * 128 + 32 * g4 + k] = (lo | (hi << 4)) - 32
+            for j in range(16):
+                s16[j] = np.int32(np.int8(w[i, o + 192 + j]))
+            _scatter_k(codes, sc, mn, dw, dmw, i // GROUP, nb, b, i % GROUP, c256, s16, m16,
+                       _f16_at(w, i, o + 208, f16), np.float32(0.0))
+    return codes, sc, mn, dw, dmw, n, nb
+
+
+@njit
+def _dot_k(codes, sc, mn, dw, dmw, n, nb, act, f16, out):
+    M = act.shape[0]
+    G = (n + GROUP - 1) // GROUP
+    qa = act.view(np.int8)
+    dA = np.empty((M, nb), np.float32)
+    bs = np.empty((M, nb, 16), np.int32)
+    for m in range(M):
+        for b in range(nb):
+            o = b * Q8_K_BYTES
+            dA[m, b] = act[m, o:o + 4].copy().view(np.float32)[0]
+            for j in range(16):
+                lo, hi = np.int32(act[m, o + 260 + 2 * j]), np.int32(act[m, o + 261 + 2 * j])
+                bs[m, b, j] = np.int32(np.int16(lo | (hi << 8)))
+    t = np.empty(GROUP, np.int32)
+    sumi = np.empty(GROUP, np.int32)
+    summ = np.empty(GROUP, np.int32)
+    acc = np.empty((M, GROUP), np.float32)
+    for g in range(G):
+        acc[:, :] = 0
+        for b in range(nb):
+            base = U((g * nb + b) * 256 * GROUP)
+            sb = (g * nb + b) * 16 * GROUP
+            dwb = (g * nb + b) * GROUP
+            ao = b * Q8_K_BYTES + 4
+            for m in range(M):
+                sumi[:] = 0
+                summ[:] = 0
+                for j in range(16):
+                    t[:] = 0
+                    for k in range(8):
+                        a1 = np.int32(qa[m, ao + 16 * j + k])
+                        a2 = np.int32(qa[m, ao + 16 * j + k + 8])
+                        o = base + U((j * 8 + k) * GROUP * 2)
+                        for r in range(GROUP):
+                            t[U(r)] += np.int32(codes[o + U(2 * r)]) * a1 + np.int32(codes[o + U(2 * r + 1)]) * a2
+                    bsj = bs[m, b, j]
+                    for r in range(GROUP):
+                        sumi[r] += sc[sb + j * GROUP + r] * t[r]
+                        summ[r] += mn[sb + j * GROUP + r] * bsj
+                da = dA[m, b]
+                for r in range(GROUP):
+                    acc[m, r] += (dw[dwb + r] * da) * np.float32(sumi[r])
+                    acc[m, r] -= (dmw[dwb + r] * da) * np.float32(summ[r])
+        for m in range(M):
+            for r in range(min(GROUP, n - g * GROUP)):
+                out[m, g * GROUP + r] = acc[m, r]
+
+
+register(T.GGMLType.Q4_K, 144, _pack_q4_k, _dot_k)
+register(T.GGMLType.Q5_K, 176, _pack_q5_k, _dot_k)
+register(T.GGMLType.Q6_K, 210, _pack_q6_k, _dot_k)

@@ -1,0 +1,97 @@
+"""Q5_0, Q4_K, Q5_K and Q6_K mul_mat (compiled dots, Q8_0 / Q8_K activations) against a float64
+reference (gguf-py's dequantized weights times the dequantized activations), and bit-identical for
+1..4 participants; Q8_K quantization against its numpy oracle."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from kernel_threads import compute_threaded
+from oracle_matmul import dequantize_q8_k, quantize_q8_k
+
+import ggtool
+from ggtool import quant as Q
+from ggtool import types as T
+from ggtool.errors import QuantizationError
+from ggtool.kernels import dot
+from ggtool.quant.matmul import DOT_TYPES
+
+BLOCK = {"q5_0": (22, 32, [0]), "q4_K": (144, 256, [0, 2]), "q5_K": (176, 256, [0, 2]), "q6_K": (210, 256, [208])}
+
+
+def _weights(t: str, n: int, k: int, seed: int) -> np.ndarray:
+    """n rows of k values of random blocks whose fp16 scales are small normal numbers."""
+    nbytes, qk, scales = BLOCK[t]
+    w = np.random.default_rng(seed).integers(0, 256, (n, k // qk, nbytes), dtype=np.uint8)
+    for o in scales:
+        w[..., o + 1] = w[..., o + 1] % 0x20 + 0x08
+    return w.reshape(n, -1)
+
+
+def _acts(t: str, x: np.ndarray) -> np.ndarray:
+    return Q.quantize_q8_0_cpu(x) if t == "q5_0" else Q.quantize_q8_k(x)
+
+
+def _dequantized_acts(t: str, a: np.ndarray) -> np.ndarray:
+    return Q.dequantize_q8_0(a).astype(np.float64) if t == "q5_0" else dequantize_q8_k(a)
+
+
+def test_every_dot_type_is_registered():
+    assert set(dot.DOTS) == set(DOT_TYPES)
+
+
+@pytest.mark.parametrize("finite", [True, False])
+def test_q8_k_is_ggml_reference(finite):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((40, 512)) * rng.choice([1e-30, 1.0, 1e30], (40, 1))).astype(np.float32)
+    x[5] = 0.0
+    x[6, 7] = -x[6].__abs__().max() * 1.5          # the signed max is negative
+    x[7, :2] = [3.0, -3.0]                         # a tie in |x|: the first one wins
+    x[7, 2:] = 0.5
+    if finite:
+        assert Q.quantize_q8_k(x).tobytes() == quantize_q8_k(x).tobytes()
+    else:
+        x[9, 300] = np.nan
+        with pytest.raises(QuantizationError, match=r"NaN at index \(9, 300\)"):
+            Q.quantize_q8_k(x)
+
+
+@pytest.mark.parametrize("t", BLOCK)
+@pytest.mark.parametrize("n,k,m", [(1, 256, 1), (130, 512, 3), (70, 1024, 17)])
+def test_dot_matches_float64_reference(t, n, k, m):
+    w = _weights(t, n, k, n + k + m)
+    x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+    a = _acts(t, x)
+    got = Q.mul_mat_quantized(w, t, a)
+    ref = _dequantized_acts(t, a) @ gguf.quants.dequantize(w, T.parse_type(t)).astype(np.float64).T
+    assert got.shape == (m, n)
+    assert np.abs(got - ref).max() <= 2e-6 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("t", BLOCK)
+def test_mul_mat_node_bit_identical_for_1_to_4_participants(t):
+    n, k, m = 2 * 1024 + 70, 512, 3
+    w = _weights(t, n, k, 9)
+    x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+    ctx = ggtool.Context()
+    wt = ctx.new_tensor(t, [k, n]).set_data(w)
+    b = ctx.new_tensor("f32", [k, m]).set_data(x)
+    y = ggtool.ops.FUNCTIONS["mul_mat"](ctx, wt, b)
+    g = ctx.new_graph()
+    g.expand(y)
+    plan = g.plan(2)
+    vdt = T.vec_dot_type(T.parse_type(t))
+    assert plan.work_size >= T.row_size(vdt, k * m)             # GGML's work size: b as vec_dot_type
+    g.compute(1)
+    one = y.data.copy()
+    assert one.reshape(m, n).tobytes() == Q.mul_mat_quantized(w, t, _acts(t, x)).tobytes()
+    for nth in (2, 3, 4):
+        y.data[...] = 0
+        compute_threaded(g, nth, force=True)
+        assert y.data.tobytes() == one.tobytes(), f"{nth} participants differ from 1"
+
+
+def test_unsupported_weight_type_is_one_clear_error():
+    with pytest.raises(QuantizationError, match="no quantized dot product for q4_1"):
+        Q.mul_mat_quantized(np.zeros((2, 20), np.uint8), "q4_1", np.zeros((1, 36), np.uint8))
