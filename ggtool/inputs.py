@@ -19,7 +19,7 @@ import numpy as np
 
 from . import types as T
 from .context import Context
-from .errors import GGToolError, InputError
+from .errors import GGToolError, InputError, QuantizationError
 from .gguf_io import GGUFFile, TensorInfo, open_gguf
 from .sources import (
     NPY_MAGIC,
@@ -40,8 +40,10 @@ __all__ = [
     "convert_array", "default_type", "parse_json_array", "parse_source", "parse_tensor_option", "read_npy_header",
 ]
 
-# Types a GGUF tensor keeps when loaded (memory-mapped, zero-copy); the rest are dequantized to f32.
-MMAP_TYPES = (T.F32, T.F16, T.I32, T.Q4_0, T.Q8_0)
+# Types a GGUF tensor keeps when loaded (memory-mapped, zero-copy, GGML's type, ne, nb and row size):
+# those ggtool computes with, mul_mat's compiled dots included; the rest are dequantized to f32.
+MMAP_TYPES = (T.F32, T.F16, T.I32, T.Q4_0, T.Q8_0, T.GGMLType.Q5_0, T.GGMLType.Q4_K, T.GGMLType.Q5_K,
+              T.GGMLType.Q6_K)
 # GGUF types gguf-py maps as typed numpy arrays; the others are dequantized with gguf.quants.
 PLAIN_GGUF_TYPES = (T.F32, T.F16, T.I32, T.GGMLType.I8, T.GGMLType.I16, T.GGMLType.I64, T.GGMLType.F64)
 
@@ -265,12 +267,11 @@ class Inputs:
         info = p.info
         raw = np.asarray(p.gguf.array(info.name))
         if info.type not in PLAIN_GGUF_TYPES:
-            from gguf.quants import dequantize
+            from .quant import dequantize       # compiled where ggtool has a kernel, else gguf-py's
             try:
                 raw = dequantize(raw, info.type)
-            except NotImplementedError:
-                raise InputError(f"{where}: cannot dequantize {T.type_name(info.type)} "
-                                 "(gguf-py has no dequantizer for it)") from None
+            except QuantizationError as e:
+                raise InputError(f"{where}: {e}") from None
         arr = raw.reshape(info.ne[::-1])
         self._log(s.name, f"{s.path}:{s.tensor} ({T.type_name(info.type)} -> {T.type_name(p.type)})")
         return convert_array(arr, p.type, where)
