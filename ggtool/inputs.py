@@ -42,8 +42,7 @@ __all__ = [
 
 # Types a GGUF tensor keeps when loaded (memory-mapped, zero-copy, GGML's type, ne, nb and row size):
 # those ggtool computes with, mul_mat's compiled dots included; the rest are dequantized to f32.
-MMAP_TYPES = (T.F32, T.F16, T.I32, T.Q4_0, T.Q8_0, T.GGMLType.Q5_0, T.GGMLType.Q4_K, T.GGMLType.Q5_K,
-              T.GGMLType.Q6_K)
+MMAP_TYPES = (T.F32, T.F16, T.I32, *T.DOT_TYPES)
 # GGUF types gguf-py maps as typed numpy arrays; the others are dequantized with gguf.quants.
 PLAIN_GGUF_TYPES = (T.F32, T.F16, T.I32, T.GGMLType.I8, T.GGMLType.I16, T.GGMLType.I64, T.GGMLType.F64)
 
@@ -267,7 +266,7 @@ class Inputs:
         info = p.info
         raw = np.asarray(p.gguf.array(info.name))
         if info.type not in PLAIN_GGUF_TYPES:
-            from .quant import dequantize       # compiled where ggtool has a kernel, else gguf-py's
+            from .quant import dequantize  # compiled where ggtool has a kernel, else gguf-py's
             try:
                 raw = dequantize(raw, info.type)
             except QuantizationError as e:

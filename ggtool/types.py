@@ -32,6 +32,9 @@ _KQUANTS = {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType
 
 # The types ggtool computes with; the rest can be read from GGUF and converted on load.
 COMPUTE_TYPES = (F32, F16, I32, Q4_0, Q8_0)
+# block types mul_mat multiplies as they are (ggtool.kernels.dot registers a compiled dot for each)
+DOT_TYPES = (Q4_0, Q8_0, GGMLType.Q5_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
+             GGMLType.Q6_K)
 
 
 def type_name(t: GGMLType) -> str:

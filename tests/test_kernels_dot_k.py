@@ -17,7 +17,8 @@ from ggtool.errors import QuantizationError
 from ggtool.kernels import dot
 from ggtool.quant.matmul import DOT_TYPES
 
-BLOCK = {"q5_0": (22, 32, [0]), "q4_K": (144, 256, [0, 2]), "q5_K": (176, 256, [0, 2]), "q6_K": (210, 256, [208])}
+BLOCK = {"q5_0": (22, 32, [0]), "q2_K": (84, 256, [80, 82]), "q3_K": (110, 256, [108]), "q4_K": (144, 256, [0, 2]),
+         "q5_K": (176, 256, [0, 2]), "q6_K": (210, 256, [208])}
 
 
 def _weights(t: str, n: int, k: int, seed: int) -> np.ndarray:

@@ -1,7 +1,8 @@
-"""K-quant dot products: Q4_K, Q5_K and Q6_K weights x Q8_K activations.
+"""K-quant dot products: Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights x Q8_K activations.
 
 Every K-quant type is repacked into one form: per block of 256, int8 codes (the stored integer,
-offset applied: Q4_K 0..15, Q5_K 0..31, Q6_K -32..31), an integer scale and min per 16 values, and
+offset applied: Q2_K 0..3, Q3_K -4..3, Q4_K 0..15, Q5_K 0..31, Q6_K -32..31), an integer scale and
+min per 16 values, and
 float32 d / dmin, interleaved across ``GROUP`` rows as ``dot`` does. Then one dot serves them all
 (GGML's generic ``ggml_vec_dot_qN_K_q8_K``, integer parts exact):
 ``sumi = sum_j sc_j * (codes_j . a_j)``, ``summ = sum_j m_j * bsums_j``, then
@@ -135,6 +136,59 @@ def _pack_q6_k(w, f16):
 
 
 @njit
+def _pack_q2_k(w, f16):
+    """Q2_K (84 bytes: scales[16] (4-bit scale | 4-bit min << 4), qs[64] of 2-bit codes, d, dmin)."""
+    n, nb = w.shape[0], w.shape[1] // 84
+    codes, sc, mn, dw, dmw = _alloc_k(n, nb)
+    c256 = np.empty(256, np.int8)
+    s16 = np.empty(16, np.int32)
+    m16 = np.empty(16, np.int32)
+    for i in range(n):
+        for b in range(nb):
+            o = b * 84
+            for half in range(2):
+                for j in range(4):
+                    for k in range(32):           # bytes k of the half's 32: values 16*(2j + k//16) + k%16
+                        c256[half * 128 + 32 * j + k] = (w[i, o + 16 + half * 32 + k] >> (2 * j)) & 3
+            for j in range(16):
+                s16[j] = np.int32(w[i, o + j]) & 15
+                m16[j] = np.int32(w[i, o + j]) >> 4
+            _scatter_k(codes, sc, mn, dw, dmw, i // GROUP, nb, b, i % GROUP, c256, s16, m16,
+                       _f16_at(w, i, o + 80, f16), _f16_at(w, i, o + 82, f16))
+    return codes, sc, mn, dw, dmw, n, nb
+
+
+@njit
+def _pack_q3_k(w, f16):
+    """Q3_K (110 bytes: hmask[32], qs[64] of 2-bit codes, 12 bytes of 6-bit scales, d): codes are
+    the 2 bits minus 4 where the hmask bit is clear (-4..3); scales are the 6 bits minus 32."""
+    n, nb = w.shape[0], w.shape[1] // 110
+    codes, sc, mn, dw, dmw = _alloc_k(n, nb)
+    c256 = np.empty(256, np.int8)
+    s16 = np.empty(16, np.int32)
+    m16 = np.zeros(16, np.int32)
+    for i in range(n):
+        for b in range(nb):
+            o = b * 110
+            for half in range(2):
+                for j in range(4):
+                    bit = 4 * half + j
+                    for k in range(32):
+                        q = (np.int32(w[i, o + 32 + half * 32 + k]) >> (2 * j)) & 3
+                        h = (np.int32(w[i, o + k]) >> bit) & 1
+                        c256[half * 128 + 32 * j + k] = q - 4 * (1 - h)
+            for k in range(4):
+                lo, hi, top = np.int32(w[i, o + 96 + k]), np.int32(w[i, o + 100 + k]), np.int32(w[i, o + 104 + k])
+                s16[k] = ((lo & 15) | ((top & 3) << 4)) - 32
+                s16[4 + k] = ((hi & 15) | (((top >> 2) & 3) << 4)) - 32
+                s16[8 + k] = ((lo >> 4) | (((top >> 4) & 3) << 4)) - 32
+                s16[12 + k] = ((hi >> 4) | (((top >> 6) & 3) << 4)) - 32
+            _scatter_k(codes, sc, mn, dw, dmw, i // GROUP, nb, b, i % GROUP, c256, s16, m16,
+                       _f16_at(w, i, o + 108, f16), np.float32(0.0))
+    return codes, sc, mn, dw, dmw, n, nb
+
+
+@njit
 def _dot_k(codes, sc, mn, dw, dmw, n, nb, act, f16, out):
     M = act.shape[0]
     G = (n + GROUP - 1) // GROUP
@@ -183,6 +237,8 @@ def _dot_k(codes, sc, mn, dw, dmw, n, nb, act, f16, out):
                 out[m, g * GROUP + r] = acc[m, r]
 
 
+register(T.GGMLType.Q2_K, 84, _pack_q2_k, _dot_k)
+register(T.GGMLType.Q3_K, 110, _pack_q3_k, _dot_k)
 register(T.GGMLType.Q4_K, 144, _pack_q4_k, _dot_k)
 register(T.GGMLType.Q5_K, 176, _pack_q5_k, _dot_k)
 register(T.GGMLType.Q6_K, 210, _pack_q6_k, _dot_k)

@@ -18,7 +18,7 @@ from .. import types as T
 from .base import ALL, check, fmt_ne, function, kernel, new_op
 from .walk import require, require_type
 
-WEIGHT_TYPES = (T.F32, T.F16, T.Q4_0, T.Q8_0, T.GGMLType.Q5_0, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
+WEIGHT_TYPES = (T.F32, T.F16, *T.DOT_TYPES)
 
 
 def _work_size(node, n_tasks: int) -> int:

@@ -21,8 +21,7 @@ from .. import types as T
 from ..errors import QuantizationError
 from .blocks import _F32
 
-# weight types with a compiled dot product (ggtool.kernels.dot registers one for each)
-DOT_TYPES = (T.Q4_0, T.Q8_0, T.GGMLType.Q5_0, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
+DOT_TYPES = T.DOT_TYPES
 
 
 def _check(w_raw, wt, act_raw):
