@@ -1,4 +1,5 @@
-"""GGML tensor types. Ids, block sizes and type sizes come from gguf-py; this adds names and numpy views."""
+"""GGML tensor types. Ids, block sizes and type sizes come from gguf-py (with GGML's own size where
+gguf-py's table is behind); this adds names and numpy views."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ _KQUANTS = {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType
 # The types ggtool computes with; the rest can be read from GGUF and converted on load.
 COMPUTE_TYPES = (F32, F16, I32, Q4_0, Q8_0)
 # block types mul_mat multiplies as they are (ggtool.kernels.dot registers a compiled dot for each)
-DOT_TYPES = (Q4_0, Q8_0, GGMLType.Q5_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
-             GGMLType.Q6_K)
+DOT_TYPES = (Q4_0, Q8_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K,
+             GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 
 
 def type_name(t: GGMLType) -> str:
@@ -60,12 +61,18 @@ def parse_type(name: str | int | GGMLType) -> GGMLType:
     return t
 
 
+# gguf-py 0.19 still gives block_q8_1 its old layout (float d, float s: 40 bytes); GGML's is two
+# fp16 and the codes, 36 bytes (ggml-common.h). Q8_1 is never stored in a file, only planned and
+# computed with, so GGML's number is the one that counts (the plan's work_size).
+_SIZES = {**GGML_QUANT_SIZES, GGMLType.Q8_1: (32, 36)}
+
+
 def block_size(t: GGMLType) -> int:
-    return GGML_QUANT_SIZES[t][0]
+    return _SIZES[t][0]
 
 
 def type_size(t: GGMLType) -> int:
-    return GGML_QUANT_SIZES[t][1]
+    return _SIZES[t][1]
 
 
 def is_quantized(t: GGMLType) -> bool:

@@ -17,7 +17,8 @@ from ggtool.errors import QuantizationError
 from ggtool.kernels import dot
 from ggtool.quant.matmul import DOT_TYPES
 
-BLOCK = {"q5_0": (22, 32, [0]), "q2_K": (84, 256, [80, 82]), "q3_K": (110, 256, [108]), "q4_K": (144, 256, [0, 2]),
+BLOCK = {"q4_1": (20, 32, [0, 2]), "q5_0": (22, 32, [0]), "q5_1": (24, 32, [0, 2]),
+         "q2_K": (84, 256, [80, 82]), "q3_K": (110, 256, [108]), "q4_K": (144, 256, [0, 2]),
          "q5_K": (176, 256, [0, 2]), "q6_K": (210, 256, [208])}
 
 
@@ -31,11 +32,17 @@ def _weights(t: str, n: int, k: int, seed: int) -> np.ndarray:
 
 
 def _acts(t: str, x: np.ndarray) -> np.ndarray:
-    return Q.quantize_q8_0_cpu(x) if t == "q5_0" else Q.quantize_q8_k(x)
+    return {"q5_0": Q.quantize_q8_0_cpu, "q4_1": Q.quantize_q8_1_cpu, "q5_1": Q.quantize_q8_1_cpu}.get(t, Q.quantize_q8_k)(x)
 
 
 def _dequantized_acts(t: str, a: np.ndarray) -> np.ndarray:
-    return Q.dequantize_q8_0(a).astype(np.float64) if t == "q5_0" else dequantize_q8_k(a)
+    if t == "q5_0":
+        return Q.dequantize_q8_0(a).astype(np.float64)
+    if t in ("q4_1", "q5_1"):   # Q8_1: fp16 d, fp16 s, int8 qs
+        b = a.reshape(-1, 36)
+        d = b[:, :2].copy().view(np.float16).astype(np.float64)
+        return (b[:, 4:].view(np.int8) * d).reshape(a.shape[0], -1)
+    return dequantize_q8_k(a)
 
 
 def test_every_dot_type_is_registered():
@@ -67,7 +74,9 @@ def test_dot_matches_float64_reference(t, n, k, m):
     got = Q.mul_mat_quantized(w, t, a)
     ref = _dequantized_acts(t, a) @ gguf.quants.dequantize(w, T.parse_type(t)).astype(np.float64).T
     assert got.shape == (m, n)
-    assert np.abs(got - ref).max() <= 2e-6 * np.abs(ref).max()
+    # Q8_1's s = fp16(d * sum(qs)) carries the min term of Q4_1/Q5_1 at fp16 precision, as in GGML
+    tol = 1e-3 if t in ("q4_1", "q5_1") else 2e-6
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
 
 
 @pytest.mark.parametrize("t", BLOCK)
@@ -93,6 +102,23 @@ def test_mul_mat_node_bit_identical_for_1_to_4_participants(t):
         assert y.data.tobytes() == one.tobytes(), f"{nth} participants differ from 1"
 
 
+def test_q8_1_is_q8_0_cpu_plus_the_scaled_sum():
+    x = np.random.default_rng(4).standard_normal((50, 64)).astype(np.float32)
+    x[3] = 0
+    got = Q.quantize_q8_1_cpu(x).reshape(-1, 36)
+    q8 = Q.quantize_q8_0_cpu(x).reshape(-1, 34)
+    assert got[:, :2].tobytes() == q8[:, :2].tobytes() and got[:, 4:].tobytes() == q8[:, 2:].tobytes()
+    blocks = x.reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1) / np.float32(127)                       # the unrounded float32 d
+    s = (d * q8[:, 2:].view(np.int8).astype(np.int32).sum(axis=1).astype(np.float32)).astype(np.float16)
+    assert got[:, 2:4].copy().view(np.float16).reshape(-1).tobytes() == s.tobytes()
+
+
 def test_unsupported_weight_type_is_one_clear_error():
-    with pytest.raises(QuantizationError, match="no quantized dot product for q4_1"):
-        Q.mul_mat_quantized(np.zeros((2, 20), np.uint8), "q4_1", np.zeros((1, 36), np.uint8))
+    with pytest.raises(QuantizationError, match="no quantized dot product for iq4_nl"):
+        Q.mul_mat_quantized(np.zeros((2, 18), np.uint8), "iq4_nl", np.zeros((1, 34), np.uint8))
+
+
+def test_q8_1_has_ggml_block_size_in_plans():
+    """gguf-py's table still says 40 bytes (float d, s); GGML's block_q8_1 is 36 (two fp16, 32 codes)."""
+    assert T.type_size(T.GGMLType.Q8_1) == 36 and T.row_size(T.GGMLType.Q8_1, 64) == 72

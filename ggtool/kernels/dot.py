@@ -1,5 +1,5 @@
-"""Quantized dot products: weights of a block type x their vec_dot_type activations (Q8_0 here,
-Q8_K in ``dot_k``), GGML's integer block dot.
+"""Quantized dot products: weights of a block type x their vec_dot_type activations (Q8_0 or Q8_1
+here, Q8_K in ``dot_k``), GGML's integer block dot.
 
 Each weight type registers a ``DotKernel``: ``pack`` (rows of GGML blocks -> an interleaved layout
 where ``GROUP`` rows' blocks sit side by side, so the innermost loop runs across rows and
@@ -10,7 +10,8 @@ function if no existing one fits its packed form).
 Numerics: per block the integer sum ``sumi`` of code products is exact, then the float32 scaling
 is added to the output block after block. For Q4_0 and Q8_0 that is ``(float(sumi) * d_w) * d_a``
 from +0.0: GGML's scalar reference (``ggml_vec_dot_q4_0_q8_0`` without SIMD) bit for bit; Q5_0
-shares Q8_0's kernel (GGML's scalar Q5_0 multiplies ``(d_w * d_a) * sumi``: the last bit may differ).
+shares Q8_0's kernel (GGML's scalar Q5_0 multiplies ``(d_w * d_a) * sumi``: the last bit may differ);
+Q4_1/Q5_1 add ``(d_w * d_a) * sumi + m_w * s_a`` as GGML's scalar code does.
 The order never depends on how rows are split between participants, so results are bit-identical
 for 1..N of them.
 """
@@ -209,8 +210,87 @@ def _dot_q8_0(qs, d, n, nb, act, f16, out):
                 out[m, g * GROUP + r] = acc[m, r]
 
 
+# -- Q4_1 / Q5_1 x Q8_1 ------------------------------------------------------------------------------
+@njit
+def _pack_q_1(w, f16, nbytes, five):
+    """Q4_1 (20 bytes: d, m, nibbles) or Q5_1 (24: d, m, qh u32, nibbles): codes 0..15 / 0..31 in
+    Q8_0's packed form, plus the min m per row and block (value = d * code + m)."""
+    n, nb = w.shape[0], w.shape[1] // nbytes
+    G = (n + GROUP - 1) // GROUP
+    qs = np.zeros(G * nb * QK * GROUP, np.int8)
+    d = np.zeros(G * nb * GROUP, np.float32)
+    mn = np.zeros(G * nb * GROUP, np.float32)
+    q0 = 8 if five else 4
+    for g in range(G):
+        for b in range(nb):
+            o = b * nbytes
+            base = (g * nb + b) * QK * GROUP
+            for r in range(min(GROUP, n - g * GROUP)):
+                i = g * GROUP + r
+                d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
+                mn[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o + 2]) | (np.int64(w[i, o + 3]) << 8)]
+                qh = np.int64(0)
+                if five:
+                    qh = np.int64(w[i, o + 4]) | (np.int64(w[i, o + 5]) << 8) | (np.int64(w[i, o + 6]) << 16) | \
+                        (np.int64(w[i, o + 7]) << 24)
+                for j in range(16):
+                    q = np.int64(w[i, o + q0 + j])
+                    qs[base + (j * GROUP + r) * 2] = (q & 15) | (((qh >> j) & 1) << 4)
+                    qs[base + (j * GROUP + r) * 2 + 1] = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
+    return qs, d, mn, n, nb
+
+
+@njit
+def _pack_q4_1(w, f16):
+    return _pack_q_1(w, f16, 20, False)
+
+
+@njit
+def _pack_q5_1(w, f16):
+    return _pack_q_1(w, f16, 24, True)
+
+
+@njit
+def _dot_q8_1(qs, d, mn, n, nb, act, f16, out):
+    """GGML's scalar vec_dot_q4_1_q8_1 / q5_1: out += (d_w * d_a) * sumi + m_w * s_a per block."""
+    M = act.shape[0]
+    G = (n + GROUP - 1) // GROUP
+    qa = act.view(np.int8)
+    dA = np.empty((M, nb), np.float32)
+    sA = np.empty((M, nb), np.float32)
+    for m in range(M):
+        for b in range(nb):
+            o = b * 36
+            dA[m, b] = f16[np.int64(act[m, o]) | (np.int64(act[m, o + 1]) << 8)]
+            sA[m, b] = f16[np.int64(act[m, o + 2]) | (np.int64(act[m, o + 3]) << 8)]
+    sumi = np.empty(GROUP, np.int32)
+    acc = np.empty((M, GROUP), np.float32)
+    for g in range(G):
+        acc[:, :] = 0
+        for b in range(nb):
+            base = U((g * nb + b) * QK * GROUP)
+            dw = (g * nb + b) * GROUP
+            ao = b * 36 + 4
+            for m in range(M):
+                sumi[:] = 0
+                for j in range(16):
+                    alo = np.int32(qa[m, ao + j])
+                    ahi = np.int32(qa[m, ao + 16 + j])
+                    o = base + U(j * GROUP * 2)
+                    for r in range(GROUP):
+                        sumi[U(r)] += np.int32(qs[o + U(2 * r)]) * alo + np.int32(qs[o + U(2 * r + 1)]) * ahi
+                da, sa = dA[m, b], sA[m, b]
+                for r in range(GROUP):
+                    acc[m, r] += (d[dw + r] * da) * np.float32(sumi[r]) + mn[dw + r] * sa
+        for m in range(M):
+            for r in range(min(GROUP, n - g * GROUP)):
+                out[m, g * GROUP + r] = acc[m, r]
+
+
 register(T.Q4_0, Q4_0_BYTES, _pack_q4_0, _dot_q4_0)
 register(T.Q8_0, Q8_0_BYTES, _pack_q8_0, _dot_q8_0)
 register(T.GGMLType.Q5_0, 22, _pack_q5_0, _dot_q8_0)
+register(T.GGMLType.Q4_1, 20, _pack_q4_1, _dot_q8_1)
+register(T.GGMLType.Q5_1, 24, _pack_q5_1, _dot_q8_1)
 
 from . import dot_k  # noqa: E402,F401 - the K-quant dots register themselves

@@ -230,6 +230,36 @@ def q8_0_quantize_cpu(xb, out):
     return _q8_0(xb, out, True)
 
 
+@_only(_F32_IN, _T.uint8[:, ::1])
+@njit
+def q8_1_quantize_cpu(xb, out):
+    """The x86 AVX2 from_float of Q8_1 over (n, 32) blocks into (n, 36): fp16 d, fp16 s, int8 qs[32];
+    d and qs exactly as q8_0_quantize_cpu, s = fp16(d * sum(qs)) from the unrounded float32 d."""
+    n, nj = xb.shape
+    q8 = np.empty((n, 2 + nj), np.uint8)
+    r = _q8_0(xb, q8, True)
+    if r >= 0:
+        return r
+    xi = xb.view(np.uint32)
+    bits = np.empty(1, np.uint32)
+    f = bits.view(np.float32)
+    for i in range(n):
+        bits[0] = _amax_bits(xi, i, nj)
+        d = f[0] / _F127
+        t = np.int32(0)
+        for j in range(nj):
+            t += np.int32(np.int8(q8[i, 2 + j]))
+        f[0] = d * np.float32(t)
+        sb = _f16_bits(bits[0])
+        out[i, 0] = q8[i, 0]
+        out[i, 1] = q8[i, 1]
+        out[i, 2] = np.uint8(sb & _U(0xFF))
+        out[i, 3] = np.uint8(sb >> _U(8))
+        for j in range(nj):
+            out[i, 4 + j] = q8[i, 2 + j]
+    return -1
+
+
 @njit
 def _get_scales(blocks):
     n = blocks.shape[0]

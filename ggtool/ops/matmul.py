@@ -3,7 +3,7 @@
 With C-order arrays A (M, K) and B (N, K) the result is B @ A.T. Dims 2/3 broadcast by block
 repeat: b-matrix (i12, i13) uses a-matrix (i12 // r2, i13 // r3).
 
-When b's type is not vec_dot_type(a) (Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_K for K-quants, F16 for F16), every
+When b's type is not vec_dot_type(a) (Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F16 for F16), every
 thread first converts its interleaved b rows into the work buffer (packed rows at
 i13*nbw3 + i12*nbw2 + i11*nbw1), then all threads meet at the barrier. The output is then cut
 into tiles that depend on the shapes only (see TILE_ROWS); each thread takes a contiguous run
@@ -49,6 +49,8 @@ def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
             conv = quant.fp32_to_fp16(np.ascontiguousarray(x)).view(np.uint8)
         elif vdt == T.GGMLType.Q8_K:
             conv = quant.quantize_q8_k(np.ascontiguousarray(x).reshape(-1, ne10))
+        elif vdt == T.GGMLType.Q8_1:
+            conv = quant.quantize_q8_1_cpu(np.ascontiguousarray(x).reshape(-1, ne10))
         else:  # Q8_0: the CPU (AVX2) from_float, as GGML's mul_mat
             conv = quant.quantize_q8_0_cpu(np.ascontiguousarray(x).reshape(-1, ne10))
         raw[:, :, ith::nth] = conv.reshape(*x.shape[:3], nbw1)

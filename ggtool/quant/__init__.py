@@ -33,7 +33,7 @@ from .generic import can_dequantize, can_quantize, convert, dequantize, quantize
 from .kquants import quantize_q8_k
 from .matmul import mul_mat_quantized
 from .q4_0 import dequantize_q4_0, quantize_q4_0
-from .q8_0 import dequantize_q8_0, quantize_q8_0, quantize_q8_0_cpu
+from .q8_0 import dequantize_q8_0, quantize_q8_0, quantize_q8_0_cpu, quantize_q8_1_cpu
 from .threads import get_threads, set_threads
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "quantize_q4_0",
     "quantize_q8_0",
     "quantize_q8_0_cpu",
+    "quantize_q8_1_cpu",
     "quantize_q8_k",
     "set_threads",
 ]

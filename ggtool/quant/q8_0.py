@@ -26,3 +26,10 @@ def dequantize_q8_0(raw) -> np.ndarray:
     """float32 values of Q8_0 bytes (rows of 34-byte blocks): shape (..., row_bytes/34*32)."""
     from ..kernels import quantize as kq
     return _dequantize_blocks(raw, Q8_0_BYTES, "Q8_0", kq.q8_0_dequantize)
+
+
+def quantize_q8_1_cpu(x, name: str = "tensor") -> np.ndarray:
+    """Q8_1 bytes (fp16 d, fp16 s = d * sum(qs), int8 qs[32]) as the x86 AVX2 from_float makes them
+    for mul_mat with Q4_1/Q5_1 weights: d and qs as quantize_q8_0_cpu."""
+    from ..kernels import quantize as kq
+    return _quantize_blocks(x, name, "Q8_1", 36, kq.q8_1_quantize_cpu)
