@@ -260,15 +260,39 @@ def scaling(pool, K: int = 2048, N: int = 2048, M: int = 512) -> None:
           f"{fl / tn1 / 1e9:.1f} -> {fl / tn2 / 1e9:.1f} GFLOP/s: {tn1 / tn2:.2f}x")
 
 
-def q4_0(pool, shapes=((4096, 4096, 1), (4096, 4096, 64), (2048, 2048, 512))) -> None:
-    """Q4_0 weights x f32 activations on the pool (2 participants) against numpy's f32 `x @ w.T` on
-    the same matrix with 2 BLAS threads, interleaved in the same run (issue 9's figure). As in the
+def quantized_graph(K: int, N: int, M: int, wtype: str):
+    """mul_mat(w, x) with w of a block type: quantized from N(0,1) where ggtool quantizes to it
+    (Q4_0, Q8_0), else random blocks with small normal fp16 scales (K-quants: no quantizer here)."""
+    if wtype in ("q4_0", "q8_0"):
+        return mul_mat_graph(K, N, M, wtype)[0]
+    import ggtool
+    from ggtool import types as T
+    from ggtool.ops import FUNCTIONS
+
+    t = T.parse_type(wtype)
+    nbytes, qk = T.type_size(t), T.block_size(t)
+    scales = {"q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,), "q2_K": (80, 82), "q3_K": (108,)}.get(wtype, (0,))
+    rng = np.random.default_rng(0)
+    w = rng.integers(0, 256, (N, K // qk, nbytes), dtype=np.uint8)
+    for o in scales:
+        w[..., o + 1] = w[..., o + 1] % 0x20 + 0x08
+    ctx = ggtool.Context()
+    a = ctx.new_tensor(wtype, [K, N]).set_data(w.reshape(N, -1))
+    b = ctx.new_tensor_from(rng.standard_normal((M, K), dtype=np.float32), name="x")
+    g = ctx.new_graph()
+    g.expand(FUNCTIONS["mul_mat"](ctx, a, b))
+    return g
+
+
+def q4_0(pool, shapes=((4096, 4096, 1), (4096, 4096, 64), (2048, 2048, 512)), wtype: str = "q4_0") -> None:
+    """Quantized weights x f32 activations on the pool (2 participants) against numpy's f32 `x @ w.T`
+    on the same shape with 2 BLAS threads, interleaved in the same run (issues 9 and 10). As in the
     peer baselines, a fast product is repeated back to back for ~0.2 s and timed per product (a
     single product after an idle pause mostly measures waking up)."""
     from ggtool.compute import single_threaded
 
     for K, N, M in shapes:
-        g = mul_mat_graph(K, N, M, "q4_0")[0]
+        g = quantized_graph(K, N, M, wtype)
         p1, p2 = g.compute(1), g.compute(2, pool=pool)
         numpy2 = NumpyTimer(K, N, M, threads=2)
         t0 = time.perf_counter()
@@ -289,11 +313,12 @@ def q4_0(pool, shapes=((4096, 4096, 1), (4096, 4096, 64), (2048, 2048, 512))) ->
                           lambda n=numpy2, r=reps: n(r), runs=9, settle=0.05)
         numpy2.close()
         fl = 2 * K * N * M
-        target = "2.0x" if M == 1 else "0.85x"
-        print(f"Q4_0 x f32 mul_mat K={K} N={N} M={M}: pool(2) {fl / t / 1e9:6.1f} GFLOP/s, numpy f32 @ with 2 BLAS "
+        target = ("2.0x" if wtype == "q4_0" else "1.5x") if M == 1 else "0.85x"
+        ggml = f"GGML nth=2: {GGML_Q4_0[(K, N, M)]}, llama.cpp {LLAMA_CPP_Q4_0[(K, N, M)]}" if wtype == "q4_0" else "GGML Q4_K ~ its Q4_0"
+        print(f"{wtype} x f32 mul_mat K={K} N={N} M={M}: pool(2) {fl / t / 1e9:6.1f} GFLOP/s, numpy f32 @ with 2 BLAS "
               f"threads {fl / tn / 1e9:6.1f}: ratio {tn / t:.2f}x (target >= {target}); 1 participant "
-              f"{fl / t1 / 1e9:6.1f} GFLOP/s; {t * 1e3:.2f} ms per mul_mat, {reps} back to back (GGML nth=2: "
-              f"{GGML_Q4_0[(K, N, M)]}, llama.cpp {LLAMA_CPP_Q4_0[(K, N, M)]}, measured on another day)")
+              f"{fl / t1 / 1e9:6.1f} GFLOP/s; {t * 1e3:.2f} ms per mul_mat, {reps} back to back ({ggml}, "
+              "measured on another day)")
 
 
 def main(which) -> None:
@@ -323,6 +348,8 @@ def main(which) -> None:
             else:
                 wait_idle()
                 q4_0(pool)
+                for wtype in ("q4_K", "q6_K"):
+                    q4_0(pool, ((4096, 4096, 1),), wtype)
 
 
 if __name__ == "__main__":
