@@ -122,3 +122,19 @@ def test_unsupported_weight_type_is_one_clear_error():
 def test_q8_1_has_ggml_block_size_in_plans():
     """gguf-py's table still says 40 bytes (float d, s); GGML's block_q8_1 is 36 (two fp16, 32 codes)."""
     assert T.type_size(T.GGMLType.Q8_1) == 36 and T.row_size(T.GGMLType.Q8_1, 64) == 72
+
+
+@pytest.mark.parametrize("t", BLOCK)
+def test_get_rows_dequantizes_as_ggml(t):
+    """get_rows of a block type: the picked rows dequantized to f32 (GGML's to_float, which gguf-py's
+    dequantize reproduces), for every type mul_mat takes natively."""
+    w = _weights(t, 6, 512, 2)
+    ctx = ggtool.Context()
+    a = ctx.new_tensor(t, [512, 6]).set_data(w)
+    idx = ctx.new_tensor("i32", [3]).set_data(np.array([5, 0, 5], np.int32))
+    y = ggtool.ops.FUNCTIONS["get_rows"](ctx, a, idx)
+    g = ctx.new_graph()
+    g.expand(y)
+    g.compute(1)
+    want = gguf.quants.dequantize(w[[5, 0, 5]], T.parse_type(t))
+    assert y.type == T.F32 and y.data.reshape(3, 512).tobytes() == np.asarray(want, np.float32).tobytes()

@@ -16,7 +16,7 @@ def forward_get_rows(node, ith, nth, work):
     from .. import quant
 
     a, idx = node.src
-    require_type(a, "get_rows", (T.F32, T.F16, T.I32, T.Q4_0, T.Q8_0))
+    require_type(a, "get_rows", (T.F32, T.F16, T.I32, *T.DOT_TYPES))
     nr = idx.nelements
     r0, r1 = row_block(nr, ith, nth)
     if r0 >= r1:
@@ -33,7 +33,7 @@ def forward_get_rows(node, ith, nth, work):
 
 
 @function("get_rows", "ggml_get_rows(ctx, a, b)",
-          "rows of a picked by the I32 indices in b (F32 result; I32 a stays I32; q4_0/q8_0/f16 are converted)")
+          "rows of a picked by the I32 indices in b (F32 result; I32 a stays I32; f16 and block types are dequantized)")
 def get_rows(ctx, a, b):
     check(a.ne[2] == b.ne[1], "get_rows", f"a '{a.name}' {fmt_ne(a)}: ne2 must equal b's ne1 (b '{b.name}' {fmt_ne(b)})")
     check(b.ne[3] == 1, "get_rows", f"indices b '{b.name}' {fmt_ne(b)} must have ne3 == 1")
