@@ -82,6 +82,14 @@ def _q8_0_scales(act, f16, sums):
 U = np.uint64
 
 
+@njit
+def store_group(acc, out, g, n):
+    """The results of row group g (acc: (M, GROUP)) into out (M, n), leaving out the padding rows."""
+    for m in range(acc.shape[0]):
+        for r in range(min(GROUP, n - g * GROUP)):
+            out[m, g * GROUP + r] = acc[m, r]
+
+
 # -- Q4_0 ------------------------------------------------------------------------------------------
 @njit
 def _pack_q4_0(w, f16):
@@ -129,9 +137,7 @@ def _dot_q4_0(qs, d, n, nb, act, f16, out):
                 da = dA[m, b]
                 for r in range(GROUP):
                     acc[m, r] += (np.float32(sumi[r] - off) * d[dw + r]) * da
-        for m in range(M):
-            for r in range(min(GROUP, n - g * GROUP)):
-                out[m, g * GROUP + r] = acc[m, r]
+        store_group(acc, out, g, n)
 
 
 # -- Q8_0 ------------------------------------------------------------------------------------------
@@ -205,9 +211,7 @@ def _dot_q8_0(qs, d, n, nb, act, f16, out):
                 da = dA[m, b]
                 for r in range(GROUP):
                     acc[m, r] += (np.float32(sumi[r]) * d[dw + r]) * da
-        for m in range(M):
-            for r in range(min(GROUP, n - g * GROUP)):
-                out[m, g * GROUP + r] = acc[m, r]
+        store_group(acc, out, g, n)
 
 
 # -- Q4_1 / Q5_1 x Q8_1 ------------------------------------------------------------------------------
@@ -282,9 +286,7 @@ def _dot_q8_1(qs, d, mn, n, nb, act, f16, out):
                 da, sa = dA[m, b], sA[m, b]
                 for r in range(GROUP):
                     acc[m, r] += (d[dw + r] * da) * np.float32(sumi[r]) + mn[dw + r] * sa
-        for m in range(M):
-            for r in range(min(GROUP, n - g * GROUP)):
-                out[m, g * GROUP + r] = acc[m, r]
+        store_group(acc, out, g, n)
 
 
 register(T.Q4_0, Q4_0_BYTES, _pack_q4_0, _dot_q4_0)

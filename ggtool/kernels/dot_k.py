@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from .dot import GROUP, U, register
+from .dot import GROUP, U, register, store_group
 from .jit import njit
 
 Q8_K_BYTES = 292
@@ -61,21 +61,25 @@ def _f16_at(w, i, o, f16):
 
 
 @njit
-def _pack_q4_k(w, f16):
-    """Q4_K (144 bytes: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles)."""
-    n, nb = w.shape[0], w.shape[1] // 144
+def _pack_q45_k(w, f16, five):
+    """Q4_K (144 bytes: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles) or Q5_K (176:
+    the same with qh[32] before the nibbles, a fifth bit per value)."""
+    nbytes = 176 if five else 144
+    q0 = 48 if five else 16
+    n, nb = w.shape[0], w.shape[1] // nbytes
     codes, sc, mn, dw, dmw = _alloc_k(n, nb)
     c256 = np.empty(256, np.int8)
     s16 = np.empty(16, np.int32)
     m16 = np.empty(16, np.int32)
     for i in range(n):
         for b in range(nb):
-            o = b * 144
+            o = b * nbytes
             for c in range(4):
                 for k in range(32):
-                    q = w[i, o + 16 + 32 * c + k]
-                    c256[64 * c + k] = q & 15
-                    c256[64 * c + 32 + k] = q >> 4
+                    q = w[i, o + q0 + 32 * c + k]
+                    h = w[i, o + 16 + k] if five else np.uint8(0)
+                    c256[64 * c + k] = (q & 15) | (((h >> (2 * c)) & 1) << 4)
+                    c256[64 * c + 32 + k] = (q >> 4) | (((h >> (2 * c + 1)) & 1) << 4)
             for j in range(8):
                 s, m = _scale_min_k4(w[i], o + 4, j)
                 s16[2 * j] = s16[2 * j + 1] = s
@@ -86,29 +90,13 @@ def _pack_q4_k(w, f16):
 
 
 @njit
+def _pack_q4_k(w, f16):
+    return _pack_q45_k(w, f16, False)
+
+
+@njit
 def _pack_q5_k(w, f16):
-    """Q5_K (176 bytes: d, dmin, 12 bytes of scales/mins, qh[32], qs[128]): a nibble plus a fifth bit."""
-    n, nb = w.shape[0], w.shape[1] // 176
-    codes, sc, mn, dw, dmw = _alloc_k(n, nb)
-    c256 = np.empty(256, np.int8)
-    s16 = np.empty(16, np.int32)
-    m16 = np.empty(16, np.int32)
-    for i in range(n):
-        for b in range(nb):
-            o = b * 176
-            for c in range(4):
-                for k in range(32):
-                    q = w[i, o + 48 + 32 * c + k]
-                    h = w[i, o + 16 + k]
-                    c256[64 * c + k] = (q & 15) | (((h >> (2 * c)) & 1) << 4)
-                    c256[64 * c + 32 + k] = (q >> 4) | (((h >> (2 * c + 1)) & 1) << 4)
-            for j in range(8):
-                s, m = _scale_min_k4(w[i], o + 4, j)
-                s16[2 * j] = s16[2 * j + 1] = s
-                m16[2 * j] = m16[2 * j + 1] = m
-            _scatter_k(codes, sc, mn, dw, dmw, i // GROUP, nb, b, i % GROUP, c256, s16, m16,
-                       _f16_at(w, i, o, f16), _f16_at(w, i, o + 2, f16))
-    return codes, sc, mn, dw, dmw, n, nb
+    return _pack_q45_k(w, f16, True)
 
 
 @njit
@@ -232,9 +220,7 @@ def _dot_k(codes, sc, mn, dw, dmw, n, nb, act, f16, out):
                 for r in range(GROUP):
                     acc[m, r] += (dw[dwb + r] * da) * np.float32(sumi[r])
                     acc[m, r] -= (dmw[dwb + r] * da) * np.float32(summ[r])
-        for m in range(M):
-            for r in range(min(GROUP, n - g * GROUP)):
-                out[m, g * GROUP + r] = acc[m, r]
+        store_group(acc, out, g, n)
 
 
 register(T.GGMLType.Q2_K, 84, _pack_q2_k, _dot_k)

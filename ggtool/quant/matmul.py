@@ -60,8 +60,8 @@ def mul_mat_quantized(w_raw, w_type, act_raw) -> np.ndarray:
 
 
 def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pack=None) -> None:
-    """out (M, N) = w_raw (N rows of wt) . act_raw (M Q8_0 rows); `pack()` may supply the cached
-    repacked weights (else they are repacked here)."""
+    """out (M, N) = w_raw (N rows of wt) . act_raw (M rows of wt's vec_dot_type); `pack()` may
+    supply the cached repacked weights (else they are repacked here)."""
     N, M = w_raw.shape[0], act_raw.shape[0]
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
