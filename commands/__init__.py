@@ -2,15 +2,27 @@
 
 Every subcommand lives in its own module here and only parses arguments, calls the engine and
 formats. This group maps failures to the project's conventions: a GGToolError (or a DSL error)
-is one `Error: ...` line on stderr and exit 1; usage errors exit 2; Ctrl-C exits 130; an
-unexpected exception is one `Error: internal error ...` line (GGTOOL_DEBUG=1 shows the traceback).
+is one `Error: ...` line on stderr and exit 1; usage errors exit 2; an unexpected exception is
+one `Error: internal error ...` line (GGTOOL_DEBUG=1 shows the traceback).
+
+In a shell pipeline it behaves as a C tool does. SIGINT, SIGTERM and SIGHUP (`main` installs the
+handlers) raise `Interrupted`, a KeyboardInterrupt, so every clean-up written for Ctrl-C runs:
+workers stopped, shared memory unlinked, temporary output files removed; then one line on stderr
+and exit 128 + the signal (130, 143, 129). A reader that closes the pipe early (`| head`) ends
+the command quietly with exit 141 (128 + SIGPIPE), whatever it was writing, stdout or stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import os
+import select
+import signal
+import sys
+import threading
+import time
 
 import click
 
@@ -18,6 +30,117 @@ from ggtool import __version__
 from ggtool.errors import GGToolError
 
 DEBUG_ENV = "GGTOOL_DEBUG"
+
+# -- signals and broken pipes ---------------------------------------------------------------------
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SIGNAL_MESSAGES = {signal.SIGINT: "Interrupted.", signal.SIGTERM: "Terminated.", signal.SIGHUP: "Hangup."}
+BROKEN_PIPE_STATUS = 128 + signal.SIGPIPE
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP, raised in the main thread. A KeyboardInterrupt, so that every
+    clean-up that handles Ctrl-C (the worker pool, atomic output files, quantize's threads)
+    handles the other two the same way."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# After a first signal, ggtool is ending: the clean-up on the way up to GGToolGroup.invoke (which
+# then ignores signals altogether) must not be cut short by a second one. Should the first have been
+# lost (raised inside a finalizer, which Python reports and swallows), a signal this much later is
+# raised again.
+_AGAIN_AFTER = 5.0
+_raised_at: float | None = None
+
+
+def _raise_interrupted(signum, frame):
+    global _raised_at
+    now = time.monotonic()
+    if _raised_at is not None and now - _raised_at < _AGAIN_AFTER:
+        return
+    _raised_at = now
+    raise Interrupted(signum)
+
+
+def install_signal_handlers() -> None:
+    """SIGINT, SIGTERM and SIGHUP raise Interrupted; a signal this process was started with
+    ignored (`nohup`, a background job of a script) stays ignored."""
+    for sig in ENDING_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _raise_interrupted)
+
+
+def _ending() -> None:
+    """The command is over, one way or another: a further signal must not cut the clean-up short
+    (only our own handlers are changed: a test runner's stay), and the worker pool, idle or
+    abandoned, is stopped at once."""
+    if threading.current_thread() is threading.main_thread():   # signal.signal's rule
+        for sig in ENDING_SIGNALS:
+            if signal.getsignal(sig) is _raise_interrupted:
+                signal.signal(sig, signal.SIG_IGN)
+    pool = sys.modules.get("ggtool.pool")
+    if pool is not None:
+        pool.close_pool(graceful=False)
+
+
+def _silence(fd: int) -> None:
+    """Point fd (1 or 2) at /dev/null: what is still buffered for it, flushed at exit, goes there
+    instead of failing again (which would change the exit status to 120)."""
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+
+
+def broken_std_streams() -> list[int]:
+    """Of stdout and stderr (fds 1, 2), those that are pipes or sockets nobody reads any more."""
+    broken = []
+    for fd in (1, 2):
+        try:
+            p = select.poll()
+            p.register(fd, select.POLLOUT)
+            events = p.poll(0)
+        except (OSError, ValueError):
+            continue
+        if any(ev & (select.POLLERR | select.POLLHUP) and not ev & select.POLLNVAL for _, ev in events):
+            broken.append(fd)
+    return broken
+
+
+def _say(message: str) -> None:
+    """One line on stderr, if stderr can still take it (after SIGHUP the terminal may be gone)."""
+    try:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        _silence(2)
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _silence(1)
+
+
+def _end_interrupted(e: KeyboardInterrupt) -> click.exceptions.Exit:
+    signum = getattr(e, "signum", signal.SIGINT)
+    _ending()
+    _say(SIGNAL_MESSAGES[signum])
+    return click.exceptions.Exit(128 + signum)
+
+
+def _end_broken_pipe(e: OSError) -> click.exceptions.Exit | None:
+    """A reader closed stdout (or stderr) early: nothing to say, nowhere to say it. None when the
+    broken pipe is not one of ours (then it is an error like any other)."""
+    if e.errno != errno.EPIPE:
+        return None
+    broken = broken_std_streams()
+    if not broken:
+        return None
+    _ending()
+    for fd in broken:
+        _silence(fd)
+    return click.exceptions.Exit(BROKEN_PIPE_STATUS)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -53,19 +176,34 @@ class GGToolGroup(click.Group):
             return None
         return importlib.import_module(f"{__name__}.{module}").command
 
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
+        """The group's own options (`--help`, `--version`: printed here) under the same rules as
+        the commands for signals and broken pipes."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except KeyboardInterrupt as e:
+            raise _end_interrupted(e) from None
+        except OSError as e:
+            end = _end_broken_pipe(e)
+            if end is None:
+                raise
+            raise end from None
+
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            rv = super().invoke(ctx)
+            sys.stdout.flush()   # here, not at exit, where a broken pipe could no longer be handled
+            return rv
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
-        except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
-            ctx.exit(130)
+        except KeyboardInterrupt as e:   # Ctrl-C, SIGTERM, SIGHUP (Interrupted)
+            raise _end_interrupted(e) from None
         except _user_errors() as e:
             raise click.ClickException(one_line(e)) from None
         except OSError as e:
-            if e.errno == errno.EPIPE:
-                raise  # click's main() exits quietly on a broken pipe (`ggtool ... | head`)
+            end = _end_broken_pipe(e)   # `ggtool ... | head`
+            if end is not None:
+                raise end from None
             if os.environ.get(DEBUG_ENV):
                 raise
             where = f"{e.filename}: " if e.filename else ""
@@ -94,7 +232,8 @@ Shapes: numpy shape (d3, d2, d1, d0) is GGML ne = [d0, d1, d2, d3]; JSON and .np
 numpy order, everything printed as ne is in GGML order.
 
 Data goes to stdout, diagnostics to stderr, '-' means stdin/stdout. Exit status: 0 success, 1
-bad data (one 'Error: ...' line), 2 bad usage, 130 interrupted. Run 'ggtool COMMAND --help'
+bad data (one 'Error: ...' line), 2 bad usage, 130/143/129 interrupted (SIGINT, SIGTERM,
+SIGHUP), 141 output pipe closed by its reader (as `| head` does). Run 'ggtool COMMAND --help'
 for each command's options and examples.
 """
 
@@ -119,4 +258,8 @@ SUBCOMMANDS = (
 
 
 def main() -> None:
-    cli.main(prog_name="ggtool")
+    install_signal_handlers()
+    try:
+        cli.main(prog_name="ggtool")
+    finally:
+        _ending()   # no signal may cut short the exit's own clean-up (the pool, at exit)

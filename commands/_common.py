@@ -131,7 +131,7 @@ def make_inputs(tensor_sources, gguf_files, program_file=None, read_data: bool =
     if reads_stdin and program_file is not None and _is_stdin(program_file):
         raise click.UsageError(f"-f - and --tensor {reads_stdin[0]}=- both read stdin; save one of them to a file")
     on_load = (lambda name, what: log(f"load {name}: {what}")) if verbose else None
-    stdin = click.get_binary_stream("stdin") if reads_stdin else None
+    stdin = _binary(sys.stdin) if reads_stdin else None
     try:
         return Inputs(tensor_sources, gguf_files, stdin=stdin, read_data=read_data, on_load=on_load)
     except SourceSyntaxError as e:
@@ -221,9 +221,31 @@ def write_text(chunks: Iterable[str]) -> None:
     out.flush()
 
 
+def _binary(stream):
+    """The byte stream under a text stream (sys.stdin.buffer), or the stream if it is one already."""
+    return getattr(stream, "buffer", stream)
+
+
+class _ByteWriter:
+    """stdout's bytes, written with plain write() calls. numpy writes an array to a real file with
+    C's fwrite (`tofile`), whose failure on a closed pipe is an OSError without errno ("131072
+    requested and 15360 written"); through write() it is a BrokenPipeError, which the command
+    line ends quietly (exit 141)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, data) -> int:
+        return self._stream.write(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
 def binary_stdout():
+    """stdout for bytes (.npy, .gguf); text written before is flushed first."""
     sys.stdout.flush()
-    return click.get_binary_stream("stdout")
+    return _ByteWriter(_binary(sys.stdout))
 
 
 class Timer:

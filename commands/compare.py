@@ -48,6 +48,6 @@ def command(a, b, as_json):
     finally:
         if bar is not None:
             bar.close()
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     out.write(I.json_text(res) if as_json else I.format_compare(res))
     out.flush()

@@ -62,6 +62,6 @@ def command(path, as_json, diffable, full, stats):
                 bar.close()
         for t in d["tensors"]:
             t["stats"] = st[t["name"]]
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     out.write(I.json_text(d) if as_json else I.format_describe(d, st))
     out.flush()

@@ -111,7 +111,7 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
     plan = QM.plan_quantization(input_path, opts)
     n = len(plan.tensors)
     if dry_run:
-        out = click.get_text_stream("stdout")
+        out = sys.stdout
         for t in plan.tensors:
             out.write(tensor_line(t, n) + "\n")
         for w in plan.warnings:

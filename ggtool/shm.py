@@ -34,19 +34,25 @@ PREFIX = "ggtool_"
 PAGE = mmap.PAGESIZE
 
 
+# The signals that end a process and that ggtool's command line turns into KeyboardInterrupt (Ctrl-C,
+# `kill`/`timeout`, a closed terminal); held during critical sections.
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextmanager
 def signals_held():
-    """Hold SIGINT and SIGTERM (their Python handlers) until the block is over, so that it completes
-    or fails as a whole; a signal that came meanwhile is raised again afterwards.
+    """Hold SIGINT, SIGTERM and SIGHUP (their Python handlers) until the block is over, so that it
+    completes or fails as a whole; a signal that came meanwhile is raised again afterwards.
 
     (Masking the signal would not do: any other thread of the process, a BLAS thread say, may take
-    it, and Python runs the handler in the main thread at its next bytecode.)"""
+    it, and Python runs the handler in the main thread at its next bytecode.) Signals whose
+    disposition is not a Python handler (default, ignored) are left alone."""
     if threading.current_thread() is not threading.main_thread():
         yield  # Python runs signal handlers in the main thread only
         return
     held: list[int] = []
     saved = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in ENDING_SIGNALS:
         h = signal.getsignal(sig)
         if callable(h):
             saved[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
@@ -57,6 +63,18 @@ def signals_held():
             signal.signal(sig, h)
         for sig in dict.fromkeys(held):
             signal.raise_signal(sig)
+
+
+@contextmanager
+def signals_blocked():
+    """Block the ending signals in this thread for the block: a process started meanwhile inherits
+    the mask, and so is safe from a signal to the whole process group (a terminal's Ctrl-C or
+    hangup, `timeout`) until it unblocks them or handles them itself."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _path(name: str) -> str:
@@ -96,8 +114,12 @@ class Segment:
         self.name, self.size, self._pid = f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}", size, os.getpid()
         self.linked = False
         with signals_held():  # Ctrl-C now would leave a named segment nobody knows of
-            # created and registered with the tracker; its own mapping is not used
-            shared_memory.SharedMemory(name=self.name, create=True, size=size).close()
+            # created and registered with the tracker; its own mapping is not used. The first
+            # registration starts Python's resource tracker, which ignores SIGINT and SIGTERM but
+            # would die of the SIGHUP a closed terminal sends the process group: started with it
+            # blocked, it is there to hear that we unlinked our segments.
+            with signals_blocked():
+                shared_memory.SharedMemory(name=self.name, create=True, size=size).close()
             self.linked = True
             try:
                 self._mm = _map(self.name, size)
@@ -106,23 +128,27 @@ class Segment:
                 self.unlink()
                 raise
 
-    def fill(self, data: np.ndarray, chunk: int = 1 << 22) -> None:
+    def fill(self, data: np.ndarray, chunk: int = 1 << 22, populate: int = 1 << 28) -> None:
         """Copy `data` (uint8) to the start of this new, zero-filled segment.
 
-        The pages are first allocated and mapped in one madvise rather than by a page fault per
-        4 KiB page (shared memory gets no huge pages), in the copy or later in the compute: 2-4x
-        faster for 2.4 GB here. All-zero chunks (a context's results before they are computed)
-        are then left as they are, not copied. Where the kernel cannot populate (before Linux
-        5.14), the pages fault in as they are written."""
-        if len(data) >= PAGE:
-            try:
-                self._mm.madvise(getattr(mmap, "MADV_POPULATE_WRITE", _MADV_POPULATE_WRITE), 0, len(data))
-            except (OSError, ValueError):
-                pass
-        for a in range(0, len(data), chunk):
-            src = data[a: a + chunk]
-            if _nonzero(src):
-                self.array[a: a + len(src)] = src
+        The pages are first allocated and mapped by madvise, `populate` bytes at a time, rather
+        than by a page fault per 4 KiB page (shared memory gets no huge pages), in the copy or
+        later in the compute: 2-4x faster for 2.4 GB here. All-zero chunks (a context's results
+        before they are computed) are then left as they are, not copied. Where the kernel cannot
+        populate (before Linux 5.14), the pages fault in as they are written. A signal is handled
+        between steps (one madvise of many GB would hold off Ctrl-C or SIGTERM for seconds)."""
+        advice = getattr(mmap, "MADV_POPULATE_WRITE", _MADV_POPULATE_WRITE)
+        for start in range(0, len(data), populate):
+            end = min(len(data), start + populate)
+            if end - start >= PAGE and advice is not None:
+                try:
+                    self._mm.madvise(advice, start, end - start)
+                except (OSError, ValueError):
+                    advice = None
+            for a in range(start, end, chunk):
+                src = data[a: min(end, a + chunk)]
+                if _nonzero(src):
+                    self.array[a: a + len(src)] = src
 
     def unlink(self) -> None:
         """Remove the name (idempotent). Mappings, ours and the workers', stay valid until dropped.

@@ -31,3 +31,58 @@ def test_engine_sources_never_import_click():
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "ggtool").rglob("*.py")
                  if "import click" in p.read_text() or "from click" in p.read_text()]
     assert offenders == []
+
+
+WARNING_CASES = '''
+import warnings
+
+
+def deprecated_api():
+    """A third-party API that warns whoever calls it (stacklevel=2), as click's deprecated ones do."""
+    warnings.warn("deprecated_api is deprecated", DeprecationWarning, stacklevel=2)
+
+
+def as_module(name, code):
+    """Run `code` as module `name`'s: warnings are attributed to the module of the frame that warns."""
+    exec(code, {"__name__": name, "deprecated_api": deprecated_api, "warnings": warnings})
+
+
+def test_ours_calls_a_deprecated_api():
+    as_module("ggtool.commands.quantize", "deprecated_api()")
+
+
+def test_ours_warns():
+    as_module("ggtool", "warnings.warn('careful', UserWarning)")
+
+
+def test_numpy_warns_on_our_arithmetic():
+    as_module("ggtool.ops.binary", "import numpy as np; np.float32(1) / np.float32(0)")
+
+
+def test_theirs_warns():
+    as_module("numba.core.config", "warnings.warn('theirs', DeprecationWarning)")
+
+
+def test_theirs_calls_a_deprecated_api():
+    as_module("gguf.gguf_writer", "deprecated_api()")
+
+
+def test_a_lookalike_name_is_not_ours():
+    as_module("ggtoolbox", "warnings.warn('not ours', UserWarning)")
+'''
+
+
+def test_warnings_from_our_modules_fail_the_tests(tmp_path):
+    """pyproject.toml's filterwarnings: a warning attributed to ggtool's modules (raised there, or by
+    a deprecated API they call) is an error; third-party modules' own warnings are not."""
+    (tmp_path / "test_warning_cases.py").write_text(WARNING_CASES)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT),
+                        "-p", "no:cacheprovider", "-q", "-rfp", "-W", "ignore::pytest.PytestConfigWarning",
+                        str(tmp_path / "test_warning_cases.py")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    outcome = {line.split("::")[1].split()[0]: line.split()[0] for line in r.stdout.splitlines()
+               if line.startswith(("PASSED", "FAILED"))}
+    assert outcome == {
+        "test_ours_calls_a_deprecated_api": "FAILED", "test_ours_warns": "FAILED",
+        "test_numpy_warns_on_our_arithmetic": "FAILED", "test_theirs_warns": "PASSED",
+        "test_theirs_calls_a_deprecated_api": "PASSED", "test_a_lookalike_name_is_not_ours": "PASSED"}, r.stdout

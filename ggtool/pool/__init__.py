@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import threading
 
+from .. import shm
 from .barrier import MAX_PARTICIPANTS  # noqa: F401
 from .caller import WorkerPool
 from .segments import share_context  # noqa: F401
@@ -48,16 +49,18 @@ def get_pool(n_threads: int | None = None) -> WorkerPool:
     n = default_threads() if n_threads is None else int(n_threads)
     with _DEFAULT_LOCK:
         if _DEFAULT is None or _DEFAULT.closed or _DEFAULT._state.pid != os.getpid():
-            _DEFAULT = WorkerPool(n)
+            with shm.signals_held():   # made and known together: close_pool must find it
+                _DEFAULT = WorkerPool(n)
         # a larger n is not started here: WorkerPool._ensure grows the pool, under its lock, when a
         # compute or map asks for more participants
         return _DEFAULT
 
 
-def close_pool() -> None:
-    """Close the process-wide pool, if any (it is also closed at exit)."""
+def close_pool(graceful: bool = True) -> None:
+    """Close the process-wide pool, if any (it is also closed at exit); `graceful=False` kills the
+    workers at once (see WorkerPool.close)."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is not None:
-            _DEFAULT.close()
+            _DEFAULT.close(graceful)
             _DEFAULT = None

@@ -69,7 +69,11 @@ class WorkerPool:
         self._keys: dict[int, _Entry] = {}
         self._next_key = 0
         self.stats = {"graphs_sent": 0, "runs": 0, "restarts": 0}
-        self._start(n)
+        try:
+            self._start(n)
+        except BaseException:   # Ctrl-C or SIGTERM while the workers start: none is left behind
+            self._state.teardown()
+            raise
 
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> WorkerPool:
@@ -87,12 +91,17 @@ class WorkerPool:
         """Process ids of the workers (participants 1..N-1)."""
         return [w.pid for w in self._state.workers]
 
-    def close(self) -> None:
-        """Stop the workers and unlink every segment the pool used (idempotent)."""
+    def close(self, graceful: bool = True) -> None:
+        """Stop the workers and unlink every segment the pool used (idempotent). `graceful`: ask
+        the workers to exit (up to 2 s before they are killed); else kill them at once (on an
+        interrupt or a broken pipe, when nothing they hold is wanted any more)."""
         self._closed = True
         self._entries.clear()
         self._keys.clear()
-        self._finalizer()
+        if graceful:
+            self._finalizer()
+        elif self._finalizer.detach() is not None:
+            self._state.teardown()
         shm.flush()
 
     def _start(self, n: int) -> None:
@@ -103,10 +112,14 @@ class WorkerPool:
         if changed:
             raise GGToolError(f"{changed[0]} changed after this process started: new worker processes would run "
                               "other code than this one; restart the program")
+        # each segment and worker is in State as soon as it exists (a signal meanwhile is held), so
+        # that teardown finds it
         if st.ctl is None:
-            st.ctl = shm.Segment(CTL_SIZE)
+            with shm.signals_held():
+                st.ctl = shm.Segment(CTL_SIZE)
         while len(st.workers) < n - 1:
-            st.workers.append(spawn(st.ctl))
+            with shm.signals_held():
+                st.workers.append(spawn(st.ctl))
 
     def _ensure(self, n: int) -> list[Worker]:
         """At least n participants, started and ready; returns workers 1..n-1."""

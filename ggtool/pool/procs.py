@@ -18,12 +18,15 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as _wait_ready
+from multiprocessing.reduction import ForkingPickler
 
 from .. import blas, shm
 from ..errors import GGToolError
 from .segments import release_segments
 
 _START_TIMEOUT = 120.0
+# A message at most this long fits in the socket's buffer whole: it is sent before the bell rings.
+_SMALL_MESSAGE = 16 * 1024
 # set in the workers' environment: a pool made there (by a module a worker imports) stays in-process
 IN_WORKER = bool(os.environ.get("GGTOOL_POOL_WORKER"))
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -73,13 +76,24 @@ class Worker:
         self.graphs: set[int] = set()
 
     def send(self, msg) -> None:
-        """Send a message, then ring the worker's bell (an eventfd), on which it sleeps between
-        messages. A socket write wakes its reader as a "sync" wakeup, which makes Linux run the
-        worker on the caller's CPU and stall the caller for milliseconds while the other core
-        idles; an eventfd wakes it like a futex, on an idle CPU."""
-        self.conn.send(msg)
-        if self.bell >= 0:
+        """Send a message and ring the worker's bell (an eventfd), on which it sleeps between
+        messages; it reads the message after the ring.
+
+        A small message is written first and the bell rung after: a socket write wakes its reader
+        as a "sync" wakeup, which makes Linux run the worker on the caller's CPU and stall the
+        caller for milliseconds while the other core idles; an eventfd wakes it like a futex, on an
+        idle CPU. A large one (a graph's description) may not fit in the socket's buffer, so the
+        worker is woken first to read it as it is written (the other order would wait forever on a
+        worker that waits for its bell)."""
+        buf = ForkingPickler.dumps(msg)
+        if self.bell < 0:
+            self.conn.send_bytes(buf)
+        elif len(buf) <= _SMALL_MESSAGE:
+            self.conn.send_bytes(buf)
             os.eventfd_write(self.bell, 1)
+        else:
+            os.eventfd_write(self.bell, 1)
+            self.conn.send_bytes(buf)
 
     @property
     def pid(self) -> int:
@@ -96,6 +110,8 @@ def death(w: Worker) -> str:
             return f"killed by {signal.Signals(-rc).name}"
         except ValueError:
             return f"killed by signal {-rc}"
+    if rc - 128 in (signal.SIGTERM, signal.SIGHUP):  # worker._on_termination: a signal for it alone
+        return f"exited on {signal.Signals(rc - 128).name}"
     return f"exited with code {rc}"
 
 
@@ -119,8 +135,13 @@ def spawn(ctl: shm.Segment) -> Worker:
         env = blas.single_thread_env()
         env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
         env["GGTOOL_POOL_WORKER"] = "1"
-        proc = subprocess.Popen(cmd, pass_fds=(child.fileno(), life_r, *([bell] if bell >= 0 else [])), env=env,
-                                stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
+        # The worker inherits the signal mask: it starts with the ending signals blocked, so a Ctrl-C
+        # or SIGTERM to the whole process group (a terminal, `timeout`) cannot kill it, or have it
+        # print a traceback, while it is still importing; worker.main then ignores SIGINT and takes
+        # SIGTERM/SIGHUP on a thread of its own. The caller handles them.
+        with shm.signals_blocked():
+            proc = subprocess.Popen(cmd, pass_fds=(child.fileno(), life_r, *([bell] if bell >= 0 else [])),
+                                    env=env, stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
     except BaseException:
         parent.close()
         os.close(life_w)
@@ -197,8 +218,14 @@ class State:
         self.pid = os.getpid()
 
     def teardown(self, graceful: bool = False) -> None:
+        """Stop the workers (`graceful`: ask them to exit, wait up to 2 s, then kill; else kill at
+        once) and unlink the segments. A SIGINT, SIGTERM or SIGHUP meanwhile is held until it is done."""
         if os.getpid() != self.pid:
             return  # a forked copy of the caller: the workers and segments are the parent's
+        with shm.signals_held():
+            self._teardown(graceful)
+
+    def _teardown(self, graceful: bool) -> None:
         workers, self.workers = self.workers, []
         if graceful:
             for w in workers:

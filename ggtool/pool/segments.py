@@ -53,16 +53,23 @@ def share_context(ctx) -> shm.Segment:
             raise GGToolError(
                 f"not enough shared memory for the worker pool: the context needs {need} bytes, "
                 f"/dev/shm has {free} free (enlarge /dev/shm or use --threads 1)")
-        with shm.signals_held():  # the copy and the registry entry go together, Ctrl-C or not
-            seg = shm.Segment(max(len(ctx.buffer), need, 1))
-            try:
-                seg.fill(ctx.buffer[:need])   # what is not zero yet: inputs, earlier results
+        # The new segment is unlinked unless it ends up in the registry, with the context moved
+        # into it: a Ctrl-C or SIGTERM during the copy (seconds for a large context) stops it there,
+        # and one during the two steps that must go together is held until they are done.
+        seg, registered = None, False
+        try:
+            with shm.signals_held():
+                seg = shm.Segment(max(len(ctx.buffer), need, 1))
+            seg.fill(ctx.buffer[:need])   # what is not zero yet: inputs, earlier results
+            with shm.signals_held():
                 ctx.adopt(seg.array)
-            except BaseException:
+                ref = weakref.ref(ctx, lambda r, k=key, s=seg: _ctx_gone(k, s, r))
+                _SEGMENTS[key] = (ref, seg)
+                registered = True
+        except BaseException:
+            if seg is not None and not registered:
                 seg.unlink()
-                raise
-            ref = weakref.ref(ctx, lambda r, k=key, s=seg: _ctx_gone(k, s, r))
-            _SEGMENTS[key] = (ref, seg)
+            raise
         return seg
 
 

@@ -1,8 +1,11 @@
 """The worker's side: the main loop of a worker process.
 
 A worker is started as `python -c "...; from ggtool.pool.worker import main; main()" <socket fd>
-<pipe fd> <eventfd>` (see procs.spawn). It ignores Ctrl-C (the caller's to handle), exits as soon
-as the caller is gone (a watchdog thread reads EOF on the pipe), sleeps on the eventfd (its bell)
+<pipe fd> <eventfd>` (see procs.spawn). It ignores Ctrl-C, and takes SIGTERM and SIGHUP as notice
+only (they are the caller's to handle: a terminal or `timeout` signals the whole process group, and
+the caller then stops its workers itself); it exits as soon as the caller is gone (a watchdog
+thread reads EOF on the pipe), or TERM_GRACE seconds after a SIGTERM/SIGHUP the caller did not act
+on (one sent to this worker alone). It sleeps on the eventfd (its bell)
 between messages, and answers the caller's messages: "run" a graph as participant ith of nth
 (installing and caching the graph the first time), "map" a function over items, "exit".
 """
@@ -14,6 +17,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -25,6 +29,19 @@ from .barrier import ABORT, Aborted, Barrier, participate
 from .threads import Release
 from .wire import WorkerGraph, install
 
+# Seconds a worker waits, after a SIGTERM or SIGHUP, for its caller to stop it before it exits by itself.
+TERM_GRACE = 2.0
+_TERM_SIGNALS = {signal.SIGTERM, signal.SIGHUP}
+
+
+def _on_termination() -> None:
+    """The thread that takes SIGTERM and SIGHUP (blocked in every other thread): the caller, which got
+    the same signal from a terminal or `timeout`, stops us within milliseconds; if it does not (the
+    signal was for this worker alone), exit as the signal would have ended us."""
+    sig = signal.sigwait(_TERM_SIGNALS)
+    time.sleep(TERM_GRACE)
+    os._exit(128 + sig)
+
 
 def _nothing() -> None:
     """A worker's liveness check while waiting: nothing to do, its watchdog thread watches the caller."""
@@ -33,6 +50,10 @@ def _nothing() -> None:
 def main() -> None:
     """Entry point of a worker process: `python -c ... <socket fd> <life pipe fd> <bell fd or -1>`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the caller's to handle
+    # SIGTERM/SIGHUP: blocked in every thread (procs.spawn started us with them blocked) but one
+    signal.pthread_sigmask(signal.SIG_BLOCK, _TERM_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    threading.Thread(target=_on_termination, name="ggtool-pool-signals", daemon=True).start()
     conn = Connection(int(sys.argv[-3]))
     life, bell = int(sys.argv[-2]), int(sys.argv[-1])
 

@@ -1,0 +1,436 @@
+"""The command line in shell pipelines, each case in a real process: a reader that closes the pipe
+early (exit 141, nothing said), SIGTERM and SIGHUP (exit 143 and 129, one line, like Ctrl-C's 130),
+`timeout`, a caller killed by SIGKILL. Every case checks the exit status, stderr, /dev/shm and the
+processes left behind.
+
+Each ggtool runs in a session of its own (start_new_session), so "left behind" is exact: no process
+of that session (workers, Python's resource tracker) may outlive it, and no segment named after its
+pid may stay in /dev/shm. Signals are sent once the compute is provably under way (the context is
+in shared memory and a worker has since been busy), never after a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, STORIES
+
+from ggtool import shm
+
+PY = [sys.executable, "-m", "ggtool"]
+
+# Long (3000 products of 65536-long rows: over 10 s on one core) but made of short nodes (a few ms
+# each), so that a signal is acted on at once; its context is ~130 MB.
+SLOW = ["compute", "s = mul_mat(a, b); for i in range(3000): s = add(s, mul_mat(a, b)); end; sum(s)",
+        "--tensor", "a=f32[65536,64]", "--tensor", "b=f32[65536,64]", "--graph-size", "8192"]
+# Its output is 4 MiB in every format, far more than a pipe holds.
+BIG = ["compute", "mul_mat(a, b)", "--tensor", "a=f32[256,1024]", "--tensor", "b=f32[256,1024]"]
+
+# `ggtool quantize ARGS` with every piece slowed down, so that it can be caught mid-way
+SLOW_QUANTIZE = """
+import sys, time, ggtool.quantize_model as QM
+real = QM._convert_rows
+def slow(*a, **k):
+    time.sleep(0.05)
+    return real(*a, **k)
+QM._convert_rows = slow
+sys.argv[1:1] = ["quantize"]
+from ggtool.commands import main
+main()
+"""
+
+MESSAGES = {signal.SIGINT: "Interrupted.", signal.SIGTERM: "Terminated.", signal.SIGHUP: "Hangup."}
+WAIT = 60.0     # bound on any wait for a process to get somewhere (a loaded 2-core machine)
+
+
+_started: list[subprocess.Popen] = []
+
+
+def popen(cmd: list[str], **kw) -> subprocess.Popen:
+    """`cmd` in a session of its own (its pid is the session's id), stdout and stderr piped by
+    default; whatever a failed test leaves running is stopped after it (`_stop_leftovers`)."""
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    p = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, **kw)
+    _started.append(p)
+    return p
+
+
+def start(args, code: str | None = None, **kw) -> subprocess.Popen:
+    """ggtool ARGS (or Python `code` with ARGS as its argv) in a session of its own."""
+    return popen([sys.executable, "-c", code, *args] if code else [*PY, *args], **kw)
+
+
+@pytest.fixture(autouse=True)
+def _stop_leftovers():
+    """After each test, nothing of its processes may keep running, even when it failed half-way:
+    the process it started is killed (its workers follow it, and Python's resource tracker then
+    unlinks its segments); what is still there 10 s later is killed with its whole session."""
+    _started.clear()
+    yield
+    for p in _started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        end = time.monotonic() + 10.0
+        while session(p.pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        if session(p.pid):
+            os.killpg(p.pid, signal.SIGKILL)
+        for f in (p.stdout, p.stderr):
+            if f is not None:
+                f.close()
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name: [state, ppid, pgrp, session, ..., utime, stime, ...]."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def session(sid: int) -> list[int]:
+    """Live (not zombie) processes of session `sid`."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(int(d))
+            if st is not None and int(st[3]) == sid and st[0] != "Z":
+                out.append(int(d))
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def workers(sid: int) -> list[int]:
+    return [p for p in session(sid) if b"ggtool.pool.worker" in _cmdline(p)]
+
+
+def segments(pid: int) -> list[str]:
+    return [n for n in shm.list_segments() if n.startswith(f"{shm.PREFIX}{pid}_")]
+
+
+def wait_for(what, timeout: float = WAIT, message: str = ""):
+    end = time.monotonic() + timeout
+    while True:
+        got = what()
+        if got or time.monotonic() > end:
+            assert got, message or f"gave up waiting for {what}"
+            return got
+        time.sleep(0.02)
+
+
+def cpu_ticks(pid: int) -> int:
+    st = _stat(pid)
+    return int(st[11]) + int(st[12]) if st else 0
+
+
+def wait_computing(pid: int, sid: int) -> list[int]:
+    """Wait until ggtool `pid` computes on its pool: its context is in shared memory (a second
+    segment after the pool's own) and a worker has since used 0.3 s of CPU. Returns the workers."""
+    wait_for(lambda: len(segments(pid)) >= 2, message="the compute did not start")
+    ws = wait_for(lambda: workers(sid), message="no worker process")
+    t0 = {w: cpu_ticks(w) for w in ws}
+    wait_for(lambda: any(cpu_ticks(w) - t0[w] >= 30 for w in ws), message="the workers are not computing")
+    return ws
+
+
+def finish(p: subprocess.Popen, timeout: float = WAIT) -> tuple[int, str]:
+    """(exit status, stderr) once the process has ended (within `timeout`); its pipes are read to
+    their end, so whatever outlived it with them open (a worker, the resource tracker) is gone too."""
+    _, err = p.communicate(timeout=timeout)
+    return p.returncode, (err or b"").decode()
+
+
+def assert_nothing_left(sid: int, pid: int | None = None, caller_stopped_them: bool = True) -> None:
+    """No process of the session, no segment of the ggtool process `pid` (default: the session's).
+    Workers are stopped and reaped by the caller before it exits (`caller_stopped_them`): none may
+    be there even a moment after; the rest (the resource tracker) may take a little while."""
+    if caller_stopped_them:
+        assert workers(sid) == [], "workers outlived the caller"
+    end = time.monotonic() + 10.0
+    while session(sid) and time.monotonic() < end:
+        time.sleep(0.02)
+    assert session(sid) == [], "processes left behind"
+    assert segments(sid if pid is None else pid) == [], "segments left in /dev/shm"
+
+
+def closed_pipe() -> int:
+    """The write end of a pipe whose reader is already gone (as `| true` leaves it)."""
+    r, w = os.pipe()
+    os.close(r)
+    return w
+
+
+# -- a reader that stops early ------------------------------------------------------------------------
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("fmt", ["json", "npy", "gguf"])
+def test_reader_closing_the_pipe_early_ends_quietly(fmt, threads):
+    """`ggtool compute ... | head -c 10`: 141, nothing on stderr, the pool (--threads 2) gone."""
+    p = start([*BIG, "--format", fmt, "--threads", threads])
+    head = p.stdout.read(10)
+    p.stdout.close()
+    rc, err = finish(p)
+    assert len(head) == 10
+    assert (rc, err) == (141, "")
+    assert_nothing_left(p.pid)
+
+
+@pytest.mark.parametrize("args", [
+    ["compute", "mul_mat(a, b)", "--tensor", "a=[[1,2]]", "--tensor", "b=[[3,4]]"],
+    ["compute", "relu(x)", "--tensor", "x=[1,2]", "--format", "npy"],
+    ["inspect-graph", "relu(x)", "--tensor", "x=f32[4]"],
+    ["inspect-graph", "relu(x)", "--tensor", "x=f32[4]", "--json"],
+    ["plan", "relu(x)", "--tensor", "x=f32[4]"],
+    ["ops"],
+    ["inspect", str(STORIES)],
+    ["compare", str(STORIES), str(STORIES), "--json"],
+    ["quantize", str(STORIES), "unused.gguf", "--dry-run"],
+    ["--help"],
+    ["--version"],
+    ["plan", "--help"],
+], ids=lambda a: " ".join(a[:2]))
+def test_every_command_ends_quietly_on_a_closed_stdout(args):
+    """Even a line's worth of output fails on a pipe nobody reads: every command, every format,
+    the group's own --help/--version, end with 141 and say nothing."""
+    w = closed_pipe()
+    try:
+        p = start(args, stdout=w)
+    finally:
+        os.close(w)
+    rc, err = finish(p)
+    assert (rc, err) == (141, "")
+    assert_nothing_left(p.pid)
+
+
+def test_closed_stderr_while_the_pool_starts():
+    """`-v` reports each load on stderr while the workers start: a closed stderr ends it there,
+    with no worker and no segment left."""
+    w = closed_pipe()
+    try:
+        p = start([*BIG, "-v", "--threads", "2"], stdout=subprocess.DEVNULL, stderr=w)
+    finally:
+        os.close(w)
+    assert finish(p)[0] == 141
+    assert_nothing_left(p.pid)
+
+
+def test_closed_stderr_mid_quantize_removes_the_output(tmp_path):
+    """`ggtool quantize ... 2>&1 | head -1`: the per-tensor lines go to a reader that left after
+    the first; the next one ends the command with 141 and no file, temporary or not."""
+    p = start([str(STORIES), str(tmp_path / "q.gguf"), "-t", "2"], code=SLOW_QUANTIZE, stdout=subprocess.DEVNULL)
+    first = p.stderr.readline()
+    p.stderr.close()
+    assert b"converting" in first or b"size =" in first, first
+    assert finish(p)[0] == 141
+    assert os.listdir(tmp_path) == []
+    assert_nothing_left(p.pid)
+
+
+# -- SIGTERM, SIGHUP, timeout -------------------------------------------------------------------------
+@pytest.mark.parametrize("sig, to_group", [(signal.SIGTERM, False), (signal.SIGTERM, True),
+                                           (signal.SIGHUP, True)],
+                         ids=["SIGTERM-caller", "SIGTERM-group", "SIGHUP-group"])
+def test_signal_mid_compute(sig, to_group):
+    """`kill PID`, or a signal to the whole process group (a closed terminal's SIGHUP): the workers
+    stopped, the segments unlinked by ggtool (no resource-tracker warning), 128 + sig, one line."""
+    p = start([*SLOW, "--threads", "2"], stdout=subprocess.DEVNULL)
+    ws = wait_computing(p.pid, p.pid)
+    t0 = time.monotonic()
+    (os.killpg if to_group else os.kill)(p.pid, sig)
+    rc, err = finish(p)
+    took = time.monotonic() - t0
+    assert rc == 128 + sig, err
+    assert err == MESSAGES[sig] + "\n"
+    assert took < 15.0 and ws
+    assert_nothing_left(p.pid)
+
+
+def _child_of(pid: int) -> int | None:
+    """The (first) process whose parent is `pid`."""
+    for q in session(pid):
+        st = _stat(q)
+        if st is not None and int(st[1]) == pid:
+            return q
+    return None
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils' timeout")
+def test_timeout_mid_compute():
+    """`timeout N ggtool compute ...` as it expires: timeout's own SIGALRM makes it act exactly as
+    on expiry (SIGTERM to ggtool, then to the group), deterministically mid-compute."""
+    p = popen(["timeout", "300", *PY, *SLOW, "--threads", "2"], stdout=subprocess.DEVNULL)
+    ggtool = wait_for(lambda: _child_of(p.pid))
+    wait_computing(ggtool, p.pid)
+    os.kill(p.pid, signal.SIGALRM)
+    rc, err = finish(p)
+    assert rc == 124
+    assert err == "Terminated.\n"
+    assert_nothing_left(p.pid, ggtool)
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils' timeout")
+def test_timeout_real_expiry():
+    """The plain use, with a real deadline: wherever it lands (the pool starting, the inputs
+    loading, the compute), the outcome is the same."""
+    p = popen(["timeout", "2", *PY, *SLOW, "--threads", "2"], stdout=subprocess.DEVNULL)
+    ggtool = wait_for(lambda: _child_of(p.pid))
+    rc, err = finish(p)
+    assert rc == 124
+    assert err in ("Terminated.\n", "")   # "": it expired before Python had got to ggtool's code
+    assert_nothing_left(p.pid, ggtool)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_signal_mid_quantize(tmp_path, sig):
+    """quantize on two threads: 128 + sig, the temporary output removed, one line at the end."""
+    p = start([str(STORIES), str(tmp_path / "q.gguf"), "-t", "2"], code=SLOW_QUANTIZE, stdout=subprocess.DEVNULL)
+    line = p.stderr.readline()
+    wait_for(lambda: any(n.endswith(".tmp") for n in os.listdir(tmp_path)), message="no temporary output")
+    assert b"converting" in line or b"size =" in line, line
+    os.kill(p.pid, sig)
+    rc, err = finish(p)
+    assert rc == 128 + sig
+    assert err.splitlines()[-1] == MESSAGES[sig]
+    assert "Traceback" not in err
+    assert os.listdir(tmp_path) == []
+    assert_nothing_left(p.pid)
+
+
+# Signals at the awkward moments, placed exactly by wrapping the function that runs at that moment.
+AT_SPAWN = """
+import os, signal, time
+import ggtool.pool.caller as C
+real = C.spawn
+def spawn(ctl):
+    w = real(ctl)
+    end = time.monotonic() + 10   # until the new worker's Python is up (it catches SIGINT): importing
+    while time.monotonic() < end:
+        with open(f"/proc/{{w.pid}}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt"))
+        if caught & (1 << (signal.SIGINT - 1)):
+            break
+        time.sleep(0.002)
+    os.killpg(0, {sig})           # like a terminal or `timeout`: the whole process group
+    return w
+C.spawn = spawn
+import sys; sys.argv[1:1] = ["compute"]
+from ggtool.commands import main
+main()
+"""
+
+AT_RENAME = """
+import os, signal
+real = os.replace
+def replace(src, dst):
+    if {before}:
+        signal.raise_signal(signal.SIGTERM)   # handled at the next line: the rename is not made
+    real(src, dst)
+    signal.raise_signal(signal.SIGTERM)       # the rename is made, then the signal lands
+os.replace = replace
+import sys; sys.argv[1:1] = ["compute"]
+from ggtool.commands import main
+main()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_signal_to_the_group_while_the_pool_starts(sig):
+    """A signal to the whole group as the first of two workers starts: the new worker, still
+    importing, is unharmed (it starts with the signals blocked: no KeyboardInterrupt traceback from
+    it), so is Python's resource tracker (it would die of SIGHUP); the caller stops the worker,
+    unlinks its segment and exits 128 + sig with its one line."""
+    p = start(["mul_mat(a, b)", "--tensor", "a=[[1,2]]", "--tensor", "b=[[3,4]]", "--threads", "3"],
+              code=AT_SPAWN.format(sig=int(sig)))
+    rc, err = finish(p)
+    assert (rc, err) == (128 + sig, MESSAGES[sig] + "\n")
+    assert_nothing_left(p.pid)
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["before-rename", "after-rename"])
+def test_sigterm_while_the_output_is_renamed(tmp_path, before):
+    """-o FILE is a temporary file renamed over FILE: a SIGTERM just before the rename leaves the old
+    file, one just after it the new one; never a temporary file, always 143."""
+    out = tmp_path / "y.json"
+    out.write_text("old\n")
+    p = start(["relu(x)", "--tensor", "x=[1,-2]", "-o", str(out)], code=AT_RENAME.format(before=before))
+    rc, err = finish(p)
+    assert (rc, err) == (143, "Terminated.\n")
+    assert os.listdir(tmp_path) == ["y.json"]
+    assert out.read_text() == ("old\n" if before else "[1,0]\n")
+    assert_nothing_left(p.pid)
+
+
+def test_sigterm_to_a_worker_alone():
+    """A SIGTERM for one worker only (`kill WORKER`): its caller did not get it, so after a grace
+    period the worker ends itself, and the caller reports a worker that died: exit 1, one line."""
+    from ggtool.pool.worker import TERM_GRACE
+
+    p = start([*SLOW, "--threads", "2"], stdout=subprocess.DEVNULL)
+    (w,) = wait_computing(p.pid, p.pid)
+    t0 = time.monotonic()
+    os.kill(w, signal.SIGTERM)
+    rc, err = finish(p)
+    assert rc == 1 and time.monotonic() - t0 >= TERM_GRACE
+    assert err.startswith(f"Error: worker 1 (pid {w}) died (exited on SIGTERM) while computing node "), err
+    assert len(err.splitlines()) == 1
+    assert_nothing_left(p.pid)
+
+
+def test_sigkill_of_the_caller_leaves_nothing():
+    """SIGKILL cannot be handled: the workers see their life pipe close and exit, and Python's
+    resource tracker unlinks the segments (saying so: the caller had no chance to)."""
+    p = start([*SLOW, "--threads", "2"], stdout=subprocess.DEVNULL)
+    ws = wait_computing(p.pid, p.pid)
+    os.kill(p.pid, signal.SIGKILL)
+    rc, err = finish(p)
+    assert rc == -signal.SIGKILL
+    assert ws and "Traceback" not in err
+    assert_nothing_left(p.pid, caller_stopped_them=False)
+
+
+def test_a_second_signal_while_ending_is_not_raised():
+    """The first signal raises Interrupted; another one soon after (Ctrl-C pressed twice, `timeout`
+    signalling the child and then its group) must not cut the clean-up short."""
+    code = ("import signal\n"
+            "from ggtool.commands import Interrupted, install_signal_handlers\n"
+            "install_signal_handlers()\n"
+            "try:\n"
+            "    signal.raise_signal(signal.SIGTERM)\n"
+            "except Interrupted as e:\n"
+            "    print(e.signum, flush=True)\n"
+            "signal.raise_signal(signal.SIGINT)\n"
+            "signal.raise_signal(signal.SIGHUP)\n"
+            "print('cleaned up')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=WAIT)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "15\ncleaned up\n", "")
+
+
+@pytest.mark.skipif(shutil.which("nohup") is None, reason="needs coreutils' nohup")
+def test_nohup_keeps_sighup_ignored():
+    """`nohup ggtool ...`: the terminal's SIGHUP stays ignored (the compute goes on); SIGTERM still
+    ends it the usual way."""
+    p = popen(["nohup", *PY, *SLOW, "--threads", "2"], stdout=subprocess.DEVNULL)
+    ws = wait_computing(p.pid, p.pid)
+    os.killpg(p.pid, signal.SIGHUP)
+    t0 = {w: cpu_ticks(w) for w in ws}
+    wait_for(lambda: any(cpu_ticks(w) - t0[w] >= 30 for w in ws), message="the compute stopped on SIGHUP")
+    assert p.poll() is None
+    os.kill(p.pid, signal.SIGTERM)
+    rc, err = finish(p)
+    assert (rc, err) == (143, "Terminated.\n")
+    assert_nothing_left(p.pid)
