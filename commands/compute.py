@@ -66,6 +66,11 @@ is refused when stdout is a terminal. JSON writes NaN, Infinity and -Infinity as
 module does. A compute that runs over a second shows a progress bar in nodes on stderr when
 stderr is a terminal.
 
+--alloc graph (the default) computes as GGML programs that use its graph allocator do: the
+intermediates share one compute buffer (ggml_gallocr's plan, the size `ggtool plan` reports),
+each place reused once its tensor's last consumer has run. --alloc context gives every tensor
+memory of its own for the whole run (GGML's context mode). The results are byte-identical.
+
 {NUMPY_ORDER_HELP}
 
 {SOURCES_HELP}
@@ -80,10 +85,12 @@ stderr is a terminal.
               help="Write the outputs to FILE (.json, .npy or .gguf; '-' for stdout).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="Output format (default: from -o's extension, else json).")
+@click.option("--alloc", "alloc", type=click.Choice(["graph", "context"]), default="graph", show_default=True,
+              help="graph: intermediates share ggml_gallocr's compute buffer; context: each keeps its own memory.")
 @click.option("--time", "show_time", is_flag=True, help="Report timings on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Report loads and timings on stderr.")
 def command(program, program_file, output_names, graph_size, tensor_sources, gguf_files, n_threads,
-            out_path, fmt, show_time, verbose):
+            out_path, fmt, alloc, show_time, verbose):
     timer = Timer(show_time or verbose)
     to_file = out_path is not None and out_path != "-"
     fmt = resolve_format(out_path, fmt)
@@ -109,11 +116,13 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
     n_threads = compute_threads(n_threads, built.graph)
     pool = open_pool(n_threads)
     with compute_progress(built.graph.n_nodes) as progress:
-        plan = built.graph.compute(n_threads, pool=pool, progress=progress)
+        plan = built.graph.compute(n_threads, pool=pool, progress=progress, alloc=alloc,
+                                   outputs=[t for _, t in outputs])
     timer.mark("compute")
     if verbose:
+        buffer = "" if plan.allocation is None else f", compute buffer {plan.allocation.size} bytes"
         log(f"computed {built.graph.n_nodes} nodes with {plan.n_threads} threads "
-            f"(work buffer {plan.work_size} bytes, GGML context {plan.mem_size(built.graph)} bytes)")
+            f"(work buffer {plan.work_size} bytes{buffer}, GGML context {plan.mem_size(built.graph)} bytes)")
 
     write_outputs(outputs, fmt, out_path if to_file else None, source)
     timer.mark("write")

@@ -70,7 +70,8 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
     warn_unused(inputs)
     sel = select(built.graph, only)
     if as_json:
-        write_text(line + "\n" for line in json_text(graph_json(sel)))
+        alloc = built.graph.allocate([t for _, t in built.outputs])
+        write_text(line + "\n" for line in json_text(graph_json(sel, alloc)))
     elif as_dot:
         write_text(line + "\n" for line in graph_dot(sel))
     else:

@@ -1,4 +1,5 @@
-"""`ggtool plan`: ggml_graph_plan for a program: per-node tasks and work, threads, work and context size."""
+"""`ggtool plan`: ggml_graph_plan for a program: per-node tasks and work, threads, work and context size,
+and the compute buffer ggml_gallocr would plan."""
 
 from __future__ import annotations
 
@@ -26,10 +27,13 @@ HELP = f"""Plan PROGRAM as ggml_graph_plan would, without computing it or readin
 
 Per node: n_tasks (how many of the threads work on it) and its work buffer bytes. Then
 n_threads (the requested threads capped at the largest n_tasks), work_size (the largest
-node's work plus a cache line per thread) and mem_size: the GGML context size a C program
+node's work plus a cache line per thread), mem_size: the GGML context size a C program
 needs for the tensors, the graph and the work buffer (memory-mapped GGUF data counted as if
-it lived in the context). --json: {{"n_threads", "work_size", "mem_size", "requested",
-"nodes": [{{"index", "op", "op_desc", "name", "n_tasks", "work_size"}}, ...]}}.
+it lived in the context), and compute_buffer_size: the compute buffer GGML's graph allocator
+(ggml_gallocr) plans, where intermediates reuse memory once their last consumer has run, as
+llama.cpp logs it ("compute buffer size"), next to what the intermediates take on their own.
+--json: {{"n_threads", "work_size", "mem_size", "compute_buffer_size", "intermediates_size",
+"requested", "nodes": [{{"index", "op", "op_desc", "name", "n_tasks", "work_size"}}, ...]}}.
 
 \b
 Example:
@@ -41,6 +45,7 @@ Example:
   n_threads = 4 (requested 4)
   work_size = 800
   mem_size  = 74528 (GGML context size: tensors, graph and work buffer)
+  compute_buffer_size = 2048 (0.00 MiB; ggml_gallocr's buffer for 1 intermediate tensor of 2048 bytes in all)
   ========================================
 
 q4_0 weights make mul_mat convert x to q8_0 in the work buffer (544 bytes), plus a cache
@@ -60,13 +65,15 @@ More:
 @program_options
 @input_options
 @threads_option(help="Threads to plan for (GGML's n_threads passed to ggml_graph_plan).")
-@click.option("--json", "as_json", is_flag=True, help="JSON with n_threads, work_size, mem_size and nodes.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON with n_threads, work_size, mem_size, compute_buffer_size and nodes.")
 def command(program, program_file, output_names, graph_size, tensor_sources, gguf_files, n_threads, as_json):
     source, filename = read_program(program, program_file)
     inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=False)
     built = build_graph(source, filename, inputs, Context(), output_names, graph_size)
     warn_unused(inputs)
     plan = make_plan(built.graph, n_threads or default_threads())
+    plan.allocate(built.graph, [t for _, t in built.outputs])
     if as_json:
         write_text(line + "\n" for line in json_text(plan_json(built.graph, plan)))
     else:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from contextlib import contextmanager
 
 import numpy as np
 
 from . import blas
-from .errors import ComputeError, GGToolError
+from .context import OBJECT_SIZE, pad
+from .errors import ComputeError, GGToolError, OutOfMemoryError, memory_limit
 from .ops.base import kernel_for
 from .plan import Plan, make_plan
 
@@ -59,16 +61,117 @@ def node_error(index: int, node, e: BaseException) -> ComputeError:
     return ComputeError(f"node {index} '{node.name}' ({node.op_desc}) failed: {msg}")
 
 
-def prepare(graph, n_threads: int = 1, plan: Plan | None = None) -> Plan:
-    """Plan the graph and allocate its work buffer in the pool (ggml_graph_compute_with_ctx)."""
+ALLOC_MODES = ("context", "graph")
+
+
+def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "context", outputs=()) -> Plan:
+    """Plan the graph and allocate its work buffer in the pool (ggml_graph_compute_with_ctx).
+
+    alloc "context": every node computes into its own memory in the context (GGML's context
+    mode). alloc "graph": the nodes compute into one compute buffer planned by ggtool.alloc
+    (ggml_gallocr), where intermediates reuse memory; only `outputs` (and the OUTPUT flag) are
+    sure to keep their values after the compute (see `bind`)."""
+    if alloc not in ALLOC_MODES:
+        raise GGToolError(f"alloc must be one of {', '.join(ALLOC_MODES)}, not {alloc!r}")
     plan = plan or make_plan(graph, n_threads)
+    if alloc == "graph":
+        plan.allocation = bind(graph, outputs, plan)
+    else:
+        unbind(graph)
     if plan.work_offset is None:
+        if alloc == "context":
+            check_memory(graph, plan)
         plan.work_offset = graph.ctx.new_buffer(plan.work_size)
     return plan
 
 
-def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None, progress: Progress | None = None) -> Plan:
-    plan = prepare(graph, n_threads, plan)
+class Binding:
+    """A graph's nodes placed in a compute buffer of its context (`bind`): the Allocation, the
+    buffer's payload offset and size, the outputs it was made for, and every moved tensor's
+    context-mode data offset (restored by `unbind`)."""
+
+    __slots__ = ("allocation", "offset", "size", "outputs", "saved")
+
+    def __init__(self, allocation, offset: int, size: int, outputs: frozenset, saved: list):
+        self.allocation, self.offset, self.size, self.outputs, self.saved = allocation, offset, size, outputs, saved
+
+
+def bind(graph, outputs=(), plan: Plan | None = None):
+    """Place the graph's nodes in a compute buffer as ggml_gallocr would, and return the Allocation.
+
+    The buffer is one object of the graph's context (so it moves into shared memory with it); its
+    bytes are counted apart from the GGML context size (`Context.compute_buffer_bytes`). Each node
+    the allocation places, and each view of one, points into it (`data_offset`); their own memory
+    in the context is left untouched. The nodes stay bound until `unbind` (a compute with alloc
+    "context" unbinds); binding again with the same outputs reuses the placement and the buffer."""
+    from .alloc import allocate
+
+    outputs = list(outputs)
+    key = frozenset(id(t) for t in outputs)
+    b = graph.binding
+    if b is not None and b.outputs == key:
+        return b.allocation
+    allocation = allocate(graph, outputs)
+    if plan is not None:
+        check_memory(graph, plan, allocation=allocation)
+    ctx = graph.ctx
+    unbind(graph)
+    buf = graph.compute_buffer
+    if buf is None or buf[1] < allocation.size:   # GGML reallocates a buffer grown too small
+        buf = (ctx.new_buffer(allocation.size, "the compute buffer"), allocation.size)
+        ctx.compute_buffer_bytes += OBJECT_SIZE + pad(allocation.size)
+        graph.compute_buffer = buf
+    base, saved = buf[0], []
+    for t in graph.nodes:
+        off = allocation.offsets.get(id(t))
+        if off is not None:
+            saved.append((t, t.data_offset))
+            t.data_offset = base + off
+    for t in itertools.chain(graph.nodes, graph.leafs):
+        vs = t.view_src
+        if vs is not None and id(vs) in allocation.offsets:
+            saved.append((t, t.data_offset))
+            t.data_offset = vs.data_offset + t.view_offs
+    graph.binding = Binding(allocation, buf[0], buf[1], key, saved)
+    return allocation
+
+
+def unbind(graph) -> None:
+    """Give every node bound by `bind` its own memory in the context back (context mode)."""
+    b = graph.binding
+    if b is not None:
+        for t, off in reversed(b.saved):
+            t.data_offset = off
+        graph.binding = None
+
+
+def memory_needed(graph, plan: Plan, allocation=None) -> tuple[int, int, int]:
+    """(inputs, intermediates, work): the bytes a compute fills. Inputs are the leafs whose data
+    is in a context's pool (memory-mapped GGUF data is the file's, and can be paged out);
+    intermediates, every node with data of its own in context mode, the compute buffer with an
+    `allocation`."""
+    inputs = sum(t.nbytes for t in graph.leafs if t.storage is None and t.view_src is None and t.has_data)
+    if allocation is not None:
+        own = allocation.size
+    else:
+        own = sum(t.nbytes for t in graph.nodes if t.view_src is None and t.op != "NONE" and t.has_data)
+    return inputs, own, plan.work_size
+
+
+def check_memory(graph, plan: Plan, limit: int | None = None, allocation=None) -> None:
+    """Refuse, with OutOfMemoryError, a compute that would fill more memory than the machine has:
+    the pool's pages are reserved, not allocated, so it would run until the kernel killed it."""
+    limit = memory_limit() if limit is None else limit
+    inputs, own, work = memory_needed(graph, plan, allocation)
+    total = inputs + own + work
+    if limit is not None and total > limit:
+        what = "compute buffer" if allocation is not None else "intermediates"
+        raise OutOfMemoryError(f"computing the graph (inputs {inputs}, {what} {own}, work buffer {work})", total)
+
+
+def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None, progress: Progress | None = None,
+            alloc: str = "context", outputs=()) -> Plan:
+    plan = prepare(graph, n_threads, plan, alloc, outputs)
     if pool is not None and plan.n_threads > 1:
         pool.run(graph, plan, progress)
     else:

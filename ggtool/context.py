@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from . import types as T
-from .errors import ContextMemoryError, GGToolError, ShapeError
+from .errors import ContextMemoryError, GGToolError, OutOfMemoryError, ShapeError, memory_limit
 from .tensor import MAX_DIMS, Tensor
 
 MEM_ALIGN = 16
@@ -47,6 +47,7 @@ class Context:
         self.objects: list[tuple[int, int, int]] = []  # (offs, size, type)
         self.tensors: list[Tensor] = []
         self.external_bytes = 0  # data of tensors that live outside the pool (memory-mapped)
+        self.compute_buffer_bytes = 0  # pool bytes of graph allocators' compute buffers (not GGML context memory)
 
     # -- the allocator ----------------------------------------------------------------------
     @property
@@ -56,15 +57,19 @@ class Context:
         offs, size, _ = self.objects[-1]
         return offs + size
 
-    def new_object(self, kind: int, size: int) -> int:
-        """ggml_new_object: returns the payload offset (header at offset - 32)."""
+    def new_object(self, kind: int, size: int, what: str | None = None) -> int:
+        """ggml_new_object: returns the payload offset (header at offset - 32). `what` names the
+        object in the error raised when the memory cannot be had (OutOfMemoryError)."""
         cur_end = self.used_mem
         size_needed = pad(size)
         needed = cur_end + size_needed + OBJECT_SIZE
         if self.fixed and needed > self.mem_size:
             raise ContextMemoryError(needed, self.mem_size)
         if needed > len(self.buffer):
-            self._grow(needed)
+            try:
+                self._grow(needed)
+            except (MemoryError, ValueError, OverflowError):   # numpy and mmap refuse in these ways
+                raise OutOfMemoryError(what or "an object of the context", size, needed) from None
         offs = cur_end + OBJECT_SIZE
         self.objects.append((offs, size_needed, kind))
         return offs
@@ -74,9 +79,17 @@ class Context:
         if self._reserved is not None and capacity <= len(self._reserved):
             self.buffer = self._reserved[:capacity]   # the same bytes, a longer view: nothing moves
             return
-        reserved = _reserve(capacity)
-        new = np.zeros(capacity, dtype=np.uint8) if reserved is None else reserved[:capacity]
         used = self.used_mem
+        limit = memory_limit()
+        if limit is not None and used > limit:
+            # the copy below would write every byte, untouched zero pages too: the kernel would kill us
+            raise MemoryError(f"growing the pool would copy {used} bytes")
+        try:
+            new, reserved = _allocate(capacity)
+        except MemoryError:
+            if capacity == needed:
+                raise
+            new, reserved = _allocate(needed)   # twice the pool is too much; exactly what is needed may do
         new[:used] = self.buffer[:used]
         self.buffer, self._reserved = new, reserved
 
@@ -95,14 +108,15 @@ class Context:
         if len(buffer) < self.used_mem:
             raise GGToolError(f"buffer of {len(buffer)} bytes is smaller than the pool's {self.used_mem}")
 
-    def new_buffer(self, nbytes: int) -> int:
+    def new_buffer(self, nbytes: int, what: str = "the work buffer") -> int:
         """ggml_new_buffer: a WORK_BUFFER object; returns its payload offset."""
-        return self.new_object(OBJ_WORK_BUFFER, nbytes)
+        return self.new_object(OBJ_WORK_BUFFER, nbytes, what)
 
     @property
     def ggml_mem_size(self) -> int:
-        """Bytes a GGML context would need for everything so far, memory-mapped data included."""
-        return self.used_mem + self.external_bytes
+        """Bytes a GGML context would need for everything so far, memory-mapped data included; a
+        compute buffer (ggtool.compute.bind) is not context memory in GGML, and not counted."""
+        return self.used_mem + self.external_bytes - self.compute_buffer_bytes
 
     # -- tensors ----------------------------------------------------------------------------
     def new_tensor(self, type, ne, view_src: Tensor | None = None, view_offs: int = 0,
@@ -130,7 +144,11 @@ class Context:
                     f"view of {data_size} bytes at offset {view_offs} runs past the end of "
                     f"'{view_src.name}' ({view_src.nbytes} bytes)")
         alloc = view_src is None and storage is None and not self.no_alloc
-        offs = self.new_object(OBJ_TENSOR, TENSOR_SIZE + (data_size if alloc else 0))
+        try:
+            offs = self.new_object(OBJ_TENSOR, TENSOR_SIZE + (data_size if alloc else 0))
+        except OutOfMemoryError as e:
+            what = f"a {T.type_name(type)} tensor of ne [{', '.join(map(str, ne))}]"
+            raise OutOfMemoryError(what, data_size if alloc else TENSOR_SIZE, e.total) from None
         if view_src is not None:
             data_offset = None if view_src.data_offset is None else view_src.data_offset + view_offs
             storage = view_src.storage
@@ -178,6 +196,12 @@ _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE",
 
 
 _RESERVE_MAX = 64 << 30   # per context: thousands of live contexts stay within the address space
+
+
+def _allocate(capacity: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(zeroed pool of `capacity` bytes, the reservation it lies in or None)."""
+    reserved = _reserve(capacity)
+    return (np.zeros(capacity, dtype=np.uint8) if reserved is None else reserved[:capacity]), reserved
 
 
 def _reserve(capacity: int) -> np.ndarray | None:

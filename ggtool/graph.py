@@ -40,11 +40,13 @@ class Graph:
         if size < 1:
             raise GGToolError(f"graph size must be at least 1, got {size}")
         self.ctx, self.size, self.grads = ctx, size, grads
-        self.offset = ctx.new_object(OBJ_GRAPH, graph_nbytes(size, grads))
+        self.offset = ctx.new_object(OBJ_GRAPH, graph_nbytes(size, grads), f"a graph of size {size}")
         self.hash_size = hash_size(2 * size)
         self._keys: list[Tensor | None] = [None] * self.hash_size
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
+        self.binding = None          # ggtool.compute.Binding while the nodes live in a compute buffer
+        self.compute_buffer: tuple[int, int] | None = None   # (payload offset, bytes) of that buffer
 
     @property
     def n_nodes(self) -> int:
@@ -131,11 +133,20 @@ class Graph:
         from .plan import make_plan
         return make_plan(self, n_threads)
 
-    def compute(self, n_threads: int = 1, pool=None, plan=None, progress=None):
+    def allocate(self, outputs=()):
+        """The compute buffer ggml_gallocr would plan for this graph (ggtool.alloc.allocate):
+        an Allocation with the buffer `size` and each node's offset. `outputs` are kept to the end."""
+        from .alloc import allocate
+        return allocate(self, outputs)
+
+    def compute(self, n_threads: int = 1, pool=None, plan=None, progress=None, alloc: str = "context", outputs=()):
         """Plan (unless given) and run the graph; `pool` runs it on a WorkerPool; `progress` (a
-        ggtool.compute.Progress) follows the node being computed."""
+        ggtool.compute.Progress) follows the node being computed. alloc "graph" computes in a
+        compute buffer planned as ggml_gallocr does, where only `outputs` keep their values;
+        "context" (the default) gives every node its own memory."""
         from .compute import compute
-        return compute(self, n_threads=n_threads, pool=pool, plan=plan, progress=progress)
+        return compute(self, n_threads=n_threads, pool=pool, plan=plan, progress=progress, alloc=alloc,
+                       outputs=outputs)
 
     def __repr__(self) -> str:
         return f"<Graph {self.n_nodes} nodes, {self.n_leafs} leafs, size {self.size}>"

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import types as T
+from .alloc import Allocation
 from .errors import GGToolError
 from .graph import Graph
 from .plan import Plan
@@ -68,7 +69,7 @@ def select(graph: Graph, only: str | None = None) -> Selection:
 
 
 # -- JSON -----------------------------------------------------------------------------------------
-def tensor_record(entry: Entry, refs: dict[int, Entry]) -> dict:
+def tensor_record(entry: Entry, refs: dict[int, Entry], alloc: Allocation | None = None) -> dict:
     t = entry.tensor
     srcs = list(t.src)
     while srcs and srcs[-1] is None:
@@ -87,14 +88,19 @@ def tensor_record(entry: Entry, refs: dict[int, Entry]) -> dict:
         "view_src": None if view is None else view.name,
         "view_offs": t.view_offs if view is not None else None,
         "flags": [n for f, n in _FLAG_NAMES if t.flags & f],
-    }
+    } | ({} if alloc is None else {"buffer_offset": alloc.offset(t)})
 
 
-def graph_json(sel: Selection) -> dict:
-    """`{"nodes": [...], "leafs": [...]}`; each with op (GGML's name, e.g. MUL_MAT), name, type, ne, nb, src."""
+def graph_json(sel: Selection, alloc: Allocation | None = None) -> dict:
+    """`{"nodes": [...], "leafs": [...]}`; each with op (GGML's name, e.g. MUL_MAT), name, type, ne, nb, src.
+    With `alloc` (the graph's Allocation) also `compute_buffer_size` and each record's
+    `buffer_offset`: where its data starts in the compute buffer (null: not in it)."""
     refs = sel.refs()
-    return {"nodes": [tensor_record(e, refs) for e in sel.nodes],
-            "leafs": [tensor_record(e, refs) for e in sel.leafs]}
+    doc = {"nodes": [tensor_record(e, refs, alloc) for e in sel.nodes],
+           "leafs": [tensor_record(e, refs, alloc) for e in sel.leafs]}
+    if alloc is not None:
+        doc["compute_buffer_size"] = alloc.size
+    return doc
 
 
 def json_text(doc: dict) -> Iterator[str]:
@@ -207,15 +213,19 @@ def graph_dot(sel: Selection) -> Iterator[str]:
 
 # -- plans -----------------------------------------------------------------------------------------
 def plan_json(graph: Graph, plan: Plan) -> dict:
-    return {
+    doc = {
         "n_threads": plan.n_threads,
         "work_size": plan.work_size,
         "mem_size": plan.mem_size(graph),
-        "requested": plan.requested,
-        "nodes": [{"index": i, "op": p.node.op, "op_desc": p.node.op_desc, "name": p.node.name,
-                   "n_tasks": p.n_tasks, "work_size": p.work_size}
-                  for i, p in enumerate(plan.nodes)],
     }
+    if plan.allocation is not None:
+        doc["compute_buffer_size"] = plan.allocation.size
+        doc["intermediates_size"] = plan.allocation.intermediates_size
+    doc["requested"] = plan.requested
+    doc["nodes"] = [{"index": i, "op": p.node.op, "op_desc": p.node.op_desc, "name": p.node.name,
+                     "n_tasks": p.n_tasks, "work_size": p.work_size}
+                    for i, p in enumerate(plan.nodes)]
+    return doc
 
 
 def plan_table(graph: Graph, plan: Plan) -> Iterator[str]:
@@ -229,4 +239,9 @@ def plan_table(graph: Graph, plan: Plan) -> Iterator[str]:
     yield f"n_threads = {plan.n_threads} (requested {plan.requested})"
     yield f"work_size = {plan.work_size}"
     yield f"mem_size  = {plan.mem_size(graph)} (GGML context size: tensors, graph and work buffer)"
+    a = plan.allocation
+    if a is not None:
+        n = a.n_intermediates
+        yield (f"compute_buffer_size = {a.size} ({a.size / 1024 / 1024:.2f} MiB; ggml_gallocr's buffer for "
+               f"{n} intermediate tensor{'' if n == 1 else 's'} of {a.intermediates_size} bytes in all)")
     yield "=" * 40

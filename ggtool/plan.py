@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .context import OBJECT_SIZE, pad
 from .tensor import Tensor
+
+if TYPE_CHECKING:
+    from .alloc import Allocation
 
 DEFAULT_N_THREADS = 4
 CACHE_LINE_SIZE = 64
@@ -25,6 +30,21 @@ class Plan:
     work_size: int
     nodes: list[NodePlan] = field(default_factory=list)
     work_offset: int | None = None  # payload offset of the work buffer once allocated in the pool
+    allocation: Allocation | None = None  # the graph allocator's compute buffer, once `allocate`d
+
+    def allocate(self, graph, outputs: Iterable[Tensor] = ()) -> Allocation:
+        """Plan the compute buffer as ggml_gallocr_reserve does (ggtool.alloc); `outputs` are kept
+        to the end. Sets and returns `allocation` (`allocation.size`: the compute buffer bytes)."""
+        from .alloc import allocate
+
+        self.allocation = allocate(graph, outputs)
+        return self.allocation
+
+    @property
+    def compute_buffer_size(self) -> int | None:
+        """ggml_gallocr_get_buffer_size after `allocate` (None before): llama.cpp's "compute buffer
+        size". GGML's CPU backend keeps the work buffer (`work_size`) apart from it."""
+        return None if self.allocation is None else self.allocation.size
 
     def mem_size(self, graph) -> int:
         """Bytes a GGML program's context needs: tensors, graph object and the work buffer.

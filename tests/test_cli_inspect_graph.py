@@ -29,13 +29,27 @@ def test_numpy_shape_is_reversed_ne(run):
 
 def test_seed_graph_json(run):
     g = graph(run, *SEED)
-    assert set(g) == {"nodes", "leafs"}
+    assert set(g) == {"nodes", "leafs", "compute_buffer_size"}
     node = g["nodes"][0]
     assert {k: node[k] for k in ("op", "name", "type", "ne", "nb", "src")} == {
         "op": "MUL_MAT", "name": "node_0", "type": "f32", "ne": [4, 3, 1, 1], "nb": [4, 16, 48, 48], "src": ["a", "b"]}
     assert [(leaf["name"], leaf["ne"], leaf["op"]) for leaf in g["leafs"]] == [("a", [2, 4, 1, 1], "NONE"),
                                                                              ("b", [2, 3, 1, 1], "NONE")]
     assert node["src_refs"] == ["leafs[0]", "leafs[1]"]
+    assert node["buffer_offset"] == 0 and g["compute_buffer_size"] == 64   # 48 bytes, GGML's 32-byte alignment
+    assert [leaf["buffer_offset"] for leaf in g["leafs"]] == [None, None]
+
+
+def test_json_buffer_offsets_are_the_graph_allocators(run):
+    """Each node's place in ggml_gallocr's compute buffer: reused once free, views at their source's."""
+    g = graph(run, "h = relu(mul_mat(a, b))\nt = transpose(h)\nneg(cont(t))", "--tensor", "a=f32[8,16]",
+              "--tensor", "b=f32[8,4]")
+    offs = {n["name"]: n["buffer_offset"] for n in g["nodes"]}
+    assert offs["node_0"] == 0 and offs["h"] == 0          # relu computes in place of mul_mat's result
+    assert offs["t"] == 0                                  # a view: its source's memory
+    assert offs["t (cont)"] == 256                         # h is still being read
+    assert offs["node_4"] == 256                           # neg in place of the cont
+    assert g["compute_buffer_size"] == 512
 
 
 def test_unary_and_view_records(run):

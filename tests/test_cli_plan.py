@@ -58,3 +58,23 @@ def test_plan_counts_memory_mapped_weights(run):
     doc = json.loads(ok(run("plan", "mul_mat(output.weight, x)", "--gguf", STORIES, "--tensor", "x=f32[64,1]",
                             "--json", "--threads", "1")))
     assert doc["mem_size"] > 64 * 512 * 4  # output.weight's bytes count as if in the context
+
+
+def test_plan_reports_the_compute_buffer(run):
+    """ggml_gallocr's compute buffer for the program's graph, next to the sum of its intermediates."""
+    prog = "h = mul_mat(w, x)\nr = relu(h)\nmul_mat(w, r)"
+    args = (prog, "--tensor", "w=f32[64,64]", "--tensor", "x=f32[64,8]", "--threads", "2")
+    doc = json.loads(ok(run("plan", *args, "--json")))
+    assert (doc["compute_buffer_size"], doc["intermediates_size"]) == (4096, 3 * 2048)  # relu in place of h
+    lines = ok(run("plan", *args)).splitlines()
+    assert "compute_buffer_size = 4096 (0.00 MiB; ggml_gallocr's buffer for 3 intermediate tensors of 6144 bytes "\
+           "in all)" in lines
+    assert lines.index(next(ln for ln in lines if ln.startswith("mem_size "))) < len(lines) - 2
+
+
+def test_plan_keeps_the_named_outputs(run):
+    """--output names tensors the program keeps: the allocator never reuses their memory."""
+    prog = "h = mul_mat(w, x)\nr = relu(h)\ny = mul_mat(w, r)"
+    args = (prog, "--tensor", "w=f32[64,64]", "--tensor", "x=f32[64,8]", "--json")
+    kept = json.loads(ok(run("plan", *args, "--output", "h", "--output", "y")))
+    assert kept["compute_buffer_size"] == 6144   # h is an output: relu gets memory of its own
