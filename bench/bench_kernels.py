@@ -115,7 +115,7 @@ def llama(runs: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         model = os.path.join(d, "stories-q4_0.gguf")
         subprocess.run([sys.executable, "-m", "ggtool", "quantize", str(STORIES), model, "-q"], check=True)
-        built = build(parse(PROGRAM.read_text(), "llama.gg"), ggtool.Context(),
+        built = build(parse(PROGRAM.read_text(), str(PROGRAM)), ggtool.Context(),
                       Inputs([parse_source("tokens", tokens)], [model]))
         logits = built.outputs[0][1]
         g = built.graph

@@ -152,7 +152,7 @@ def main() -> None:
 
     def fresh():
         inputs = Inputs([parse_source("tokens", "i32:" + tokens_json)], [str(STORIES)])
-        return build(parse(source, "llama.gg"), ggtool.Context(), inputs)
+        return build(parse(source, str(PROGRAM)), ggtool.Context(), inputs)
 
     built = fresh()
     logits = built.outputs[0][1]

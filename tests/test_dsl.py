@@ -9,7 +9,30 @@ import ggtool
 from ggtool import types as T
 from ggtool.dsl import DictEnv, DSLError, build, format_source, parse, parse_expression, unparse
 from ggtool.dsl.lexer import KEYWORDS
-from ggtool.dsl.nodes import Assign, BinOp, Call, ExprStmt, For, Keyword, Name, Neg, Null, Num, Program, Str, TypeWord
+from ggtool.dsl.nodes import (
+    Assign,
+    BinOp,
+    BoolOp,
+    Call,
+    Compare,
+    Def,
+    ExprStmt,
+    For,
+    If,
+    Include,
+    Index,
+    Keyword,
+    Name,
+    Neg,
+    Not,
+    Null,
+    Num,
+    Param,
+    Program,
+    Return,
+    Str,
+    TypeWord,
+)
 from ggtool.dsl.parser import TYPE_WORDS
 from ggtool.ops import FUNCTIONS
 
@@ -140,7 +163,7 @@ def test_unparse_canonical_form():
     ("x = f(a=1, a=2)", "line 1, column 12: keyword argument 'a' repeated\n  x = f(a=1, a=2)\n             ^"),
     ("for i in range(3):\n    x = a\n", "line 1, column 1: 'for' loop is never closed: expected 'end'\n"
                                          "  for i in range(3):\n  ^"),
-    ("x = 1\nend", "line 2, column 1: 'end' without a 'for' loop\n  end\n  ^"),
+    ("x = 1\nend", "line 2, column 1: 'end' without a 'for', 'if' or 'def' block\n  end\n  ^"),
     ("for i in range(3)\nx = a\nend", "line 1, column 18: expected ':' after range(...), got end of line\n"
                                       "  for i in range(3)\n                   ^"),
     ("for i in range():\nend", "line 1, column 15: range() takes 1 to 3 arguments (stop | start, stop[, step]), "
@@ -240,7 +263,8 @@ def test_metadata_errors():
     assert err('n = meta("llama.block_cnt")', metadata={"llama.block_count": 5}) == (
         "line 1, column 10: no metadata 'llama.block_cnt' (give a default: meta(\"llama.block_cnt\", value))\n"
         '  n = meta("llama.block_cnt")\n           ^')
-    assert "is an array of 3 values" in err('n = meta("toks")', metadata={"toks": np.arange(3)})
+    # arrays are values now (a[i], len): the result is an array, not a tensor
+    assert "the program's result 'n' is array of 3 ints" in err('n = meta("toks")', metadata={"toks": np.arange(3)})
 
 
 def test_result_and_output_errors():
@@ -436,6 +460,10 @@ def extend(e):
     return st.one_of(
         st.builds(Neg, e),
         st.builds(BinOp, st.sampled_from(["+", "-", "*", "/", "//", "%"]), e, e),
+        st.builds(Compare, st.sampled_from(["==", "!=", "<", "<=", ">", ">="]), e, e),
+        st.builds(BoolOp, st.sampled_from(["and", "or"]), e, e),
+        st.builds(Not, e),
+        st.builds(Index, e, e),
         st.builds(Call, ident, st.lists(e, max_size=3).map(tuple), kw),
         st.builds(_name, st.one_of(dotted, st.none()),
                   st.lists(st.tuples(e, st.one_of(tail, st.none())), min_size=1, max_size=2)),
@@ -463,7 +491,16 @@ def _loop(body):
                      st.lists(body, max_size=3).map(tuple))
 
 
-statements = st.one_of(simple, _loop(st.one_of(simple, _loop(simple))))
+def _if(body):
+    return st.builds(If, st.lists(st.tuples(exprs, st.lists(body, max_size=2).map(tuple)), min_size=1, max_size=3)
+                     .map(tuple), st.lists(body, max_size=2).map(tuple))
+
+
+blocks = st.one_of(simple, _loop(st.one_of(simple, _if(simple))), _if(st.one_of(simple, _loop(simple))))
+in_def = st.one_of(blocks, st.builds(Return, exprs))
+params = st.lists(ident, max_size=3, unique=True).map(lambda names: tuple(Param(n) for n in names))
+statements = st.one_of(blocks, st.builds(Def, ident, params, st.lists(in_def, max_size=3).map(tuple)),
+                       text.map(lambda t: Include(Str((t,)))))
 programs = st.lists(statements, max_size=4).map(lambda b: Program(tuple(b)))
 
 
@@ -477,7 +514,9 @@ def test_print_parse_round_trip(program):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(list("ab_.{}()=,;:+-*/%#\"\n 019e") + ["for ", " in ", "range(", "end", "f32"]),
+@given(st.lists(st.sampled_from(list("ab_.{}()[]=,;:+-*/%#\"\n 019e<>!") + [
+    "for ", " in ", "range(", "end", "f32", "if ", "elif ", "else", "def ", "return ", "include ", " and ",
+    " or ", "not ", "=="]),
                 max_size=30).map("".join))
 def test_parser_fails_only_with_dsl_errors(source):
     try:

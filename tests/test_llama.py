@@ -22,7 +22,7 @@ from ggtool.gguf_io import FileStorage
 PROGRAM = ROOT / "fixtures" / "llama.gg"
 GOLDEN = ROOT / "tests" / "golden" / "llama" / "stories260K-logits.npz"
 
-STORIES_LAYERS, NODES_PER_LAYER = 5, 31
+STORIES_LAYERS, NODES_PER_LAYER = 5, 29
 
 
 def tokens_arg(tokens) -> str:
@@ -53,10 +53,13 @@ def test_program_parses_and_round_trips():
 
 
 def test_docs_show_the_program_verbatim():
-    """docs/llama.md quotes the whole program as an indented block: it must be this file."""
+    """docs/llama.md quotes the whole program, and transformer.gg that it includes, as indented
+    blocks: they must be these files."""
     doc = (ROOT / "docs" / "llama.md").read_text()
-    block = "".join("    " + line if line.strip() else "\n" for line in PROGRAM.read_text().splitlines(True))
-    assert "\n## The program\n\n" + block + "\n## " in doc
+    for path, heading in ((PROGRAM, "The program"), (PROGRAM.parent / "transformer.gg", "What it includes")):
+        block = "".join("    " + line if line.strip() else "\n" for line in path.read_text().splitlines(True))
+        after = doc.split(f"\n## {heading}")[1]
+        assert block + "\n## " in after, path.name
 
 
 # -- logits against llama.cpp ----------------------------------------------------------------------------------
@@ -89,7 +92,7 @@ def test_worker_pool_two_processes():
 
     tokens = np.load(GOLDEN)["tokens_1"]
     inputs = Inputs([parse_source("tokens", tokens_arg(tokens)[len("tokens="):])], [str(STORIES)])
-    built = build(parse(PROGRAM.read_text(), "llama.gg"), ggtool.Context(), inputs)
+    built = build(parse(PROGRAM.read_text(), str(PROGRAM)), ggtool.Context(), inputs)
     (_, logits), = built.outputs
     with WorkerPool(2) as pool:
         for _ in range(2):
@@ -134,7 +137,7 @@ def _build(meta=None, hide=()):
     from ggtool.inputs import Inputs, parse_source
 
     inputs = Inputs([parse_source("tokens", "i32[3]")], [str(STORIES)], read_data=False)
-    return build(parse(PROGRAM.read_text(), "llama.gg"), ggtool.Context(), _Overridden(inputs, meta or {}, hide))
+    return build(parse(PROGRAM.read_text(), str(PROGRAM)), ggtool.Context(), _Overridden(inputs, meta or {}, hide))
 
 
 def _ropes(meta):
@@ -170,12 +173,12 @@ def no_data_reads(monkeypatch):
 def test_inspect_graph_and_plan_read_no_data(run, tmp_path, no_data_reads):
     args = ("-f", PROGRAM, "--gguf", STORIES, "--tensor", "tokens=i32[16]")   # a shape-only tokens input
     graph = json.loads(ok(run("inspect-graph", *args, "--json")))
-    assert len(graph["nodes"]) == 1 + NODES_PER_LAYER * STORIES_LAYERS + 3 == 159
+    assert len(graph["nodes"]) == 1 + NODES_PER_LAYER * STORIES_LAYERS + 3 == 149
     assert graph["nodes"][-1]["name"] == "logits" and graph["nodes"][-1]["ne"] == [512, 16, 1, 1]
     assert {leaf["name"] for leaf in graph["leafs"]} >= {"tokens", "pos", "token_embd.weight", "output.weight",
                                                          "blk.4.ffn_down.weight"}
     plan = json.loads(ok(run("plan", *args, "--threads", "2", "--json")))
-    assert (plan["n_threads"], len(plan["nodes"])) == (2, 159)
+    assert (plan["n_threads"], len(plan["nodes"])) == (2, 149)
     assert plan["mem_size"] > STORIES.stat().st_size - 20_000        # weights counted as if in the context
     table = ok(run("plan", *args, "--threads", "2"))
     assert f"mem_size  = {plan['mem_size']}" in table
@@ -184,7 +187,7 @@ def test_inspect_graph_and_plan_read_no_data(run, tmp_path, no_data_reads):
 
 
 def test_dot_renders_one_layer(run):
-    """`--only '-0\\b'` picks layer 0's 31 nodes (every node a layer creates is named `name-0`) and their
+    """`--only '-0\\b'` picks layer 0's 29 nodes (every node a layer creates is named `name-0`) and their
     direct sources: the weights of blk.0, the positions and the previous residual `inp_embd`."""
     dot = ok(run("inspect-graph", "-f", PROGRAM, "--gguf", STORIES, "--tensor", "tokens=i32[16]",
                  "--dot", "--only", r"-0\b"))
@@ -209,7 +212,7 @@ def test_plan_and_inspect_with_the_gguf_alone(run):
 def test_tokens_of_the_wrong_type_is_a_located_error(run):
     err = fails(run("plan", "-f", PROGRAM, "--gguf", STORIES, "--tensor", "tokens=f32[4]"),
                 "input 'tokens' is f32, the program needs i32")
-    assert "llama.gg, line" in err
+    assert "transformer.gg, line" in err and "included from " in err and "llama.gg line" in err
 
 
 def test_error_in_a_layer_names_the_iteration_line_and_column():
@@ -221,7 +224,7 @@ def test_error_in_a_layer_names_the_iteration_line_and_column():
     with pytest.raises(DSLError) as e:
         _build(hide={"blk.3.attn_k.weight"})
     message = str(e.value)
-    assert message.startswith(f"llama.gg, line {line}, column {column}, in loop iteration il=3: "
+    assert message.startswith(f"{PROGRAM}, line {line}, column {column}, in loop iteration il=3: "
                               "unknown tensor 'blk.3.attn_k.weight' (did you mean 'blk.4.attn_k.weight'")
     shown, caret = message.splitlines()[-2:]
     assert caret.strip() == "^" and caret.index("^") == shown.index("blk.{il}.attn_k")

@@ -1,4 +1,5 @@
-"""DSL functions that are not GGML ops: metadata, tensor dimensions, scalar math, arange_i32.
+"""DSL functions that are not GGML ops: metadata, tensor dimensions, scalar math, arange_i32,
+causal_mask, and the value helpers len and kind.
 
 Scalar math (sqrt, exp, log, abs) shares names with GGML's element-wise ops: given numbers it
 computes a number, given a tensor it calls the op (`sqrt(head_dim)` vs `sqrt(x)`).
@@ -54,6 +55,10 @@ def builtin(signature: str, doc: str, scalar_math: bool = False):
 
 def describe(v) -> str:
     """A value as error messages show it."""
+    if isinstance(v, tuple):
+        kinds = {kind_of(x) for x in v}
+        what = f"{kinds.pop()}s" if len(kinds) == 1 else "values"
+        return f"array of {len(v)} {what}"
     if isinstance(v, Tensor):
         ne = ", ".join(str(n) for n in v.ne)
         return f"tensor '{v.name}' ({T.type_name(v.type)} [{ne}])"
@@ -64,6 +69,21 @@ def describe(v) -> str:
     if isinstance(v, str):
         return f"string {v!r}"
     return f"{type(v).__name__} {v!r}"
+
+
+def kind_of(v) -> str:
+    """What a value is: tensor, int, float, string, type, null or array."""
+    if isinstance(v, Tensor):
+        return "tensor"
+    if isinstance(v, T.GGMLType):
+        return "type"
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, tuple):
+        return "array"
+    return type(v).__name__
 
 
 def is_number(v) -> bool:
@@ -107,7 +127,8 @@ def _type(v, i: int, fname: str) -> T.GGMLType:
 
 
 def meta_value(v, key: str):
-    """A metadata value as a DSL scalar: numpy scalars become int/float, bytes become str."""
+    """A metadata value as a DSL value: numpy scalars become int/float, bytes str, bools 0/1, and
+    arrays (lists) tuples of those (the DSL's arrays, indexed with a[i])."""
     if isinstance(v, np.ndarray) and v.ndim == 0:
         v = v.item()
     if isinstance(v, np.generic):
@@ -117,14 +138,15 @@ def meta_value(v, key: str):
     if isinstance(v, bool):
         v = int(v)
     if isinstance(v, (list, tuple, np.ndarray)):
-        raise BuiltinError(f"metadata '{key}' is an array of {len(v)} values; the DSL has scalars only", 0)
+        return tuple(meta_value(x, key) for x in v)
     if not isinstance(v, (int, float, str)):
         raise BuiltinError(f"metadata '{key}' has an unsupported value {v!r}", 0)
     return v
 
 
 # -- metadata and tensor properties -----------------------------------------------------------
-@builtin("meta(key, default)", "a GGUF metadata value; `default` (optional) if the key is absent")
+@builtin("meta(key, default)", "a GGUF metadata value (a number, a string or an array of them); `default` "
+         "(optional) if the key is absent")
 def _meta(ev, key, default=_MISSING):
     if not isinstance(key, str):
         raise BuiltinError(f"meta() needs a string key, got {describe(key)}", 0)
@@ -177,6 +199,13 @@ def _row_size(ev, type, n):
     return T.row_size(ty, n)
 
 
+@builtin("has_tensor(name)", "1 if an input tensor `name` exists (--tensor, or a tensor of a --gguf file), else 0")
+def _has_tensor(ev, name):
+    if not isinstance(name, str):
+        raise BuiltinError(f"has_tensor() needs the tensor's name as a string, got {describe(name)}", 0)
+    return int(name in ev.inputs or name in ev.env.names())
+
+
 @builtin("type(t)", "t->type, e.g. to create a tensor of the same type")
 def _type_of(ev, t):
     return _tensor(t, 0, "type").type
@@ -222,6 +251,41 @@ def _arange_i32(ev, *args):
     if values.size == 0:
         raise BuiltinError(f"arange_i32{tuple(args)} is empty")
     return ev.ctx.new_tensor_from(values.astype(np.int32))
+
+
+@builtin("causal_mask(n_tokens, n_swa, n_kv)",
+         "an F32 leaf [n_kv, n_tokens] (n_kv defaults to n_tokens): llama.cpp's KQ mask for one batch at positions "
+         "0..n_tokens-1, 0 where query i may see key j (j <= i, and i - j < n_swa if n_swa > 0), -inf elsewhere")
+def _causal_mask(ev, n_tokens, n_swa=0, n_kv=None):
+    n_tokens = _integer(n_tokens, 0, "causal_mask")
+    n_swa = _integer(n_swa, 1, "causal_mask")
+    n_kv = n_tokens if n_kv is None else _integer(n_kv, 2, "causal_mask")
+    if n_tokens < 1:
+        raise BuiltinError(f"causal_mask(): n_tokens must be at least 1, got {n_tokens}", 0)
+    if n_swa < 0:
+        raise BuiltinError(f"causal_mask(): n_swa must be 0 (no window) or positive, got {n_swa}", 1)
+    if n_kv < n_tokens:
+        raise BuiltinError(f"causal_mask(): n_kv ({n_kv}) must be at least n_tokens ({n_tokens})", 2)
+    i = np.arange(n_tokens)[:, None]   # query (row: ne1)
+    j = np.arange(n_kv)[None, :]       # key (column: ne0)
+    visible = j <= i
+    if n_swa > 0:
+        visible &= i - j < n_swa
+    return ev.ctx.new_tensor_from(np.where(visible, np.float32(0), np.float32(-np.inf)))
+
+
+# -- values -----------------------------------------------------------------------------------
+@builtin("len(x)", "the number of values of an array (or characters of a string)")
+def _len(ev, x):
+    if not isinstance(x, (tuple, str)):
+        raise BuiltinError(f"len() needs an array or a string, got {describe(x)}", 0)
+    return len(x)
+
+
+@builtin("kind(x)", "what a value is, as a string: \"tensor\", \"int\", \"float\", \"string\", \"type\", "
+         "\"null\" or \"array\"")
+def _kind(ev, x):
+    return kind_of(x)
 
 
 # -- scalar math ------------------------------------------------------------------------------

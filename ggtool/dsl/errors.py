@@ -11,14 +11,17 @@ from ..errors import GGToolError
 class DSLError(GGToolError):
     """A parse or build error. `str()` is the full report: position, message, source line, caret.
 
-    The parts stay available (`message`, `line`, `column`, `filename`, `loop`) for callers that
-    want to present them differently.
+    The parts stay available (`message`, `line`, `column`, `filename`, `loop`, `context`) for
+    callers that want to present them differently: `loop` is the innermost loop iterations
+    ("il=3"), `context` what encloses them, innermost first ("in attention() called at
+    llama.gg line 58", "in loop iteration il=3").
     """
 
     def __init__(self, message: str, line: int | None = None, column: int | None = None,
-                 source: str | None = None, filename: str | None = None, loop: str | None = None):
+                 source: str | None = None, filename: str | None = None, loop: str | None = None,
+                 context: list[str] | None = None):
         self.message, self.line, self.column = message, line, column
-        self.filename, self.loop = filename, loop
+        self.filename, self.loop, self.context = filename, loop, list(context or [])
         self.source_line = None
         if source is not None and line is not None:
             lines = source.split("\n")
@@ -34,6 +37,7 @@ class DSLError(GGToolError):
             where.append(f"line {self.line}, column {self.column}")
         if self.loop:
             where.append(f"in loop iteration {self.loop}")
+        where.extend(self.context)
         head = (", ".join(where) + ": " if where else "") + self.message
         if self.source_line is None or self.column is None:
             return head

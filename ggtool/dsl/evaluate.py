@@ -1,9 +1,15 @@
 """Run a parsed program against a Context: statements create tensors (and scalars), then one graph
-is made and expanded with each output, in order."""
+is made and expanded with each output, in order.
+
+Scopes: the program's variables are global; a function call (`def`) runs its body with its own
+variables (the parameters and what the body assigns), reading globals it does not shadow.
+`include "file"` runs another file's statements in the global scope, once per file.
+"""
 
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +22,31 @@ from ..tensor import FLAG_PARAM, Tensor
 from .builtins import BUILTINS, BuiltinError, describe, is_number
 from .env import DictEnv, Env
 from .errors import DSLError, suggest
-from .nodes import Assign, BinOp, Call, ExprStmt, For, Name, Neg, Null, Num, Program, Str, TypeWord
+from .nodes import (
+    Assign,
+    BinOp,
+    BoolOp,
+    Call,
+    Compare,
+    Def,
+    ExprStmt,
+    For,
+    If,
+    Include,
+    Index,
+    Name,
+    Neg,
+    Not,
+    Null,
+    Num,
+    Program,
+    Return,
+    Str,
+    TypeWord,
+)
 from .parser import parse
+
+MAX_CALL_DEPTH = 64
 
 _P = inspect.Parameter
 _TENSOR_HINT = {"+": "add(a, b)", "-": "sub(a, b)", "*": "mul(a, b) or scale(a, s)", "/": "div(a, b)"}
@@ -82,21 +111,80 @@ def _graph_size(outs, forced: int | None) -> tuple[int, list[str]]:
     return size, [note]
 
 
+class _Return(Exception):
+    def __init__(self, value):
+        self.value = value
+
+
+@dataclass
+class _UserFunction:
+    node: Def
+    program: Program          # where it is defined (for error reports)
+    defaults: dict            # parameter name -> default value (evaluated at the def)
+
+    def signature(self) -> str:
+        params = ", ".join(p.name if p.default is None else f"{p.name}=..." for p in self.node.params)
+        return f"def {self.node.name}({params})"
+
+
+@dataclass
+class _Frame:
+    kind: str                 # "call" or "include"
+    name: str                 # function name or included file
+    where: str                # the call or include site, for messages: "llama.gg line 58"
+    loops_base: int           # len(evaluator.loops) when the frame began
+    scope: dict | None = None  # a call's variables
+
+
 class Evaluator:
     def __init__(self, program: Program, ctx: Context, env: Env):
         self.program, self.ctx, self.env = program, ctx, env
-        self.vars: dict[str, Any] = {}
+        self.vars: dict[str, Any] = {}        # global variables
         self.inputs: dict[str, Tensor] = {}   # input tensors used, by name
         self.named: dict[str, Tensor] = {}    # tensors named by assignments, by their GGML name
         self.loops: list[tuple[str, int]] = []
+        self.frames: list[_Frame] = []
+        self.functions: dict[str, _UserFunction] = {}
+        self.included: set[str] = set()
         self.last: tuple[str, Any, Any] | None = None  # (output name, value, statement)
+
+    @property
+    def scope(self) -> dict:
+        """The variables assignments write: the innermost call's, else the globals."""
+        for f in reversed(self.frames):
+            if f.scope is not None:
+                return f.scope
+        return self.vars
 
     def error(self, msg: str, node) -> DSLError:
         line, col = getattr(node, "pos", (0, 0)) or (0, 0)
-        loop = ", ".join(f"{v}={i}" for v, i in self.loops) or None
+        loop, context, hi = None, [], len(self.loops)
+        for f in reversed(self.frames):
+            inner = self.loops[f.loops_base:hi]
+            if inner:
+                text = ", ".join(f"{v}={i}" for v, i in inner)
+                if loop is None and not context:
+                    loop = text
+                else:
+                    context.append(f"in loop iteration {text}")
+            context.append(f"in {f.name}() called at {f.where}" if f.kind == "call" else f"included from {f.where}")
+            hi = f.loops_base
+        outer = self.loops[:hi]
+        if outer:
+            text = ", ".join(f"{v}={i}" for v, i in outer)
+            if loop is None and not context:
+                loop = text
+            else:
+                context.append(f"in loop iteration {text}")
         if not line:
-            return DSLError(msg, loop=loop, filename=self.program.filename)
-        return DSLError(msg, line, col, self.program.source, self.program.filename, loop)
+            return DSLError(msg, loop=loop, filename=self.program.filename, context=context)
+        return DSLError(msg, line, col, self.program.source, self.program.filename, loop, context)
+
+    def site(self, node) -> str:
+        """'llama.gg line 58' (or 'line 58') for the statement or call `node` of the current program."""
+        line = (getattr(node, "pos", (0, 0)) or (0, 0))[0]
+        name = self.program.filename
+        return f"{name} line {line}" if name and not name.startswith("<") else f"line {line}"
 
     # -- statements -------------------------------------------------------------------------
     def run(self) -> None:
@@ -112,6 +200,14 @@ class Evaluator:
                 value = self.eval(s.value)
                 name = self.name_of(s.value) if isinstance(s.value, Name) else "result"
                 self.last = (name, value, s)
+            elif isinstance(s, If):
+                self.if_block(s)
+            elif isinstance(s, Def):
+                self.define(s)
+            elif isinstance(s, Return):
+                raise _Return(self.eval(s.value))
+            elif isinstance(s, Include):
+                self.include(s)
             else:
                 raise TypeError(f"not a statement: {s!r}")
 
@@ -126,13 +222,57 @@ class Evaluator:
                 gname += "".join(f"-{i}" for _, i in self.loops)
             value.name = gname
             self.named[gname] = value
-        self.vars[target] = value
+        self.scope[target] = value
         self.last = (target, value, s)
 
     def _new(self, t: Tensor, n0: int) -> bool:
         """Was t created by this statement (so naming it renames nothing else)?"""
         return (any(x is t for x in self.ctx.tensors[n0:])
                 and not any(x is t for x in self.inputs.values()))
+
+    def if_block(self, s: If) -> None:
+        for cond, body in s.branches:
+            if self.truth(self.eval(cond), cond, "if"):
+                self.block(body)
+                return
+        self.block(s.orelse)
+
+    def define(self, s: Def) -> None:
+        name = s.name
+        if name in FUNCTIONS or name in BUILTINS:
+            what = "a GGML op" if name in FUNCTIONS else "a builtin"
+            raise self.error(f"can't define '{name}': it is {what} (choose another name)", s)
+        if name in self.functions:
+            first = self.functions[name]
+            raise self.error(f"function '{name}' is defined twice (first at {first.program.filename} line "
+                             f"{first.node.pos[0]})", s)
+        defaults = {p.name: self.eval(p.default) for p in s.params if p.default is not None}
+        self.functions[name] = _UserFunction(s, self.program, defaults)
+
+    def include(self, s: Include) -> None:
+        rel = self.eval(s.path)
+        base = self.program.filename
+        base_dir = "" if not base or base.startswith("<") else os.path.dirname(base)
+        path = rel if os.path.isabs(rel) else os.path.join(base_dir, rel)
+        key = os.path.realpath(path)
+        if key in self.included:
+            return                                   # each file runs once
+        try:
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            reason = getattr(e, "strerror", None) or str(e)
+            raise self.error(f"include: can't read '{path}': {reason}", s.path) from None
+        self.included.add(key)
+        program = parse(source, filename=os.path.normpath(path))
+        saved = self.program
+        self.frames.append(_Frame("include", program.filename, self.site(s), len(self.loops)))
+        self.program = program
+        try:
+            self.block(program.body)
+        finally:
+            self.program = saved
+            self.frames.pop()
 
     def loop(self, s: For) -> None:
         args = [self.eval(a) for a in s.range_args]
@@ -142,7 +282,7 @@ class Evaluator:
         if len(args) == 3 and args[2] == 0:
             raise self.error("range() step must not be zero", s.range_args[2])
         for i in range(*args):
-            self.vars[s.var] = i
+            self.scope[s.var] = i
             self.loops.append((s.var, i))
             try:
                 self.block(s.body)
@@ -168,6 +308,17 @@ class Evaluator:
                 raise self.error(str(exc), e) from None
         if isinstance(e, Null):
             return None
+        if isinstance(e, Compare):
+            return self.compare(e)
+        if isinstance(e, BoolOp):
+            a = self.truth(self.eval(e.left), e.left, e.op)
+            if a == (e.op == "or"):        # short circuit: 'x or ...' with x true, 'x and ...' with x false
+                return int(a)
+            return int(self.truth(self.eval(e.right), e.right, e.op))
+        if isinstance(e, Not):
+            return int(not self.truth(self.eval(e.operand), e.operand, "not"))
+        if isinstance(e, Index):
+            return self.index(e)
         if isinstance(e, Neg):
             v = self.eval(e.operand)
             if not is_number(v):
@@ -191,13 +342,54 @@ class Evaluator:
 
     def lookup(self, n: Name):
         name = self.name_of(n)
+        scope = self.scope
+        if name in scope:
+            return scope[name]
         if name in self.vars:
             return self.vars[name]
         t = self.input(name, n)
         if t is not None:
             return t
         kind = "tensor" if ("." in name or n.plain is None) else "tensor or variable"
-        raise self.error(f"unknown {kind} '{name}'{suggest(name, [*self.vars, *self.env.names()])}", n)
+        known = [*scope, *self.vars, *self.env.names()]
+        raise self.error(f"unknown {kind} '{name}'{suggest(name, known)}", n)
+
+    def truth(self, v, node, what: str) -> bool:
+        """A condition: a number, true unless 0 (comparisons give 1 or 0)."""
+        if not is_number(v):
+            hint = "; compare it with something (==, <, ...)" if not isinstance(v, Tensor) else \
+                "; a tensor's values are only known when the graph is computed"
+            raise self.error(f"'{what}' needs a number (0 is false, anything else true), got {describe(v)}{hint}",
+                             node)
+        return v != 0
+
+    def compare(self, e: Compare) -> int:
+        a, b = self.eval(e.left), self.eval(e.right)
+        for v, side in ((a, e.left), (b, e.right)):
+            if isinstance(v, Tensor):
+                raise self.error(f"'{e.op}' can't compare {describe(v)}: a tensor's values are only known when "
+                                 "the graph is computed (compare its sizes: ne(t, 0) == 4)", side)
+        if e.op in ("==", "!="):
+            same = (is_number(a) and is_number(b)) or (type(a) is type(b)) \
+                or (isinstance(a, T.GGMLType) and isinstance(b, T.GGMLType))
+            if not same:
+                raise self.error(f"'{e.op}' can't compare {describe(a)} with {describe(b)}", e)
+            equal = a == b
+            return int(equal if e.op == "==" else not equal)
+        for v, side in ((a, e.left), (b, e.right)):
+            if not is_number(v):
+                raise self.error(f"'{e.op}' needs numbers, got {describe(v)}", side)
+        return int({"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[e.op])
+
+    def index(self, e: Index):
+        v, i = self.eval(e.value), self.eval(e.index)
+        if not isinstance(v, tuple):
+            raise self.error(f"can't index {describe(v)}: only arrays (metadata arrays) have elements", e.value)
+        if not is_number(i) or isinstance(i, float):
+            raise self.error(f"an index must be an integer, got {describe(i)}", e.index)
+        if not -len(v) <= i < len(v):
+            raise self.error(f"index {i} is out of range: the array has {len(v)} values", e.index)
+        return v[i]
 
     def input(self, name: str, node=None) -> Tensor | None:
         if name in self.inputs:
@@ -238,11 +430,15 @@ class Evaluator:
 
     # -- calls ------------------------------------------------------------------------------
     def call(self, c: Call):
+        u = self.functions.get(c.func)
         b, f = BUILTINS.get(c.func), FUNCTIONS.get(c.func)
-        if b is None and f is None:
-            raise self.error(f"unknown op '{c.func}'{suggest(c.func, [*FUNCTIONS, *BUILTINS])}", c)
+        if u is None and b is None and f is None:
+            known = [*self.functions, *FUNCTIONS, *BUILTINS]
+            raise self.error(f"unknown op '{c.func}'{suggest(c.func, known)}", c)
         args = [self.eval(a) for a in c.args]
         kwargs = {k.name: self.eval(k.value) for k in c.kwargs}
+        if u is not None:
+            return self.call_user(u, c, args, kwargs)
         if b is not None and not (b.scalar_math and f is not None
                                   and any(isinstance(v, Tensor) for v in [*args, *kwargs.values()])):
             self.check_args(b.fn, b.signature, c, args, kwargs)
@@ -269,6 +465,45 @@ class Evaluator:
         if not isinstance(t, Tensor):
             raise self.error(f"op {c.func} returned {describe(t)}, not a tensor", c)
         return t
+
+    def call_user(self, u: _UserFunction, c: Call, args: list, kwargs: dict):
+        """Bind the arguments as Python does, run the body in a new scope; its `return` value."""
+        params = u.node.params
+        names = [p.name for p in params]
+        where = f"{u.signature()} ({u.program.filename} line {u.node.pos[0]})" \
+            if not u.program.filename.startswith("<") else f"{u.signature()} (line {u.node.pos[0]})"
+        if len(args) > len(params):
+            s = "" if len(params) == 1 else "s"
+            raise self.error(f"{c.func}() takes {len(params)} argument{s}, got {len(args)}: {where}", c)
+        scope = dict(zip(names, args))
+        for k in c.kwargs:
+            if k.name not in names:
+                raise self.error(f"{c.func}() has no parameter '{k.name}'{suggest(k.name, names)}: {where}", k)
+            if k.name in scope:
+                raise self.error(f"{c.func}() got argument '{k.name}' twice (by position and by keyword)", k)
+            scope[k.name] = kwargs[k.name]
+        missing = [n for n in names if n not in scope and n not in u.defaults]
+        if missing:
+            s = "" if len(missing) == 1 else "s"
+            raise self.error(f"{c.func}() is missing argument{s} {', '.join(repr(m) for m in missing)}: {where}", c)
+        for n in names:
+            if n not in scope:
+                scope[n] = u.defaults[n]
+        if sum(f.kind == "call" for f in self.frames) >= MAX_CALL_DEPTH:
+            raise self.error(f"{c.func}(): calls nest more than {MAX_CALL_DEPTH} deep (a function that calls "
+                             "itself without end?)", c)
+        saved = self.program
+        self.frames.append(_Frame("call", c.func, self.site(c), len(self.loops), scope))
+        self.program = u.program
+        try:
+            self.block(u.node.body)
+            value = None
+        except _Return as r:
+            value = r.value
+        finally:
+            self.program = saved
+            self.frames.pop()
+        return value
 
     def check_args(self, fn, signature: str, c: Call, args: list, kwargs: dict) -> None:
         """Python's own binding rules, reported in GGML's terms (the C signature)."""

@@ -1,4 +1,4 @@
-"""Hand-written tokenizer. Newlines separate statements except inside parentheses; `{...}` inside
+"""Hand-written tokenizer. Newlines separate statements except inside ( ) and [ ]; `{...}` inside
 names and strings is lexed on the spot into its own token list, so the parser can parse the
 interpolated expression with exact positions."""
 
@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from .errors import DSLError
 
-KEYWORDS = {"for", "in", "end", "null"}
+KEYWORDS = {"for", "in", "end", "null", "if", "elif", "else", "def", "return", "include", "and", "or", "not"}
 NAME_START = set(string.ascii_letters + "_")
 NAME_CHARS = set(string.ascii_letters + string.digits + "_.")
-OPERATORS = ("//", "(", ")", ",", "=", "+", "-", "*", "/", "%", ":", ";")
+OPERATORS = ("//", "==", "!=", "<=", ">=", "(", ")", "[", "]", ",", "=", "<", ">", "+", "-", "*", "/", "%", ":", ";")
+_CLOSING = {"(": ")", "[": "]"}
 _NUMBER = re.compile(r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}
 
@@ -77,7 +78,7 @@ class Lexer:
             c = self.peek()
             if c == "":
                 if parens:
-                    raise self.error("'(' was never closed", parens[-1].line, parens[-1].col)
+                    raise self.error(f"'{parens[-1].value}' was never closed", parens[-1].line, parens[-1].col)
                 if opener:
                     raise self.error("'{' was never closed", *opener)
                 out.append(Token("EOF", "", self.line, self.col))
@@ -107,18 +108,22 @@ class Lexer:
                     self.i += 1
                     return out
                 if parens:
-                    raise self.error("'(' was never closed", parens[-1].line, parens[-1].col)
+                    raise self.error(f"'{parens[-1].value}' was never closed", parens[-1].line, parens[-1].col)
                 raise self.error("unmatched '}'", self.line, self.col)
             else:
                 op = next((o for o in OPERATORS if self.src.startswith(o, self.i)), None)
                 if op is None:
                     raise self.error(f"unexpected character {c!r}", self.line, self.col)
                 tok = Token("OP", op, self.line, self.col)
-                if op == "(":
+                if op in _CLOSING:
                     parens.append(tok)
-                elif op == ")":
-                    if not parens:
-                        raise self.error("unmatched ')'", self.line, self.col)
+                elif op in (")", "]"):
+                    if not parens or _CLOSING[parens[-1].value] != op:
+                        if parens:
+                            opener = parens[-1]
+                            raise self.error(f"'{op}' does not close '{opener.value}' (line {opener.line}, "
+                                             f"column {opener.col})", self.line, self.col)
+                        raise self.error(f"unmatched '{op}'", self.line, self.col)
                     parens.pop()
                 out.append(tok)
                 self.i += len(op)

@@ -81,7 +81,36 @@ class Call:
     pos: Pos = _pos()
 
 
-Expr = Num | Str | Name | TypeWord | Null | Neg | BinOp | Call
+@dataclass(frozen=True)
+class Compare:
+    op: str  # == != < <= > >=
+    left: Expr
+    right: Expr
+    pos: Pos = _pos()  # the operator
+
+
+@dataclass(frozen=True)
+class BoolOp:
+    op: str  # and, or
+    left: Expr
+    right: Expr
+    pos: Pos = _pos()  # the operator
+
+
+@dataclass(frozen=True)
+class Not:
+    operand: Expr
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Index:
+    value: Expr   # an array (a metadata array)
+    index: Expr
+    pos: Pos = _pos()  # the '['
+
+
+Expr = Num | Str | Name | TypeWord | Null | Neg | BinOp | Compare | BoolOp | Not | Index | Call
 
 
 @dataclass(frozen=True)
@@ -105,7 +134,41 @@ class For:
     pos: Pos = _pos()
 
 
-Stmt = Assign | ExprStmt | For
+@dataclass(frozen=True)
+class If:
+    branches: tuple  # ((condition, body), ...): the if, then each elif, in order
+    orelse: tuple = ()  # the else body
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    default: Expr | None = None
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Def:
+    name: str
+    params: tuple  # Param nodes
+    body: tuple
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Return:
+    value: Expr
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Include:
+    path: Str
+    pos: Pos = _pos()
+
+
+Stmt = Assign | ExprStmt | For | If | Def | Return | Include
 
 
 @dataclass(frozen=True)

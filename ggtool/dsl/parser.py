@@ -5,12 +5,37 @@ from __future__ import annotations
 from .. import types as T
 from .errors import DSLError
 from .lexer import Interp, Token, tokenize
-from .nodes import Assign, BinOp, Call, ExprStmt, For, Keyword, Name, Neg, Null, Num, Program, Str, TypeWord
+from .nodes import (
+    Assign,
+    BinOp,
+    BoolOp,
+    Call,
+    Compare,
+    Def,
+    ExprStmt,
+    For,
+    If,
+    Include,
+    Index,
+    Keyword,
+    Name,
+    Neg,
+    Not,
+    Null,
+    Num,
+    Param,
+    Program,
+    Return,
+    Str,
+    TypeWord,
+)
 
 # every GGML type name is a type word: f32 f16 i32 q4_0 q8_0 bf16 q4_K (and q4_k) ...
 TYPE_WORDS = frozenset({t.name.lower() for t in T.GGMLType} | {T.type_name(t) for t in T.GGMLType})
 SEPARATORS = ("NEWLINE", ";")
 _ADD_OPS, _MUL_OPS = ("+", "-"), ("*", "/", "//", "%")
+COMPARE_OPS = ("==", "!=", "<", "<=", ">", ">=")
+_BLOCK_ENDS = ("end", "elif", "else")
 
 
 class Parser:
@@ -48,31 +73,60 @@ class Parser:
 
     # -- statements -------------------------------------------------------------------------
     def program(self) -> Program:
-        body = self.block(None)
+        body = self.block(None, ())
         return Program(tuple(body), self.source, self.filename)
 
-    def block(self, loop: Token | None) -> list:
-        """Statements up to EOF (top level) or up to the 'end' of the loop opened by `loop`."""
+    def block(self, opener: Token | None, ends: tuple = ("end",), in_def: bool = False) -> list:
+        """Statements up to EOF (top level, opener None) or up to one of the keywords `ends` that
+        close the block opened by `opener` (a 'for', 'if', 'elif', 'else' or 'def' token)."""
         body = []
         while True:
             while self.at_sep():
                 self.next()
             if self.tok.kind == "EOF":
-                if loop is not None:
-                    raise self.error("'for' loop is never closed: expected 'end'", loop)
+                if opener is not None:
+                    what = "loop" if opener.value == "for" else "function" if opener.value == "def" else "block"
+                    raise self.error(f"'{opener.value}' {what} is never closed: expected 'end'", opener)
                 return body
-            if self.at_keyword("end"):
-                if loop is None:
-                    raise self.error("'end' without a 'for' loop", self.tok)
-                return body
-            body.append(self.statement())
-            if not (self.at_sep() or self.tok.kind == "EOF" or self.at_keyword("end")):
+            if self.tok.kind == "KEYWORD" and self.tok.value in _BLOCK_ENDS:
+                if self.tok.value in ends:
+                    return body
+                if opener is None:
+                    what = "a 'for', 'if' or 'def' block" if self.tok.value == "end" else "an 'if'"
+                    raise self.error(f"'{self.tok.value}' without {what}", self.tok)
+                raise self.error(f"'{self.tok.value}' here does not belong to the '{opener.value}' block "
+                                 f"(line {opener.line}); expected {' or '.join(repr(e) for e in ends)}", self.tok)
+            body.append(self.statement(opener is None, in_def))
+            if not (self.at_sep() or self.tok.kind == "EOF"
+                    or (self.tok.kind == "KEYWORD" and self.tok.value in _BLOCK_ENDS)):
                 raise self.error(f"expected a new line or ';' after the statement, got {self.tok.describe()}",
                                  self.tok)
 
-    def statement(self):
+    def statement(self, top: bool = True, in_def: bool = False):
         if self.at_keyword("for"):
-            return self.for_loop()
+            return self.for_loop(in_def)
+        if self.at_keyword("if"):
+            return self.if_block(in_def)
+        if self.at_keyword("def"):
+            if not top:
+                raise self.error("a function is defined at the top level, not inside a block", self.tok)
+            return self.def_block()
+        if self.at_keyword("return"):
+            kw = self.next()
+            if not in_def:
+                raise self.error("'return' outside a function", kw)
+            if self.at_sep() or self.tok.kind == "EOF" or self.tok.kind == "KEYWORD" and self.tok.value in _BLOCK_ENDS:
+                raise self.error("'return' needs a value", kw)
+            return Return(self.expression(), kw.pos)
+        if self.at_keyword("include"):
+            kw = self.next()
+            if not top:
+                raise self.error("'include' is a top-level statement, not inside a block", kw)
+            if self.tok.kind != "STRING":
+                raise self.error(f"expected the file to include as a string after 'include', got {self.tok.describe()}",
+                                 self.tok)
+            path = self.atom()
+            return Include(path, kw.pos)
         start = self.tok
         expr = self.expression()
         if not self.at_op("="):
@@ -85,7 +139,7 @@ class Parser:
             raise self.error(f"expected an expression after '=', got {self.tok.describe()}", self.tok)
         return Assign(expr, self.expression(), start.pos)
 
-    def for_loop(self) -> For:
+    def for_loop(self, in_def: bool = False) -> For:
         kw = self.next()
         var = self.tok
         if var.kind != "NAME" or len(var.value) != 1 or not isinstance(var.value[0], str) \
@@ -112,12 +166,92 @@ class Parser:
             raise self.error(f"range() takes 1 to 3 arguments (stop | start, stop[, step]), got {len(args)}",
                              paren)
         self.expect_op(":", "after range(...)")
-        body = self.block(kw)
+        body = self.block(kw, ("end",), in_def)
         self.next()  # 'end'
         return For(var.value[0], tuple(args), tuple(body), kw.pos)
 
+    def if_block(self, in_def: bool = False) -> If:
+        kw = self.next()
+        branches, orelse = [], ()
+        opener = kw
+        while True:
+            cond = self.expression()
+            self.expect_op(":", f"after the condition of '{opener.value}'")
+            branches.append((cond, tuple(self.block(opener, _BLOCK_ENDS, in_def))))
+            if self.at_keyword("elif"):
+                opener = self.next()
+                continue
+            if self.at_keyword("else"):
+                opener = self.next()
+                self.expect_op(":", "after 'else'")
+                orelse = tuple(self.block(opener, ("end",), in_def))
+            self.next()  # 'end'
+            return If(tuple(branches), orelse, kw.pos)
+
+    def def_block(self) -> Def:
+        kw = self.next()
+        name = self.tok
+        if name.kind != "NAME" or len(name.value) != 1 or not isinstance(name.value[0], str) \
+                or "." in name.value[0] or name.value[0] in TYPE_WORDS:
+            raise self.error(f"expected a function name after 'def', got {name.describe()}", name)
+        self.next()
+        self.expect_op("(", f"after 'def {name.value[0]}'")
+        params: list[Param] = []
+        while not self.at_op(")"):
+            p = self.tok
+            if p.kind != "NAME" or len(p.value) != 1 or not isinstance(p.value[0], str) \
+                    or "." in p.value[0] or p.value[0] in TYPE_WORDS:
+                raise self.error(f"expected a parameter name, got {p.describe()}", p)
+            self.next()
+            if any(q.name == p.value[0] for q in params):
+                raise self.error(f"parameter '{p.value[0]}' repeated", p)
+            default = None
+            if self.at_op("="):
+                self.next()
+                default = self.expression()
+            elif params and params[-1].default is not None:
+                raise self.error(f"parameter '{p.value[0]}' without a default after one with a default", p)
+            params.append(Param(p.value[0], default, p.pos))
+            if not self.at_op(")"):
+                self.expect_op(",", f"or ')' in the parameters of {name.value[0]}()")
+        self.next()
+        self.expect_op(":", f"after def {name.value[0]}(...)")
+        body = self.block(kw, ("end",), in_def=True)
+        self.next()  # 'end'
+        return Def(name.value[0], tuple(params), tuple(body), kw.pos)
+
     # -- expressions ------------------------------------------------------------------------
     def expression(self):
+        left = self.conjunction()
+        while self.at_keyword("or"):
+            op = self.next()
+            left = BoolOp("or", left, self.conjunction(), op.pos)
+        return left
+
+    def conjunction(self):
+        left = self.negation()
+        while self.at_keyword("and"):
+            op = self.next()
+            left = BoolOp("and", left, self.negation(), op.pos)
+        return left
+
+    def negation(self):
+        if self.at_keyword("not"):
+            kw = self.next()
+            return Not(self.negation(), kw.pos)
+        return self.comparison()
+
+    def comparison(self):
+        left = self.sum()
+        if self.at_op(*COMPARE_OPS):
+            op = self.next()
+            right = self.sum()
+            if self.at_op(*COMPARE_OPS):
+                raise self.error("comparisons can't be chained: write 'a < b and b < c'", self.tok)
+            return Compare(op.value, left, right, op.pos)
+        return left
+
+    def sum(self):
         left = self.term()
         while self.at_op(*_ADD_OPS):
             op = self.next()
@@ -134,10 +268,22 @@ class Parser:
     def unary(self):
         if self.at_op("-"):
             minus = self.next()
-            if self.tok.kind == "NUMBER":  # -1 is a literal, so printing it gives back the same tree
-                return Num(-self.next().value, minus.pos)
+            nxt = self.toks[self.k + 1] if self.k + 1 < len(self.toks) else self.tok
+            if self.tok.kind == "NUMBER" and not (nxt.kind == "OP" and nxt.value == "["):
+                return Num(-self.next().value, minus.pos)  # -1 is a literal: printing gives back the same tree
             return Neg(self.unary(), minus.pos)
-        return self.atom()
+        return self.postfix()
+
+    def postfix(self):
+        value = self.atom()
+        while self.at_op("["):
+            bracket = self.next()
+            if self.at_op("]"):
+                raise self.error("expected an index inside '[ ]'", self.tok)
+            index = self.expression()
+            self.expect_op("]", "to close '['")
+            value = Index(value, index, bracket.pos)
+        return value
 
     def atom(self):
         t = self.tok

@@ -1,0 +1,426 @@
+"""llama.cpp's x86 CPU numerics (llama-cpp-python 0.3.36, AVX-512, REPACK and LLAMAFILE on), written
+out in numpy: a test oracle, never used by ggtool itself.
+
+`tests/golden/llama/gemma3-270m-top64.npz` was computed by that build. ggtool's kernels follow GGML's
+scalar reference; llama.cpp's x86 build sums in other orders, and gemma's 8-bit activations make a
+last-bit difference show now and then (docs/gemma.md, "How close"). With these kernels patched in
+(`llama_cpp_kernels()`), `fixtures/gemma3.gg` reproduces llama.cpp's logits bit for bit, which pins
+the program to llama.cpp's graph. What each function follows:
+
+- F32 mul_mat, src1 not contiguous (KQ): `ggml_vec_dot_f32`, AVX-512: 4 accumulators of 16 lanes
+  over steps of 64, FMA, then `x0+x2, x1+x3, x0+x1` and `_mm512_reduce_add_ps`.
+- F32 mul_mat, src1 contiguous (KQV): llamafile's tinyBLAS<16, __m512>: per output 16 FMA lanes
+  over K (llama.cpp's KV cache is padded to 256 cells: zero cells add nothing), then the reduce.
+- Q8_0 and Q5_0 weights, 2 or more rows: llamafile's tinyBLAS_Q0_AVX: per block, 8 lanes of 4
+  integer products, `fma(dw*da, lane, acc)`, then hsum (`(l+4), (l+2), (l+1)` pairs).
+- Q6_K: below 8 rows the AVX2 `ggml_vec_dot_q6_K_q8_K` (8 lanes, the -32 through bsums)
+from 8
+  rows ggml-cpu's tiled kernel: per 256-block `acc = fma(float(isum) * dw, da, acc)`.
+- Q4_K (repacked q4_K_8x8): rows in groups of 4 through the gemm (one FMA per pair of 32-value
+  sub-blocks, for the scales and for the mins), the rest through the gemv (one FMA per block);
+  result `acc - acc_min`.
+- soft_max: `ggml_v_expf` (AVX-512 polynomial) on 16-lane chunks over 256 cells, chunk sums
+  reduced in float, added in double.
+- rope: the cache from the C library's cosf/sinf; `x0*c - x1*s` and `x0*s + x1*c` contracted by the
+  compiler to `fms(x0, c, x1*s)` and `fma(x0, s, x1*c)`.
+- gelu's fp16 table: `S*x*(1 + A*x*x)` with `1 + (A*x)*x` contracted to an FMA.
+
+FMA is emulated as float32(float64(a)*float64(b) + float64(c)) (the product is exact
+the double
+rounding this leaves is too rare to matter here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+
+import numpy as np
+
+from ggtool import types as T
+from ggtool.quant import quantize_q8_0_cpu, quantize_q8_k
+
+f32, f64 = np.float32, np.float64
+H = float.fromhex
+
+
+def fma(a, b, c):
+    return (np.asarray(a, f64) * np.asarray(b, f64) + np.asarray(c, f64)).astype(f32)
+
+def reduce16(v):  # v (..., 16) float32 -> (...) _mm512_reduce_add_ps
+    t = (v[..., 8:] + v[..., :8]).astype(f32)
+    t = (t[..., 4:] + t[..., :4]).astype(f32)
+    t = (t[..., 2:] + t[..., :2]).astype(f32)
+    return (t[..., 0] + t[..., 1]).astype(f32)
+
+def vec_dot_f32(x, y):
+    """x (M, n), y (N, n) -> (N, M): ggml_vec_dot_f32 AVX512 (STEP 64, 4 accumulators)."""
+    n = x.shape[-1]
+    np_ = n & ~63
+    M, N = x.shape[0], y.shape[0]
+    acc = np.zeros((N, M, 4, 16), f32)
+    for i in range(0, np_, 64):
+        xs = x[:, i:i+64].reshape(M, 4, 16)
+        ys = y[:, i:i+64].reshape(N, 4, 16)
+        acc = fma(xs[None], ys[:, None], acc)
+    a = acc
+    a01 = (a[:, :, 0] + a[:, :, 2]).astype(f32)
+    a11 = (a[:, :, 1] + a[:, :, 3]).astype(f32)
+    s = reduce16((a01 + a11).astype(f32))
+    for i in range(np_, n):   # float tail (contracted?)
+        s = fma(x[None, :, i], y[:, None, i], s)
+    return s
+
+def sgemm_f32(A, B):
+    """A (M, k), B (N, k) -> (N, M): tinyBLAS AVX512: 16 lanes of fma over l, then hsum. k padded with zeros."""
+    k = A.shape[-1]
+    kp = (k + 15) // 16 * 16
+    if kp != k:
+        A = np.concatenate([A, np.zeros((A.shape[0], kp - k), f32)], 1)
+        B = np.concatenate([B, np.zeros((B.shape[0], kp - k), f32)], 1)
+    M, N = A.shape[0], B.shape[0]
+    acc = np.zeros((N, M, 16), f32)
+    for k0 in range(0, kp, 16):
+        acc = fma(A[None, :, k0:k0 + 16], B[:, None, k0:k0 + 16], acc)
+    return reduce16(acc)
+
+C = [H(s) for s in ('0x1.8p23', '0x1.715476p+0', '0x1.62e4p-1', '0x1.7f7d1cp-20', '0x1.0e4020p-7',
+                     '0x1.573e2ep-5', '0x1.555e66p-3', '0x1.fffdb6p-2', '0x1.ffffecp-1')]
+def v_expf(x):
+    x = np.asarray(x, f32)
+    with np.errstate(all='ignore'):
+        r = f32(C[0])
+        z = fma(x, C[1], r)
+        n = (z - r).astype(f32)
+        b = fma(-n, C[3], fma(-n, C[2], x))
+        d = np.abs(n) > 192
+        u = (b * b).astype(f32)
+        j = fma(fma(fma(C[4], b, C[5]), u, fma(C[6], b, C[7])), u, fma(C[8], b, f32(1.0)))
+        res = np.ldexp(j.astype(f64), np.where(d, 0, n).astype(np.int64)).astype(f32)
+        alt = np.where(n <= 0, f32(0), f32(np.inf))
+        return np.where(d, alt, res).astype(f32)
+
+def soft_max_rows(w, n_kv=256):
+    """softmax of rows w (R, n), already scaled and masked, over llama.cpp's KV cache of n_kv cells
+    (the cells past n hold -inf): ggml_vec_soft_max_f32's AVX-512 loop, sums in double."""
+    R, n = w.shape
+    npad = max(n_kv, (n + 15) // 16 * 16)
+    wp = np.full((R, npad), -np.inf, f32)
+    wp[:, :n] = w
+    mx = wp.max(axis=1)
+    with np.errstate(all="ignore"):
+        e = v_expf((wp - mx[:, None]).astype(f32))
+        chunks = reduce16(e.reshape(R, -1, 16)).astype(f64)
+    s = np.zeros(R, f64)
+    for c in range(chunks.shape[1]):
+        s += chunks[:, c]
+    inv = (1.0 / s).astype(f32)
+    return (e[:, :n] * inv[:, None]).astype(f32)
+
+# -- quantized products ----
+def h8(C):  # hsum of 8 lanes (..., 8)
+    v = (C[..., 4:] + C[..., :4]).astype(f32)
+    x0 = (v[..., 0] + v[..., 2]).astype(f32)
+    x1 = (v[..., 1] + v[..., 3]).astype(f32)
+    return (x0 + x1).astype(f32)
+def fp16(b):  # uint8 (..., 2) -> f32
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(f32)
+
+def dec_q8_0(w):  # (N, nb*34) -> d (N, nb), q (N, nb, 32)
+    w = w.reshape(w.shape[0], -1, 34)
+    return fp16(w[..., 0:2]), w[..., 2:34].view(np.int8).astype(np.int32)
+def dec_q5_0(w):
+    w = w.reshape(w.shape[0], -1, 22)
+    d = fp16(w[..., 0:2])
+    qh = np.ascontiguousarray(w[..., 2:6]).view(np.uint32)[..., 0]
+    qs = w[..., 6:22].astype(np.int32)
+    j = np.arange(16)
+    lo = (qs & 15) | (((qh[..., None] >> j) & 1) << 4)
+    hi = (qs >> 4) | (((qh[..., None] >> (j + 16)) & 1) << 4)
+    return d, np.concatenate([lo, hi], -1) - 16
+def dec_act_q8_0(a):  # (M, nb*34)
+    return dec_q8_0(a)
+
+def tinyblas_q0(wd, wq, ad, aq):
+    """weights d (N, nb), q (N, nb, 32); acts d (M, nb), q (M, nb, 32) -> (M, N)."""
+    M, N, nb = aq.shape[0], wq.shape[0], wq.shape[1]
+    out = np.empty((M, N), f32)
+    for n0 in range(0, N, 4096):
+        q = wq[n0:n0+4096]
+        d = wd[n0:n0+4096]
+        C = np.zeros((M, q.shape[0], 8), f32)
+        for b in range(nb):
+            S = (aq[:, None, b, :] * q[None, :, b, :]).reshape(M, q.shape[0], 8, 4).sum(-1)
+            db = (d[None, :, b] * ad[:, None, b]).astype(f32)
+            C = fma(db[..., None], S.astype(f32), C)
+        out[:, n0:n0+4096] = h8(C)
+    return out
+
+def dec_q8_k(a):  # (M, nb*292)
+    a = a.reshape(a.shape[0], -1, 292)
+    d = np.ascontiguousarray(a[..., 0:4]).view(np.float32)[..., 0]
+    q = a[..., 4:260].view(np.int8).astype(np.int32)
+    bs = np.ascontiguousarray(a[..., 260:292]).view(np.int16).astype(np.int32)
+    return d, q, bs
+
+def dec_q6_k(w):
+    w = w.reshape(w.shape[0], -1, 210)
+    ql = w[..., 0:128].astype(np.int32)
+    qh = w[..., 128:192].astype(np.int32)
+    sc = w[..., 192:208].view(np.int8).astype(np.int32)
+    d = fp16(w[..., 208:210])
+    q = np.empty(w.shape[:2] + (256,), np.int32)
+    for h in range(2):
+        lo = ql[..., 64*h:64*h+64]
+        hh = qh[..., 32*h:32*h+32]
+        q[..., 128*h+0:128*h+32] = (lo[..., :32] & 15) | ((hh & 3) << 4)
+        q[..., 128*h+32:128*h+64] = (lo[..., 32:] & 15) | (((hh >> 2) & 3) << 4)
+        q[..., 128*h+64:128*h+96] = (lo[..., :32] >> 4) | (((hh >> 4) & 3) << 4)
+        q[..., 128*h+96:128*h+128] = (lo[..., 32:] >> 4) | (((hh >> 6) & 3) << 4)
+    return d, sc, q   # q unsigned 0..63
+
+def vecdot_q6_k(w, a):
+    """AVX2 ggml_vec_dot_q6_K_q8_K: lane l of a block sums bytes 4l..4l+3 of each 32-value group
+    (unsigned codes times scales), minus 32 * (bsums 2l, 2l+1 times their scales)."""
+    wd, sc, q = dec_q6_k(w)
+    ad, aq, bs = dec_q8_k(a)
+    M, N, nb = aq.shape[0], q.shape[0], q.shape[1]
+    scale_e = np.repeat(sc, 16, axis=-1)      # (N, nb, 256) scale per element
+    out = np.empty((M, N), f32)
+    for n0 in range(0, N, 1024):
+        qq, se, scc, dd = q[n0:n0 + 1024], scale_e[n0:n0 + 1024], sc[n0:n0 + 1024], wd[n0:n0 + 1024]
+        nn = qq.shape[0]
+        C = np.zeros((M, nn, 8), f32)
+        for b in range(nb):
+            prod = se[None, :, b, :] * qq[None, :, b, :] * aq[:, None, b, :]
+            S = prod.reshape(M, nn, 8, 8, 4).sum(axis=(-3, -1))
+            S = S - 32 * (bs[:, None, b, :] * scc[None, :, b, :]).reshape(M, nn, 8, 2).sum(-1)
+            db = (ad[:, None, b] * dd[None, :, b]).astype(f32)
+            C = fma(db[..., None], S.astype(f32), C)
+        out[:, n0:n0 + nn] = h8(C)
+    return out
+
+
+def tiled_q6_k(w, a):
+    """ggml-cpu tiled/ (>= 8 rows): per 256-block exact int sum, r = float(s1) * dW, buf += r * dA."""
+    wd, sc, q = dec_q6_k(w)
+    ad, aq, bs = dec_q8_k(a)
+    M, N, nb = aq.shape[0], q.shape[0], q.shape[1]
+    scale_e = np.repeat(sc, 16, axis=-1)
+    out = np.empty((M, N), f32)
+    for n0 in range(0, N, 1024):
+        qq = q[n0:n0+1024] - 32
+        se = scale_e[n0:n0+1024]
+        dd = wd[n0:n0+1024]
+        nn = qq.shape[0]
+        buf = np.zeros((M, nn), f32)
+        for b in range(nb):
+            s1 = (se[None, :, b, :] * qq[None, :, b, :] * aq[:, None, b, :]).sum(-1)
+            r = (s1.astype(np.int32).astype(f32) * dd[None, :, b]).astype(f32)
+            buf = fma(r, ad[:, None, b], buf)
+        out[:, n0:n0+nn] = buf
+    return out
+
+def dec_q4_k(w):
+    w = w.reshape(w.shape[0], -1, 144)
+    d = fp16(w[..., 0:2])
+    dmin = fp16(w[..., 2:4])
+    s = w[..., 4:16].astype(np.int32)
+    qs = w[..., 16:144].astype(np.int32)
+    sc = np.empty(w.shape[:2] + (8,), np.int32)
+    mn = np.empty_like(sc)
+    for j in range(8):
+        if j < 4:
+            sc[..., j] = s[..., j] & 63
+            mn[..., j] = s[..., j + 4] & 63
+        else:
+            sc[..., j] = (s[..., j + 4] & 15) | ((s[..., j - 4] >> 6) << 4)
+            mn[..., j] = (s[..., j + 4] >> 4) | ((s[..., j] >> 6) << 4)
+    q = np.empty(w.shape[:2] + (256,), np.int32)
+    for j in range(4):
+        c = qs[..., 32*j:32*j+32]
+        q[..., 64*j:64*j+32] = c & 15
+        q[..., 64*j+32:64*j+64] = c >> 4
+    return d, dmin, sc, mn, q
+
+def repack_q4_k(w, a):
+    """llama.cpp's CPU_REPACK q4_K_8x8: rows in groups of 4 through the gemm (one fma per pair of
+    sub-blocks), the remaining rows through the gemv (one fma per block)."""
+    wd, wdm, sc, mn, q = dec_q4_k(w)
+    ad, aq, bs = dec_q8_k(a)
+    M, N, nb = aq.shape[0], q.shape[0], q.shape[1]
+    out = np.empty((M, N), f32)
+    mg = M - M % 4
+    for n0 in range(0, N, 1024):
+        qq = q[n0:n0+1024]
+        s_ = sc[n0:n0+1024]
+        m_ = mn[n0:n0+1024]
+        nn = qq.shape[0]
+        acc = np.zeros((M, nn), f32)
+        accm = np.zeros((M, nn), f32)
+        for b in range(nb):
+            dots = (qq[None, :, b, :] * aq[:, None, b, :]).reshape(M, nn, 8, 32).sum(-1)   # (M, nn, 8)
+            isub = dots * s_[None, :, b, :]
+            bsj = bs[:, b, :].reshape(M, 8, 2).sum(-1)          # (M, 8)
+            msub = m_[None, :, b, :] * bsj[:, None, :]
+            dA = (wd[n0:n0+nn, b][None] * ad[:, None, b]).astype(f32)
+            dM = (wdm[n0:n0+nn, b][None] * ad[:, None, b]).astype(f32)
+            # gemm rows: per pair of sub-blocks
+            if mg:
+                for sb in range(4):
+                    i2 = isub[:mg, :, 2*sb] + isub[:mg, :, 2*sb+1]
+                    m2 = msub[:mg, :, 2*sb] + msub[:mg, :, 2*sb+1]
+                    acc[:mg] = fma(i2.astype(np.int32).astype(f32), dA[:mg], acc[:mg])
+                    accm[:mg] = fma(m2.astype(np.int32).astype(f32), dM[:mg], accm[:mg])
+            if mg < M:
+                acc[mg:] = fma(isub[mg:].sum(-1).astype(np.int32).astype(f32), dA[mg:], acc[mg:])
+                accm[mg:] = fma(msub[mg:].sum(-1).astype(np.int32).astype(f32), dM[mg:], accm[mg:])
+        out[:, n0:n0+nn] = (acc - accm).astype(f32)
+    return out
+
+def mul_mat(wtype, wraw, x):
+    """wraw (N, row_bytes) uint8, x (M, K) f32 -> (M, N)."""
+    name = wtype
+    if name in ('Q8_0', 'Q5_0'):
+        a = quantize_q8_0_cpu(np.ascontiguousarray(x))
+        ad, aq = dec_act_q8_0(a)
+        wd, wq = dec_q8_0(wraw) if name == 'Q8_0' else dec_q5_0(wraw)
+        return tinyblas_q0(wd, wq, ad, aq)
+    a = quantize_q8_k(np.ascontiguousarray(x)).reshape(x.shape[0], -1)
+    if name == 'Q6_K':
+        return tiled_q6_k(wraw, a) if x.shape[0] >= 8 else vecdot_q6_k(wraw, a)
+    if name == 'Q4_K':
+        return repack_q4_k(wraw, a)
+    raise NotImplementedError(name)
+
+
+# -- rope and gelu ---------------------------------------------------------------------------------
+def _libm():
+    name = ctypes.util.find_library("m")
+    lib = ctypes.CDLL(name) if name else None
+    if lib is None or not hasattr(lib, "cosf"):
+        return None
+    for fn in ("cosf", "sinf"):
+        getattr(lib, fn).restype = ctypes.c_float
+        getattr(lib, fn).argtypes = [ctypes.c_float]
+    return lib
+
+
+LIBM = _libm()
+
+
+def rope_cache(pos, ne0, n_dims, freq_base, freq_scale, attn_factor):
+    """ggml_rope_cache_init (ext_factor 0): theta *= theta_scale in float32, the C library's cosf/sinf."""
+    ts = f32(freq_base) ** (f32(-2.0) / f32(n_dims))
+    cos = np.empty((len(pos), ne0 // 2), f32)
+    sin = np.empty_like(cos)
+    for r, p in enumerate(pos):
+        th = f32(p)
+        for i in range(ne0 // 2):
+            t = float(f32(f32(freq_scale) * th))
+            cos[r, i] = f32(LIBM.cosf(t)) * f32(attn_factor)
+            sin[r, i] = f32(LIBM.sinf(t)) * f32(attn_factor)
+            th = f32(th * ts)
+    return cos, sin
+
+
+def gelu_table():
+    """GGML's fp16 gelu table with 1 + GELU_COEF_A*x*x contracted to an FMA, as GCC compiles it."""
+    s, a = f32(0.79788456080286535587989211986876), f32(0.044715)
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(f32)
+    with np.errstate(all="ignore"):
+        inner = (s * h) * fma(a * h, h, f32(1))
+        t = np.tanh(inner.astype(f64)).astype(f32)
+        return ((f32(0.5) * h) * (f32(1) + t)).astype(np.float16).astype(f32)
+
+
+# -- the kernels, patched into ggtool's registry ----------------------------------------------------
+def _mul_mat(orig):
+    def forward(node, ith, nth, work):
+        a, b = node.src
+        if a.type == T.F32 and b.type == T.F32:
+            if ith:
+                return
+            r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
+            sgemm = b.is_contiguous() and b.ne[1] >= 2 and a.ne[1] % 4 == 0
+            for i13 in range(b.ne[3]):
+                for i12 in range(b.ne[2]):
+                    A = np.ascontiguousarray(a.data[i13 // r3, i12 // r2])
+                    B = np.ascontiguousarray(b.data[i13, i12])
+                    node.data[i13, i12] = sgemm_f32(A, B) if sgemm else vec_dot_f32(A, B)
+            return
+        name = T.type_name(a.type).upper()
+        if name not in ("Q8_0", "Q5_0", "Q6_K", "Q4_K") or b.ne[1] < 2 or b.ne[2] * b.ne[3] != 1:
+            return orig(node, ith, nth, work)
+        if ith:
+            return
+        w = a.data.reshape(a.ne[1], -1)
+        x = np.ascontiguousarray(b.data).reshape(-1, b.ne[0])
+        node.data.reshape(-1, node.ne[0])[...] = mul_mat(name, w, x)
+    return forward
+
+
+def _soft_max(node, ith, nth, work):
+    if ith:
+        return
+    a = node.src[0]
+    mask = node.src[1] if len(node.src) > 1 else None
+    w = (a.data.reshape(-1, a.ne[0]) * f32(node.param_f32(0))).astype(f32)
+    if mask is not None:
+        m = mask.data.reshape(-1)[: mask.ne[0] * mask.ne[1]].reshape(-1, a.ne[0])
+        w = (w + m[np.arange(len(w)) % a.ne[1]]).astype(f32)
+    node.data.reshape(-1, a.ne[0])[...] = soft_max_rows(w)
+
+
+def _rope(node, ith, nth, work):
+    if ith:
+        return
+    a, pos = node.src[0], node.src[1]
+    n_dims, mode = int(node.op_params[1]), int(node.op_params[2])
+    ne0, ne1, ne2, ne3 = a.ne
+    x = np.ascontiguousarray(a.data).reshape(ne3, ne2, ne1, ne0)
+    cos, sin = rope_cache(pos.data.reshape(-1), ne0, n_dims, *(node.param_f32(i) for i in (5, 6, 8)))
+    half = n_dims // 2
+    c, s = cos[None, :, None, :half], sin[None, :, None, :half]
+    j0, j1 = (slice(0, half), slice(half, n_dims)) if mode == 2 else (slice(0, n_dims, 2), slice(1, n_dims, 2))
+    y = x.copy()
+    x0, x1 = x[..., j0], x[..., j1]
+    y[..., j0] = fma(x0, c, -(x1 * s).astype(f32))
+    y[..., j1] = fma(x0, s, (x1 * c).astype(f32))
+    node.data[...] = y
+
+
+@contextlib.contextmanager
+def llama_cpp_kernels():
+    """ggtool's MUL_MAT, SOFT_MAX and ROPE kernels and gelu table replaced by llama.cpp's x86 numerics
+    (compute with one thread while this is in effect)."""
+    from ggtool.ops import unary
+    from ggtool.ops.base import KERNELS
+
+    saved = {op: KERNELS[op].forward for op in ("MUL_MAT", "SOFT_MAX", "ROPE")}
+    saved_gelu = unary._TABLES.get("gelu")
+    KERNELS["MUL_MAT"].forward = _mul_mat(saved["MUL_MAT"])
+    KERNELS["SOFT_MAX"].forward = _soft_max
+    KERNELS["ROPE"].forward = _rope
+    unary._TABLES["gelu"] = gelu_table()
+    try:
+        yield
+    finally:
+        for op, fn in saved.items():
+            KERNELS[op].forward = fn
+        if saved_gelu is None:
+            unary._TABLES.pop("gelu", None)
+        else:
+            unary._TABLES["gelu"] = saved_gelu
+
+
+def output_logits(hidden, w_raw, ids):
+    """Logits of the rows `ids` (M, k) of a Q8_0 output matrix for the hidden states (M, n_embd):
+    tinyBLAS_Q0 (M >= 2), one output row at a time (outputs do not interact)."""
+    ad, aq = dec_q8_0(quantize_q8_0_cpu(np.ascontiguousarray(hidden, f32)))
+    out = np.empty(ids.shape, f32)
+    for m in range(ids.shape[0]):
+        wd, wq = dec_q8_0(np.ascontiguousarray(w_raw[ids[m]]))
+        out[m] = tinyblas_q0(wd, wq, ad[m:m + 1], aq[m:m + 1])[0]
+    return out
