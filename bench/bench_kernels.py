@@ -108,7 +108,7 @@ def llama(runs: int) -> None:
     """Compute alone on a built graph, best of `runs`, after one warm-up (compiles or loads kernels)."""
     import ggtool
     from ggtool.dsl import build, parse
-    from ggtool.inputs import Inputs, parse_source
+    from ggtool.tensor_io import Inputs, parse_source
 
     z = np.load(ROOT / "tests" / "golden" / "llama" / "stories260K-logits.npz")
     tokens = "i32:[" + ",".join(str(int(t)) for t in z["tokens_1"]) + "]"

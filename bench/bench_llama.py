@@ -137,8 +137,8 @@ def main() -> None:
 
     import ggtool
     from ggtool.dsl import build, parse
-    from ggtool.inputs import Inputs, parse_source
     from ggtool.pool import WorkerPool
+    from ggtool.tensor_io import Inputs, parse_source
 
     z = np.load(GOLDEN)
     tokens, ref = z["tokens_1"], z["logits_1"]

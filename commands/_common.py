@@ -13,7 +13,7 @@ import click
 
 from ggtool.context import Context
 from ggtool.errors import GGToolError
-from ggtool.inputs import Inputs, SourceSyntaxError, parse_tensor_option
+from ggtool.tensor_io import Inputs, SourceSyntaxError, parse_tensor_option
 
 THREADS_ENV = "GGTOOL_THREADS"
 

@@ -9,7 +9,7 @@ import tempfile
 import click
 
 from ggtool.context import Context
-from ggtool.outputs import (
+from ggtool.tensor_io import (
     FORMATS,
     atomic_path,
     format_for_path,

@@ -241,7 +241,7 @@ def _golden_cases():
 @pytest.mark.parametrize("case", _golden_cases(), ids=lambda c: f"{c['program'][:12]}-{c['tensors'][0]}")
 def test_offsets_equal_ggml_gallocr(case, monkeypatch):
     from ggtool.dsl import build, parse
-    from ggtool.inputs import Inputs, parse_tensor_option
+    from ggtool.tensor_io import Inputs, parse_tensor_option
 
     monkeypatch.chdir(ROOT)
     src = case["program"]

@@ -8,8 +8,8 @@ from conftest import STORIES, ok
 
 from ggtool import Context
 from ggtool.dsl import build, parse
-from ggtool.inputs import Inputs, parse_tensor_option
 from ggtool.plan import make_plan
+from ggtool.tensor_io import Inputs, parse_tensor_option
 
 ARGS = ("mul_mat(w, x)", "--tensor", "w=q4_0[64,8]", "--tensor", "x=f32[64,3]")
 

@@ -54,7 +54,7 @@ logits = mul_mat(output.weight, mul(rms_norm(x, eps), output_norm.weight))
 
 
 def gguf_env(path, tokens, drop=()):
-    """A DictEnv over a GGUF file (the CLI's ggtool.inputs does this lazily and memory-mapped)."""
+    """A DictEnv over a GGUF file (the CLI's ggtool.tensor_io does this lazily and memory-mapped)."""
     import gguf
     reader = gguf.GGUFReader(str(path))
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith(("GGUF.", "tokenizer."))}

@@ -120,7 +120,7 @@ class _Overridden:
     """The CLI's Inputs over gemma's header (no data), some metadata keys replaced or removed (None)."""
 
     def __init__(self, gemma, meta, n_tokens=3):
-        from ggtool.inputs import Inputs, parse_source
+        from ggtool.tensor_io import Inputs, parse_source
 
         self.inputs = Inputs([parse_source("tokens", f"i32[{n_tokens}]")], [gemma], read_data=False)
         self.meta, self.read_data = meta, False
@@ -207,7 +207,7 @@ def test_with_llama_cpp_kernels_the_logits_are_llama_cpp_bit_for_bit(gemma, gold
 
     import ggtool
     from ggtool.dsl import build, parse
-    from ggtool.inputs import Inputs, parse_source
+    from ggtool.tensor_io import Inputs, parse_source
 
     if x86.LIBM is None:
         pytest.skip("no C library cosf/sinf to call (llama.cpp's rope cache uses them)")

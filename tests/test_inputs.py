@@ -1,4 +1,4 @@
-"""ggtool.inputs: parsing --tensor sources, reading .npy/JSON/GGUF/stdin, conversions, laziness."""
+"""ggtool.tensor_io: parsing --tensor sources, reading .npy/JSON/GGUF/stdin, conversions, laziness."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ggtool import Context
 from ggtool import types as T
 from ggtool.errors import InputError
 from ggtool.gguf_io import FileStorage
-from ggtool.inputs import Inputs, SourceSyntaxError, convert_array, parse_json_array, parse_source, parse_tensor_option
+from ggtool.tensor_io import Inputs, SourceSyntaxError, convert_array, parse_json_array, parse_source, parse_tensor_option
 
 
 def inputs(*options, gguf_paths=(), stdin=None, read_data=True):

@@ -87,8 +87,8 @@ def test_worker_pool_two_processes():
     """The engine API on a real 2-process WorkerPool: same logits as llama.cpp, twice on one pool."""
     import ggtool
     from ggtool.dsl import build, parse
-    from ggtool.inputs import Inputs, parse_source
     from ggtool.pool import WorkerPool
+    from ggtool.tensor_io import Inputs, parse_source
 
     tokens = np.load(GOLDEN)["tokens_1"]
     inputs = Inputs([parse_source("tokens", tokens_arg(tokens)[len("tokens="):])], [str(STORIES)])
@@ -134,7 +134,7 @@ def _build(meta=None, hide=()):
     """Build the program over stories260K's header (no data), metadata overridden, tensors hidden."""
     import ggtool
     from ggtool.dsl import build, parse
-    from ggtool.inputs import Inputs, parse_source
+    from ggtool.tensor_io import Inputs, parse_source
 
     inputs = Inputs([parse_source("tokens", "i32[3]")], [str(STORIES)], read_data=False)
     return build(parse(PROGRAM.read_text(), str(PROGRAM)), ggtool.Context(), _Overridden(inputs, meta or {}, hide))
@@ -161,7 +161,7 @@ def test_rope_follows_the_metadata():
 @pytest.fixture
 def no_data_reads(monkeypatch):
     """Make any read of tensor data (a memory-mapped GGUF tensor, or a converted one) an error."""
-    from ggtool.inputs import Inputs
+    from ggtool.tensor_io import Inputs
 
     def boom(*_):
         raise AssertionError("tensor data was read")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .. import quant as Q
 from ..errors import GGToolError
-from ..outputs import atomic_path
+from ..tensor_io import atomic_path
 from .convert import (
     _convert_rows,
     _copy_tensor,

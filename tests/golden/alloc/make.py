@@ -18,8 +18,8 @@ import sys
 
 from ggtool import Context
 from ggtool.dsl import build, parse
-from ggtool.inputs import Inputs, parse_tensor_option
 from ggtool.tensor import FLAG_OUTPUT
+from ggtool.tensor_io import Inputs, parse_tensor_option
 
 CASES = [
     {"program": "@tests/golden/alloc/llama.gg", "gguf": ["fixtures/stories260K.gguf"], "tensors": ["tokens=i32[1]"], "outputs": []},

@@ -4,7 +4,7 @@ Every `--tensor NAME=SOURCE` is parsed and checked up front (a typo or a bad fil
 before anything runs), but a tensor is only created, and its data only read, when a program uses
 its name: `Inputs.tensor(name, ctx)` is what the DSL calls. So `--gguf model.gguf` costs one
 header parse however large the model is. The source syntax and the array readers live in
-`ggtool.sources`; their names are re-exported here.
+`ggtool.tensor_io.sources`; their names are re-exported here.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import types as T
-from .context import Context
-from .errors import GGToolError, InputError, QuantizationError
-from .gguf_io import GGUFFile, TensorInfo, open_gguf
+from .. import types as T
+from ..context import Context
+from ..errors import GGToolError, InputError, QuantizationError
+from ..gguf_io import GGUFFile, TensorInfo, open_gguf
+from ..tensor import Tensor
 from .sources import (
     NPY_MAGIC,
     TARGET_TYPES,
@@ -33,7 +34,6 @@ from .sources import (
     parse_tensor_option,
     read_npy_header,
 )
-from .tensor import Tensor
 
 __all__ = [
     "MMAP_TYPES", "NO_DATA", "NPY_MAGIC", "PLAIN_GGUF_TYPES", "TARGET_TYPES", "Inputs", "Source", "SourceSyntaxError",
@@ -266,7 +266,7 @@ class Inputs:
         info = p.info
         raw = np.asarray(p.gguf.array(info.name))
         if info.type not in PLAIN_GGUF_TYPES:
-            from .quant import dequantize  # compiled where ggtool has a kernel, else gguf-py's
+            from ..quant import dequantize  # compiled where ggtool has a kernel, else gguf-py's
             try:
                 raw = dequantize(raw, info.type)
             except QuantizationError as e:

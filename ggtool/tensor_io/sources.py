@@ -3,7 +3,7 @@
 This is the part of the command-line inputs that needs no context, tensor or GGUF file: it parses a
 source as written (`SourceSyntaxError` for anything malformed), reads JSON and .npy headers with
 messages that point at the bad element, and converts arrays to a tensor type without silent loss.
-`ggtool.inputs` builds the DSL's environment on top of it.
+`ggtool.tensor_io.inputs` builds the DSL's environment on top of it.
 
 numpy shape `(d3, d2, d1, d0)` is GGML `ne = [d0, d1, d2, d3]`: a (2, 3) array has 2 rows of
 3 elements, `ne = [3, 2]`. Shape-only sources (`f32[3,2]`) are written in GGML order.
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import types as T
-from .errors import GGToolError, InputError
-from .tensor import MAX_DIMS
+from .. import types as T
+from ..errors import GGToolError, InputError
+from ..tensor import MAX_DIMS
 
 NPY_MAGIC = b"\x93NUMPY"
 

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from . import types as T
-from .errors import GGToolError
-from .tensor import Tensor
+from .. import types as T
+from ..errors import GGToolError
+from ..tensor import Tensor
 
 FORMATS = ("json", "npy", "gguf")
 GGUF_ARCH = "ggtool"
@@ -148,21 +148,28 @@ def atomic_path(path: str) -> Iterator[str]:
     """A temporary file beside `path`, moved over it only if the block succeeds (else removed).
 
     So a failed or interrupted write never leaves a half-written file, and never clobbers the old one.
+    Making the temporary file and knowing its name hold SIGINT, SIGTERM and SIGHUP until both are
+    done, so that a signal cannot leave a temporary file nobody will remove.
     """
+    from ..shm import signals_held
+
     target = os.path.abspath(path)
     directory = os.path.dirname(target)
+    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise GGToolError(f"cannot write {path}: {e.strerror or e}") from None
-    os.close(fd)
-    try:
+        with signals_held():
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
+            except OSError as e:
+                raise GGToolError(f"cannot write {path}: {e.strerror or e}") from None
+            os.close(fd)
         yield tmp
         os.chmod(tmp, _new_file_mode(target))
-        os.replace(tmp, target)
+        os.replace(tmp, target)   # a signal before it leaves the old file, one after it the new
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
 
 
