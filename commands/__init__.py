@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib
+import io
 import os
 import select
 import signal
@@ -257,8 +258,22 @@ SUBCOMMANDS = (
 )
 
 
+def buffered_stdout() -> None:
+    """Under PYTHONUNBUFFERED (or -u) stdout's byte layer is a raw file, whose write may write
+    less than asked when the reader leaves mid-write, and TextIOWrapper ignores the count: the
+    output would end short with exit 0. Give it a buffered layer, which writes all or raises
+    (EPIPE: exit 141); text still goes through at once (write_through)."""
+    out = sys.stdout
+    raw = getattr(out, "buffer", None)
+    if isinstance(out, io.TextIOWrapper) and isinstance(raw, io.RawIOBase):
+        out.flush()
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=out.encoding, errors=out.errors,
+                                      line_buffering=out.line_buffering, write_through=True)
+
+
 def main() -> None:
     install_signal_handlers()
+    buffered_stdout()
     try:
         cli.main(prog_name="ggtool")
     finally:

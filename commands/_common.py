@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import threading
@@ -236,7 +237,17 @@ class _ByteWriter:
         self._stream = stream
 
     def write(self, data) -> int:
-        return self._stream.write(data)
+        # A raw stream (stdout under PYTHONUNBUFFERED or -u) may write less than asked: a pipe
+        # whose reader left mid-write. Write the rest, so that the next write reports EPIPE
+        # instead of the output being cut short in silence.
+        view = memoryview(data).cast("B")
+        total = len(view)
+        while view:
+            n = self._stream.write(view)
+            if n is None:   # pragma: no cover (a non-blocking stdout that would block)
+                raise BlockingIOError(errno.EAGAIN, "stdout would block")
+            view = view[n:]
+        return total
 
     def flush(self) -> None:
         self._stream.flush()

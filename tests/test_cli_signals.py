@@ -217,6 +217,45 @@ def test_every_command_ends_quietly_on_a_closed_stdout(args):
     assert_nothing_left(p.pid)
 
 
+class _ShortWriter:
+    """A raw stream that takes at most `step` bytes per write, as a pipe does when its reader
+    leaves mid-write (and as stdout's raw layer under PYTHONUNBUFFERED passes on)."""
+
+    def __init__(self, step: int):
+        self.step, self.data = step, bytearray()
+
+    def write(self, b) -> int:
+        n = min(self.step, len(b))
+        self.data += bytes(b[:n])
+        return n
+
+    def flush(self) -> None:
+        pass
+
+
+def test_binary_stdout_writes_the_rest_of_a_short_write():
+    """A short write is followed by another for the rest (which, on a pipe whose reader left,
+    raises EPIPE): never a .npy cut short with exit 0."""
+    from ggtool.commands._common import _ByteWriter
+
+    raw = _ShortWriter(1000)
+    data = bytes(range(256)) * 40
+    assert _ByteWriter(raw).write(data) == len(data)
+    assert bytes(raw.data) == data
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_stdout_is_buffered_under_pythonunbuffered(unbuffered):
+    """PYTHONUNBUFFERED gives stdout a raw byte layer whose short writes TextIOWrapper ignores;
+    the command line puts a buffered one under it (writes all or raises), text still written through."""
+    code = ("import sys; from ggtool.commands import buffered_stdout; buffered_stdout(); "
+            "print(type(sys.stdout.buffer).__name__, sys.stdout.write_through)")
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split()[0] == "BufferedWriter"
+    assert out.split()[1] == ("True" if unbuffered else "False")
+
+
 def test_closed_stderr_while_the_pool_starts():
     """`-v` reports each load on stderr while the workers start: a closed stderr ends it there,
     with no worker and no segment left."""
