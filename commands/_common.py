@@ -34,13 +34,15 @@ Tensor sources (--tensor NAME=SOURCE, repeatable):
   model.gguf:TENSOR      one tensor of a GGUF file
   -                      stdin: a .npy stream or JSON (detected); one input at most
   f32[4,3]               a shape only (GGML order ne0,ne1,...), zero-filled
-  i32:[1,2,3]            a type prefix converts on load: f32 f16 i32 q4_0 q8_0
+  i32:[1,2,3]            a type prefix converts on load: f32 f16 bf16 i32 q4_0 q8_0
   q4_0:model.gguf:TENSOR   (also f16:w.npy, ...)
 
 --gguf FILE makes every tensor of FILE available under its own name (memory-mapped, read only
 if the program uses it). A --tensor name shadows a --gguf tensor; a name found in two --gguf
-files is an error when used. GGUF tensors of types f32, f16, i32, q4_0 and q8_0 are used in
-place; other types (q4_K, q6_K, bf16, ...) are dequantized to f32 when needed."""
+files is an error when used. GGUF tensors are used in place, as their own type (f32, f16, i32,
+bf16 and the block types mul_mat multiplies: q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K); a type ggtool
+does not compute with (iq*, ...) is an error unless a prefix asks for the conversion
+(f32:model.gguf:TENSOR)."""
 
 
 # -- options ----------------------------------------------------------------------------------------

@@ -169,7 +169,8 @@ class Tensor:
 
     @property
     def data(self) -> np.ndarray:
-        """Zero-copy numpy view honouring nb. Quantized types: raw row bytes (ne3, ne2, ne1, row)."""
+        """Zero-copy numpy view honouring nb. Quantized types: raw row bytes (ne3, ne2, ne1, row);
+        BF16: the uint16 bits of its values."""
         if self.data_offset is None:
             raise GGToolError(f"tensor '{self.name}' has no data (no_alloc context)")
         buf = self._buffer()
@@ -191,18 +192,26 @@ class Tensor:
                           strides=self.nb[::-1])
 
     def numpy(self) -> np.ndarray:
-        """A packed copy of the logical contents (f32 for quantized tensors, dequantized)."""
+        """A packed copy of the logical contents (f32 for quantized and bf16 tensors, dequantized)."""
+        if self.type == T.BF16:
+            from .quant import bf16_to_fp32
+            return bf16_to_fp32(self.data)
         if T.is_quantized(self.type):
             from .quant import dequantize
             return dequantize(np.ascontiguousarray(self.data), self.type).reshape(self.shape)
         return np.array(self.data, copy=True)
 
     def set_data(self, values) -> Tensor:
-        """Copy numpy data (shape (ne3..ne0) or anything with nelements values) into the tensor."""
+        """Copy numpy data (shape (ne3..ne0) or anything with nelements values) into the tensor.
+        Quantized types take raw row bytes. BF16 takes its bits (uint16, or their bytes as uint8)
+        or values of any other dtype, converted as GGML_FP32_TO_BF16 does."""
         arr = np.asarray(values)
         dst = self.data
         if T.is_quantized(self.type):
             arr = arr.astype(np.uint8, copy=False)
+        elif self.type == T.BF16:
+            from .quant import bf16
+            arr = bf16.bf16_bits(arr) if arr.dtype in (np.uint8, np.uint16) else bf16.fp32_to_bf16(arr)
         if arr.size != dst.size:
             raise GGToolError(f"tensor '{self.name}' holds {dst.size} values, got {arr.size}")
         dst[...] = arr.reshape(dst.shape)

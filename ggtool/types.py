@@ -11,6 +11,7 @@ from .errors import GGToolError
 GGMLType = GGMLQuantizationType
 
 F32, F16, Q4_0, Q8_0, I32 = GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.I32
+BF16 = GGMLType.BF16
 
 # numpy dtype of one element for the unquantized types
 _NP_DTYPES = {
@@ -32,10 +33,11 @@ _KQUANTS = {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType
             GGMLType.IQ2_S, GGMLType.IQ4_XS, GGMLType.IQ1_M, GGMLType.TQ1_0, GGMLType.TQ2_0}
 
 # The types ggtool computes with; the rest can be read from GGUF and converted on load.
-COMPUTE_TYPES = (F32, F16, I32, Q4_0, Q8_0)
-# block types mul_mat multiplies as they are (ggtool.kernels.dot registers a compiled dot for each)
+COMPUTE_TYPES = (F32, F16, BF16, I32, Q4_0, Q8_0)
+# weight types mul_mat multiplies as they are, with a compiled dot each (ggtool.kernels.dot
+# registers them: the block types' integer dots, and BF16's in ggtool.kernels.dot_bf16)
 DOT_TYPES = (Q4_0, Q8_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K,
-             GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+             GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, BF16)
 
 
 def type_name(t: GGMLType) -> str:
@@ -85,7 +87,10 @@ def row_size(t: GGMLType, n: int) -> int:
 
 
 def np_dtype(t: GGMLType) -> np.dtype:
-    """numpy dtype of one element; quantized types are viewed as raw bytes (uint8)."""
+    """numpy dtype of one element; BF16 (no numpy dtype) as its uint16 bits; quantized types are
+    viewed as raw bytes (uint8)."""
+    if t == BF16:
+        return np.dtype(np.uint16)
     return _NP_DTYPES.get(t, np.dtype(np.uint8))
 
 

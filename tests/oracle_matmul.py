@@ -1,5 +1,6 @@
 """The test oracle of ggtool.kernels.dot: GGML's scalar Q4_0/Q8_0 x Q8_0 dot product in plain numpy
-(per block: exact integer sum, then (sumi * d_w) * d_a added in block order, float32)."""
+(per block: exact integer sum, then (sumi * d_w) * d_a added in block order, float32), and its
+scalar BF16 x BF16 dot (``mul_mat_bf16``: float32 products summed in double, in order)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,18 @@ def dequantize_q8_k(raw) -> np.ndarray:
     b = np.asarray(raw, np.uint8).reshape(-1, 292)
     d = b[:, 0:4].copy().view(np.float32)
     return (b[:, 4:260].view(np.int8).astype(np.float64) * d).reshape(np.asarray(raw).shape[0], -1)
+
+
+def mul_mat_bf16(w_bits, act_bits) -> np.ndarray:
+    """GGML's scalar ggml_vec_dot_bf16 in plain numpy: out[m, n] = (float) of the double sum, in k
+    order from +0.0, of the float32 products of weight row n and activation row m (bf16 bits,
+    widened exactly). np.cumsum adds in order (np.sum would add pairwise)."""
+    w = (np.atleast_2d(w_bits).astype(np.uint32) << 16).view(np.float32)                # (N, K)
+    a = (np.atleast_2d(act_bits).astype(np.uint32) << 16).view(np.float32)              # (M, K)
+    out = np.empty((a.shape[0], w.shape[0]), np.float32)
+    for m in range(a.shape[0]):
+        prods = np.zeros((w.shape[0], w.shape[1] + 1))                                 # sumf = 0 first
+        with np.errstate(all="ignore"):                                                # inf, NaN are values
+            prods[:, 1:] = w * a[m]                                                    # float32 products
+            out[m] = np.cumsum(prods, axis=1)[:, -1].astype(np.float32)
+    return out

@@ -259,19 +259,18 @@ def test_missing_gguf_tensor_suggests():
 
 
 
-def test_gguf_types_with_a_kernel_load_as_themselves_the_others_as_f32(tmp_path):
+def test_gguf_types_with_a_kernel_load_as_themselves(tmp_path):
     x = np.linspace(-1, 1, 2 * 256, dtype=np.float32).reshape(2, 256)
     path = tmp_path / "q.gguf"
     write_gguf(path, {"bf": (gguf.quants.quantize(x, T.GGMLType.BF16), T.GGMLType.BF16),
                       "q5": (gguf.quants.quantize(x, T.GGMLType.Q5_0), T.GGMLType.Q5_0),
                       "q41": (gguf.quants.quantize(x, T.GGMLType.Q4_1), T.GGMLType.Q4_1)})
     env = inputs(gguf_paths=[path])
-    for name, tol, want in (("bf", 0.01, T.F32), ("q5", 0.05, T.GGMLType.Q5_0), ("q41", 0.1, T.GGMLType.Q4_1)):
+    for name, tol, want in (("bf", 0.01, T.GGMLType.BF16), ("q5", 0.05, T.GGMLType.Q5_0), ("q41", 0.1, T.GGMLType.Q4_1)):
         t = env.tensor(name, Context())
         assert t.type == want and t.ne == (256, 2, 1, 1)
-        if want != T.F32:                                   # memory-mapped: GGML's row size and strides
-            b = T.type_size(want)
-            assert t.storage is not None and t.nb == (b, b * 8, b * 16, b * 16)
+        row = T.row_size(want, 256)                         # memory-mapped: GGML's row size and strides
+        assert t.storage is not None and t.nb == (T.type_size(want), row, 2 * row, 2 * row)
         np.testing.assert_allclose(t.numpy().reshape(2, 256), x, atol=tol)
 
 
@@ -292,3 +291,31 @@ def test_read_data_false_reads_nothing(tmp_path, npy, monkeypatch):
     for name, ne, type_ in (("x", (2, 3, 1, 1), T.F32), ("e", (64, 512, 1, 1), T.F32), ("q5", (64, 2, 1, 1), T.GGMLType.Q5_0)):
         t = env.tensor(name, ctx)
         assert (t.ne, t.type) == (ne, type_)
+
+
+def test_a_gguf_type_ggtool_does_not_compute_is_refused_unless_converted_on_request(tmp_path):
+    """Never a silent conversion: an iq4_nl, f64 or i8 tensor is an error naming the tensor and its
+    type (with the prefix that asks for the conversion); with that prefix it loads converted."""
+    rng = np.random.default_rng(0)
+    iq = rng.integers(0, 256, size=(2, 2 * 18), dtype=np.uint8)   # 2 rows of 2 iq4_nl blocks (18 bytes, 32 values)
+    iq[:, 0:2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)  # each block's scale: a finite f16
+    iq[:, 18:20] = np.frombuffer(np.float16(0.25).tobytes(), np.uint8)
+    path = tmp_path / "other.gguf"
+    write_gguf(path, {"iq": (iq, T.GGMLType.IQ4_NL), "wide": np.arange(4, dtype=np.float64),
+                      "small": np.arange(4, dtype=np.int8)})
+    env = inputs(gguf_paths=[path])
+    for name, type_name, target in (("iq", "iq4_nl", "f32"), ("wide", "f64", "f32"), ("small", "i8", "i32")):
+        with pytest.raises(InputError) as e:
+            env.tensor(name, Context())
+        assert str(e.value) == (f"--gguf {path}: tensor '{name}' is {type_name}, a type ggtool does not compute "
+                                f"with; to use it converted to {target}, say so: --tensor {name}={target}:{path}:{name}")
+    with pytest.raises(InputError, match=rf"^--tensor x: {path}:iq is iq4_nl, a type ggtool does not compute with"):
+        inputs(f"x={path}:iq")
+    env = inputs(f"iq=f32:{path}:iq", f"wide=f32:{path}:wide", f"small=i32:{path}:small")
+    t = env.tensor("iq", Context())
+    assert (t.type, t.ne) == (T.F32, (64, 2, 1, 1))
+    want = gguf.quants.dequantize(iq, T.GGMLType.IQ4_NL)
+    np.testing.assert_array_equal(t.numpy().reshape(2, 64), want)
+    np.testing.assert_array_equal(env.tensor("wide", Context()).numpy().ravel(), np.arange(4, dtype=np.float32))
+    t = env.tensor("small", Context())
+    assert t.type == T.I32 and t.numpy().ravel().tolist() == [0, 1, 2, 3]

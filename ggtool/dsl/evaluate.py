@@ -460,8 +460,10 @@ class Evaluator:
             raise self.error(str(exc), c) from exc
         except Exception as exc:  # a builder tripping over a value of the wrong kind
             got = ", ".join([describe(v) for v in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()])
-            raise self.error(f"{c.func}() can't use these arguments ({got}): {type(exc).__name__}: {exc}; "
-                             f"expected {f.signature}", c) from exc
+            # a value of the wrong kind trips the builder over an attribute or an operator: the
+            # arguments and the signature say what is wrong; the builder's own words would not
+            why = "" if isinstance(exc, (AttributeError, TypeError)) else f": {type(exc).__name__}: {exc}"
+            raise self.error(f"{c.func}() can't use these arguments ({got}){why}; expected {f.signature}", c) from exc
         if not isinstance(t, Tensor):
             raise self.error(f"op {c.func} returned {describe(t)}, not a tensor", c)
         return t

@@ -295,4 +295,4 @@ register(T.GGMLType.Q5_0, 22, _pack_q5_0, _dot_q8_0)
 register(T.GGMLType.Q4_1, 20, _pack_q4_1, _dot_q8_1)
 register(T.GGMLType.Q5_1, 24, _pack_q5_1, _dot_q8_1)
 
-from . import dot_k  # noqa: E402,F401 - the K-quant dots register themselves
+from . import dot_bf16, dot_k  # noqa: E402,F401 - the BF16 and K-quant dots register themselves

@@ -5,7 +5,8 @@ One kernel serves DUP, CPY and CONT, like ggml_compute_forward_dup. The path fol
 - same type otherwise: src dim-1 rows in blocks (for each i02, i03); when ne0 and element strides
   agree, GGML copies row (i01, i02, i03) to the SAME indices of dst even if dims 1..3 differ
   (its "copy by rows" shortcut), which this reproduces as long as it stays inside dst;
-- F32/F16 source: converted (F16 round-to-nearest-even, Q4_0/Q8_0 by the CPU from_float);
+- F32/F16/BF16 source: converted through f32 (F16 and BF16 round to nearest even, BF16 as
+  GGML_FP32_TO_BF16; Q4_0/Q8_0 by the CPU from_float), as GGML's dup_flt / dup_to_q do;
 - Q4_0/Q8_0 source into F32 (cpy only): dequantized in blocks of 32 elements.
 Elements land at the destination positions with the same linear (logical) index.
 """
@@ -54,7 +55,11 @@ def _convert(node, src, ith, nth) -> None:
     r0, r1 = row_block(src.ne[1], ith, nth)
     if r0 >= r1:
         return
-    values = src.data[:, :, r0:r1].astype(np.float32)
+    if src.type == T.BF16:
+        from ..quant import bf16_to_fp32
+        values = bf16_to_fp32(src.data[:, :, r0:r1])
+    else:
+        values = src.data[:, :, r0:r1].astype(np.float32)
     if not T.is_quantized(node.type):
         write_linear(node, src.shape, cpu_from_float(values, node.type), slice(r0, r1))
         return
@@ -90,7 +95,7 @@ def _forward_dup(node, ith, nth, work):
     require(src.nelements == node.nelements, node.op.lower(), "element counts differ")
     if src.type == node.type:
         _same_type(node, src, ith, nth)
-    elif src.type in (T.F32, T.F16):
+    elif src.type in (T.F32, T.F16, T.BF16):
         _convert(node, src, ith, nth)
     elif src.type in (T.Q4_0, T.Q8_0) and node.type == T.F32:
         _dequantize(node, src, ith, nth)
@@ -99,8 +104,11 @@ def _forward_dup(node, ith, nth, work):
 
 
 def _copy_work(node, n_tasks: int) -> int:
-    """A float row per thread when the destination is quantized (spec 8.2)."""
-    return 4 * node.ne[0] * n_tasks if T.is_quantized(node.type) else 0
+    """A float row per thread when the destination is quantized (spec 8.2), or when cpy goes
+    between f16 and bf16 (through f32: ggml_graph_plan's rule, which looks at cpy's b, so not dup)."""
+    b = node.src[1] if len(node.src) > 1 else None
+    through_f32 = b is not None and {node.src[0].type, b.type} == {T.F16, T.BF16}
+    return 4 * node.ne[0] * n_tasks if T.is_quantized(node.type) or through_f32 else 0
 
 
 kernel("DUP", n_tasks=ALL, work_size=_copy_work)(_forward_dup)

@@ -3,7 +3,8 @@
 With C-order arrays A (M, K) and B (N, K) the result is B @ A.T. Dims 2/3 broadcast by block
 repeat: b-matrix (i12, i13) uses a-matrix (i12 // r2, i13 // r3).
 
-When b's type is not vec_dot_type(a) (Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F16 for F16), every
+When b's type is not vec_dot_type(a) (Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F16 for F16,
+BF16 for BF16), every
 thread first converts its interleaved b rows into the work buffer (packed rows at
 i13*nbw3 + i12*nbw2 + i11*nbw1), then all threads meet at the barrier. The output is then cut
 into tiles that depend on the shapes only (see TILE_ROWS); each thread takes a contiguous run
@@ -47,6 +48,8 @@ def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
     if x.size:
         if vdt == T.F16:
             conv = quant.fp32_to_fp16(np.ascontiguousarray(x)).view(np.uint8)
+        elif vdt == T.BF16:    # the CPU from_float: GGML_FP32_TO_BF16 per value
+            conv = quant.fp32_to_bf16(x).view(np.uint8)
         elif vdt == T.GGMLType.Q8_K:
             conv = quant.quantize_q8_k(np.ascontiguousarray(x).reshape(-1, ne10))
         elif vdt == T.GGMLType.Q8_1:

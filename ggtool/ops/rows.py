@@ -29,11 +29,13 @@ def forward_get_rows(node, ith, nth, work):
     src = a.data[i12, i11, rows]                  # (n, ne0) elements, or (n, row_bytes) for quantized
     if T.is_quantized(a.type):
         src = quant.dequantize(np.ascontiguousarray(src), a.type)
+    elif a.type == T.BF16:                        # GGML's to_float: the bits widened, exact
+        src = quant.bf16_to_fp32(src)
     node.data[i12, i11, i10] = src
 
 
 @function("get_rows", "ggml_get_rows(ctx, a, b)",
-          "rows of a picked by the I32 indices in b (F32 result; I32 a stays I32; f16 and block types are dequantized)")
+          "rows of a picked by the I32 indices in b (F32 result; I32 a stays I32; f16, bf16 and block types are dequantized)")
 def get_rows(ctx, a, b):
     check(a.ne[2] == b.ne[1], "get_rows", f"a '{a.name}' {fmt_ne(a)}: ne2 must equal b's ne1 (b '{b.name}' {fmt_ne(b)})")
     check(b.ne[3] == 1, "get_rows", f"indices b '{b.name}' {fmt_ne(b)} must have ne3 == 1")
@@ -49,7 +51,7 @@ def forward_repeat(node, ith, nth, work):
     if ith != 0:
         return
     a = node.src[0]
-    require_type(a, "repeat", (T.F32, T.I32, T.F16, T.GGMLType.I16))
+    require_type(a, "repeat", (T.F32, T.I32, T.F16, T.BF16, T.GGMLType.I16))
     size = T.type_size(a.type)
     require(a.nb[0] == size and node.nb[0] == size, "repeat", "a and the result need packed rows (nb0 == type size)")
     reps = [n // m for n, m in zip(node.shape, a.shape)]

@@ -100,14 +100,16 @@ def write_linear(dst: Tensor, src_shape, values: np.ndarray, row_sel: slice) -> 
 
 
 def cpu_from_float(x: np.ndarray, dst_type) -> np.ndarray:
-    """F32 values (..., n) -> dst_type elements (F32/F16) or row bytes (Q4_0/Q8_0), as the CPU
-    backend's from_float does it (cpy, add into quantized tensors)."""
+    """F32 values (..., n) -> dst_type elements (F32/F16, BF16 as uint16 bits) or row bytes
+    (Q4_0/Q8_0), as the CPU backend's from_float does it (cpy, add into quantized tensors)."""
     from .. import quant
 
     if dst_type == T.F32:
         return x.astype(np.float32, copy=False)
     if dst_type == T.F16:
         return quant.fp32_to_fp16(np.ascontiguousarray(x, dtype=np.float32))
+    if dst_type == T.BF16:
+        return quant.fp32_to_bf16(x)
     rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
     if dst_type == T.Q4_0:
         q = quant.quantize_q4_0(rows)       # the CPU from_float for Q4_0 is the reference quantizer

@@ -1,8 +1,10 @@
-"""GGML's Q4_0 / Q8_0 / F16 arithmetic, byte-exact with the C library.
+"""GGML's Q4_0 / Q8_0 / F16 / BF16 arithmetic, byte-exact with the C library.
 
 Everything is float32 exactly as GGML computes it (spec sections 1-2, golden q4_0/q8_0/f16.npz):
 
 * ``fp32_to_fp16``: round to nearest even, overflow to +-inf, subnormals kept, NaN -> 0x7e00 | sign.
+* ``fp32_to_bf16`` / ``bf16_to_fp32`` (GGML_FP32_TO_BF16): round to nearest even on the bits, NaN
+  made quiet (``(bits >> 16) | 64``); bf16 data is held as uint16 bits (``bf16``).
 * Q4_0 (``quantize_row_q4_0_ref``): the signed value of largest magnitude (first one on ties, and
   +0.0 for a block of +-0.0) gives ``d = max / -8``, ``id = 1/d`` from the unrounded d,
   ``code = min(15, trunc(x*id + 8.5))``, nibbles split-half (element j low, j+16 high).
@@ -16,10 +18,11 @@ processed in cache-sized chunks of blocks, spread over a few threads (the kernel
 Data to quantize that holds NaN or +-inf raises QuantizationError naming the tensor and the first
 bad index in numpy order.
 
-``mul_mat_quantized`` computes GGML's quantized dot products (Q4_0/Q5_0/Q8_0 x Q8_0, K-quants x Q8_K);
+``mul_mat_quantized`` computes GGML's quantized dot products (Q4_0/Q5_0/Q8_0 x Q8_0, K-quants x Q8_K,
+BF16 x BF16);
 its numerics are described in ``ggtool/quant/matmul.py``.
 
-Modules: ``threads`` (worker threads), ``blocks`` (shared block plumbing), ``f16``, ``q4_0``,
+Modules: ``threads`` (worker threads), ``blocks`` (shared block plumbing), ``f16``, ``bf16``, ``q4_0``,
 ``q8_0``, ``kquants`` (native Q5_0/Q4_K/Q6_K dequantizers), ``generic`` (quantize/dequantize/convert
 for any type), ``matmul`` (``mul_mat_quantized``).  This package re-exports the public names.
 """
@@ -27,6 +30,7 @@ for any type), ``matmul`` (``mul_mat_quantized``).  This package re-exports the 
 from __future__ import annotations
 
 from . import threads as _threads_mod
+from .bf16 import bf16_to_fp32, fp32_to_bf16
 from .blocks import CHUNK_BLOCKS, Q4_0_BYTES, Q8_0_BYTES, QK, check_finite  # noqa: F401 (constants, as before)
 from .f16 import fp16_to_fp32, fp32_to_fp16
 from .generic import can_dequantize, can_quantize, convert, dequantize, quantize
@@ -37,6 +41,7 @@ from .q8_0 import dequantize_q8_0, quantize_q8_0, quantize_q8_0_cpu, quantize_q8
 from .threads import get_threads, set_threads
 
 __all__ = [
+    "bf16_to_fp32",
     "can_dequantize",
     "can_quantize",
     "check_finite",
@@ -45,6 +50,7 @@ __all__ = [
     "dequantize_q4_0",
     "dequantize_q8_0",
     "fp16_to_fp32",
+    "fp32_to_bf16",
     "fp32_to_fp16",
     "get_threads",
     "mul_mat_quantized",

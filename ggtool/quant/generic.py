@@ -1,5 +1,5 @@
 """Type-generic entry points: ``quantize`` / ``dequantize`` / ``convert`` between any GGML types,
-dispatching to the native kernels (F16, Q4_0, Q8_0, Q5_0, Q4_K, Q6_K) or to gguf-py, with the
+dispatching to the native kernels (F16, BF16, Q4_0, Q8_0, Q5_0, Q4_K, Q6_K) or to gguf-py, with the
 integer types checked for range and integrality."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import QuantizationError
+from .bf16 import bf16_to_fp32, fp32_to_bf16
 from .blocks import _F32, check_finite
 from .f16 import fp32_to_fp16
 from .kquants import _NATIVE_DQ, _dequantize_native
@@ -23,7 +24,7 @@ def _gguf_quants():
 def can_quantize(t) -> bool:
     """Whether quantize() can produce type t (natively or through gguf-py)."""
     t = T.parse_type(t)
-    if t in (T.F32, T.F16, T.Q4_0, T.Q8_0):
+    if t in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q8_0):
         return True
     gq = _gguf_quants()
     q = gq._type_traits.get(t)
@@ -32,7 +33,7 @@ def can_quantize(t) -> bool:
 
 def can_dequantize(t) -> bool:
     t = T.parse_type(t)
-    if t in T._NP_DTYPES or t in (T.Q4_0, T.Q8_0, T.GGMLType.BF16):
+    if t in T._NP_DTYPES or t in (T.Q4_0, T.Q8_0, T.BF16):
         return True
     return t in _gguf_quants()._type_traits
 
@@ -47,7 +48,8 @@ def _own_methods(cls) -> set[str]:
 
 
 def quantize(x, ggml_type, name: str = "tensor") -> np.ndarray:
-    """x (float values, numpy order) in ggml_type: a typed array for F32/F16/I32, bytes otherwise."""
+    """x (float values, numpy order) in ggml_type: a typed array for F32/F16/I32, bytes otherwise
+    (BF16: the bytes of its uint16 bits, (..., 2n); NaN and inf are values there, as in F16)."""
     t = T.parse_type(ggml_type)
     if t == T.Q4_0:
         return quantize_q4_0(x, name)
@@ -58,6 +60,9 @@ def quantize(x, ggml_type, name: str = "tensor") -> np.ndarray:
         return x.astype(_F32)
     if t == T.F16:
         return fp32_to_fp16(x)
+    if t == T.BF16:
+        bits = fp32_to_bf16(x.reshape(1) if x.ndim == 0 else x)
+        return bits.view(np.uint8)
     if t in T._NP_DTYPES:
         return _to_int(x, t, name)
     if not can_quantize(t):
@@ -86,8 +91,8 @@ def dequantize(raw, ggml_type) -> np.ndarray:
         return raw.astype(_F32)
     if t in _NATIVE_DQ:
         return _dequantize_native(raw, t)
-    if t == T.GGMLType.BF16 and raw.dtype != np.uint8:
-        raw = raw.view(np.uint8)
+    if t == T.BF16:
+        return bf16_to_fp32(raw)
     try:
         out = _gguf_quants().dequantize(np.ascontiguousarray(raw), t)
     except NotImplementedError:
@@ -127,7 +132,7 @@ def convert(array, src_type, dst_type, name: str = "tensor") -> np.ndarray:
     src, dst = T.parse_type(src_type), T.parse_type(dst_type)
     a = np.asarray(array)
     if src == dst:
-        if T.is_quantized(src) or src == T.GGMLType.BF16:
+        if T.is_quantized(src) or src == T.BF16:
             return a if a.dtype == np.uint8 else a.view(np.uint8)
         return a.astype(T.np_dtype(src), copy=False)
     if src in T._NP_DTYPES and dst in T._NP_DTYPES and T.np_dtype(dst).kind in "iu":

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 # Types a GGUF tensor keeps when loaded (memory-mapped, zero-copy, GGML's type, ne, nb and row size):
-# those ggtool computes with, mul_mat's compiled dots included; the rest are dequantized to f32.
+# those ggtool computes with, mul_mat's compiled dots included; the rest only through a type prefix.
 MMAP_TYPES = (T.F32, T.F16, T.I32, *T.DOT_TYPES)
 # GGUF types gguf-py maps as typed numpy arrays; the others are dequantized with gguf.quants.
 PLAIN_GGUF_TYPES = (T.F32, T.F16, T.I32, T.GGMLType.I8, T.GGMLType.I16, T.GGMLType.I64, T.GGMLType.F64)
@@ -145,8 +145,8 @@ class Inputs:
                 raise InputError(f"tensor '{name}' is in {files}; "
                                  f"pick one with --tensor {name}={owners[0].path}:{name}")
             g, info = owners[0], owners[0].tensors[name]
-            p = _Prepared(Source(name, "gguf", path=g.path, tensor=name), _gguf_load_type(info, None), info.ne,
-                          f"--gguf {g.path}: tensor '{name}'", gguf=g, info=info)
+            src, where = Source(name, "gguf", path=g.path, tensor=name), f"--gguf {g.path}: tensor '{name}'"
+            p = _Prepared(src, _gguf_load_type(info, None, src, where), info.ne, where, gguf=g, info=info)
         try:
             t = self._create(p, ctx)
         except InputError:
@@ -227,7 +227,8 @@ class Inputs:
             close = _close_matches(s.tensor, list(g.tensors))
             hint = f"; did you mean {close}?" if close else f" (it has {len(g.tensors)} tensors)"
             raise InputError(f"{where}: {s.path} has no tensor '{s.tensor}'{hint}")
-        return _Prepared(s, _gguf_load_type(info, s.type), info.ne, where, gguf=g, info=info)
+        return _Prepared(s, _gguf_load_type(info, s.type, s, f"{where}: {s.path}:{s.tensor}"), info.ne, where,
+                         gguf=g, info=info)
 
     def _from_array(self, s: Source, arr: np.ndarray, json_source: bool = False) -> _Prepared:
         where = s.where  # at most MAX_DIMS dimensions: parse_json_array and read_npy_header checked
@@ -280,15 +281,18 @@ class Inputs:
             self.on_load(name, what)
 
 
-def _gguf_load_type(info: TensorInfo, prefix: T.GGMLType | None) -> T.GGMLType:
-    """What a GGUF tensor becomes: the prefix, else its own type if ggtool computes with it, else f32."""
+def _gguf_load_type(info: TensorInfo, prefix: T.GGMLType | None, s: Source, where: str) -> T.GGMLType:
+    """What a GGUF tensor becomes: the prefix's type, else its own if ggtool computes with it. Any
+    other type is refused (InputError): a conversion, lossy or not, is the user's to ask for."""
     if prefix is not None:
         return prefix
     if info.type in MMAP_TYPES:
         return info.type
-    if info.type in (T.GGMLType.I8, T.GGMLType.I16, T.GGMLType.I64):
-        return T.I32
-    return T.F32
+    integer = info.type in (T.GGMLType.I8, T.GGMLType.I16, T.GGMLType.I64)
+    target = "i32" if integer else "f32"
+    raise InputError(
+        f"{where} is {T.type_name(info.type)}, a type ggtool does not compute with; to use it converted to "
+        f"{target}, say so: --tensor {s.name}={target}:{s.path}:{s.tensor}")
 
 
 def _strip_path(e: Exception, path: str) -> str:

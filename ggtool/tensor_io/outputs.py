@@ -118,7 +118,8 @@ def write_npy(f, arr: np.ndarray) -> None:
 
 
 def write_gguf(path: str, tensors: list[tuple[str, Tensor]], metadata: dict[str, str] | None = None) -> None:
-    """All `tensors` under their names, in their own types (quantized ones as raw blocks)."""
+    """All `tensors` under their names, in their own types (quantized ones as raw blocks, bf16 as
+    its bits)."""
     from gguf import GGUFWriter
 
     names = [n for n, _ in tensors]
@@ -132,6 +133,9 @@ def write_gguf(path: str, tensors: list[tuple[str, Tensor]], metadata: dict[str,
         for name, t in tensors:
             if T.is_quantized(t.type) and t.is_contiguous():
                 raw = np.ascontiguousarray(t.data).reshape(*t.ne[1: t.n_dims][::-1], -1)
+                w.add_tensor(name, raw, raw_dtype=t.type)
+            elif t.type == T.BF16:    # no numpy dtype: its bits as row bytes, in logical order
+                raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(*t.ne[1: t.n_dims][::-1], -1)
                 w.add_tensor(name, raw, raw_dtype=t.type)
             else:
                 w.add_tensor(name, np.ascontiguousarray(tensor_array(t)))

@@ -239,14 +239,24 @@ def default_type(dtype: np.dtype, where: str) -> T.GGMLType:
 
 
 def convert_array(arr: np.ndarray, type_: T.GGMLType, where: str) -> np.ndarray:
-    """`arr` as the numpy dtype of `type_` (float32 for quantized types), refusing lossy casts.
+    """`arr` as the numpy dtype of `type_` (float32 for quantized types; bf16 as its uint16 bits,
+    rounded as GGML_FP32_TO_BF16 does), refusing lossy casts.
 
     Floats to i32 must be whole and in range; integers to i32 must fit; values that are finite in
-    the source must stay finite (1e40 does not fit in f32, 70000 does not fit in f16).
+    the source must stay finite (1e40 does not fit in f32, 70000 does not fit in f16, 3.4e38 does
+    not fit in bf16, whose largest value is 3.3895e38).
     """
     arr = np.asarray(arr)
     if arr.dtype.kind not in "fiu":
         default_type(arr.dtype, where)  # raises with the right message
+    if type_ == T.BF16:
+        from ..quant.bf16 import bf16_to_fp32, fp32_to_bf16
+        vals = convert_array(arr, T.F32, where)
+        bits = fp32_to_bf16(vals)
+        bad = np.isfinite(vals) & ~np.isfinite(bf16_to_fp32(bits))
+        if bad.any():
+            raise InputError(f"{where}: element {_index(bad)} = {_first(arr, bad)} is too large for bf16")
+        return bits
     dst = np.dtype(np.float32) if T.is_quantized(type_) else T.np_dtype(type_)
     if arr.dtype == dst:
         return arr
