@@ -2,10 +2,11 @@
 here, Q8_K in ``dot_k``), GGML's integer block dot.
 
 Each weight type registers a ``DotKernel``: ``pack`` (rows of GGML blocks -> an interleaved layout
-where ``GROUP`` rows' blocks sit side by side, so the innermost loop runs across rows and
-vectorises; GGML's CPU backend repacks Q4_0 for the same reason) and ``dot`` (packed weights x
-activation rows -> float32). Adding a type is one pack function and one ``register`` call (and a dot
-function if no existing one fits its packed form).
+where the codes of 16 rows sit side by side in groups of ``GROUP`` rows, as ``simd``'s vector tiles
+read them; GGML's CPU backend repacks Q4_0 for the same reason) and ``dot`` (packed weights x
+activation rows -> float32: the activations prepared as ``simd``'s int16 pairs, then per row group
+and block one tile for up to ``simd.MT`` activation rows at a time). Adding a type is one pack
+function and one ``register`` call (and a dot function if no existing one fits its packed form).
 
 Numerics: per block the integer sum ``sumi`` of code products is exact, then the float32 scaling
 is added to the output block after block. For Q4_0 and Q8_0 that is ``(float(sumi) * d_w) * d_a``
@@ -24,12 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import types as T
+from . import simd
 from .jit import njit
 from .tables import F16_TO_F32
 
-GROUP = 128       # weight rows per interleaved group (32 and up vectorise; 128 measured fastest)
+GROUP = simd.GROUP   # weight rows per interleaved group (128)
 Q4_0_BYTES, Q8_0_BYTES, QK = 18, 34, 32
-
 
 
 @dataclass(frozen=True)
@@ -57,28 +58,9 @@ def dot(type_, packed: tuple, act: np.ndarray, out: np.ndarray) -> None:
     DOTS[type_].dot(*packed, np.ascontiguousarray(act), F16_TO_F32, out)
 
 
-# -- shared by the Q8_0-activation types -------------------------------------------------------------
-@njit
-def _q8_0_scales(act, f16, sums):
-    """Per activation row and block: d as float32, and (if sums) the sum of the 32 codes."""
-    M, nb = act.shape[0], act.shape[1] // Q8_0_BYTES
-    d = np.empty((M, nb), np.float32)
-    s = np.zeros((M, nb), np.int32)
-    qa = act.view(np.int8)
-    for m in range(M):
-        for b in range(nb):
-            o = b * Q8_0_BYTES
-            d[m, b] = f16[np.int64(act[m, o]) | (np.int64(act[m, o + 1]) << 8)]
-            if sums:
-                t = 0
-                for k in range(QK):
-                    t += np.int32(qa[m, o + 2 + k])
-                s[m, b] = t
-    return d, s
-
-
-# Indices are unsigned (U): numba wraps negative indices, and that select per lane would turn every
-# contiguous load into a gather; with unsigned indices the row loop vectorises.
+# -- shared by the 32-value block types ------------------------------------------------------------
+# U: unsigned indices for numba loops over rows (dot_bf16): numba wraps negative indices, and that
+# select per lane would turn every contiguous load into a gather.
 U = np.uint64
 
 
@@ -90,10 +72,92 @@ def store_group(acc, out, g, n):
             out[m, g * GROUP + r] = acc[m, r]
 
 
+@njit
+def _at(g, nb, b, r, byte, quads):
+    """Index of byte `byte` of row g*GROUP + r's block b in ``simd``'s layout: quads of 4 bytes per
+    row and block, for L rows side by side, a chunk of L rows' quads after another."""
+    return ((((g * nb + b) * (GROUP // simd.L) + r // simd.L) * quads + byte // 4) * simd.L + r % simd.L) * 4 + byte % 4
+
+
+@njit
+def _act_pairs(act, f16, nbytes, nibbles, sums):
+    """Q8_0 (34-byte) or Q8_1 (36-byte: s at byte 2) activation rows as ``simd``'s tiles read them,
+    indexed [block, row]: ap (16 int16 pairs per block and row, in the order of the weight
+    codes: ``simd``'s docstring), off (-8 * sum of the 32 codes if sums, else 0: Q4_0's codes are
+    nibble - 8), d and s as float32."""
+    M, nb = act.shape[0], act.shape[1] // nbytes
+    qa = act.view(np.int8)
+    q0 = nbytes - 32
+    ap = np.empty((nb, M, 16), np.int32)
+    off = np.zeros((nb, M), np.int32)
+    da = np.empty((nb, M), np.float32)
+    sa = np.zeros((nb, M), np.float32)
+    for m in range(M):
+        for b in range(nb):
+            o = b * nbytes
+            da[b, m] = f16[np.int64(act[m, o]) | (np.int64(act[m, o + 1]) << 8)]
+            if nbytes == 36:
+                sa[b, m] = f16[np.int64(act[m, o + 2]) | (np.int64(act[m, o + 3]) << 8)]
+            if sums:
+                t = 0
+                for k in range(QK):
+                    t += np.int32(qa[m, o + q0 + k])
+                off[b, m] = -8 * t
+            for p in range(16):
+                x = 4 * (p // 4) + (p % 4) // 2 + 16 * (p % 2) if nibbles else 4 * (p // 2) + p % 2
+                ap[b, m, p] = (np.int32(qa[m, o + q0 + x]) & 0xFFFF) | (np.int32(qa[m, o + q0 + x + 2]) << 16)
+    return ap, off, da, sa
+
+
+# The drivers of the three tiles (one each, so that a type compiles only its own tile): per group of
+# GROUP weight rows and block, ``simd``'s tile for MT activation rows at a time, into acc (M, GROUP).
+@njit
+def _run_q4_0(qs, d, n, nb, ap, off, da, out):
+    M, G = ap.shape[1], (n + GROUP - 1) // GROUP
+    acc = np.empty((M, GROUP), np.float32)
+    for g in range(G):
+        acc[:, :] = 0
+        for b in range(nb):
+            wo = (g * nb + b) * GROUP
+            for m0 in range(0, M, simd.MT):
+                so = b * M + m0
+                simd.tile_q4_0(qs, wo * 16, d, d, wo, ap, so * 16, off, da, da, so, acc, m0 * GROUP, min(simd.MT, M - m0))
+        store_group(acc, out, g, n)
+
+
+@njit
+def _run_q8_0(qs, d, n, nb, ap, off, da, out):
+    M, G = ap.shape[1], (n + GROUP - 1) // GROUP
+    acc = np.empty((M, GROUP), np.float32)
+    for g in range(G):
+        acc[:, :] = 0
+        for b in range(nb):
+            wo = (g * nb + b) * GROUP
+            for m0 in range(0, M, simd.MT):
+                so = b * M + m0
+                simd.tile_q8_0(qs, wo * QK, d, d, wo, ap, so * 16, off, da, da, so, acc, m0 * GROUP, min(simd.MT, M - m0))
+        store_group(acc, out, g, n)
+
+
+@njit
+def _run_q8_1(qs, d, mn, n, nb, ap, off, da, sa, out):
+    M, G = ap.shape[1], (n + GROUP - 1) // GROUP
+    acc = np.empty((M, GROUP), np.float32)
+    for g in range(G):
+        acc[:, :] = 0
+        for b in range(nb):
+            wo = (g * nb + b) * GROUP
+            for m0 in range(0, M, simd.MT):
+                so = b * M + m0
+                simd.tile_q8_1(qs, wo * QK, d, mn, wo, ap, so * 16, off, da, sa, so, acc, m0 * GROUP, min(simd.MT, M - m0))
+        store_group(acc, out, g, n)
+
+
 # -- Q4_0 ------------------------------------------------------------------------------------------
 @njit
 def _pack_q4_0(w, f16):
-    """qs[((g*nb + b)*16 + j)*GROUP + r] = byte j of block b of row g*GROUP + r; d likewise (float32)."""
+    """qs: the 16 nibble bytes of each row and block in quads (``_at``); d[(g*nb + b)*GROUP + r]
+    the block's scale as float32."""
     n, nb = w.shape[0], w.shape[1] // Q4_0_BYTES
     G = (n + GROUP - 1) // GROUP
     qs = np.zeros(G * nb * 16 * GROUP, np.uint8)
@@ -101,50 +165,24 @@ def _pack_q4_0(w, f16):
     for g in range(G):
         for b in range(nb):
             o = b * Q4_0_BYTES
-            base = (g * nb + b) * 16 * GROUP
             for r in range(min(GROUP, n - g * GROUP)):
                 i = g * GROUP + r
                 d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
                 for j in range(16):
-                    qs[base + j * GROUP + r] = w[i, o + 2 + j]
+                    qs[_at(g, nb, b, r, j, 4)] = w[i, o + 2 + j]
     return qs, d, n, nb
 
 
 @njit
 def _dot_q4_0(qs, d, n, nb, act, f16, out):
-    M = act.shape[0]
-    G = (n + GROUP - 1) // GROUP
-    qa = act.view(np.int8)
-    dA, sA = _q8_0_scales(act, f16, True)
-    sumi = np.empty(GROUP, np.int32)
-    acc = np.empty((M, GROUP), np.float32)
-    for g in range(G):
-        acc[:, :] = 0
-        for b in range(nb):
-            base = U((g * nb + b) * 16 * GROUP)
-            dw = (g * nb + b) * GROUP
-            ao = b * Q8_0_BYTES + 2
-            for m in range(M):
-                sumi[:] = 0
-                for j in range(16):
-                    alo = np.int32(qa[m, ao + j])
-                    ahi = np.int32(qa[m, ao + 16 + j])
-                    o = base + U(j * GROUP)
-                    for r in range(GROUP):
-                        q = np.int32(qs[o + U(r)])
-                        sumi[U(r)] += (q & 15) * alo + (q >> 4) * ahi
-                off = 8 * sA[m, b]          # the codes are nibble - 8: sum(8 * a) taken out once
-                da = dA[m, b]
-                for r in range(GROUP):
-                    acc[m, r] += (np.float32(sumi[r] - off) * d[dw + r]) * da
-        store_group(acc, out, g, n)
+    ap, off, da, sa = _act_pairs(act, f16, Q8_0_BYTES, True, True)
+    _run_q4_0(qs, d, n, nb, ap, off, da, out)
 
 
 # -- Q8_0 ------------------------------------------------------------------------------------------
 @njit
 def _pack_q8_0(w, f16):
-    """qs[(((g*nb + b)*16 + j)*GROUP + r)*2 + h] = code j + 16h of block b of row g*GROUP + r (the
-    pair a byte's nibbles hold in Q4_0: the same loop shape vectorises); d as for Q4_0."""
+    """qs: the 32 int8 codes of each row and block in quads (``_at``); d as for Q4_0."""
     n, nb = w.shape[0], w.shape[1] // Q8_0_BYTES
     G = (n + GROUP - 1) // GROUP
     qs = np.zeros(G * nb * QK * GROUP, np.int8)
@@ -153,13 +191,11 @@ def _pack_q8_0(w, f16):
     for g in range(G):
         for b in range(nb):
             o = b * Q8_0_BYTES
-            base = (g * nb + b) * QK * GROUP
             for r in range(min(GROUP, n - g * GROUP)):
                 i = g * GROUP + r
                 d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
-                for j in range(16):
-                    qs[base + (j * GROUP + r) * 2] = wq[i, o + 2 + j]
-                    qs[base + (j * GROUP + r) * 2 + 1] = wq[i, o + 18 + j]
+                for j in range(QK):
+                    qs[_at(g, nb, b, r, j, 8)] = wq[i, o + 2 + j]
     return qs, d, n, nb
 
 
@@ -173,7 +209,6 @@ def _pack_q5_0(w, f16):
     for g in range(G):
         for b in range(nb):
             o = b * 22
-            base = (g * nb + b) * QK * GROUP
             for r in range(min(GROUP, n - g * GROUP)):
                 i = g * GROUP + r
                 d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
@@ -181,37 +216,15 @@ def _pack_q5_0(w, f16):
                     (np.int64(w[i, o + 5]) << 24)
                 for j in range(16):
                     q = np.int64(w[i, o + 6 + j])
-                    qs[base + (j * GROUP + r) * 2] = ((q & 15) | (((qh >> j) & 1) << 4)) - 16
-                    qs[base + (j * GROUP + r) * 2 + 1] = ((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16
+                    qs[_at(g, nb, b, r, j, 8)] = ((q & 15) | (((qh >> j) & 1) << 4)) - 16
+                    qs[_at(g, nb, b, r, j + 16, 8)] = ((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16
     return qs, d, n, nb
 
 
 @njit
 def _dot_q8_0(qs, d, n, nb, act, f16, out):
-    M = act.shape[0]
-    G = (n + GROUP - 1) // GROUP
-    qa = act.view(np.int8)
-    dA, _ = _q8_0_scales(act, f16, False)
-    sumi = np.empty(GROUP, np.int32)
-    acc = np.empty((M, GROUP), np.float32)
-    for g in range(G):
-        acc[:, :] = 0
-        for b in range(nb):
-            base = U((g * nb + b) * QK * GROUP)
-            dw = (g * nb + b) * GROUP
-            ao = b * Q8_0_BYTES + 2
-            for m in range(M):
-                sumi[:] = 0
-                for j in range(16):
-                    alo = np.int32(qa[m, ao + j])
-                    ahi = np.int32(qa[m, ao + 16 + j])
-                    o = base + U(j * GROUP * 2)
-                    for r in range(GROUP):
-                        sumi[U(r)] += np.int32(qs[o + U(2 * r)]) * alo + np.int32(qs[o + U(2 * r + 1)]) * ahi
-                da = dA[m, b]
-                for r in range(GROUP):
-                    acc[m, r] += (np.float32(sumi[r]) * d[dw + r]) * da
-        store_group(acc, out, g, n)
+    ap, off, da, sa = _act_pairs(act, f16, Q8_0_BYTES, False, False)
+    _run_q8_0(qs, d, n, nb, ap, off, da, out)
 
 
 # -- Q4_1 / Q5_1 x Q8_1 ------------------------------------------------------------------------------
@@ -228,7 +241,6 @@ def _pack_q_1(w, f16, nbytes, five):
     for g in range(G):
         for b in range(nb):
             o = b * nbytes
-            base = (g * nb + b) * QK * GROUP
             for r in range(min(GROUP, n - g * GROUP)):
                 i = g * GROUP + r
                 d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
@@ -239,8 +251,8 @@ def _pack_q_1(w, f16, nbytes, five):
                         (np.int64(w[i, o + 7]) << 24)
                 for j in range(16):
                     q = np.int64(w[i, o + q0 + j])
-                    qs[base + (j * GROUP + r) * 2] = (q & 15) | (((qh >> j) & 1) << 4)
-                    qs[base + (j * GROUP + r) * 2 + 1] = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
+                    qs[_at(g, nb, b, r, j, 8)] = (q & 15) | (((qh >> j) & 1) << 4)
+                    qs[_at(g, nb, b, r, j + 16, 8)] = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
     return qs, d, mn, n, nb
 
 
@@ -257,36 +269,8 @@ def _pack_q5_1(w, f16):
 @njit
 def _dot_q8_1(qs, d, mn, n, nb, act, f16, out):
     """GGML's scalar vec_dot_q4_1_q8_1 / q5_1: out += (d_w * d_a) * sumi + m_w * s_a per block."""
-    M = act.shape[0]
-    G = (n + GROUP - 1) // GROUP
-    qa = act.view(np.int8)
-    dA = np.empty((M, nb), np.float32)
-    sA = np.empty((M, nb), np.float32)
-    for m in range(M):
-        for b in range(nb):
-            o = b * 36
-            dA[m, b] = f16[np.int64(act[m, o]) | (np.int64(act[m, o + 1]) << 8)]
-            sA[m, b] = f16[np.int64(act[m, o + 2]) | (np.int64(act[m, o + 3]) << 8)]
-    sumi = np.empty(GROUP, np.int32)
-    acc = np.empty((M, GROUP), np.float32)
-    for g in range(G):
-        acc[:, :] = 0
-        for b in range(nb):
-            base = U((g * nb + b) * QK * GROUP)
-            dw = (g * nb + b) * GROUP
-            ao = b * 36 + 4
-            for m in range(M):
-                sumi[:] = 0
-                for j in range(16):
-                    alo = np.int32(qa[m, ao + j])
-                    ahi = np.int32(qa[m, ao + 16 + j])
-                    o = base + U(j * GROUP * 2)
-                    for r in range(GROUP):
-                        sumi[U(r)] += np.int32(qs[o + U(2 * r)]) * alo + np.int32(qs[o + U(2 * r + 1)]) * ahi
-                da, sa = dA[m, b], sA[m, b]
-                for r in range(GROUP):
-                    acc[m, r] += (d[dw + r] * da) * np.float32(sumi[r]) + mn[dw + r] * sa
-        store_group(acc, out, g, n)
+    ap, off, da, sa = _act_pairs(act, f16, 36, False, False)
+    _run_q8_1(qs, d, mn, n, nb, ap, off, da, sa, out)
 
 
 register(T.Q4_0, Q4_0_BYTES, _pack_q4_0, _dot_q4_0)

@@ -2,8 +2,8 @@
 
 Every K-quant type is repacked into one form: per block of 256, int8 codes (the stored integer,
 offset applied: Q2_K 0..3, Q3_K -4..3, Q4_K 0..15, Q5_K 0..31, Q6_K -32..31), an integer scale and
-min per 16 values, and
-float32 d / dmin, interleaved across ``GROUP`` rows as ``dot`` does. Then one dot serves them all
+min per 16 values (int32 and int16), and float32 d / dmin, interleaved across rows as ``dot``'s
+types are (``simd``'s layout). Then one dot, ``simd.tile_k``, serves them all
 (GGML's generic ``ggml_vec_dot_qN_K_q8_K``, integer parts exact):
 ``sumi = sum_j sc_j * (codes_j . a_j)``, ``summ = sum_j m_j * bsums_j``, then
 ``out += (d_w * d_a) * sumi`` and ``out -= (dmin_w * d_a) * summ``, block after block. (GGML sums
@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from .dot import GROUP, U, register, store_group
+from . import simd
+from .dot import GROUP, register, store_group
 from .jit import njit
 
 Q8_K_BYTES = 292
@@ -24,24 +25,24 @@ Q8_K_BYTES = 292
 
 @njit
 def _scatter_k(codes, sc, mn, dw, dmw, g, nb, b, r, c256, s16, m16, d, dmin):
-    """One row's decoded block into the interleaved arrays (values e and e+8 of each 16 side by side)."""
-    base = (g * nb + b) * 256 * GROUP
+    """One row's decoded block into the packed arrays, per chunk of L rows (``simd``): codes in
+    quads [chunk][64][L][4], scales as int32 [chunk][16][L], mins as int16 pairs of sub-blocks
+    [chunk][8][L][2]; d and dmin per row."""
+    gb, c, rr, L = g * nb + b, r // simd.L, r % simd.L, simd.L
+    for v in range(256):
+        codes[gb * 256 * GROUP + ((c * 64 + v // 4) * L + rr) * 4 + v % 4] = c256[v]
     for j in range(16):
-        for k in range(8):
-            o = base + ((j * 8 + k) * GROUP + r) * 2
-            codes[o] = c256[j * 16 + k]
-            codes[o + 1] = c256[j * 16 + k + 8]
-        sc[(g * nb + b) * 16 * GROUP + j * GROUP + r] = s16[j]
-        mn[(g * nb + b) * 16 * GROUP + j * GROUP + r] = m16[j]
-    dw[(g * nb + b) * GROUP + r] = d
-    dmw[(g * nb + b) * GROUP + r] = dmin
+        sc[gb * 16 * GROUP + (c * 16 + j) * L + rr] = s16[j]
+        mn[gb * 16 * GROUP + ((c * 8 + j // 2) * L + rr) * 2 + j % 2] = m16[j]
+    dw[gb * GROUP + r] = d
+    dmw[gb * GROUP + r] = dmin
 
 
 @njit
 def _alloc_k(n, nb):
     G = (n + GROUP - 1) // GROUP
     return (np.zeros(G * nb * 256 * GROUP, np.int8), np.zeros(G * nb * 16 * GROUP, np.int32),
-            np.zeros(G * nb * 16 * GROUP, np.int32), np.zeros(G * nb * GROUP, np.float32),
+            np.zeros(G * nb * 16 * GROUP, np.int16), np.zeros(G * nb * GROUP, np.float32),
             np.zeros(G * nb * GROUP, np.float32))
 
 
@@ -177,49 +178,43 @@ def _pack_q3_k(w, f16):
 
 
 @njit
-def _dot_k(codes, sc, mn, dw, dmw, n, nb, act, f16, out):
-    M = act.shape[0]
-    G = (n + GROUP - 1) // GROUP
+def _act_pairs_k(act):
+    """Q8_K activation rows as ``simd.tile_k`` reads them, indexed [block, row]: ap (128 int16 pairs
+    of the 256 codes, ``simd``'s order), bp (the 16 bsums in 8 pairs), d (float32)."""
+    M, nb = act.shape[0], act.shape[1] // Q8_K_BYTES
     qa = act.view(np.int8)
-    dA = np.empty((M, nb), np.float32)
-    bs = np.empty((M, nb, 16), np.int32)
+    ap = np.empty((nb, M, 128), np.int32)
+    bp = np.empty((nb, M, 8), np.int32)
+    da = np.empty((nb, M), np.float32)
     for m in range(M):
         for b in range(nb):
             o = b * Q8_K_BYTES
-            dA[m, b] = act[m, o:o + 4].copy().view(np.float32)[0]
-            for j in range(16):
-                lo, hi = np.int32(act[m, o + 260 + 2 * j]), np.int32(act[m, o + 261 + 2 * j])
-                bs[m, b, j] = np.int32(np.int16(lo | (hi << 8)))
-    t = np.empty(GROUP, np.int32)
-    sumi = np.empty(GROUP, np.int32)
-    summ = np.empty(GROUP, np.int32)
+            da[b, m] = act[m, o:o + 4].copy().view(np.float32)[0]
+            for p in range(128):
+                x = o + 4 + 4 * (p // 2) + p % 2
+                ap[b, m, p] = (np.int32(qa[m, x]) & 0xFFFF) | (np.int32(qa[m, x + 2]) << 16)
+            for p in range(8):
+                x = o + 260 + 4 * p          # bsums 2p and 2p + 1: two little-endian int16, one int32
+                lo = np.int32(act[m, x]) | (np.int32(act[m, x + 1]) << 8)
+                hi = np.int32(act[m, x + 2]) | (np.int32(act[m, x + 3]) << 8)
+                bp[b, m, p] = lo | (hi << 16)
+    return ap, bp, da
+
+
+@njit
+def _dot_k(codes, sc, mn, dw, dmw, n, nb, act, f16, out):
+    M = act.shape[0]
+    G = (n + GROUP - 1) // GROUP
+    ap, bp, da = _act_pairs_k(act)
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
         acc[:, :] = 0
         for b in range(nb):
-            base = U((g * nb + b) * 256 * GROUP)
-            sb = (g * nb + b) * 16 * GROUP
-            dwb = (g * nb + b) * GROUP
-            ao = b * Q8_K_BYTES + 4
-            for m in range(M):
-                sumi[:] = 0
-                summ[:] = 0
-                for j in range(16):
-                    t[:] = 0
-                    for k in range(8):
-                        a1 = np.int32(qa[m, ao + 16 * j + k])
-                        a2 = np.int32(qa[m, ao + 16 * j + k + 8])
-                        o = base + U((j * 8 + k) * GROUP * 2)
-                        for r in range(GROUP):
-                            t[U(r)] += np.int32(codes[o + U(2 * r)]) * a1 + np.int32(codes[o + U(2 * r + 1)]) * a2
-                    bsj = bs[m, b, j]
-                    for r in range(GROUP):
-                        sumi[r] += sc[sb + j * GROUP + r] * t[r]
-                        summ[r] += mn[sb + j * GROUP + r] * bsj
-                da = dA[m, b]
-                for r in range(GROUP):
-                    acc[m, r] += (dw[dwb + r] * da) * np.float32(sumi[r])
-                    acc[m, r] -= (dmw[dwb + r] * da) * np.float32(summ[r])
+            gb = g * nb + b
+            for m0 in range(0, M, simd.MT):
+                so = b * M + m0
+                simd.tile_k(codes, gb * 256 * GROUP, sc, mn, gb * 16 * GROUP, dw, dmw, gb * GROUP, ap, so * 128,
+                            bp, so * 8, da, so, acc, m0 * GROUP, min(simd.MT, M - m0))
         store_group(acc, out, g, n)
 
 

@@ -2,8 +2,9 @@
 
 Kernels are compiled on first use and cached on disk (numba's ``cache=True``). The cache lives in
 ``$GGTOOL_CACHE_DIR/numba`` if that is set, else ``$XDG_CACHE_HOME/ggtool/numba`` (default
-``~/.cache/ggtool/numba``), never beside the installed package, which may not be writable. A
-``NUMBA_CACHE_DIR`` the user set wins over both.
+``~/.cache/ggtool/numba``), in a subfolder named after simd.py's digest (``_tiles_key``), never
+beside the installed package, which may not be writable. A ``NUMBA_CACHE_DIR`` the user set wins
+over all of these.
 
 Settings: no ``fastmath`` (GGML's float32 order of operations is the contract: no reassociation,
 no fused multiply-add), ``nogil`` (the quantizer threads run kernels side by side), and numba's
@@ -26,7 +27,17 @@ def cache_dir() -> str:
     if not base:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "ggtool")
-    return os.path.join(base, "numba")
+    return os.path.join(base, "numba", _tiles_key())
+
+
+def _tiles_key() -> str:
+    """A digest of simd.py. Its vector tiles are compiled into the kernels of dot.py and dot_k.py,
+    and numba checks a cached kernel against its own source file only: a changed simd.py gets a
+    cache directory of its own instead of stale kernels."""
+    import hashlib
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "simd.py"), "rb") as f:
+        return "tiles-" + hashlib.sha1(f.read()).hexdigest()[:12]
 
 
 def _load_numba():

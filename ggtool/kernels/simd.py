@@ -1,0 +1,263 @@
+"""Vector tiles of the quantized dot products, written as portable LLVM vector IR (numba
+``@intrinsic``): the inner loops of ``dot`` and ``dot_k``.
+
+Why not plain numba loops: the integer block dot wants one instruction per pair of products
+(x86 ``pmaddwd``, and ``vpdpwssd`` where AVX512-VNNI / AVX-VNNI add the accumulator too), and a
+register tile of several activation rows sharing each decoded weight vector. LLVM's loop vectoriser
+finds ``pmaddwd`` in a simple one-row loop but loses it (falling back to 64-bit lanes) as soon as a
+loop body updates more than one accumulator, and it cannot keep accumulators in registers across
+the k loop. So the tile is spelled out here with LLVM's generic vector types (``<32 x i16>``,
+``<16 x i32>``, ``<16 x float>``): the same IR compiles on any CPU numba targets (AVX2 machines get
+two 256-bit halves; no target intrinsics are used), and the x86 backend turns the canonical pattern
+``sext, mul, add(even lanes, odd lanes)`` into ``pmaddwd`` (then ``+ acc`` into ``vpdpwssd``).
+
+Every tile covers ``GROUP`` weight rows (``GROUP // L`` vectors of ``L`` rows) of one block and
+``mt`` (1..``MT``) activation rows, selected at run time by a switch over unrolled bodies.
+
+Layout the tiles read (the packers in ``dot`` / ``dot_k`` write it): the weight codes of one block
+and row group in chunks of L rows, each chunk's quads one after another:
+``q[((chunk * quads + quad) * L + r % L) * 4 + t]`` = byte ``t`` of quad ``quad`` of row ``r``
+(chunk = r // L), so one 64-byte load holds 4 bytes of each of 16 rows, viewed as 32 words, and a
+tile reads its weights front to back (a layout with whole-group quads strided 512 bytes apart ran
+at half speed once the weights no longer fit in the cache). The activations are
+prepared as pairs: one int32 = two int16 values ``a_x | a_y << 16``, the pair each word pair of a
+decoded weight vector is multiplied with.
+
+- Nibbles (Q4_0: 16 bytes per row and block, 4 quads): word ``w`` holds bytes ``4jq + t, 4jq + t + 1``
+  (t = 0 or 2 for the two words of a lane); ``w & 15``, ``(w >> 4) & 15``, ``(w >> 8) & 15`` and
+  ``w >> 12`` are the codes of values ``(4jq, 4jq+2)``, ``(16+4jq, 16+4jq+2)``, ``(4jq+1, 4jq+3)`` and
+  ``(17+4jq, 17+4jq+2)`` of the block (the low nibble of byte j is value j, the high one j + 16):
+  pair ``p = 4jq + k`` of a row and block is activations ``(x, x + 2)``, ``x = 4jq + k//2 + 16(k%2)``.
+- int8 codes (Q8_0, Q5_0, Q4_1, Q5_1: 32 per row and block, 8 quads; K-quants: 256, 64 quads):
+  the sign-extended low and high bytes of the words are the codes of values ``(4q, 4q+2)`` and
+  ``(4q+1, 4q+3)``: pair ``p = 2q + k`` is activations ``(4q + k, 4q + k + 2)``.
+
+Numerics: the integer sums are exact (no product or pair sum can leave int32: codes fit in 6 bits
+with a sign, activations in int8, K-quant sub-block scales in int8), and the float epilogue is the
+scalar kernels' own, operation for operation: no fast-math flags, so LLVM neither reorders nor fuses.
+
+The tiles are compiled into the numba functions that call them (``dot``, ``dot_k``), and numba's
+cache checks those against their own source files only: so ``jit.cache_dir()`` names its folder
+after a digest of this module, and an edit here gets a fresh cache.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .jit import numba  # first: jit sets numba's cache directory before numba is imported
+
+types = numba.types
+cgutils = numba.core.cgutils
+intrinsic = numba.core.extending.intrinsic
+
+GROUP = 128   # weight rows per interleaved group (dot.GROUP)
+L = 16        # weight rows per vector: int32 lanes
+MT = 4        # activation rows per register tile (4 measured best on AVX-512; 6 and 8 no faster)
+
+_I16, _I32, _I64, _F32 = ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+_W = ir.VectorType(_I16, 2 * L)          # 16 rows x 2 words
+_D = ir.VectorType(_I32, L)
+_F = ir.VectorType(_F32, L)
+_EVEN = ir.Constant(ir.VectorType(_I32, L), list(range(0, 2 * L, 2)))
+_ODD = ir.Constant(ir.VectorType(_I32, L), list(range(1, 2 * L, 2)))
+
+
+def _c(v, t=_I64):
+    return ir.Constant(t, v)
+
+
+def _splat(b, val, n):
+    vt = ir.VectorType(val.type, n)
+    v = b.insert_element(ir.Constant(vt, None), val, _c(0, _I32))
+    return b.shuffle_vector(v, ir.Constant(vt, None), ir.Constant(ir.VectorType(_I32, n), [0] * n))
+
+
+def _wsplat(b, v):
+    return _splat(b, ir.Constant(_I16, v), 2 * L)
+
+
+def _madd(b, acc, x, pair):
+    """acc + (x . splat(pair)) word pair by word pair: x <32 x i16>, pair an i32 of two i16."""
+    a = b.bitcast(_splat(b, pair, L), _W)
+    wide = ir.VectorType(_I32, 2 * L)
+    p = b.mul(b.sext(x, wide), b.sext(a, wide), flags=["nsw"])
+    e = b.shuffle_vector(p, ir.Constant(wide, None), _EVEN)
+    o = b.shuffle_vector(p, ir.Constant(wide, None), _ODD)
+    return b.add(acc, b.add(e, o))
+
+
+class _Args:
+    """The intrinsic's arguments as element pointers: arrays (C-contiguous) at their offsets."""
+
+    def __init__(self, context, builder, sig, args, names):
+        self.b = builder
+        self.p = {}
+        for name, ty, val in zip(names, sig.args, args):
+            if isinstance(ty, types.Array):
+                self.p[name] = context.make_array(ty)(context, builder, val).data
+            else:
+                self.p[name] = val
+
+    def at(self, name, off):
+        """Pointer to element `off` (i64) of array `name`."""
+        return self.b.gep(self.p[name], [off])
+
+    def load(self, name, off, vt=None, align=1):
+        ptr = self.at(name, off)
+        if vt is not None:
+            ptr = self.b.bitcast(ptr, vt.as_pointer())
+        return self.b.load(ptr, align=align)
+
+    def store(self, name, off, val, align=4):
+        ptr = self.b.bitcast(self.at(name, off), val.type.as_pointer())
+        self.b.store(val, ptr, align=align)
+
+
+def _switch_mt(builder, mt, body):
+    """body(m_rows) for m_rows = mt (1..MT), each unrolled in its own block."""
+    end = builder.append_basic_block("mt.end")
+    blocks = [builder.append_basic_block(f"mt.{k}") for k in range(1, MT + 1)]
+    sw = builder.switch(mt, blocks[0])
+    for k in range(2, MT + 1):
+        sw.add_case(_c(k, mt.type), blocks[k - 1])
+    for k, blk in zip(range(1, MT + 1), blocks):
+        builder.position_at_end(blk)
+        body(k)
+        builder.branch(end)
+    builder.position_at_end(end)
+
+
+def _check(sig_args, names):
+    for name, ty in zip(names, sig_args):
+        if isinstance(ty, types.Array) and ty.layout != "C":
+            raise TypeError(f"simd tile: {name} must be C-contiguous")
+
+
+_NAMES_32 = ("qs", "qo", "d", "mn", "wo", "ap", "po", "off", "da", "sa", "so", "acc", "ao", "mt")
+
+
+def _tile_32(nibbles: bool, q1: bool):
+    """One block (32 values) of GROUP weight rows x mt activation rows, added into acc.
+
+    Arguments (arrays flat; offsets in elements): qs (codes, the block's quads at qo), d and mn
+    (the rows' float32 scale and min at wo), ap (mt x 16 pairs at po, 16 per activation row), off
+    (int32: each activation row's start of sumi, at so), da and sa (float32 per activation row at
+    so), acc (float32, mt rows of GROUP at ao) and mt. Per row r and activation row i:
+    ``acc += (float(sumi) * d) * da`` (Q4_0, Q8_0, Q5_0), or with q1
+    ``acc += (d * da) * float(sumi) + mn * sa`` (Q4_1, Q5_1)."""
+
+    def codegen(context, builder, sig, args):
+        A = _Args(context, builder, sig, args, _NAMES_32)
+        qo, wo, po, so, ao = (A.p[k] for k in ("qo", "wo", "po", "so", "ao"))
+        quads = 4 if nibbles else 8
+
+        def body(mt):
+            b = builder
+            offs = [b.load(A.at("off", b.add(so, _c(i)))) for i in range(mt)]
+            das = [b.load(A.at("da", b.add(so, _c(i)))) for i in range(mt)]
+            sas = [b.load(A.at("sa", b.add(so, _c(i)))) for i in range(mt)] if q1 else []
+            with cgutils.for_range(b, _c(GROUP // L)) as loop:
+                c = loop.index
+                r0 = b.mul(c, _c(L))
+                accs = [_splat(b, offs[i], L) for i in range(mt)]
+                for q in range(quads):
+                    v = A.load("qs", b.add(qo, b.mul(b.add(b.mul(c, _c(quads)), _c(q)), _c(4 * L))), _W)
+                    if nibbles:
+                        xs = [b.and_(v, _wsplat(b, 15)), b.and_(b.lshr(v, _wsplat(b, 4)), _wsplat(b, 15)),
+                              b.and_(b.lshr(v, _wsplat(b, 8)), _wsplat(b, 15)), b.lshr(v, _wsplat(b, 12))]
+                    else:
+                        xs = [b.ashr(b.shl(v, _wsplat(b, 8)), _wsplat(b, 8)), b.ashr(v, _wsplat(b, 8))]
+                    for i in range(mt):
+                        for k, x in enumerate(xs):
+                            pair = A.load("ap", b.add(po, _c(i * 16 + q * len(xs) + k)))
+                            accs[i] = _madd(b, accs[i], x, pair)
+                dv = A.load("d", b.add(wo, r0), _F, align=4)
+                mv = A.load("mn", b.add(wo, r0), _F, align=4) if q1 else None
+                for i in range(mt):
+                    f = b.sitofp(accs[i], _F)
+                    if q1:
+                        t = b.fadd(b.fmul(b.fmul(dv, _splat(b, das[i], L)), f), b.fmul(mv, _splat(b, sas[i], L)))
+                    else:
+                        t = b.fmul(b.fmul(f, dv), _splat(b, das[i], L))
+                    o = b.add(b.add(ao, _c(i * GROUP)), r0)
+                    A.store("acc", o, b.fadd(A.load("acc", o, _F, align=4), t))
+
+        _switch_mt(builder, A.p["mt"], body)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def tile(typingctx, qs, qo, d, mn, wo, ap, po, off, da, sa, so, acc, ao, mt):
+        sig = types.void(qs, qo, d, mn, wo, ap, po, off, da, sa, so, acc, ao, mt)
+        _check(sig.args, _NAMES_32)
+        return sig, codegen
+
+    return tile
+
+
+tile_q4_0 = _tile_32(nibbles=True, q1=False)     # Q4_0 x Q8_0
+tile_q8_0 = _tile_32(nibbles=False, q1=False)    # Q8_0, Q5_0 x Q8_0
+tile_q8_1 = _tile_32(nibbles=False, q1=True)     # Q4_1, Q5_1 x Q8_1
+
+
+_NAMES_K = ("codes", "co", "sc", "mp", "sco", "d", "dmin", "wo", "ap", "po", "bp", "bo", "da", "so",
+            "acc", "ao", "mt")
+
+
+def _tile_k_codegen(context, builder, sig, args):
+    A = _Args(context, builder, sig, args, _NAMES_K)
+    co, sco, wo, po, bo, so, ao = (A.p[k] for k in ("co", "sco", "wo", "po", "bo", "so", "ao"))
+
+    def body(mt):
+        b = builder
+        das = [b.load(A.at("da", b.add(so, _c(i)))) for i in range(mt)]
+        zero = ir.Constant(_D, None)
+        with cgutils.for_range(b, _c(GROUP // L)) as loop:
+            c = loop.index
+            r0 = b.mul(c, _c(L))
+            sumi = [cgutils.alloca_once_value(b, zero) for _ in range(mt)]
+            with cgutils.for_range(b, _c(16)) as sub:          # sub-blocks of 16 values
+                j = sub.index
+                ts = [zero] * mt
+                for qq in range(4):
+                    quad = b.add(b.mul(j, _c(4)), _c(qq))
+                    v = A.load("codes", b.add(co, b.mul(b.add(b.mul(c, _c(64)), quad), _c(4 * L))), _W)
+                    xs = [b.ashr(b.shl(v, _wsplat(b, 8)), _wsplat(b, 8)), b.ashr(v, _wsplat(b, 8))]
+                    for i in range(mt):
+                        for k, x in enumerate(xs):
+                            pair = A.load("ap", b.add(po, b.add(_c(i * 128 + k), b.mul(quad, _c(2)))))
+                            ts[i] = _madd(b, ts[i], x, pair)
+                scv = A.load("sc", b.add(sco, b.mul(b.add(b.mul(c, _c(16)), j), _c(L))), _D, align=4)
+                for i in range(mt):
+                    b.store(b.add(b.load(sumi[i]), b.mul(scv, ts[i])), sumi[i])
+            summ = [zero] * mt
+            for jp in range(8):                                 # mins x bsums, two sub-blocks a pair
+                mv = A.load("mp", b.add(sco, b.mul(b.add(b.mul(c, _c(8)), _c(jp)), _c(2 * L))), _W)
+                for i in range(mt):
+                    summ[i] = _madd(b, summ[i], mv, A.load("bp", b.add(bo, _c(i * 8 + jp))))
+            dv = A.load("d", b.add(wo, r0), _F, align=4)
+            dmv = A.load("dmin", b.add(wo, r0), _F, align=4)
+            for i in range(mt):
+                da = _splat(b, das[i], L)
+                o = b.add(b.add(ao, _c(i * GROUP)), r0)
+                a = A.load("acc", o, _F, align=4)
+                a = b.fadd(a, b.fmul(b.fmul(dv, da), b.sitofp(b.load(sumi[i]), _F)))
+                a = b.fsub(a, b.fmul(b.fmul(dmv, da), b.sitofp(summ[i], _F)))
+                A.store("acc", o, a)
+
+    _switch_mt(builder, A.p["mt"], body)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def tile_k(typingctx, codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt):
+    """One K-quant block (256 values) of GROUP weight rows x mt activation rows, added into acc.
+
+    codes (int8 quads at co), sc (int32 sub-block scales, [16][GROUP] at sco), mp (int16 mins in
+    pairs of sub-blocks, [8][GROUP][2] at sco), d / dmin (float32 per row at wo), ap (mt x 128
+    pairs at po), bp (mt x 8 pairs of the activation's 16 bsums at bo), da (float32 at so), acc (mt
+    rows of GROUP at ao), mt. ``sumi = sum_j sc_j * (codes_j . a_j)``, ``summ = sum_j m_j * bsums_j``,
+    then ``acc += (d * da) * float(sumi)`` and ``acc -= (dmin * da) * float(summ)``."""
+    sig = types.void(codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt)
+    _check(sig.args, _NAMES_K)
+    return sig, _tile_k_codegen
