@@ -269,6 +269,131 @@ def test_context_that_grows_moves_again(pool, shm_clean):
     del ctx, g, y, g2, out, big, first
 
 
+def test_segment_fill_copies_only_the_ranges_given():
+    """Only the given ranges are written (and their pages allocated): what lies outside them stays
+    zero in the segment, whatever the source holds there; ranges need not be page-aligned."""
+    page = shm.PAGE
+    data = np.arange(64 * page, dtype=np.uint64).view(np.uint8)[: 64 * page].copy() | 1   # no zero byte
+    ranges = [(3, page + 5), (10 * page, 10 * page + 1), (20 * page + 7, 40 * page)]
+    seg = shm.Segment(len(data))
+    try:
+        seg.fill(data, ranges, chunk=4096 * 3)
+        # allocated: the pages the ranges touch (2 + 1 + 20), not the 64 of the whole (checked
+        # first: reading a page of shared memory allocates it)
+        assert 23 * page <= _allocated(seg) <= 24 * page
+        want = np.zeros_like(data)
+        for a, b in ranges:
+            want[a:b] = data[a:b]
+        assert np.array_equal(seg.array[: len(data)], want)
+    finally:
+        seg.unlink()
+        shm.flush()
+
+
+def _add_chain(ctx, n: int, width: int):
+    """x + b + b + ...: n nodes of `width` floats each; with the graph allocator they all compute in
+    one block (ADD in place), in context mode each has memory of its own."""
+    x = ctx.new_tensor_from(np.arange(width, dtype=np.float32), name="x")
+    b = ctx.new_tensor_from(np.full(width, 0.5, np.float32), name="b")
+    y = x
+    for _ in range(n):
+        y = FUNCTIONS["add"](ctx, y, b)
+    return ctx.new_graph().expand(y), y
+
+
+def _allocated(seg) -> int:
+    """Bytes of shared memory the segment holds (tmpfs counts the pages it allocated)."""
+    return os.stat(f"/dev/shm/{seg.name}").st_blocks * 512
+
+
+@pytest.mark.parametrize("alloc", ["graph", "context"])
+def test_pool_moves_only_what_tensors_read_into_shared_memory(pool, shm_clean, alloc):
+    """With the graph allocator, the nodes' own memory in the context (never used) does not go into
+    the shared segment: the segment holds the inputs and the compute buffer, not a page per node.
+    In context mode the nodes compute in their own memory, so that goes in. Same results."""
+    from ggtool.pool.segments import share_context
+
+    n, width = 12, 1 << 18                        # 12 nodes of 1 MiB; leafs 2 MiB
+    want = np.arange(width, dtype=np.float32) + 0.5 * n
+    ctx = ggtool.Context()
+    g, y = _add_chain(ctx, n, width)
+    g.compute(2, pool=pool, alloc=alloc, outputs=[y])
+    seg = share_context(ctx)                      # the segment the compute used
+    assert ctx.buffer is seg.array
+    mib = 1 << 20
+    allocated = _allocated(seg)                   # before reading anything (a read allocates a page)
+    assert np.array_equal(y.numpy().reshape(-1), want)
+    if alloc == "graph":
+        assert g.compute_buffer[1] == mib         # one block, every ADD in place
+        assert allocated < 3 * mib + (1 << 17) < ctx.used_mem // 4
+    else:
+        assert allocated >= (n + 2) * mib
+    from ggtool.pool.segments import shared_ranges
+
+    moved = sum(b - a for a, b in shared_ranges(ctx))
+    assert moved < 3 * mib + (1 << 17) if alloc == "graph" else moved >= (n + 2) * mib
+    del ctx, g, y, seg
+
+
+def test_shared_ranges_follow_the_binding():
+    """What moves is what tensors point at now: a bound node's own memory is left out, the compute
+    and work buffers are in; unbound, the nodes' own memory is in again. Headers never."""
+    from ggtool.compute import bind, prepare, unbind
+    from ggtool.pool.segments import shared_ranges
+
+    page = shm.PAGE
+    ctx = ggtool.Context()
+    g, y = _add_chain(ctx, 4, 1 << 16)             # 256 KiB a tensor
+    prepare(g, 2, alloc="context")
+
+    def covered(t) -> bool:
+        return any(a <= t.data_offset and t.data_offset + t.nbytes <= b for a, b in shared_ranges(ctx))
+
+    def inside(off: int, size: int) -> bool:
+        return any(a <= off and off + size <= b for a, b in shared_ranges(ctx))
+
+    own = {id(t): t.data_offset for t in g.nodes}
+    assert all(covered(t) for t in [*g.leafs, *g.nodes])
+    bind(g, [y])
+    off, size = g.compute_buffer
+    assert inside(off, size) and all(covered(t) for t in [*g.leafs, *g.nodes])
+    for t in g.nodes:                              # their own memory: no range reaches into it
+        start = own[id(t)] // page * page + page
+        assert not inside(start, page), t.name
+    unbind(g)
+    assert all(covered(t) for t in g.nodes)
+    ranges = shared_ranges(ctx)
+    assert ranges == sorted(ranges) and all(a % page == 0 and a < b for a, b in ranges)
+    assert all(r1[1] < r2[0] for r1, r2 in zip(ranges, ranges[1:]))
+    # with no gap allowed, the header of x (before its data, a page of its own here) is left out
+    x = g.leafs[0]
+    assert not any(a <= x.struct_offset < b for a, b in shared_ranges(ctx, gap=0) if x.struct_offset // page
+                   != x.data_offset // page)
+
+
+def test_stale_own_memory_is_not_moved_and_not_needed(pool, shm_clean):
+    """A context computed in context mode in this process, then with the graph allocator on the
+    pool: the nodes' earlier results in their own memory stay behind (they are not read); computing
+    in context mode again on the pool recomputes them there. Every result as in one process."""
+    n, width = 6, 1 << 16
+    want = np.arange(width, dtype=np.float32) + 0.5 * n
+    ctx = ggtool.Context()
+    g, y = _add_chain(ctx, n, width)
+    g.compute(1)
+    first = g.nodes[0]
+    assert np.array_equal(first.numpy().reshape(-1), np.arange(width, dtype=np.float32) + 0.5)
+    g.compute(2, pool=pool, alloc="graph", outputs=[y])
+    assert np.array_equal(y.numpy().reshape(-1), want)
+    from ggtool.compute import unbind
+    unbind(g)
+    assert not first.data.reshape(-1)[width // 4:].any()   # its own memory was not moved (but for the
+    #                                                  page it shares with b): zero in the segment
+    g.compute(2, pool=pool, alloc="context")
+    assert np.array_equal(y.numpy().reshape(-1), want)
+    assert np.array_equal(first.numpy().reshape(-1), np.arange(width, dtype=np.float32) + 0.5)
+    del ctx, g, y, first
+
+
 # -- failures ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("failing", [0, 2])
 def test_kernel_error_names_node_and_pool_survives(pool, registered_test_kernels, failing):
@@ -603,6 +728,31 @@ def test_normal_exit_without_close_cleans_up():
     r = run_script("out = FUNCTIONS['add'](ctx, h, a)", nth=4)
     assert r.rc == 0 and r.err == "" and r.out.splitlines()[-1] == f"done {3.0 * 1024 * 64}"
     assert len(r.pids) == 3
+    assert_nothing_left(r)
+
+
+def test_exit_closes_the_default_pool_after_earlier_finalizers():
+    """A weakref.finalize made before ggtool.pool is imported (a TemporaryDirectory here) puts
+    weakref's exit hook before the segments' own: the default pool must still be closed, and the
+    resource tracker told of every segment unlinked, before the end (else it warns of a leak)."""
+    code = f"""
+import sys, tempfile
+d = tempfile.TemporaryDirectory()
+sys.path.insert(0, {str(TESTS)!r})
+import ggtool
+from ggtool.ops import FUNCTIONS
+from ggtool.pool import get_pool
+ctx = ggtool.Context()
+a = ctx.new_tensor("f32", [1024, 64])
+a.data[...] = 1
+out = FUNCTIONS["add"](ctx, a, a)
+ctx.new_graph().expand(out).compute(2, pool=get_pool(2))
+print("done", float(out.numpy().sum()), *get_pool(2).pids, flush=True)
+"""
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and out.split()[:2] == ["done", str(2.0 * 1024 * 64)], (out, err)
+    r = Run(rc=p.returncode, out=out, err=err, pids=[int(x) for x in out.split()[2:]], acted=None, pid=p.pid)
     assert_nothing_left(r)
 
 

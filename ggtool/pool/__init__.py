@@ -5,9 +5,12 @@ worker processes once and reuses them for every graph; the calling process takes
 as GGML's main thread does. For each graph:
 
 - Every context whose pool the graph touches is moved into a POSIX shared-memory segment
-  (`Context.rebind`; the plan's work buffer lives in the graph context's pool, so it moves too).
-  Memory-mapped GGUF tensors (`FileStorage`) are mapped by each worker from the file. Workers see every
-  tensor as a zero-copy numpy view of the same bytes.
+  (`segments.share_context`; the plan's work buffer and the graph allocator's compute buffer live in
+  the graph context's pool, so they move too). Only the bytes tensors can read are copied into it
+  (`segments.shared_ranges`: leafs' data, the nodes' data where they compute, the work and compute
+  buffers), so nodes placed in a compute buffer cost no shared memory for their own. Memory-mapped
+  GGUF tensors (`FileStorage`) are mapped by each worker from the file. Workers see every tensor as
+  a zero-copy numpy view of the same bytes.
 - The graph goes to each worker once, as a compact picklable description (per tensor: type, ne, nb,
   op, op_params, sources, data offset, buffer); workers rebuild light Tensor objects on the shared
   buffers and cache them, so computing the same graph again only sends "run graph #k".
@@ -30,6 +33,7 @@ holds the process-wide pool (`get_pool`, `close_pool`).
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 
@@ -51,9 +55,28 @@ def get_pool(n_threads: int | None = None) -> WorkerPool:
         if _DEFAULT is None or _DEFAULT.closed or _DEFAULT._state.pid != os.getpid():
             with shm.signals_held():   # made and known together: close_pool must find it
                 _DEFAULT = WorkerPool(n)
+            _close_at_exit()
         # a larger n is not started here: WorkerPool._ensure grows the pool, under its lock, when a
         # compute or map asks for more participants
         return _DEFAULT
+
+
+_EXIT_HOOK: list[int] = []   # the pid that registered it
+
+
+def _close_at_exit() -> None:
+    """Close the default pool at exit, and tell the resource tracker of the segments unlinked. The
+    pool's own finalizer would close it too, but weakref.finalize's exit hook runs after
+    segments' final flush whenever a finalizer existed before ggtool.pool was imported (a
+    TemporaryDirectory, say): the tracker would then warn of a "leaked" segment that is gone."""
+    if _EXIT_HOOK != [os.getpid()]:
+        _EXIT_HOOK[:] = [os.getpid()]
+        atexit.register(_exit_hook, os.getpid())
+
+
+def _exit_hook(pid: int) -> None:
+    if pid == os.getpid():
+        close_pool()
 
 
 def close_pool(graceful: bool = True) -> None:

@@ -121,8 +121,9 @@ class WorkerPool:
             with shm.signals_held():
                 st.workers.append(spawn(st.ctl))
 
-    def _ensure(self, n: int) -> list[Worker]:
-        """At least n participants, started and ready; returns workers 1..n-1."""
+    def _ensure(self, n: int, wait: bool = True) -> list[Worker]:
+        """At least n participants, started and (`wait`) ready; returns workers 1..n-1. Without
+        `wait` they may still be starting: `_wait_ready` them before use."""
         if self._closed:
             raise GGToolError("the worker pool is closed")
         if os.getpid() != self._state.pid:
@@ -135,11 +136,19 @@ class WorkerPool:
         try:
             self._start(self.n_threads)
             workers = self._state.workers[: n - 1]
-            wait_ready(workers)
+            if wait:
+                wait_ready(workers)
         except BaseException:
             self._broken()
             raise
         return workers
+
+    def _wait_ready(self, workers: list[Worker]) -> None:
+        try:
+            wait_ready(workers)
+        except BaseException:
+            self._broken()
+            raise
 
     def _broken(self) -> None:
         """Kill every worker and unlink the segments; the next use starts afresh."""
@@ -168,9 +177,15 @@ class WorkerPool:
             return
         self._enter()
         try:
-            workers = self._ensure(nth)
+            workers = self._ensure(nth, wait=False)
+            if len(plan.nodes) != graph.n_nodes:
+                raise GGToolError(f"the plan was made for {len(plan.nodes)} nodes but the graph has "
+                                  f"{graph.n_nodes}: plan it again")
+            # the contexts move into shared memory while workers just started are still importing
+            entry = self._entry(graph, plan, nth)
+            self._wait_ready(workers)
             with single_threaded():
-                self._run(graph, plan, nth, workers, placement(nth) if self.place else None, progress)
+                self._run(graph, plan, nth, workers, entry, placement(nth) if self.place else None, progress)
         finally:
             self._leave()
 
@@ -195,12 +210,9 @@ class WorkerPool:
             self._keys.pop(old.key, None)
         return entry
 
-    def _run(self, graph, plan, nth: int, workers: list[Worker], cpus: list[int] | None, progress) -> None:
-        if len(plan.nodes) != graph.n_nodes:
-            raise GGToolError(f"the plan was made for {len(plan.nodes)} nodes but the graph has "
-                              f"{graph.n_nodes}: plan it again")
+    def _run(self, graph, plan, nth: int, workers: list[Worker], entry: _Entry, cpus: list[int] | None,
+             progress) -> None:
         st = self._state
-        entry = self._entry(graph, plan, nth)   # shares the contexts' pools (may move them)
         st.used |= entry.segs
         live = live_segments()
         for fp, e in list(self._entries.items()):  # forget graphs whose segments are gone

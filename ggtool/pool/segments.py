@@ -3,6 +3,12 @@
 `share_context` moves a context's pool into a POSIX shared-memory segment (`ggtool.shm`) and keeps a
 registry of those segments, so that each is unlinked exactly when nothing needs it any more: the
 context is garbage-collected, its pool grows out of it, a worker pool that used it closes, or at exit.
+
+Only the bytes a tensor can read move (`shared_ranges`): the data of every tensor as it points now
+(leafs, and nodes where they compute: their own memory in context mode, the compute buffer when the
+graph allocator placed them) and the work and compute buffers. The rest of the segment (tensor
+headers, which nothing reads, and the own memory of nodes that compute in a compute buffer) is
+never written, so it costs no memory.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import threading
 import weakref
 
 from .. import shm
+from ..context import OBJ_WORK_BUFFER
 from ..errors import GGToolError
 
 _SEGMENTS: dict[int, tuple] = {}   # id(ctx) -> (weakref to ctx, Segment)
@@ -44,14 +51,16 @@ def share_context(ctx) -> shm.Segment:
             if ref() is ctx:
                 seg.unlink()   # the pool grew into a private buffer: this copy is stale
         need = ctx.used_mem
+        ranges = shared_ranges(ctx)
+        moved = sum(b - a for a, b in ranges)
         try:
             st = os.statvfs("/dev/shm")
             free = st.f_bavail * st.f_frsize
         except OSError:  # pragma: no cover
             free = None
-        if free is not None and need > free:
+        if free is not None and moved > free:
             raise GGToolError(
-                f"not enough shared memory for the worker pool: the context needs {need} bytes, "
+                f"not enough shared memory for the worker pool: the context needs {moved} bytes, "
                 f"/dev/shm has {free} free (enlarge /dev/shm or use --threads 1)")
         # The new segment is unlinked unless it ends up in the registry, with the context moved
         # into it: a Ctrl-C or SIGTERM during the copy (seconds for a large context) stops it there,
@@ -60,7 +69,7 @@ def share_context(ctx) -> shm.Segment:
         try:
             with shm.signals_held():
                 seg = shm.Segment(max(len(ctx.buffer), need, 1))
-            seg.fill(ctx.buffer[:need])   # what is not zero yet: inputs, earlier results
+            seg.fill(ctx.buffer[:need], ranges)   # what tensors can read and is not zero yet: inputs, earlier results
             with shm.signals_held():
                 ctx.adopt(seg.array)
                 ref = weakref.ref(ctx, lambda r, k=key, s=seg: _ctx_gone(k, s, r))
@@ -71,6 +80,37 @@ def share_context(ctx) -> shm.Segment:
                 seg.unlink()
             raise
         return seg
+
+
+def shared_ranges(ctx, gap: int = 1 << 16) -> list[tuple[int, int]]:
+    """The byte ranges [start, end) of `ctx`'s pool that go into its shared segment: the data of
+    every tensor whose data is in the pool, where it points now (a node bound to a compute buffer
+    by the graph allocator points into that buffer, and its own memory is left out), and every work
+    and compute buffer. Sorted, page-aligned, merged where less than `gap` bytes apart (a madvise
+    and a copy per range), clipped to the used pool. Tensor headers are left out: nothing reads
+    them (they are zero in the pool)."""
+    page = shm.PAGE
+    used = ctx.used_mem
+    spans = []
+    for t in ctx.tensors:
+        off = t.data_offset
+        if t.storage is None and off is not None:
+            n = t.nbytes
+            if n:
+                spans.append((off, off + n))
+    spans.extend((offs, offs + size) for offs, size, kind in ctx.objects if kind == OBJ_WORK_BUFFER and size)
+    spans.sort()
+    out: list[list[int]] = []
+    for a, b in spans:
+        a, b = a // page * page, min(used, -(-b // page) * page)
+        if a >= b:
+            continue
+        if out and a <= out[-1][1] + gap:
+            if b > out[-1][1]:
+                out[-1][1] = b
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 def live_segments() -> set[str]:
