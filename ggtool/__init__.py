@@ -9,8 +9,6 @@ The worker pool, the quantizers and the DSL load on first use (`ggtool.WorkerPoo
 `ggtool.quantize_q4_0`, `ggtool.dsl`), so a small compute does not pay for their imports.
 """
 
-from . import ops
-from .context import Context
 from .errors import (
     ComputeError,
     ContextMemoryError,
@@ -20,14 +18,14 @@ from .errors import (
     QuantizationError,
     ShapeError,
 )
-from .graph import Graph, graph_overhead
-from .plan import Plan, make_plan
-from .tensor import Tensor
-from .types import GGMLType
 
 __version__ = "0.1.0"
 
+# Loaded on first use, so that `ggtool.pool.launch` can start workers before numpy loads, and a
+# small compute does not pay for the pool's, the quantizers' or the DSL's imports.
 _LAZY = {
+    "Context": "context", "Graph": "graph", "graph_overhead": "graph", "Plan": "plan", "make_plan": "plan",
+    "Tensor": "tensor", "GGMLType": "types",
     "WorkerPool": "pool", "get_pool": "pool", "close_pool": "pool",
     "quantize_q4_0": "quant", "dequantize_q4_0": "quant", "quantize_q8_0": "quant",
     "dequantize_q8_0": "quant", "quantize": "quant", "dequantize": "quant", "fp32_to_fp16": "quant",
@@ -35,11 +33,13 @@ _LAZY = {
 
 
 def __getattr__(name: str):
+    import importlib
+
+    if name == "ops":
+        return importlib.import_module(".ops", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ggtool' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
@@ -48,3 +48,7 @@ __all__ = [
     "InputError", "Plan", "QuantizationError", "ShapeError", "Tensor", "graph_overhead", "make_plan", "ops",
     *_LAZY,
 ]
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -24,6 +24,7 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 from .errors import GGToolError
+from .pool.launch import ENDING_SIGNALS, signals_blocked
 
 try:
     import _posixshmem
@@ -32,11 +33,6 @@ except ImportError:  # pragma: no cover (not POSIX)
 
 PREFIX = "ggtool_"
 PAGE = mmap.PAGESIZE
-
-
-# The signals that end a process and that ggtool's command line turns into KeyboardInterrupt (Ctrl-C,
-# `kill`/`timeout`, a closed terminal); held during critical sections.
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextmanager
@@ -63,18 +59,6 @@ def signals_held():
             signal.signal(sig, h)
         for sig in dict.fromkeys(held):
             signal.raise_signal(sig)
-
-
-@contextmanager
-def signals_blocked():
-    """Block the ending signals in this thread for the block: a process started meanwhile inherits
-    the mask, and so is safe from a signal to the whole process group (a terminal's Ctrl-C or
-    hangup, `timeout`) until it unblocks them or handles them itself."""
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _path(name: str) -> str:

@@ -1,14 +1,32 @@
-"""GGML tensor types. Ids, block sizes and type sizes come from gguf-py (with GGML's own size where
-gguf-py's table is behind); this adds names and numpy views."""
+"""GGML tensor types: ids, names, block sizes and type sizes (ggml_type_traits), names and numpy views.
+
+The table is GGML's own (ggml.h, ggml.c), held here rather than taken from gguf-py so that the
+engine and the worker processes start without importing gguf (~60 ms); `tests/test_types.py`
+checks it against gguf-py's GGMLQuantizationType and GGML_QUANT_SIZES, which agree but for
+block_q8_1 (gguf-py 0.19 still has its old 40-byte layout: GGML's is 36, see _SIZES)."""
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .errors import GGToolError
 
-GGMLType = GGMLQuantizationType
+# name, id, block size, type size (bytes per block); ids 4, 5, 31-33 and 36-38 are removed types
+_TABLE = (
+    ("F32", 0, 1, 4), ("F16", 1, 1, 2), ("Q4_0", 2, 32, 18), ("Q4_1", 3, 32, 20), ("Q5_0", 6, 32, 22),
+    ("Q5_1", 7, 32, 24), ("Q8_0", 8, 32, 34), ("Q8_1", 9, 32, 36), ("Q2_K", 10, 256, 84),
+    ("Q3_K", 11, 256, 110), ("Q4_K", 12, 256, 144), ("Q5_K", 13, 256, 176), ("Q6_K", 14, 256, 210),
+    ("Q8_K", 15, 256, 292), ("IQ2_XXS", 16, 256, 66), ("IQ2_XS", 17, 256, 74), ("IQ3_XXS", 18, 256, 98),
+    ("IQ1_S", 19, 256, 50), ("IQ4_NL", 20, 32, 18), ("IQ3_S", 21, 256, 110), ("IQ2_S", 22, 256, 82),
+    ("IQ4_XS", 23, 256, 136), ("I8", 24, 1, 1), ("I16", 25, 1, 2), ("I32", 26, 1, 4), ("I64", 27, 1, 8),
+    ("F64", 28, 1, 8), ("IQ1_M", 29, 256, 56), ("BF16", 30, 1, 2), ("TQ1_0", 34, 256, 54),
+    ("TQ2_0", 35, 256, 66), ("MXFP4", 39, 32, 17), ("NVFP4", 40, 64, 36), ("Q1_0", 41, 128, 18),
+)
+
+GGMLType = IntEnum("GGMLType", [(name, i) for name, i, _, _ in _TABLE], module=__name__)
+GGMLType.__doc__ = "enum ggml_type (the members and values of gguf-py's GGMLQuantizationType)"
 
 F32, F16, Q4_0, Q8_0, I32 = GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.I32
 BF16 = GGMLType.BF16
@@ -58,15 +76,12 @@ def parse_type(name: str | int | GGMLType) -> GGMLType:
     except (KeyError, ValueError):
         known = ", ".join(type_name(t) for t in COMPUTE_TYPES)
         raise GGToolError(f"unknown tensor type {name!r} (ggtool computes with {known})") from None
-    if t not in GGML_QUANT_SIZES:
-        raise GGToolError(f"tensor type id {int(t)} is a removed GGML type")
     return t
 
 
-# gguf-py 0.19 still gives block_q8_1 its old layout (float d, float s: 40 bytes); GGML's is two
-# fp16 and the codes, 36 bytes (ggml-common.h). Q8_1 is never stored in a file, only planned and
-# computed with, so GGML's number is the one that counts (the plan's work_size).
-_SIZES = {**GGML_QUANT_SIZES, GGMLType.Q8_1: (32, 36)}
+# (block size, type size) per type. Q8_1 is GGML's two fp16 and the codes, 36 bytes (ggml-common.h);
+# it is never stored in a file, only planned and computed with (the plan's work_size).
+_SIZES = {GGMLType(i): (blck, size) for _, i, blck, size in _TABLE}
 
 
 def block_size(t: GGMLType) -> int:

@@ -86,3 +86,37 @@ def test_warnings_from_our_modules_fail_the_tests(tmp_path):
         "test_ours_calls_a_deprecated_api": "FAILED", "test_ours_warns": "FAILED",
         "test_numpy_warns_on_our_arithmetic": "FAILED", "test_theirs_warns": "PASSED",
         "test_theirs_calls_a_deprecated_api": "PASSED", "test_a_lookalike_name_is_not_ours": "PASSED"}, r.stdout
+
+
+def test_the_type_table_is_gguf_pys():
+    """ggtool.types holds GGML's type table itself (so the engine starts without gguf): every id,
+    name and size gguf-py knows, but block_q8_1, which gguf-py 0.19 still sizes at its old 40 bytes."""
+    import gguf
+
+    from ggtool import types as T
+
+    theirs = {t.name: (int(t), gguf.GGML_QUANT_SIZES.get(t)) for t in gguf.GGMLQuantizationType}
+    ours = {t.name: (int(t), (T.block_size(t), T.type_size(t))) for t in T.GGMLType}
+    assert ours.pop("Q8_1") == (9, (32, 36))
+    assert theirs.pop("Q8_1")[0] == 9
+    assert {k: v for k, v in theirs.items() if v[1] is not None} == {k: v for k, v in ours.items() if k in theirs}
+    assert T.parse_type(gguf.GGMLQuantizationType.Q4_K) is T.GGMLType.Q4_K
+
+
+def test_a_compute_on_npy_and_json_imports_no_gguf(tmp_path):
+    """Neither the command line nor a worker process imports gguf (~60 ms of start-up) when no GGUF
+    file is involved."""
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.ones((4, 8), np.float32))
+    loaded = "sorted(m for m in ('gguf', 'yaml') if m in sys.modules)"
+    code = (f"import sys, atexit; atexit.register(lambda: print({loaded})); "
+            "sys.argv[0] = 'ggtool'; from ggtool.__main__ import main; main()")
+    r = subprocess.run([sys.executable, "-c", code, "compute", "add(x, y)", "--tensor", f"x={tmp_path / 'x.npy'}",
+                        "--tensor", "y=[1,2,3,4,5,6,7,8]", "--threads", "2"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[[2,3,4,5,6,7,8,9],[2,3,4,5,6,7,8,9],[2,3,4,5,6,7,8,9],[2,3,4,5,6,7,8,9]]", "[]"]
+    worker = f"import sys; import ggtool.pool.worker; print({loaded})"   # what a worker imports before its loop
+    r = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True, cwd=tmp_path)
+    assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGUFReader, GGUFValueType
 from gguf.gguf_reader import ReaderField
 
 from .. import types as T
@@ -201,9 +201,9 @@ class _CheckedReader(GGUFReader):
             name = bytes(name_data).decode("utf-8", errors="replace")
             raw = int(raw_dtype[0])
             try:
-                t = GGMLQuantizationType(raw)
-                blck, tsize = GGML_QUANT_SIZES[t]
-            except (ValueError, KeyError):
+                t = T.GGMLType(raw)
+                blck, tsize = T.block_size(t), T.type_size(t)
+            except ValueError:
                 raise InputError(f"tensor '{name}' has unknown or removed GGML type id {raw}") from None
             ne = [int(d) for d in dims]
             if ne and ne[0] % blck:

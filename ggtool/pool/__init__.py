@@ -36,20 +36,34 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from typing import TYPE_CHECKING
 
-from .. import shm
-from .barrier import MAX_PARTICIPANTS  # noqa: F401
-from .caller import WorkerPool
-from .segments import share_context  # noqa: F401
-from .threads import default_threads
+if TYPE_CHECKING:
+    from .caller import WorkerPool
 
 _DEFAULT: WorkerPool | None = None
 _DEFAULT_LOCK = threading.Lock()
+# loaded on first use: `ggtool.pool.launch` must stay light (it runs before numpy loads)
+_LAZY = {"WorkerPool": "caller", "MAX_PARTICIPANTS": "barrier", "share_context": "segments",
+         "default_threads": "threads"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ggtool.pool' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
 def get_pool(n_threads: int | None = None) -> WorkerPool:
     """The process's shared pool (created on first use, grown on demand, closed at exit)."""
     global _DEFAULT
+    from .. import shm
+    from .caller import WorkerPool
+    from .threads import default_threads
+
     n = default_threads() if n_threads is None else int(n_threads)
     with _DEFAULT_LOCK:
         if _DEFAULT is None or _DEFAULT.closed or _DEFAULT._state.pid != os.getpid():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,8 +19,9 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as _wait_ready
 from multiprocessing.reduction import ForkingPickler
 
-from .. import blas, shm
+from .. import shm
 from ..errors import GGToolError
+from .launch import launch, take
 from .segments import release_segments
 
 _START_TIMEOUT = 120.0
@@ -29,7 +29,6 @@ _START_TIMEOUT = 120.0
 _SMALL_MESSAGE = 16 * 1024
 # set in the workers' environment: a pool made there (by a module a worker imports) stays in-process
 IN_WORKER = bool(os.environ.get("GGTOOL_POOL_WORKER"))
-_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _process_start_time() -> float | None:
@@ -116,43 +115,11 @@ def death(w: Worker) -> str:
 
 
 def spawn(ctl: shm.Segment) -> Worker:
-    """Start one worker: a fresh interpreter with our sys.path and single-threaded BLAS.
-
-    It gets a socket for messages and the read end of a pipe whose write end only this process
-    holds: when we die, however we die, the worker's watchdog thread reads EOF and exits, even
-    in the middle of a kernel.
-    """
-    parent, child = socket.socketpair()
-    life_r, life_w = os.pipe()
-    bell = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC) if hasattr(os, "eventfd") else -1
-    path = list(sys.path)
-    if _PKG_ROOT not in path:
-        path.append(_PKG_ROOT)
-    code = f"import sys; sys.path[:] = {path!r}; from ggtool.pool.worker import main; main()"
-    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code,
-           str(child.fileno()), str(life_r), str(bell)]
-    try:
-        env = blas.single_thread_env()
-        env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
-        env["GGTOOL_POOL_WORKER"] = "1"
-        # The worker inherits the signal mask: it starts with the ending signals blocked, so a Ctrl-C
-        # or SIGTERM to the whole process group (a terminal, `timeout`) cannot kill it, or have it
-        # print a traceback, while it is still importing; worker.main then ignores SIGINT and takes
-        # SIGTERM/SIGHUP on a thread of its own. The caller handles them.
-        with shm.signals_blocked():
-            proc = subprocess.Popen(cmd, pass_fds=(child.fileno(), life_r, *([bell] if bell >= 0 else [])),
-                                    env=env, stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
-    except BaseException:
-        parent.close()
-        os.close(life_w)
-        if bell >= 0:
-            os.close(bell)
-        raise
-    finally:
-        child.close()
-        os.close(life_r)
-    conn = Connection(parent.detach())
-    w = Worker(proc, conn, life_w, bell)
+    """One worker (a prestarted one if the command line launched it, see `launch`), told which
+    control segment to use."""
+    started = take() or launch()
+    conn = Connection(started.sock.detach())
+    w = Worker(started.proc, conn, started.life, started.bell)
     try:
         w.send(("init", ctl.name, ctl.size))
     except BaseException:

@@ -14,13 +14,13 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import types as T
 from ..context import Context
 from ..errors import GGToolError, InputError, QuantizationError
-from ..gguf_io import GGUFFile, TensorInfo, open_gguf
 from ..tensor import Tensor
 from .sources import (
     NPY_MAGIC,
@@ -34,6 +34,9 @@ from .sources import (
     parse_tensor_option,
     read_npy_header,
 )
+
+if TYPE_CHECKING:
+    from ..gguf_io import GGUFFile, TensorInfo
 
 __all__ = [
     "MMAP_TYPES", "NO_DATA", "NPY_MAGIC", "PLAIN_GGUF_TYPES", "TARGET_TYPES", "Inputs", "Source", "SourceSyntaxError",
@@ -100,7 +103,7 @@ class Inputs:
         self.ggufs: list[GGUFFile] = []
         for p in gguf_paths:
             try:
-                self.ggufs.append(open_gguf(p))
+                self.ggufs.append(_open_gguf(p))
             except InputError as e:
                 raise InputError(f"--gguf {p}: {_strip_path(e, p)}") from None
         self._gguf_names: dict[str, list[GGUFFile]] = {}
@@ -219,7 +222,7 @@ class Inputs:
             return _Prepared(s, s.type or default_type(dtype, where), shape[::-1] or (1,), where, npy=True)
         # gguf
         try:
-            g = open_gguf(s.path)
+            g = _open_gguf(s.path)
         except InputError as e:
             raise InputError(f"{where}: {e}") from None
         info = g.tensors.get(s.tensor)
@@ -279,6 +282,12 @@ class Inputs:
     def _log(self, name: str, what: str) -> None:
         if self.on_load is not None:
             self.on_load(name, what)
+
+
+def _open_gguf(path) -> GGUFFile:
+    from ..gguf_io import open_gguf  # gguf-py loads only when a GGUF file is read
+
+    return open_gguf(path)
 
 
 def _gguf_load_type(info: TensorInfo, prefix: T.GGMLType | None, s: Source, where: str) -> T.GGMLType:

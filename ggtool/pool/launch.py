@@ -1,0 +1,146 @@
+"""Starting worker processes, and starting them before the command line has loaded.
+
+A worker spends ~0.15 s importing numpy and ggtool before it can compute; the command line spends
+about as long importing click, numpy and the DSL before it knows its graph. `prestart` looks at the
+arguments of `ggtool compute` first thing (before those imports) and, for an explicit `--threads N`
+(or GGTOOL_THREADS) above 1, launches the N-1 workers at once, so that both import side by side; the
+pool adopts them (`take`) when it starts. This module imports nothing heavy: it runs before numpy
+loads. A launched worker that is never adopted exits with the process (its life pipe closes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from contextlib import contextmanager
+
+from ..blas import single_thread_env
+
+# The signals that end a process (Ctrl-C, `kill`/`timeout`, a closed terminal).
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PRESTARTED: list[Launched] = []
+
+
+class Launched:
+    """A worker process just started: its process, our end of its socket, the write end of its
+    life pipe and its bell (an eventfd, or -1)."""
+
+    __slots__ = ("bell", "life", "proc", "sock")
+
+    def __init__(self, proc, sock, life: int, bell: int):
+        self.proc, self.sock, self.life, self.bell = proc, sock, life, bell
+
+    def close(self) -> None:
+        """Kill the process and close our ends (a launch nobody adopted)."""
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=5.0)
+        except (OSError, subprocess.TimeoutExpired):  # pragma: no cover
+            pass
+        self.sock.close()
+        for fd in (self.life, self.bell):
+            if fd >= 0:
+                os.close(fd)
+
+
+@contextmanager
+def signals_blocked():
+    """Block the ending signals in this thread for the block: a process started meanwhile inherits
+    the mask, and so is safe from a signal to the whole process group (a terminal's Ctrl-C or
+    hangup, `timeout`) until it unblocks them or handles them itself."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def launch() -> Launched:
+    """Start one worker: a fresh interpreter with our sys.path and single-threaded BLAS.
+
+    It gets a socket for messages and the read end of a pipe whose write end only this process
+    holds: when we die, however we die, the worker's watchdog thread reads EOF and exits, even in
+    the middle of a kernel. It imports and then waits for its first message (procs.spawn sends it).
+    """
+    parent, child = socket.socketpair()
+    life_r, life_w = os.pipe()
+    bell = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC) if hasattr(os, "eventfd") else -1
+    path = list(sys.path)
+    if _PKG_ROOT not in path:
+        path.append(_PKG_ROOT)
+    code = f"import sys; sys.path[:] = {path!r}; from ggtool.pool.worker import main; main()"
+    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code,
+           str(child.fileno()), str(life_r), str(bell)]
+    try:
+        env = single_thread_env()
+        env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
+        env["GGTOOL_POOL_WORKER"] = "1"
+        # The worker inherits the signal mask: it starts with the ending signals blocked, so a Ctrl-C
+        # or SIGTERM to the whole process group cannot kill it, or have it print a traceback, while
+        # it is still importing; worker.main then ignores SIGINT and takes SIGTERM/SIGHUP on a thread
+        # of its own. The caller handles them.
+        with signals_blocked():
+            proc = subprocess.Popen(cmd, pass_fds=(child.fileno(), life_r, *([bell] if bell >= 0 else [])),
+                                    env=env, stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
+    except BaseException:
+        parent.close()
+        os.close(life_w)
+        if bell >= 0:
+            os.close(bell)
+        raise
+    finally:
+        child.close()
+        os.close(life_r)
+    return Launched(proc, parent, life_w, bell)
+
+
+def take() -> Launched | None:
+    """A prestarted worker still alive, or None."""
+    while _PRESTARTED:
+        w = _PRESTARTED.pop(0)
+        if w.proc.poll() is None:
+            return w
+        w.close()
+    return None
+
+
+def discard() -> None:
+    """Kill the prestarted workers nobody took."""
+    while _PRESTARTED:
+        _PRESTARTED.pop().close()
+
+
+def threads_asked(argv: list[str]) -> int:
+    """The --threads of a `compute` command line (or GGTOOL_THREADS), else 0. Only a clear case
+    counts: anything odd is left for click to judge."""
+    if not argv or argv[0] != "compute" or "--help" in argv or "-h" in argv:
+        return 0
+    value = os.environ.get("GGTOOL_THREADS", "")
+    args = iter(argv[1:])
+    for a in args:
+        if a == "--":
+            break
+        if a in ("--threads", "-t"):
+            value = next(args, "")
+        elif a.startswith("--threads="):
+            value = a[len("--threads="):]
+        elif a.startswith("-t") and a[2:].isdigit():
+            value = a[2:]
+    return int(value) if value.isdigit() else 0
+
+
+def prestart(argv: list[str]) -> None:
+    """Launch the workers a `ggtool compute --threads N` command line will use (N-1 of them, at
+    most one per CPU), before the command line's own imports. The pool adopts them."""
+    n = min(threads_asked(argv), os.cpu_count() or 1)
+    if n <= 1 or os.environ.get("GGTOOL_POOL_WORKER"):
+        return
+    try:
+        for _ in range(n - 1):
+            _PRESTARTED.append(launch())
+    except OSError:  # out of processes or descriptors: the pool will say so when it starts them
+        discard()
