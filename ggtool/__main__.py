@@ -1,7 +1,10 @@
 """`ggtool` and `python -m ggtool`: the command line (the click layer lives in ggtool.commands).
 
 The worker processes a `compute --threads N` will use are launched before anything heavy is
-imported (ggtool.pool.launch), so that they load numpy and ggtool while this process does."""
+imported (ggtool.pool.launch), so that they load numpy and ggtool while this process does. When
+the command is over and the exit handlers have run (the pool stopped, outputs closed and renamed,
+shared memory unlinked), the process ends at once: tearing down the interpreter's modules one by
+one would add ~30 ms to every command and change nothing."""
 
 import sys
 
@@ -12,7 +15,29 @@ def main() -> None:
     prestart(sys.argv[1:])
     from ggtool.commands import main as command_line
 
-    command_line()
+    try:
+        command_line()
+        code = 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # a reader that left: the command has said what it had to
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -589,6 +589,19 @@ def test_map(pool):
         assert env == "1" and threads in (1, None)
 
 
+def _module_of(name):
+    import importlib
+
+    return importlib.import_module(name)   # a module: it cannot be pickled back
+
+
+def test_map_result_that_cannot_travel_is_an_error_not_a_dead_worker(pool):
+    pids = pool.pids
+    with pytest.raises(GGToolError, match="cannot be sent back from a worker"):
+        pool.map(_module_of, ["json"] * 4)
+    assert pool.pids == pids and pool.map(_maybe_fail, range(4)) == [0, 1, 4, 9]
+
+
 def test_default_threads_and_shared_pool(monkeypatch):
     monkeypatch.setenv("GGTOOL_THREADS", "3")
     assert default_threads() == 3

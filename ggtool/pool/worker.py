@@ -146,9 +146,11 @@ def main() -> None:
             except BaseException as e:
                 reply = failure(e)
         try:
-            conn.send(reply)
+            conn.send(reply)   # pickled whole before anything is written
         except (OSError, ValueError):
             break
+        except Exception as e:   # a map result that cannot travel: its error, not our death
+            conn.send(("exc", GGToolError(f"a result cannot be sent back from a worker ({type(e).__name__}: {e})")))
     try:
         sys.stdout.flush()
         sys.stderr.flush()
