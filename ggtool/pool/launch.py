@@ -136,7 +136,8 @@ def threads_asked(argv: list[str]) -> int:
 def prestart(argv: list[str]) -> None:
     """Launch the workers a `ggtool compute --threads N` command line will use (N-1 of them, at
     most one per CPU), before the command line's own imports. The pool adopts them."""
-    n = min(threads_asked(argv), os.cpu_count() or 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = min(threads_asked(argv), cpus)
     if n <= 1 or os.environ.get("GGTOOL_POOL_WORKER"):
         return
     try:
