@@ -31,6 +31,8 @@ def _exit_now(code: int) -> None:
     import atexit
     import os
 
+    if sys.getprofile() is not None or sys.gettrace() is not None:   # a profiler or debugger reports at exit
+        sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -48,6 +48,28 @@ def test_python_dash_m():
     assert r.returncode == 0 and r.stdout.startswith("Usage: ggtool") and r.stderr == ""
 
 
+def test_python_dash_m_exit_codes_and_output():
+    """The process ends right after its exit handlers (ggtool/__main__.py): the exit status, the
+    data on stdout and the message on stderr all survive it."""
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "ggtool", *args], capture_output=True, text=True, cwd=ROOT,
+                              timeout=60)
+
+    r = run("compute", "add(a, b)", "--tensor", "a=[1,2]", "--tensor", "b=[3,4]")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "[4,6]\n", "")
+    r = run("compute", "add(a, b)", "--tensor", "a=[1,2]")
+    assert r.returncode == 1 and r.stdout == "" and "b" in r.stderr and "Traceback" not in r.stderr
+    r = run("compute", "--no-such-option")
+    assert r.returncode == 2 and "No such option" in r.stderr
+
+
+def test_under_a_profiler_the_process_ends_normally():
+    """cProfile prints its report when the program returns: ggtool then exits the usual way."""
+    r = subprocess.run([sys.executable, "-m", "cProfile", "-m", "ggtool", "compute", "neg(a)", "--tensor", "a=[1]"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("[-1]\n") and "function calls" in r.stdout
+
+
 def test_broken_pipe_is_quiet():
     """`ggtool compute ... | head -c 1`: no traceback, no message, exit 141 (128 + SIGPIPE), as a C
     tool (tests/test_cli_signals.py has every command and format)."""

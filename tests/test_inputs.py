@@ -319,3 +319,19 @@ def test_a_gguf_type_ggtool_does_not_compute_is_refused_unless_converted_on_requ
     np.testing.assert_array_equal(env.tensor("wide", Context()).numpy().ravel(), np.arange(4, dtype=np.float32))
     t = env.tensor("small", Context())
     assert t.type == T.I32 and t.numpy().ravel().tolist() == [0, 1, 2, 3]
+
+
+def test_an_output_is_written_from_its_own_memory():
+    """tensor_array gives a packed tensor's memory itself (a large output is not copied to be
+    written out); a view that is not packed, and a quantized tensor, come as packed copies."""
+    from ggtool.ops.layout import permute
+    from ggtool.tensor_io import tensor_array
+
+    ctx = Context()
+    t = ctx.new_tensor(T.F32, [4, 3]).set_data(np.arange(12, dtype=np.float32).reshape(3, 4))
+    a = tensor_array(t)
+    assert np.shares_memory(a, t.data) and a.shape == (3, 4)
+    p = permute(ctx, t, 1, 0, 2, 3)
+    b = tensor_array(p)
+    assert not np.shares_memory(b, t.data) and b.flags.c_contiguous
+    assert (b == np.arange(12, dtype=np.float32).reshape(3, 4).T).all()

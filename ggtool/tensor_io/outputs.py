@@ -37,9 +37,14 @@ def format_for_path(path: str) -> str | None:
 def tensor_array(t: Tensor) -> np.ndarray:
     """A tensor's values in numpy order, packed, with ggml_n_dims dimensions (trailing ne of 1 dropped:
     ne [4, 3, 1, 1] is numpy shape (3, 4); an empty dimension is kept); quantized tensors are
-    dequantized to f32."""
+    dequantized to f32. A packed tensor comes as a view of its memory, not a copy: a large output
+    would otherwise cost a second buffer (and its first touch) just to be written out."""
     n = max((i + 1 for i, d in enumerate(t.ne) if d != 1), default=1)
-    return t.numpy().reshape(t.ne[:n][::-1])
+    if T.is_quantized(t.type) or t.type == T.BF16:
+        arr = t.numpy()
+    else:
+        arr = np.ascontiguousarray(t.data)   # copies only a view that is not packed
+    return arr.reshape(t.ne[:n][::-1])
 
 
 # -- JSON -----------------------------------------------------------------------------------------
