@@ -33,7 +33,6 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError, InputError, QuantizationError
-from ..gguf_io import GGUFFile
 
 GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -237,6 +236,8 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
         raise InputError(f"{path}: {e.strerror}") from None
     if npy:
         return _plan_npy(path, opts)
+    from ..gguf_io import GGUFFile   # gguf-py loads only for a GGUF input
+
     g = GGUFFile(path)
     infos = list(g.tensors.values())
     has_output = "output.weight" in g.tensors
