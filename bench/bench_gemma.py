@@ -118,6 +118,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="sequence length (default 32)")
     args = ap.parse_args()
 
+    from bench_kernels import compile_pyc
+    compile_pyc()   # as installed: ggtool's modules compiled once, not on every run
     path = gemma_path()
     tokens = (BASE_TOKENS * (args.tokens // len(BASE_TOKENS) + 1))[:args.tokens]
     tokens_json = "[" + ",".join(map(str, tokens)) + "]"

@@ -57,17 +57,21 @@ def _interleaved(cmds: dict, runs: int) -> dict:
     return {k: (statistics.median(w for w, _ in v), max(r for _, r in v)) for k, v in res.items()}
 
 
+def compile_pyc() -> None:
+    """ggtool's modules as an installed package has them: compiled (pip compiles a wheel's .py files
+    to .pyc at install, as it did numpy's and gguf's). Without .pyc files, and with
+    PYTHONDONTWRITEBYTECODE set (as on some machines), every module is compiled again on every run."""
+    import compileall
+    for d in ("ggtool", "commands"):
+        compileall.compile_dir(str(ROOT / d), quiet=1)
+
+
 def startup(runs: int) -> None:
     ggtool = [sys.executable, "-m", "ggtool"]
     tiny = ggtool + ["compute", "add(a, b)", "--tensor", "a=[1,2]", "--tensor", "b=[3,4]"]
     row = "[" + ",".join(["0.5"] * 64) + "]"
     q4 = ggtool + ["compute", "mul_mat(w, x)", "--tensor", f"w=q4_0:[{row},{row}]", "--tensor", f"x=[{row}]"]
-    # ggtool's modules as an installed package has them: compiled (pip compiles a wheel's .py files
-    # to .pyc at install, as it did numpy's and gguf's). Without .pyc files, and with
-    # PYTHONDONTWRITEBYTECODE set (as on some machines), every module is compiled again on every run.
-    import compileall
-    for d in ("ggtool", "commands"):
-        compileall.compile_dir(str(ROOT / d), quiet=1)
+    compile_pyc()
     t = _interleaved({"ref": ([sys.executable, "-c", "import numpy, gguf"],), "add": (tiny,), "q4": (q4,)}, runs)
     print(f"\n== start-up, fresh processes, median of {runs} (ggtool's .pyc files compiled, as installed)")
     print(f"  python -c 'import numpy, gguf'           {t['ref'][0] * 1e3:7.0f} ms")
@@ -94,6 +98,7 @@ w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); 
 
 
 def quantize_npy(runs: int) -> None:
+    compile_pyc()
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "x.npy")
         np.save(src, np.random.default_rng(0).standard_normal((16384, 4096), dtype=np.float32))
@@ -162,6 +167,7 @@ def main() -> None:
         bench_quant.bench_q4_0(a.runs)
     if "gemma" in a.which:
         import bench_quant
+        compile_pyc()
         bench_quant.bench_gemma(max(3, a.runs // 2), a.llama_python, loop=False)
 
 

@@ -64,3 +64,24 @@ def test_a_worker_nobody_adopts_ends_with_its_process():
                 return
         time.sleep(0.05)
     pytest.fail(f"the prestarted worker {pid} outlived its process")
+
+
+@needs_two_cpus
+@pytest.mark.parametrize("argv, preload", [
+    (["compute", "-f", "m.gg", "--gguf", "model.gguf", "-t", "2"], True),
+    (["compute", "mul_mat(w, x)", "--tensor", "w=model.gguf:w", "-t", "2"], True),
+    (["compute", "add(a, b)", "--tensor", "a=a.npy", "-t", "2"], False),
+])
+def test_workers_for_a_gguf_model_load_the_kernels_while_they_wait(argv, preload):
+    """They are told to (GGTOOL_WORKER_PRELOAD) and do: numba's LLVM library is mapped before
+    anything was asked of them."""
+    code = ("import sys, time; from ggtool.pool import launch; launch.prestart(sys.argv[1:]); "
+            "pid = launch._PRESTARTED[0].proc.pid; print(pid, flush=True); "
+            "deadline = time.monotonic() + 30\n"
+            "while time.monotonic() < deadline and 'llvmlite' not in open(f'/proc/{pid}/maps').read(): time.sleep(0.05)\n"
+            "print('llvmlite' in open(f'/proc/{pid}/maps').read())")
+    if not preload:
+        code = code.replace("time.monotonic() + 30", "time.monotonic() + 1")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[1] == str(preload)

@@ -236,7 +236,7 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
         raise InputError(f"{path}: {e.strerror}") from None
     if npy:
         return _plan_npy(path, opts)
-    from ..gguf_io import GGUFFile   # gguf-py loads only for a GGUF input
+    from ..gguf_io import GGUFFile  # gguf-py loads only for a GGUF input
 
     g = GGUFFile(path)
     infos = list(g.tensors.values())
