@@ -202,8 +202,15 @@ def test_round_trip_is_stable(fn, dq):
 
 
 def test_one_specialization_each():
+    """Writable and read-only arrays alike run the one pinned specialization of each kernel."""
     from ggtool.kernels import quantize as kq
-    Q.quantize_q4_0(np.ones(32, F32))
+    writable, readonly = np.ones(64, F32), np.ones(64, F32)
+    readonly.flags.writeable = False
+    for x in (writable, readonly):
+        for fn, dq in ((Q.quantize_q4_0, Q.dequantize_q4_0), (Q.quantize_q8_0, Q.dequantize_q8_0)):
+            dq(fn(x))
+        Q.quantize_q8_0_cpu(x)
+        Q.fp32_to_fp16(x)
     for name in ("q4_0_quantize", "q8_0_quantize", "q8_0_quantize_cpu", "q4_0_dequantize", "q8_0_dequantize",
                  "fp32_to_fp16"):
         assert len(getattr(kq, name).signatures) == 1, name
