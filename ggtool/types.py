@@ -1,7 +1,7 @@
-"""GGML tensor types: ids, names, block sizes and type sizes (ggml_type_traits), names and numpy views.
+"""GGML tensor types: ids, names, block sizes and type sizes (ggml_type_traits), and numpy views.
 
 The table is GGML's own (ggml.h, ggml.c), held here rather than taken from gguf-py so that the
-engine and the worker processes start without importing gguf (~60 ms); `tests/test_types.py`
+engine and the worker processes start without importing gguf (~60 ms); `tests/test_packaging.py`
 checks it against gguf-py's GGMLQuantizationType and GGML_QUANT_SIZES, which agree but for
 block_q8_1 (gguf-py 0.19 still has its old 40-byte layout: GGML's is 36, see _SIZES)."""
 

@@ -163,7 +163,10 @@ def main() -> None:
         except (OSError, ValueError):
             break
         except Exception as e:   # a map result that cannot travel: its error, not our death
-            conn.send(("exc", GGToolError(f"a result cannot be sent back from a worker ({type(e).__name__}: {e})")))
+            try:
+                conn.send(("exc", GGToolError(f"a result cannot be sent back from a worker ({type(e).__name__}: {e})")))
+            except (OSError, ValueError):
+                break
     try:
         sys.stdout.flush()
         sys.stderr.flush()
