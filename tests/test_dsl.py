@@ -561,3 +561,18 @@ def test_input_placeholder_only_where_no_data_is_read():
         build('t = input("t", f16, 3, 2)', ggtool.Context(), DictEnv({}))
     with pytest.raises(DSLError, match="no input 'u' was given and input\\(\\) has no placeholder shape"):
         build('u = input("u", f32)', ggtool.Context(), DictEnv({}, read_data=False))
+
+
+def test_ast_nodes_are_frozen_values_that_ignore_positions():
+    import copy
+    import pickle
+
+    a, b = Call("f", (Num(1, (1, 3)),), (), (1, 1)), Call("f", (Num(1),), ())
+    assert a == b and hash(a) == hash(b) and repr(a) == repr(b) == "Call(func='f', args=(Num(value=1),), kwargs=())"
+    assert Num(1) != Num(1.0) and Num(1) != Name(("x",)) and Num(2) != Num(3)
+    with pytest.raises(AttributeError, match="immutable"):
+        a.func = "g"
+    for c in (pickle.loads(pickle.dumps(a)), copy.deepcopy(a)):
+        assert c == a and c.pos == (1, 1) and c.args[0].pos == (1, 3)
+    p = Program((a,), "f(1)", "x.gg")
+    assert p == Program((b,)) and copy.copy(p).filename == "x.gg"
