@@ -335,3 +335,41 @@ def test_an_output_is_written_from_its_own_memory():
     b = tensor_array(p)
     assert not np.shares_memory(b, t.data) and b.flags.c_contiguous
     assert (b == np.arange(12, dtype=np.float32).reshape(3, 4).T).all()
+
+
+def _resident_kib(path) -> int:
+    """This process's resident KiB of its mappings of file `path` (/proc/self/smaps)."""
+    total, ours = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:      # a mapping's header line
+                ours = line.rstrip().endswith(str(path))
+            elif ours and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
+def test_repacked_gguf_weights_leave_the_process_memory(tmp_path):
+    """Once a mapped weight is repacked for mul_mat, its file pages are dropped from this process
+    (they stay in the page cache): a model's weights do not count twice. The result is unchanged."""
+    from ggtool.ops.matmul import mul_mat
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((2048, 1024)).astype(np.float32)            # 2048 rows of Q8_0: ~2.2 MB
+    path = tmp_path / "w.gguf"
+    write_gguf(path, {"w": (gguf.quants.quantize(w, T.GGMLType.Q8_0), T.GGMLType.Q8_0)})
+    env = inputs(gguf_paths=[path])
+    ctx = Context()
+    wt = env.tensor("w", ctx)
+    x = ctx.new_tensor(T.F32, [1024, 4]).set_data(rng.standard_normal((4, 1024)).astype(np.float32))
+    before = wt.numpy().sum()                                           # reads every page of the weight
+    assert _resident_kib(path) > 2000
+    y = mul_mat(ctx, wt, x)
+    ctx.new_graph().expand(y).compute(1)
+    assert _resident_kib(path) < 256                                    # pages a tile shares with its neighbour or the header
+    assert wt.numpy().sum() == before                                   # read again from the page cache
+    wq = gguf.quants.dequantize(gguf.quants.quantize(w, T.GGMLType.Q8_0), T.GGMLType.Q8_0).astype(np.float64)
+    xq = gguf.quants.dequantize(gguf.quants.quantize(x.numpy().reshape(4, 1024), T.GGMLType.Q8_0),
+                                T.GGMLType.Q8_0).astype(np.float64)
+    np.testing.assert_allclose(y.numpy().reshape(4, 2048), xq @ wq.T, rtol=1e-4, atol=1e-3)

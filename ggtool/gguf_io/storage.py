@@ -5,6 +5,7 @@ Picklable by path, so every worker process maps the same file itself (shared pag
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import numpy as np
@@ -39,6 +40,26 @@ class FileStorage:
         """A cache of what is computed from the mapped bytes (repacked weights), living and dying
         with the map: a rewritten file starts an empty one."""
         return self._mapped()[2]
+
+    def release(self, view: np.ndarray) -> None:
+        """Unmap this process's pages of `view` (bytes of this file, now repacked elsewhere): they
+        leave our resident set, stay in the page cache, and come back on the next read. Without
+        this a model's weights count twice in a process that repacks them, as file pages and as
+        packed copies. Only whole pages inside the view are dropped."""
+        mm = self._mapped()[1]
+        raw = getattr(mm, "_mmap", None)
+        if raw is None or not hasattr(mmap, "MADV_DONTNEED") or view.size == 0:
+            return
+        start = view.__array_interface__["data"][0] - mm.__array_interface__["data"][0]
+        if start < 0 or start + view.nbytes > len(mm):
+            return
+        lo = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = (start + view.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > lo:
+            try:
+                raw.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            except (OSError, ValueError):  # pragma: no cover - advice only
+                pass
 
     def __getstate__(self):
         return self.path

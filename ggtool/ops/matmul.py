@@ -98,7 +98,7 @@ def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray, tile: tuple) ->
 
         w = np.ascontiguousarray(w)
         qm.mul_mat_into(a.type, w, np.ascontiguousarray(x), out,
-                        pack=lambda: qm.weight_pack(a, tile, lambda: dot.pack(a.type, w)))
+                        pack=lambda: qm.weight_pack(a, tile, lambda: dot.pack(a.type, w), w))
 
 
 @kernel("MUL_MAT", n_tasks=ALL, work_size=_work_size)

@@ -85,11 +85,13 @@ def _root(t):
     return t
 
 
-def weight_pack(a, key, make):
+def weight_pack(a, key, make, source=None):
     """The repacked form of (part of) weight tensor `a`, made by make() once for the life of its
     storage: per mapped file for GGUF weights (``FileStorage.derived``), per tensor for a context's
     leaf (dropped when the leaf is written through ``Tensor.set_data``). A weight computed by the
-    graph changes from run to run and is repacked on every use."""
+    graph changes from run to run and is repacked on every use. `source`, the raw rows make()
+    packs: for a mapped file, their pages leave this process's memory once packed
+    (``FileStorage.release``)."""
     root = _root(a)
     if root.op != "NONE":
         return make()
@@ -103,6 +105,8 @@ def weight_pack(a, key, make):
     packed = cache.get(key)
     if packed is None:
         packed = cache[key] = make()
+        if source is not None and root.storage is not None:
+            root.storage.release(source)
     return packed
 
 
