@@ -222,23 +222,6 @@ def llama(runs: int, n_tokens: int = 512) -> None:
 
 
 # -- overhead --------------------------------------------------------------------------------------
-def add_chain(n: int):
-    import ggtool
-    from ggtool.ops import FUNCTIONS
-
-    ctx = ggtool.Context()
-    x = ctx.new_tensor("f32", [16])
-    b = ctx.new_tensor("f32", [16])
-    x.data[...] = 1
-    b.data[...] = 0.5
-    y = x
-    for _ in range(n):
-        y = FUNCTIONS["add"](ctx, y, b)
-    g = ctx.new_graph(2 * n)
-    g.expand(y)
-    return g, y
-
-
 def overhead(n: int = 1000, runs: int = 9) -> None:
     """One graph per alloc mode (a graph computed in the other mode in between would be placed, or
     given its own memory back, on every compute: not the steady state measured here)."""
@@ -246,13 +229,14 @@ def overhead(n: int = 1000, runs: int = 9) -> None:
     from ggtool.pool import get_pool
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_pool import timed
+    from bench_pool import add_chain, timed
 
     want = np.full(16, 1 + 0.5 * n, np.float32)
     pool = get_pool(2)
     graphs, plans = {}, {}
     for alloc in ("context", "graph", "in-process"):
-        g, y = graphs[alloc] = add_chain(n)
+        g, y, _ = add_chain(n)
+        graphs[alloc] = (g, y)
         if alloc == "in-process":
             plans[alloc] = g.compute(1)
         else:

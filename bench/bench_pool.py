@@ -110,12 +110,10 @@ def startup() -> None:
 
 
 # -- 2 -----------------------------------------------------------------------------------------
-def overhead(n: int = 1000) -> None:
+def add_chain(n: int):
+    """(graph, its result, its input x): y = x + b + b + ... (n adds) on 16 floats."""
     import ggtool
-    from ggtool.compute import Work, run_node, work_view
-    from ggtool.ops import FUNCTIONS, KERNELS, Kernel
-    from ggtool.ops.base import ALL, new_op
-    from ggtool.pool import WorkerPool
+    from ggtool.ops import FUNCTIONS
 
     ctx = ggtool.Context()
     x = ctx.new_tensor("f32", [16])
@@ -127,6 +125,17 @@ def overhead(n: int = 1000) -> None:
         y = FUNCTIONS["add"](ctx, y, b)
     g = ctx.new_graph(2 * n)
     g.expand(y)
+    return g, y, x
+
+
+def overhead(n: int = 1000) -> None:
+    from ggtool.compute import Work, run_node, work_view
+    from ggtool.ops import KERNELS, Kernel
+    from ggtool.ops.base import ALL, new_op
+    from ggtool.pool import WorkerPool
+
+    g, y, x = add_chain(n)
+    ctx = x.ctx
 
     KERNELS["BENCH_EMPTY"] = Kernel("BENCH_EMPTY", empty_kernel, ALL, None)
     e = x

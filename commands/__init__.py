@@ -29,11 +29,11 @@ import click
 
 from ggtool import __version__
 from ggtool.errors import GGToolError
+from ggtool.pool.launch import ENDING_SIGNALS
 
 DEBUG_ENV = "GGTOOL_DEBUG"
 
 # -- signals and broken pipes ---------------------------------------------------------------------
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SIGNAL_MESSAGES = {signal.SIGINT: "Interrupted.", signal.SIGTERM: "Terminated.", signal.SIGHUP: "Hangup."}
 BROKEN_PIPE_STATUS = 128 + signal.SIGPIPE
 
