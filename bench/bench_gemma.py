@@ -1,10 +1,11 @@
 """Issue 10 figure: gemma-3-270m's forward pass of 32 tokens as a whole process, against llama.cpp.
 
-    python bench/bench_gemma.py --llama-python /tmp/benchenv/bin/python [--runs N] [--tokens 32]
+    python bench/bench_gemma.py --llama-python /tmp/benchenv/bin/python [--runs N] [--tokens 32] [--numerics ggml,x86]
 
 - ggtool: `ggtool compute -f fixtures/gemma3.gg --gguf GEMMA --tensor tokens=i32:[...] -o logits.npy`
   in a fresh process, --threads 1 and --threads 2 (start-up, model map, graph build, compute and
-  the .npy write of every position's logits all included);
+  the .npy write of every position's logits all included), with each `--numerics` asked for
+  (x86: llama.cpp's own sums, so the check below must show max|diff| 0);
 - llama.cpp: llama-cpp-python (`Llama(..., logits_all=True)`, one `eval` of the same tokens from
   the same file, 1 and 2 threads), in a fresh process of a bench environment's python
   (`--llama-python`: llama-cpp-python is never a dependency of ggtool), writing its logits the
@@ -116,6 +117,7 @@ def main() -> None:
                     "environment); without it only ggtool is timed")
     ap.add_argument("--runs", type=int, default=5, help="timed runs of each command (median; default 5)")
     ap.add_argument("--tokens", type=int, default=32, help="sequence length (default 32)")
+    ap.add_argument("--numerics", default="ggml", help="ggtool's --numerics to time, comma-separated (default ggml)")
     args = ap.parse_args()
 
     from bench_kernels import compile_pyc
@@ -126,11 +128,12 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="ggtool-bench-gemma-")
     cmds, outs = {}, {}
     for nth in (1, 2):
-        out = os.path.join(tmp, f"ggtool-{nth}.npy")
-        cmds[f"ggtool, {nth} thread{'s' if nth > 1 else ''}"] = [
-            sys.executable, "-m", "ggtool", "compute", "-f", str(PROGRAM), "--gguf", path,
-            "--tensor", f"tokens=i32:{tokens_json}", "--threads", str(nth), "-o", out]
-        outs[f"ggtool, {nth} thread{'s' if nth > 1 else ''}"] = out
+        for numerics in args.numerics.split(","):
+            key = f"ggtool {numerics}, {nth} thread{'s' if nth > 1 else ''}"
+            outs[key] = os.path.join(tmp, f"ggtool-{numerics}-{nth}.npy")
+            cmds[key] = [sys.executable, "-m", "ggtool", "compute", "-f", str(PROGRAM), "--gguf", path,
+                         "--tensor", f"tokens=i32:{tokens_json}", "--threads", str(nth), "--numerics", numerics,
+                         "-o", outs[key]]
         if args.llama_python:
             out = os.path.join(tmp, f"llama-{nth}.npy")
             cmds[f"llama.cpp, {nth} thread{'s' if nth > 1 else ''}"] = [
@@ -159,12 +162,12 @@ def main() -> None:
         print(f"  {k:24s} {wall:7.3f} s   peak RSS {rss:7.1f} MiB (main process)   peak PSS {pss:7.1f} MiB "
               f"(with its workers, sampled)")
     for nth in (1, 2):
-        g = summary.get(f"ggtool, {nth} thread{'s' if nth > 1 else ''}")
         ll = summary.get(f"llama.cpp, {nth} thread{'s' if nth > 1 else ''}")
-        if g and ll:
-            print(f"  {nth} thread(s): ggtool / llama.cpp wall time = {g[0] / ll[0]:.2f}x "
-                  f"(target <= 3x); peak RSS {g[1]:.0f} vs {ll[1]:.0f} MiB, peak PSS {g[2]:.0f} vs {ll[2]:.0f} MiB")
-
+        for numerics in args.numerics.split(","):
+            g = summary.get(f"ggtool {numerics}, {nth} thread{'s' if nth > 1 else ''}")
+            if g and ll:
+                print(f"  {nth} thread(s), --numerics {numerics}: ggtool / llama.cpp wall time = {g[0] / ll[0]:.2f}x "
+                      f"(target <= 3x); peak RSS {g[1]:.0f} vs {ll[1]:.0f} MiB, peak PSS {g[2]:.0f} vs {ll[2]:.0f} MiB")
 
 if __name__ == "__main__":
     main()

@@ -71,6 +71,11 @@ intermediates share one compute buffer (ggml_gallocr's plan, the size `ggtool pl
 each place reused once its tensor's last consumer has run. --alloc context gives every tensor
 memory of its own for the whole run (GGML's context mode). The results are byte-identical.
 
+--numerics ggml (the default) sums as GGML's reference code does. --numerics x86 sums mul_mat
+(F32, Q8_0, Q5_0, Q4_K, Q6_K weights), soft_max and rope in the order of llama.cpp's x86-64 CPU
+build (AVX-512, llamafile's tinyBLAS, the repacked Q4_K kernels): gemma-3's logits then equal
+llama.cpp's bit for bit (docs/gemma.md). It is several times slower than the default.
+
 {NUMPY_ORDER_HELP}
 
 {SOURCES_HELP}
@@ -87,10 +92,12 @@ memory of its own for the whole run (GGML's context mode). The results are byte-
               help="Output format (default: from -o's extension, else json).")
 @click.option("--alloc", "alloc", type=click.Choice(["graph", "context"]), default="graph", show_default=True,
               help="graph: intermediates share ggml_gallocr's compute buffer; context: each keeps its own memory.")
+@click.option("--numerics", type=click.Choice(["ggml", "x86"]), default="ggml", show_default=True,
+              help="Order of float sums: GGML's reference, or llama.cpp's x86-64 build (its exact logits).")
 @click.option("--time", "show_time", is_flag=True, help="Report timings on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Report loads and timings on stderr.")
 def command(program, program_file, output_names, graph_size, tensor_sources, gguf_files, n_threads,
-            out_path, fmt, alloc, show_time, verbose):
+            out_path, fmt, alloc, numerics, show_time, verbose):
     timer = Timer(show_time or verbose)
     to_file = out_path is not None and out_path != "-"
     fmt = resolve_format(out_path, fmt)
@@ -117,7 +124,7 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
     pool = open_pool(n_threads)
     with compute_progress(built.graph.n_nodes) as progress:
         plan = built.graph.compute(n_threads, pool=pool, progress=progress, alloc=alloc,
-                                   outputs=[t for _, t in outputs])
+                                   outputs=[t for _, t in outputs], numerics=numerics)
     timer.mark("compute")
     if verbose:
         buffer = "" if plan.allocation is None else f", compute buffer {plan.allocation.size} bytes"

@@ -14,15 +14,20 @@ from .errors import ComputeError, GGToolError, OutOfMemoryError, memory_limit
 from .ops.base import kernel_for
 from .plan import Plan, make_plan
 
+NUMERICS = ("ggml", "x86")
+
 
 class Work:
-    """What a kernel gets besides its node: the work buffer and the barrier."""
+    """What a kernel gets besides its node: the work buffer, the barrier, and the numerics: "ggml"
+    (GGML's scalar reference order of float operations) or "x86" (llama.cpp's x86-64 build's
+    order, ``ggtool.kernels.x86``), which mul_mat, soft_max, rope and gelu follow."""
 
-    __slots__ = ("wdata", "_barrier")
+    __slots__ = ("wdata", "_barrier", "numerics")
 
-    def __init__(self, wdata: np.ndarray, barrier=None):
+    def __init__(self, wdata: np.ndarray, barrier=None, numerics: str = "ggml"):
         self.wdata = wdata
         self._barrier = barrier
+        self.numerics = numerics
 
     def barrier(self) -> None:
         if self._barrier is not None:
@@ -64,16 +69,22 @@ def node_error(index: int, node, e: BaseException) -> ComputeError:
 ALLOC_MODES = ("context", "graph")
 
 
-def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "context", outputs=()) -> Plan:
+def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "context", outputs=(),
+            numerics: str | None = None) -> Plan:
     """Plan the graph and allocate its work buffer in the pool (ggml_graph_compute_with_ctx).
 
     alloc "context": every node computes into its own memory in the context (GGML's context
     mode). alloc "graph": the nodes compute into one compute buffer planned by ggtool.alloc
     (ggml_gallocr), where intermediates reuse memory; only `outputs` (and the OUTPUT flag) are
-    sure to keep their values after the compute (see `bind`)."""
+    sure to keep their values after the compute (see `bind`). `numerics` (see `Work`) is kept in
+    the plan; None leaves the plan's own (default "ggml")."""
     if alloc not in ALLOC_MODES:
         raise GGToolError(f"alloc must be one of {', '.join(ALLOC_MODES)}, not {alloc!r}")
+    if numerics is not None and numerics not in NUMERICS:
+        raise GGToolError(f"numerics must be one of {', '.join(NUMERICS)}, not {numerics!r}")
     plan = plan or make_plan(graph, n_threads)
+    if numerics is not None:
+        plan.numerics = numerics
     if alloc == "graph":
         plan.allocation = bind(graph, outputs, plan)
     else:
@@ -170,8 +181,8 @@ def check_memory(graph, plan: Plan, limit: int | None = None, allocation=None) -
 
 
 def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None, progress: Progress | None = None,
-            alloc: str = "context", outputs=()) -> Plan:
-    plan = prepare(graph, n_threads, plan, alloc, outputs)
+            alloc: str = "context", outputs=(), numerics: str | None = None) -> Plan:
+    plan = prepare(graph, n_threads, plan, alloc, outputs, numerics)
     if pool is not None and plan.n_threads > 1:
         pool.run(graph, plan, progress)
     else:
@@ -181,7 +192,7 @@ def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None, prog
 
 def run_in_process(graph, plan: Plan, progress: Progress | None = None) -> None:
     """Every node in this process as participant 0 of 1."""
-    work = Work(work_view(graph, plan))
+    work = Work(work_view(graph, plan), numerics=plan.numerics)
     with single_threaded(), np.errstate(all="ignore"):
         for i, node in enumerate(graph.nodes):
             if progress is not None:

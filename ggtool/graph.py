@@ -139,14 +139,16 @@ class Graph:
         from .alloc import allocate
         return allocate(self, outputs)
 
-    def compute(self, n_threads: int = 1, pool=None, plan=None, progress=None, alloc: str = "context", outputs=()):
+    def compute(self, n_threads: int = 1, pool=None, plan=None, progress=None, alloc: str = "context", outputs=(),
+                numerics: str | None = None):
         """Plan (unless given) and run the graph; `pool` runs it on a WorkerPool; `progress` (a
         ggtool.compute.Progress) follows the node being computed. alloc "graph" computes in a
         compute buffer planned as ggml_gallocr does, where only `outputs` keep their values;
-        "context" (the default) gives every node its own memory."""
+        "context" (the default) gives every node its own memory. numerics "x86" sums as
+        llama.cpp's x86-64 build (ggtool.kernels.x86); the default "ggml" as GGML's reference."""
         from .compute import compute
         return compute(self, n_threads=n_threads, pool=pool, plan=plan, progress=progress, alloc=alloc,
-                       outputs=outputs)
+                       outputs=outputs, numerics=numerics)
 
     def __repr__(self) -> str:
         return f"<Graph {self.n_nodes} nodes, {self.n_leafs} leafs, size {self.size}>"

@@ -31,6 +31,7 @@ class Plan:
     nodes: list[NodePlan] = field(default_factory=list)
     work_offset: int | None = None  # payload offset of the work buffer once allocated in the pool
     allocation: Allocation | None = None  # the graph allocator's compute buffer, once `allocate`d
+    numerics: str = "ggml"       # the kernels' order of float operations (ggtool.compute.Work)
 
     def allocate(self, graph, outputs: Iterable[Tensor] = ()) -> Allocation:
         """Plan the compute buffer as ggml_gallocr_reserve does (ggtool.alloc); `outputs` are kept

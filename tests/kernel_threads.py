@@ -17,7 +17,7 @@ from ggtool.compute import Work, run_node
 POISON = np.uint32(0x7FC0DEAD)  # a NaN payload no kernel produces
 
 
-def compute_threaded(graph, n_threads: int, force: bool = False) -> int:
+def compute_threaded(graph, n_threads: int, force: bool = False, numerics: str = "ggml") -> int:
     """Compute `graph` on n threads (the plan's n_threads unless `force`); returns nth used."""
     plan = graph.plan(n_threads)
     nth = n_threads if force else plan.n_threads
@@ -26,7 +26,7 @@ def compute_threaded(graph, n_threads: int, force: bool = False) -> int:
     errors: list[BaseException] = []
 
     def worker(ith: int) -> None:
-        work = Work(wdata, barrier.wait)
+        work = Work(wdata, barrier.wait, numerics)
         try:
             for i, node in enumerate(graph.nodes):
                 run_node(i, node, ith, nth, work)

@@ -1,11 +1,12 @@
 """llama.cpp's x86 CPU numerics (llama-cpp-python 0.3.36, AVX-512, REPACK and LLAMAFILE on), written
 out in numpy: a test oracle, never used by ggtool itself.
 
-`tests/golden/llama/gemma3-270m-top64.npz` was computed by that build. ggtool's kernels follow GGML's
-scalar reference; llama.cpp's x86 build sums in other orders, and gemma's 8-bit activations make a
-last-bit difference show now and then (docs/gemma.md, "How close"). With these kernels patched in
-(`llama_cpp_kernels()`), `fixtures/gemma3.gg` reproduces llama.cpp's logits bit for bit, which pins
-the program to llama.cpp's graph. What each function follows:
+`tests/golden/llama/gemma3-270m-top64.npz` was computed by that build. ggtool's default kernels
+follow GGML's scalar reference; llama.cpp's x86 build sums in other orders, and gemma's 8-bit
+activations make a last-bit difference show now and then (docs/gemma.md, "How close"). Patched into
+ggtool in place of its kernels, these functions made `fixtures/gemma3.gg` reproduce llama.cpp's
+logits bit for bit; they are now the oracle of ggtool's compiled `numerics="x86"` kernels
+(ggtool.kernels.x86, tests/test_kernels_x86.py). What each function follows:
 
 - F32 mul_mat, src1 not contiguous (KQ): `ggml_vec_dot_f32`, AVX-512: 4 accumulators of 16 lanes
   over steps of 64, FMA, then `x0+x2, x1+x3, x0+x1` and `_mm512_reduce_add_ps`.
@@ -32,13 +33,11 @@ rounding this leaves is too rare to matter here).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 
 import numpy as np
 
-from ggtool import types as T
 from ggtool.quant import quantize_q8_0_cpu, quantize_q8_k
 
 f32, f64 = np.float32, np.float64
@@ -333,94 +332,3 @@ def gelu_table():
         inner = (s * h) * fma(a * h, h, f32(1))
         t = np.tanh(inner.astype(f64)).astype(f32)
         return ((f32(0.5) * h) * (f32(1) + t)).astype(np.float16).astype(f32)
-
-
-# -- the kernels, patched into ggtool's registry ----------------------------------------------------
-def _mul_mat(orig):
-    def forward(node, ith, nth, work):
-        a, b = node.src
-        if a.type == T.F32 and b.type == T.F32:
-            if ith:
-                return
-            r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
-            sgemm = b.is_contiguous() and b.ne[1] >= 2 and a.ne[1] % 4 == 0
-            for i13 in range(b.ne[3]):
-                for i12 in range(b.ne[2]):
-                    A = np.ascontiguousarray(a.data[i13 // r3, i12 // r2])
-                    B = np.ascontiguousarray(b.data[i13, i12])
-                    node.data[i13, i12] = sgemm_f32(A, B) if sgemm else vec_dot_f32(A, B)
-            return
-        name = T.type_name(a.type).upper()
-        if name not in ("Q8_0", "Q5_0", "Q6_K", "Q4_K") or b.ne[1] < 2 or b.ne[2] * b.ne[3] != 1:
-            return orig(node, ith, nth, work)
-        if ith:
-            return
-        w = a.data.reshape(a.ne[1], -1)
-        x = np.ascontiguousarray(b.data).reshape(-1, b.ne[0])
-        node.data.reshape(-1, node.ne[0])[...] = mul_mat(name, w, x)
-    return forward
-
-
-def _soft_max(node, ith, nth, work):
-    if ith:
-        return
-    a = node.src[0]
-    mask = node.src[1] if len(node.src) > 1 else None
-    w = (a.data.reshape(-1, a.ne[0]) * f32(node.param_f32(0))).astype(f32)
-    if mask is not None:
-        m = mask.data.reshape(-1)[: mask.ne[0] * mask.ne[1]].reshape(-1, a.ne[0])
-        w = (w + m[np.arange(len(w)) % a.ne[1]]).astype(f32)
-    node.data.reshape(-1, a.ne[0])[...] = soft_max_rows(w)
-
-
-def _rope(node, ith, nth, work):
-    if ith:
-        return
-    a, pos = node.src[0], node.src[1]
-    n_dims, mode = int(node.op_params[1]), int(node.op_params[2])
-    ne0, ne1, ne2, ne3 = a.ne
-    x = np.ascontiguousarray(a.data).reshape(ne3, ne2, ne1, ne0)
-    cos, sin = rope_cache(pos.data.reshape(-1), ne0, n_dims, *(node.param_f32(i) for i in (5, 6, 8)))
-    half = n_dims // 2
-    c, s = cos[None, :, None, :half], sin[None, :, None, :half]
-    j0, j1 = (slice(0, half), slice(half, n_dims)) if mode == 2 else (slice(0, n_dims, 2), slice(1, n_dims, 2))
-    y = x.copy()
-    x0, x1 = x[..., j0], x[..., j1]
-    y[..., j0] = fma(x0, c, -(x1 * s).astype(f32))
-    y[..., j1] = fma(x0, s, (x1 * c).astype(f32))
-    node.data[...] = y
-
-
-@contextlib.contextmanager
-def llama_cpp_kernels():
-    """ggtool's MUL_MAT, SOFT_MAX and ROPE kernels and gelu table replaced by llama.cpp's x86 numerics
-    (compute with one thread while this is in effect)."""
-    from ggtool.ops import unary
-    from ggtool.ops.base import KERNELS
-
-    saved = {op: KERNELS[op].forward for op in ("MUL_MAT", "SOFT_MAX", "ROPE")}
-    saved_gelu = unary._TABLES.get("gelu")
-    KERNELS["MUL_MAT"].forward = _mul_mat(saved["MUL_MAT"])
-    KERNELS["SOFT_MAX"].forward = _soft_max
-    KERNELS["ROPE"].forward = _rope
-    unary._TABLES["gelu"] = gelu_table()
-    try:
-        yield
-    finally:
-        for op, fn in saved.items():
-            KERNELS[op].forward = fn
-        if saved_gelu is None:
-            unary._TABLES.pop("gelu", None)
-        else:
-            unary._TABLES["gelu"] = saved_gelu
-
-
-def output_logits(hidden, w_raw, ids):
-    """Logits of the rows `ids` (M, k) of a Q8_0 output matrix for the hidden states (M, n_embd):
-    tinyBLAS_Q0 (M >= 2), one output row at a time (outputs do not interact)."""
-    ad, aq = dec_q8_0(quantize_q8_0_cpu(np.ascontiguousarray(hidden, f32)))
-    out = np.empty(ids.shape, f32)
-    for m in range(ids.shape[0]):
-        wd, wq = dec_q8_0(np.ascontiguousarray(w_raw[ids[m]]))
-        out[m] = tinyblas_q0(wd, wq, ad[m:m + 1], aq[m:m + 1])[0]
-    return out

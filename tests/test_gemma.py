@@ -10,8 +10,8 @@ K-quant products, SIMD softmax), whose float32 sums run in other orders than ggt
 reference). Between two matrix products the activations are quantized to 8 bits, so a last-bit
 difference is usually absorbed, but now and then it moves a value across a rounding boundary and
 the code differs: from that position on the logits differ by some tenths (docs/gemma.md, "How close").
-Every argmax agrees. With llama.cpp's summation orders patched in (tests/llamacpp_x86.py, a numpy
-oracle) the program reproduces llama.cpp's logits bit for bit: the last test.
+Every argmax agrees. With `--numerics x86` (ggtool.kernels.x86: llama.cpp's summation orders) the
+program reproduces llama.cpp's logits bit for bit: the last test.
 """
 
 from __future__ import annotations
@@ -198,25 +198,15 @@ def test_docs_show_the_program_verbatim():
     assert "\n## The program\n\n" + block + "\n## " in doc
 
 
-@pytest.mark.parametrize("seq", [0, 1])
-def test_with_llama_cpp_kernels_the_logits_are_llama_cpp_bit_for_bit(gemma, golden, seq):
-    """The program is llama.cpp's graph exactly: with the kernels summing in llama.cpp's x86 orders
-    (tests/llamacpp_x86.py, a numpy oracle patched in for this test), the top logits are llama.cpp's
-    to the last bit."""
-    import llamacpp_x86 as x86
-
-    import ggtool
-    from ggtool.dsl import build, parse
-    from ggtool.tensor_io import Inputs, parse_source
-
-    if x86.LIBM is None:
-        pytest.skip("no C library cosf/sinf to call (llama.cpp's rope cache uses them)")
-    tokens = golden[f"tokens_{seq}"]
-    inputs = Inputs([parse_source("tokens", tokens_arg(tokens)[len("tokens="):])], [gemma])
-    built = build(parse(PROGRAM.read_text(), str(PROGRAM)), ggtool.Context(), inputs, outputs=["result_norm"])
-    with x86.llama_cpp_kernels():
-        built.graph.compute(1)
-    hidden = built.outputs[0][1].numpy().reshape(len(tokens), -1)
-    w = built.tensors["token_embd.weight"]
-    got = x86.output_logits(hidden, w.data.reshape(w.ne[1], -1), golden[f"top_ids_{seq}"])
-    assert (got == golden[f"top_logits_{seq}"]).all(), np.abs(got - golden[f"top_logits_{seq}"]).max()
+@pytest.mark.parametrize("seq,threads", [(0, "1"), (1, "2")])
+def test_numerics_x86_gives_llama_cpps_logits_bit_for_bit(run, gemma, golden, seq, threads, tmp_path):
+    """`--numerics x86` sums as llama.cpp's x86-64 build: its logits to the last bit, with one
+    participant or two (the kernels are checked against the numpy oracle of that build,
+    tests/llamacpp_x86.py, in test_kernels_x86.py)."""
+    out = tmp_path / "logits.npy"
+    ok(run("compute", "-f", PROGRAM, "--gguf", gemma, "--tensor", tokens_arg(golden[f"tokens_{seq}"]),
+           "--numerics", "x86", "--threads", threads, "-o", out))
+    got = np.load(out)
+    ids, ref = golden[f"top_ids_{seq}"], golden[f"top_logits_{seq}"]
+    assert np.take_along_axis(got, ids, axis=1).tobytes() == ref.tobytes()
+    assert (got.argmax(axis=1) == golden[f"argmax_{seq}"]).all()

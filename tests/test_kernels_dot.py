@@ -162,12 +162,15 @@ def test_kernel_cache_goes_to_ggtool_cache_dir(tmp_path):
     """, env)
     assert r.returncode == 0, r.stderr
     assert np.allclose(eval_json(r.stdout), 32, rtol=1e-3)      # 1 x 1 in 32 products, as fp16 scales give
-    (tiles,) = os.listdir(tmp_path / "numba")   # named after simd.py's digest: an edited simd.py gets a fresh cache
+    (tiles,) = os.listdir(tmp_path / "numba")   # named after the shared modules: editing one gets a fresh cache
     import hashlib
 
-    from ggtool.kernels import simd
-    with open(simd.__file__, "rb") as f:
-        assert tiles == "tiles-" + hashlib.sha1(f.read()).hexdigest()[:12]
+    from ggtool.kernels import jit
+    h = hashlib.sha1()
+    for name in jit.SHARED:
+        with open(os.path.join(os.path.dirname(jit.__file__), name), "rb") as f:
+            h.update(f.read())
+    assert jit.SHARED == ("simd.py", "dot.py", "dot_k.py") and tiles == "tiles-" + h.hexdigest()[:12]
     assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "numba" / tiles) for f in fs)
 
 

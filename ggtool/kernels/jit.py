@@ -2,7 +2,7 @@
 
 Kernels are compiled on first use and cached on disk (numba's ``cache=True``). The cache lives in
 ``$GGTOOL_CACHE_DIR/numba`` if that is set, else ``$XDG_CACHE_HOME/ggtool/numba`` (default
-``~/.cache/ggtool/numba``), in a subfolder named after simd.py's digest (``_tiles_key``), never
+``~/.cache/ggtool/numba``), in a subfolder named after a digest of the SHARED modules (``_tiles_key``), never
 beside the installed package, which may not be writable. A ``NUMBA_CACHE_DIR`` the user set wins
 over all of these.
 
@@ -30,14 +30,22 @@ def cache_dir() -> str:
     return os.path.join(base, "numba", _tiles_key())
 
 
+# Modules whose compiled functions other kernel modules compile into theirs: simd's vector tiles
+# (into dot and dot_k), dot's store_group (into dot_k), dot_k's scale decoding (into x86).
+SHARED = ("simd.py", "dot.py", "dot_k.py")
+
+
 def _tiles_key() -> str:
-    """A digest of simd.py. Its vector tiles are compiled into the kernels of dot.py and dot_k.py,
-    and numba checks a cached kernel against its own source file only: a changed simd.py gets a
-    cache directory of its own instead of stale kernels."""
+    """A digest of the SHARED modules. numba checks a cached kernel against its own source file
+    only: a changed shared module gets a cache directory of its own instead of stale kernels."""
     import hashlib
 
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "simd.py"), "rb") as f:
-        return "tiles-" + hashlib.sha1(f.read()).hexdigest()[:12]
+    h = hashlib.sha1()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in SHARED:
+        with open(os.path.join(here, name), "rb") as f:
+            h.update(f.read())
+    return "tiles-" + h.hexdigest()[:12]
 
 
 def _load_numba():

@@ -118,11 +118,45 @@ def forward_mul_mat(node, ith, nth, work):
     ne0, ne1, ne2, _ = node.ne
     r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
     w = a.data
+    x86 = _x86_block(a, b) if work.numerics == "x86" else None
     for row0, row1, col0, col1 in _my_tiles(ne0, ne1 * ne2 * b.ne[3], ne1, ith, nth):
         i13, i12 = divmod(row0 // ne1, ne2)
         i0, i1 = row0 % ne1, row0 % ne1 + (row1 - row0)
         m3, m2 = i13 // r3, i12 // r2
-        _dot_block(a, w[m3, m2, col0:col1], act[i13, i12, i0:i1], out[i13, i12, i0:i1, col0:col1], (m3, m2, col0, col1))
+        args = (w[m3, m2, col0:col1], act[i13, i12, i0:i1], out[i13, i12, i0:i1, col0:col1])
+        if x86 is not None:
+            x86(*args, i0)
+        else:
+            _dot_block(a, *args, (m3, m2, col0, col1))
+
+
+X86_TYPES = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
+
+
+def _x86_block(a, b):
+    """llama.cpp's x86-64 order for a's type (``ggtool.kernels.x86``), as (w, x, out, i0) -> None,
+    i0 being x's first row in its matrix; None for the types it leaves to the default kernels."""
+    if a.type not in X86_TYPES:
+        return None
+    from ..kernels import x86
+    from ..kernels.tables import F16_TO_F32 as f16
+
+    t, ne11 = a.type, b.ne[1]
+    tiny = b.is_contiguous() and ne11 >= 2 and a.ne[1] % 4 == 0   # llamafile_sgemm takes F32 x F32
+
+    def block(w, x, out, i0):
+        w, x = np.ascontiguousarray(w), np.ascontiguousarray(x)
+        tmp = np.empty(out.shape, np.float32)
+        if t == T.F32:
+            x86.dot_f32(w, x, tmp, tiny)
+        elif t == T.GGMLType.Q4_K:      # the repacked gemm takes rows in fours, the gemv the rest
+            x86.dot_q4_k(w, x, tmp, i0, ne11 - ne11 % 4, f16)
+        elif t == T.GGMLType.Q6_K:      # the tiled kernel from 8 rows, the AVX2 dot below
+            x86.dot_q6_k(w, x, tmp, ne11 >= 8, f16)
+        else:
+            x86.dot_q0(w, t == T.GGMLType.Q5_0, x, tmp, f16)
+        out[...] = tmp
+    return block
 
 
 @function("mul_mat", "ggml_mul_mat(ctx, a, b)",

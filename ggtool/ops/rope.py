@@ -17,9 +17,15 @@ f32 = np.float32
 ROPE_TYPE_NEOX = 2
 
 
-def _cos_sin(pos: np.ndarray, ne0: int, n_dims: int, freq_base, freq_scale, attn_factor):
-    """cos/sin caches, shape (len(pos), ne0/2): ggml_rope_cache_init with ext_factor = 0."""
+def _cos_sin(pos: np.ndarray, ne0: int, n_dims: int, freq_base, freq_scale, attn_factor, x86: bool = False):
+    """cos/sin caches, shape (len(pos), ne0/2): ggml_rope_cache_init with ext_factor = 0. GGML calls
+    the C library's cosf/sinf; by default ggtool rounds the double-precision cos/sin (correctly
+    rounded floats, whatever the C library), x86 numerics call cosf/sinf, as llama.cpp's build."""
     theta_scale = f32(freq_base) ** (f32(-2.0) / f32(n_dims))
+    if x86:
+        from ..kernels.x86 import rope_cache
+
+        return rope_cache(pos.astype(np.int64), ne0 // 2, theta_scale, f32(freq_scale), f32(attn_factor))
     steps = np.empty((len(pos), ne0 // 2), dtype=f32)
     steps[:, 0] = pos.astype(f32)
     steps[:, 1:] = theta_scale
@@ -48,7 +54,8 @@ def forward_rope(node, ith, nth, work):
     x2, y2 = with_shape(a.data, (node.nrows, ne0)), with_shape(node.data, (node.nrows, ne0))
     x = x2[r0:r1] if x2 is not None else a.data[i3, i2, i1]        # (rows, ne0)
     half = n_dims // 2
-    cos, sin = _cos_sin(pos.data.reshape(-1), ne0, n_dims, freq_base, freq_scale, attn_factor)
+    x86 = work.numerics == "x86"
+    cos, sin = _cos_sin(pos.data.reshape(-1), ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
     cos, sin = cos[i2, :half], sin[i2, :half]                         # one cache per token
     if mode == ROPE_TYPE_NEOX:
         j0, j1 = slice(0, half), slice(half, n_dims)                 # element ic pairs with ic + n_dims/2
@@ -56,8 +63,15 @@ def forward_rope(node, ith, nth, work):
         j0, j1 = slice(0, n_dims, 2), slice(1, n_dims, 2)
     y = x.copy()
     x0, x1 = x[:, j0], x[:, j1]
-    y[:, j0] = x0 * cos - x1 * sin
-    y[:, j1] = x0 * sin + x1 * cos
+    if x86:     # the products contracted to FMAs, as llama.cpp's x86 build compiles them
+        from ..kernels.x86 import rotate
+
+        y0, y1 = np.empty(x0.shape, f32), np.empty(x0.shape, f32)
+        rotate(*(np.ascontiguousarray(v, dtype=f32) for v in (x0, x1, cos, sin)), y0, y1)
+        y[:, j0], y[:, j1] = y0, y1
+    else:
+        y[:, j0] = x0 * cos - x1 * sin
+        y[:, j1] = x0 * sin + x1 * cos
     if y2 is not None:
         y2[r0:r1] = y
     else:

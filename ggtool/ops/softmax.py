@@ -38,13 +38,25 @@ def forward_soft_max(node, ith, nth, work):
     r0, r1 = row_block(a.nrows, ith, nth)
     if r0 >= r1:
         return
+    x86 = None
+    if work.numerics == "x86":
+        from ..kernels import x86
     w = row_walk(a)[r0:r1] * scale
     rows = np.arange(r0, r1)
     if mask is not None:
         ne0, ne1 = a.ne[0], a.ne[1]
         m = mask.data.reshape(-1)[: mask.ne[0] * mask.ne[1]].reshape(-1, ne0)  # packed rows of ne0
         slope = _alibi_slopes(rows, ne1, a.ne[2], max_bias)
-        w = w + slope[:, None] * m[rows % ne1].astype(f32)
+        mr = m[rows % ne1].astype(f32)
+        if x86 is not None:        # w += slope*mask, contracted to an FMA by the x86 build's compiler
+            w = x86.fma(np.ascontiguousarray(np.broadcast_to(slope[:, None], w.shape)), mr, np.ascontiguousarray(w))
+        else:
+            w = w + slope[:, None] * mr
+    if x86 is not None:   # ggml_v_expf in 16-value chunks
+        y = np.empty(w.shape, f32)
+        x86.soft_max_rows(np.ascontiguousarray(w, dtype=f32), y, x86.EXPF)
+        row_walk(node)[r0:r1] = y
+        return
     with np.errstate(all="ignore"):
         e = np.exp(w - w.max(axis=1, keepdims=True))
         inv = (1.0 / e.sum(axis=1, dtype=np.float64)).astype(f32)

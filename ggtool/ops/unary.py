@@ -31,6 +31,15 @@ def _gelu_f32(x: np.ndarray) -> np.ndarray:
     return f32(0.5) * x * (f32(1) + np.tanh(inner.astype(np.float64)).astype(f32))
 
 
+def _gelu_f32_x86(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu_f32 as llama.cpp's x86-64 build compiles it: 1 + GELU_COEF_A*x*x contracted to
+    an FMA (one fp16 entry of the table differs, at x = -1.999)."""
+    from ..kernels.x86 import fma
+
+    inner = SQRT_2_OVER_PI * x * fma(GELU_COEF_A * x, x, np.ones_like(x))
+    return f32(0.5) * x * (f32(1) + np.tanh(inner.astype(np.float64)).astype(f32))
+
+
 def _gelu_quick_f32(x: np.ndarray) -> np.ndarray:
     e = np.exp((GELU_QUICK_COEF * x).astype(np.float64)).astype(f32)
     return x * (f32(1) / (f32(1) + e))
@@ -52,11 +61,15 @@ def _fp16_bits(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).view(np.uint16)  # RNE, like GGML_FP32_TO_FP16
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    y = np.take(_table("gelu", _gelu_f32), _fp16_bits(x))
+def _gelu(x: np.ndarray, table: str = "gelu", fn: Callable = _gelu_f32) -> np.ndarray:
+    y = np.take(_table(table, fn), _fp16_bits(x))
     np.copyto(y, x, where=x >= 10)
     np.copyto(y, f32(0), where=x <= -10)
     return y
+
+
+def _gelu_x86(x: np.ndarray) -> np.ndarray:
+    return _gelu(x, "gelu_x86", _gelu_f32_x86)
 
 
 def _gelu_quick(x: np.ndarray) -> np.ndarray:
@@ -100,6 +113,10 @@ _OPS: dict[str, tuple[str, bool, str, Callable, str]] = {
 }
 
 
+# the formulas llama.cpp's x86-64 build evaluates differently (numerics "x86")
+_X86: dict[str, Callable] = {"GELU": _gelu_x86}
+
+
 def _make_kernel(op: str, split: str, fn: Callable):
     def forward(node, ith, nth, work):
         if split == "thread0":
@@ -111,8 +128,9 @@ def _make_kernel(op: str, split: str, fn: Callable):
         src = node.src[0]
         require_type(src, op.lower(), (T.F32,))
         x, y = row_walk(src), row_walk(node)
+        f = _X86.get(op, fn) if work.numerics == "x86" else fn
         with np.errstate(all="ignore"):
-            y[r0:r1] = fn(x[r0:r1])
+            y[r0:r1] = f(x[r0:r1])
     forward.__name__ = f"forward_{op.lower()}"
     forward.__doc__ = f"{op}: float32 rows, {'row blocks' if split == 'block' else 'thread 0 only'}."
     return forward

@@ -251,7 +251,7 @@ class WorkerPool:
                     if w.proc.poll() is not None:
                         raise WorkerDied(i, w)
 
-            work = Work(work_view(graph, plan), Barrier(mv, 0, nth, g0, check))
+            work = Work(work_view(graph, plan), Barrier(mv, 0, nth, g0, check), plan.numerics)
             failures = []
             try:
                 failed = participate(graph.nodes, entry.prog0, 0, work, mv, progress)

@@ -26,7 +26,7 @@ def describe(graph, plan):
     """Every tensor the graph's nodes reach, as plain tuples (nodes first, then their sources):
     (fields, op_params bytes, buffer, view_src index, src indices); buffer is the name of the
     shared segment holding the tensor's context pool, or its FileStorage. Also the kernels by op
-    and the work buffer (segment, offset, size). Everything the workers' copy is built from."""
+    and the work buffer (segment, offset, size) with the plan's numerics. Everything the workers' copy is built from."""
     nodes = graph.nodes
     order = list(nodes)
     index = {id(t): i for i, t in enumerate(order)}
@@ -58,7 +58,7 @@ def describe(graph, plan):
             kernels[t.op_desc] = kernel_for(t).forward
     kernels = {op: fn for op, fn in kernels.items() if fn is not None}
     work_seg = bufs.get(id(graph.ctx)) or share_context(graph.ctx).name
-    return tuple(records), kernels, (work_seg, plan.work_offset, plan.work_size)
+    return tuple(records), kernels, (work_seg, plan.work_offset, plan.work_size, plan.numerics)
 
 
 def pack(records, n_nodes: int, kernels: dict, work, progw) -> bytes:
@@ -118,11 +118,11 @@ class _Ctx:
 class WorkerGraph:
     """A graph installed in a worker: its nodes, program, work buffer, kernels and segments used."""
 
-    __slots__ = ("kernels", "nodes", "prog", "segs", "wdata")
+    __slots__ = ("kernels", "nodes", "numerics", "prog", "segs", "wdata")
 
 
 def install(blob: bytes, segs: dict) -> WorkerGraph:
-    records, n_nodes, kernels, (wseg, woff, wsize), progw = pickle.loads(blob)
+    records, n_nodes, kernels, (wseg, woff, wsize, numerics), progw = pickle.loads(blob)
     ctxs: dict[str, _Ctx] = {}
     nostore = _Ctx(None)
     tensors = []
@@ -146,6 +146,7 @@ def install(blob: bytes, segs: dict) -> WorkerGraph:
     wg.nodes = tensors[:n_nodes]
     wg.prog = progw
     wg.wdata = segs[wseg][woff: woff + wsize] if woff is not None else segs[wseg][:0]
+    wg.numerics = numerics
     wg.kernels = _resolve_kernels(kernels)
     wg.segs = set(ctxs) | {wseg}
     return wg

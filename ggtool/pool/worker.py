@@ -119,7 +119,7 @@ def main() -> None:
             k = KERNELS.get(op)
             if k is None or k.forward is not fn:
                 KERNELS[op] = Kernel(op, fn)
-        work = Work(wg.wdata, Barrier(mv, ith, nth, g0, _nothing))
+        work = Work(wg.wdata, Barrier(mv, ith, nth, g0, _nothing), wg.numerics)
         try:
             failed = participate(wg.nodes, wg.prog, ith, work, mv)
         except Aborted:

@@ -1,0 +1,215 @@
+"""`numerics="x86"`: mul_mat, soft_max and rope summed as llama.cpp's x86-64 build sums them
+(ggtool.kernels.x86), bit for bit against the numpy oracle of that build (tests/llamacpp_x86.py,
+which reproduces llama.cpp's gemma logits exactly), and bit-identical for 1..N participants, in
+threads and in the worker pool."""
+
+from __future__ import annotations
+
+import gguf
+import llamacpp_x86 as oracle
+import numpy as np
+import pytest
+from conftest import write_gguf
+from kernel_threads import compute_threaded
+
+import ggtool
+from ggtool.errors import GGToolError
+from ggtool.ops import FUNCTIONS as F
+
+f32 = np.float32
+BLOCK = {"q8_0": (34, 32, [0]), "q5_0": (22, 32, [0]), "q4_K": (144, 256, [0, 2]), "q6_K": (210, 256, [208])}
+
+
+def _weights(t: str, n: int, k: int, seed: int) -> np.ndarray:
+    """n rows of random blocks whose fp16 scales are small normal numbers."""
+    nbytes, qk, scales = BLOCK[t]
+    w = np.random.default_rng(seed).integers(0, 256, (n, k // qk, nbytes), dtype=np.uint8)
+    for o in scales:
+        w[..., o + 1] = w[..., o + 1] % 0x20 + 0x08
+    return w.reshape(n, -1)
+
+
+def _mul_mat(t, w, x):
+    ctx = ggtool.Context()
+    a = ctx.new_tensor(t, [x.shape[1], w.shape[0]]).set_data(w)
+    b = ctx.new_tensor("f32", [x.shape[1], x.shape[0]]).set_data(x)
+    y = F["mul_mat"](ctx, a, b)
+    g = ctx.new_graph()
+    g.expand(y)
+    return g, y
+
+
+@pytest.mark.parametrize("t", BLOCK)
+@pytest.mark.parametrize("m", [1, 3, 8, 13])
+def test_quantized_mul_mat_is_the_oracle_bit_for_bit(t, m):
+    """Q8_0/Q5_0 (tinyBLAS lanes), Q6_K (AVX2 dot below 8 rows, tiled from 8), Q4_K (gemm rows in
+    fours, gemv for the rest); 1070 rows: a second column tile and a partial group of decoded rows."""
+    n, k = 1070, 512
+    w = _weights(t, n, k, m)
+    x = np.random.default_rng(m).standard_normal((m, k)).astype(f32)
+    g, y = _mul_mat(t, w, x)
+    g.compute(1, numerics="x86")
+    got = y.numpy().reshape(m, n)
+    assert got.tobytes() == oracle.mul_mat(t.upper(), w, x).tobytes()
+    g.compute(1)                                       # the default order differs somewhere
+    assert y.numpy().tobytes() != got.tobytes() or (t, m) in {("q8_0", 1), ("q5_0", 1)}
+    for nth in (2, 3):
+        y.data[...] = 0
+        compute_threaded(g, nth, force=True, numerics="x86")
+        assert y.numpy().reshape(m, n).tobytes() == got.tobytes(), f"{nth} participants"
+
+
+def test_q4_k_gemm_rows_follow_the_whole_matrix_across_row_tiles():
+    """262 activation rows: the first 260 go through the gemm's order, the last 2 through the gemv's,
+    also in the second tile of rows (rows 256..261)."""
+    n, k, m = 40, 256, 262
+    w = _weights("q4_K", n, k, 5)
+    x = np.random.default_rng(5).standard_normal((m, k)).astype(f32)
+    g, y = _mul_mat("q4_K", w, x)
+    g.compute(1, numerics="x86")
+    assert y.numpy().reshape(m, n).tobytes() == oracle.mul_mat("Q4_K", w, x).tobytes()
+
+
+@pytest.mark.parametrize("k", [256, 200, 13])
+def test_f32_mul_mat_tinyblas_when_b_is_contiguous_vec_dot_when_not(k):
+    rng = np.random.default_rng(k)
+    A = rng.standard_normal((12, k)).astype(f32)
+    X = rng.standard_normal((5, k + 3)).astype(f32)
+    ctx = ggtool.Context()
+    a = ctx.new_tensor("f32", [k, 12]).set_data(A)
+    full = ctx.new_tensor("f32", [k + 3, 5]).set_data(X)
+    packed = ctx.new_tensor("f32", [k, 5]).set_data(np.ascontiguousarray(X[:, :k]))
+    strided = F["view_2d"](ctx, full, k, 5, full.nb[1], 0)          # rows k + 3 apart: not contiguous
+    y1, y2 = F["mul_mat"](ctx, a, packed), F["mul_mat"](ctx, a, strided)
+    g = ctx.new_graph()
+    g.expand(y1)
+    g.expand(y2)
+    g.compute(1, numerics="x86")
+    B = np.ascontiguousarray(X[:, :k])
+    assert y1.numpy().tobytes() == oracle.sgemm_f32(A, B).tobytes()
+    assert y2.numpy().tobytes() == oracle.vec_dot_f32(A, B).tobytes()
+
+
+def test_soft_max_is_ggml_v_expf_in_chunks_of_16():
+    rng = np.random.default_rng(2)
+    n, rows = 37, 6                                    # 37: two whole chunks and a partial one
+    x = (rng.standard_normal((rows, n)) * 4).astype(f32)
+    mask = np.zeros((rows, n), f32)
+    mask[np.triu_indices(rows, 1)] = -np.inf
+    ctx = ggtool.Context()
+    a = ctx.new_tensor("f32", [n, rows]).set_data(x)
+    mk = ctx.new_tensor("f32", [n, rows]).set_data(mask)
+    y = F["soft_max_ext"](ctx, a, mk, 0.125, 0.0)
+    g = ctx.new_graph()
+    g.expand(y)
+    g.compute(1, numerics="x86")
+    want = oracle.soft_max_rows(((x * f32(0.125)).astype(f32) + mask).astype(f32))
+    assert y.numpy().tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+def test_rope_is_the_c_librarys_cosf_and_two_fmas(mode):
+    if oracle.LIBM is None:
+        pytest.skip("no C library cosf/sinf to compare with")
+    rng = np.random.default_rng(mode)
+    ne0, heads, toks, n_dims = 64, 3, 9, 48
+    x = rng.standard_normal((toks, heads, ne0)).astype(f32)
+    pos = np.array([0, 1, 2, 3, 100, 5000, 7, 8, 70000], np.int32)
+    ctx = ggtool.Context()
+    a = ctx.new_tensor("f32", [ne0, heads, toks]).set_data(x)
+    p = ctx.new_tensor("i32", [toks]).set_data(pos)
+    y = F["rope_ext"](ctx, a, p, None, n_dims, mode, 0, 10000.0, 0.5, 0.0, 1.0, 0.0, 0.0)
+    g = ctx.new_graph()
+    g.expand(y)
+    g.compute(1, numerics="x86")
+    cos, sin = oracle.rope_cache(pos, ne0, n_dims, 10000.0, 0.5, 1.0)
+    half = n_dims // 2
+    c, s = cos[:, None, :half], sin[:, None, :half]
+    j0, j1 = (slice(0, half), slice(half, n_dims)) if mode == 2 else (slice(0, n_dims, 2), slice(1, n_dims, 2))
+    want = x.copy()
+    want[..., j0] = oracle.fma(x[..., j0], c, -(x[..., j1] * s).astype(f32))
+    want[..., j1] = oracle.fma(x[..., j0], s, (x[..., j1] * c).astype(f32))
+    assert y.numpy().tobytes() == want.tobytes()
+
+
+def test_the_pool_computes_in_the_plans_numerics():
+    """The numerics travel with the graph to the workers; the same graph in the other numerics is
+    sent again, not taken from the workers' cache."""
+    n, k, m = 300, 512, 9
+    w = _weights("q6_K", n, k, 1)
+    x = np.random.default_rng(1).standard_normal((m, k)).astype(f32)
+    g, y = _mul_mat("q6_K", w, x)
+    want = {}
+    for numerics in ("x86", "ggml"):
+        g.compute(1, numerics=numerics)
+        want[numerics] = y.numpy().tobytes()
+    assert want["x86"] != want["ggml"]
+    with ggtool.WorkerPool(2) as pool:
+        for numerics in ("ggml", "x86", "ggml", "x86"):
+            y.data[...] = 0
+            g.compute(2, pool=pool, numerics=numerics)
+            assert y.numpy().tobytes() == want[numerics], numerics
+
+
+def test_unknown_numerics_is_one_clear_error():
+    g, _ = _mul_mat("q8_0", _weights("q8_0", 4, 32, 0), np.ones((1, 32), f32))
+    with pytest.raises(GGToolError, match="numerics must be one of ggml, x86, not 'avx'"):
+        g.compute(1, numerics="avx")
+
+
+def test_cli_numerics_x86_same_bytes_on_1_and_2_threads(run, npy, tmp_path):
+    w = _weights("q5_0", 70, 64, 3)
+    x = np.random.default_rng(3).standard_normal((4, 64)).astype(f32)
+    src = write_gguf(tmp_path / "w.gguf", {"w": (w, gguf.GGMLQuantizationType.Q5_0)})
+    outs = []
+    for threads in ("1", "2"):
+        out = tmp_path / f"y{threads}.npy"
+        r = run("compute", "mul_mat(w, x)", "--gguf", str(src), "--tensor", f"x={npy(x)}", "--numerics", "x86",
+                "--threads", threads, "-o", str(out))
+        assert r.exit_code == 0, r.output
+        outs.append(np.load(out))
+    assert outs[0].tobytes() == outs[1].tobytes() == oracle.mul_mat("Q5_0", w, x).tobytes()
+    r = run("compute", "mul_mat(w, x)", "--gguf", str(src), "--tensor", f"x={npy(x)}", "--numerics", "avx")
+    assert r.exit_code == 2 and "'avx' is not one of 'ggml', 'x86'" in r.output
+
+
+def test_gelu_uses_the_x86_builds_table():
+    """llama.cpp's build contracts 1 + A*x*x in GGML's gelu table to an FMA: one fp16 entry
+    (x = -1.999) differs from the reference table."""
+    from ggtool.ops import unary
+
+    x = np.array([-1.999, -1.0, 0.5, 3.0, 11.0, -12.0], np.float16).astype(f32)
+    ctx = ggtool.Context()
+    a = ctx.new_tensor("f32", [len(x)]).set_data(x)
+    y = F["gelu"](ctx, a)
+    g = ctx.new_graph()
+    g.expand(y)
+    table = oracle.gelu_table()
+    want = np.where(x >= 10, x, np.where(x <= -10, f32(0), table[x.astype(np.float16).view(np.uint16)]))
+    g.compute(1, numerics="x86")
+    assert y.numpy().tobytes() == want.astype(f32).tobytes()
+    g.compute(1)
+    got = y.numpy().reshape(-1)
+    assert got[0] != want[0] and got[1:].tobytes() == want[1:].astype(f32).tobytes()
+    ref = unary._table("gelu", unary._gelu_f32)
+    assert np.flatnonzero(ref.view(np.uint32) != table.view(np.uint32)).tolist() == [np.float16(-1.999).view(np.uint16)]
+
+
+def test_soft_max_alibi_mask_is_one_fma():
+    """With ALiBi (max_bias > 0) the slope times the mask is added to x*scale in one FMA."""
+    rng = np.random.default_rng(7)
+    n, rows, heads = 20, 3, 4
+    x = (rng.standard_normal((heads, rows, n)) * 3).astype(f32)
+    mask = (rng.standard_normal((rows, n)) * 5).astype(f32)
+    ctx = ggtool.Context()
+    a = ctx.new_tensor("f32", [n, rows, heads]).set_data(x)
+    mk = ctx.new_tensor("f32", [n, rows]).set_data(mask)
+    y = F["soft_max_ext"](ctx, a, mk, 0.3, 8.0)
+    g = ctx.new_graph()
+    g.expand(y)
+    g.compute(1, numerics="x86")
+    from ggtool.ops.softmax import _alibi_slopes
+
+    slope = _alibi_slopes(np.arange(rows * heads), rows, heads, f32(8.0)).reshape(heads, rows, 1)
+    w = oracle.fma(np.broadcast_to(slope, x.shape), np.broadcast_to(mask, x.shape), (x * f32(0.3)).astype(f32))
+    assert y.numpy().tobytes() == oracle.soft_max_rows(w.reshape(-1, n)).tobytes()
