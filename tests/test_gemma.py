@@ -198,15 +198,21 @@ def test_docs_show_the_program_verbatim():
     assert "\n## The program\n\n" + block + "\n## " in doc
 
 
-@pytest.mark.parametrize("seq,threads", [(0, "1"), (1, "2")])
-def test_numerics_x86_gives_llama_cpps_logits_bit_for_bit(run, gemma, golden, seq, threads, tmp_path):
-    """`--numerics x86` sums as llama.cpp's x86-64 build: its logits to the last bit, with one
-    participant or two (the kernels are checked against the numpy oracle of that build,
-    tests/llamacpp_x86.py, in test_kernels_x86.py)."""
+LENGTHS = ROOT / "tests" / "golden" / "llama" / "gemma3-270m-lengths-top64.npz"
+
+
+@pytest.mark.parametrize("ref,seq,threads", [("top64", 0, "1"), ("top64", 1, "2"), ("lengths", 0, "1"),
+                                              ("lengths", 1, "2"), ("lengths", 2, "1"), ("lengths", 3, "2")])
+def test_numerics_x86_gives_llama_cpps_logits_bit_for_bit(run, gemma, golden, ref, seq, threads, tmp_path):
+    """`--numerics x86` sums as llama.cpp's x86-64 build: its logits to the last bit, for 13 and 6
+    tokens and for 1, 2, 5 and 9 (each row count takes other paths through its kernels), with one
+    participant or two. The kernels themselves are checked against the numpy oracle of that build
+    (tests/llamacpp_x86.py) in test_kernels_x86.py."""
+    z = golden if ref == "top64" else np.load(LENGTHS)
     out = tmp_path / "logits.npy"
-    ok(run("compute", "-f", PROGRAM, "--gguf", gemma, "--tensor", tokens_arg(golden[f"tokens_{seq}"]),
+    ok(run("compute", "-f", PROGRAM, "--gguf", gemma, "--tensor", tokens_arg(z[f"tokens_{seq}"]),
            "--numerics", "x86", "--threads", threads, "-o", out))
-    got = np.load(out)
-    ids, ref = golden[f"top_ids_{seq}"], golden[f"top_logits_{seq}"]
-    assert np.take_along_axis(got, ids, axis=1).tobytes() == ref.tobytes()
-    assert (got.argmax(axis=1) == golden[f"argmax_{seq}"]).all()
+    got = np.load(out).reshape(len(z[f"tokens_{seq}"]), N_VOCAB)
+    ids, want = z[f"top_ids_{seq}"], z[f"top_logits_{seq}"]
+    assert np.take_along_axis(got, ids, axis=1).tobytes() == want.tobytes()
+    assert (got.argmax(axis=1) == z[f"argmax_{seq}"]).all()
