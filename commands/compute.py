@@ -104,10 +104,13 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
     if not to_file and fmt != "json":
         refuse_binary_to_tty(fmt)
 
+    early_pool = None
     if n_threads is not None and n_threads > 1:
-        open_pool(n_threads)  # workers start while the inputs load and the graph builds
+        early_pool = open_pool(n_threads)  # workers start while the inputs load and the graph builds
     source, filename = read_program(program, program_file)
     inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=True, verbose=verbose)
+    if early_pool is not None and inputs.quantized():
+        early_pool.preload_kernels()   # the workers load the compiled kernels while the graph builds
     if to_file:
         check_destination(out_path, inputs.files())
     ctx = Context()

@@ -66,22 +66,47 @@ def test_a_worker_nobody_adopts_ends_with_its_process():
     pytest.fail(f"the prestarted worker {pid} outlived its process")
 
 
-@needs_two_cpus
-@pytest.mark.parametrize("argv, preload", [
-    (["compute", "-f", "m.gg", "--gguf", "model.gguf", "-t", "2"], True),
-    (["compute", "mul_mat(w, x)", "--tensor", "w=model.gguf:w", "-t", "2"], True),
-    (["compute", "add(a, b)", "--tensor", "a=a.npy", "-t", "2"], False),
-])
-def test_workers_for_a_gguf_model_load_the_kernels_while_they_wait(argv, preload):
-    """They are told to (GGTOOL_WORKER_PRELOAD) and do: numba's LLVM library is mapped before
-    anything was asked of them."""
-    code = ("import sys, time; from ggtool.pool import launch; launch.prestart(sys.argv[1:]); "
-            "pid = launch._PRESTARTED[0].proc.pid; print(pid, flush=True); "
-            "deadline = time.monotonic() + 30\n"
-            "while time.monotonic() < deadline and 'llvmlite' not in open(f'/proc/{pid}/maps').read(): time.sleep(0.05)\n"
-            "print('llvmlite' in open(f'/proc/{pid}/maps').read())")
-    if not preload:
-        code = code.replace("time.monotonic() + 30", "time.monotonic() + 1")
-    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=90)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split()[1] == str(preload)
+def _maps_llvmlite(pid: int, within: float) -> bool:
+    """Whether process pid maps numba's LLVM library within `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        with open(f"/proc/{pid}/maps") as f:
+            if "llvmlite" in f.read():
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_workers_load_the_kernels_when_told_to_and_only_then():
+    """A worker loads nothing it was not asked for; `preload_kernels` has it load numba and the
+    kernels in the background, before any quantized node (the command line asks once it has seen
+    quantized inputs: Inputs.quantized)."""
+    import ggtool
+
+    with ggtool.WorkerPool(2) as pool:
+        (pid,) = pool.pids
+        assert not _maps_llvmlite(pid, 1.0)
+        pool.preload_kernels()
+        pool.preload_kernels()                      # twice: still one load, and no reply to wait for
+        assert _maps_llvmlite(pid, 30.0)
+        assert pool.map(abs, [-1, -2], n_threads=2) == [1, 2]    # the message stream is intact
+    pool.preload_kernels()                          # closed: nothing to do
+
+
+def test_inputs_know_whether_quantized_tensors_may_be_used(tmp_path):
+    import numpy as np
+    from conftest import write_gguf
+
+    from ggtool.quant import quantize_q4_0
+    from ggtool.tensor_io import Inputs, parse_source
+
+    np.save(tmp_path / "a.npy", np.ones((2, 32), np.float32))
+    f32 = write_gguf(tmp_path / "f32.gguf", {"w": np.ones((2, 32), np.float32)})
+    q4 = write_gguf(tmp_path / "q4.gguf", {"w": (quantize_q4_0(np.ones((2, 32), np.float32)), 2)})
+    a = str(tmp_path / "a.npy")
+    assert not Inputs([parse_source("a", a)], [str(f32)]).quantized()
+    assert Inputs([parse_source("a", a)], [str(q4)]).quantized()
+    assert Inputs([parse_source("a", "q4_0:" + a)], []).quantized()
+    assert Inputs([parse_source("w", f"{q4}:w")], []).quantized()
+    assert not Inputs([parse_source("w", f"f32:{q4}:w")], []).quantized()

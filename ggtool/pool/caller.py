@@ -167,6 +167,21 @@ class WorkerPool:
         self._owner = None
         self._lock.release()
 
+    def preload_kernels(self) -> None:
+        """Have the workers load numba and the compiled kernels now (~0.35 s each, in the
+        background; nothing waits for it), so that they are ready at the first quantized node of a
+        graph this process is still building. For a caller that knows quantized weights are
+        coming (the command line, once it has read its inputs)."""
+        if self._closed:
+            return
+        self._enter()
+        try:
+            for w in self._state.workers:
+                if w.proc.poll() is None:
+                    w.send(("preload",))
+        finally:
+            self._leave()
+
     # -- compute -------------------------------------------------------------------------
     def run(self, graph, plan, progress=None) -> None:
         """Compute `graph` with `plan` (work buffer already allocated, see compute.prepare);

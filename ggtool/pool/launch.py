@@ -59,13 +59,12 @@ def signals_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def launch(preload: bool = False) -> Launched:
+def launch() -> Launched:
     """Start one worker: a fresh interpreter with our sys.path and single-threaded BLAS.
 
     It gets a socket for messages and the read end of a pipe whose write end only this process
     holds: when we die, however we die, the worker's watchdog thread reads EOF and exits, even in
-    the middle of a kernel. It imports and then waits for its first message (procs.spawn sends it);
-    with `preload` it also loads the compiled kernels meanwhile (worker._preload_kernels).
+    the middle of a kernel. It imports and then waits for its first message (procs.spawn sends it).
     """
     parent, child = socket.socketpair()
     life_r, life_w = os.pipe()
@@ -80,8 +79,6 @@ def launch(preload: bool = False) -> Launched:
         env = single_thread_env()
         env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
         env["GGTOOL_POOL_WORKER"] = "1"
-        if preload:
-            env["GGTOOL_WORKER_PRELOAD"] = "1"
         # The worker inherits the signal mask: it starts with the ending signals blocked, so a Ctrl-C
         # or SIGTERM to the whole process group cannot kill it, or have it print a traceback, while
         # it is still importing; worker.main then ignores SIGINT and takes SIGTERM/SIGHUP on a thread
@@ -138,16 +135,13 @@ def threads_asked(argv: list[str]) -> int:
 
 def prestart(argv: list[str]) -> None:
     """Launch the workers a `ggtool compute --threads N` command line will use (N-1 of them, at
-    most one per CPU), before the command line's own imports. The pool adopts them. For a command
-    line that names a GGUF file they load the compiled kernels while they wait."""
+    most one per CPU), before the command line's own imports. The pool adopts them."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n = min(threads_asked(argv), cpus)
     if n <= 1 or os.environ.get("GGTOOL_POOL_WORKER"):
         return
-    # a GGUF model is most likely quantized: its workers load the compiled kernels while waiting
-    preload = any(".gguf" in a or a.startswith("--gguf") for a in argv)
     try:
         for _ in range(n - 1):
-            _PRESTARTED.append(launch(preload))
+            _PRESTARTED.append(launch())
     except OSError:  # out of processes or descriptors: the pool will say so when it starts them
         discard()

@@ -49,9 +49,9 @@ def _nothing() -> None:
 
 def _preload_kernels() -> None:
     """Load numba and the compiled kernels (~0.35 s) while the caller is still building its graph
-    (GGTOOL_WORKER_PRELOAD, set by pool.launch for a command line that reads a GGUF model): at
-    the first quantized node they are ready, and the caller loads its own copy without sharing
-    the machine with ours. A failure is left for the kernel that needs them to report."""
+    (the caller's "preload" message, WorkerPool.preload_kernels): at the first quantized node they
+    are ready, and the caller loads its own copy without sharing the machine with ours. A failure
+    is left for the kernel that needs them to report."""
     try:
         from ..kernels import dot, dot_k, kquants, quantize  # noqa: F401
     except Exception:  # noqa: BLE001
@@ -65,8 +65,6 @@ def main() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, _TERM_SIGNALS)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Thread(target=_on_termination, name="ggtool-pool-signals", daemon=True).start()
-    if os.environ.pop("GGTOOL_WORKER_PRELOAD", None):
-        threading.Thread(target=_preload_kernels, name="ggtool-pool-preload", daemon=True).start()
     conn = Connection(int(sys.argv[-3]))
     life, bell = int(sys.argv[-2]), int(sys.argv[-1])
 
@@ -98,6 +96,7 @@ def main() -> None:
 
     segs: dict[str, np.ndarray] = {}
     graphs: dict[int, WorkerGraph] = {}
+    preloading = None
     from ..ops.base import KERNELS, Kernel
 
     def run(msg):
@@ -154,6 +153,11 @@ def main() -> None:
         else:
             if msg[0] == "exit":
                 break
+            if msg[0] == "preload":   # no reply: the caller does not wait for it
+                if preloading is None:
+                    preloading = threading.Thread(target=_preload_kernels, name="ggtool-pool-preload", daemon=True)
+                    preloading.start()
+                continue
             try:
                 reply = run(msg) if msg[0] == "run" else run_map(msg)
             except BaseException as e:

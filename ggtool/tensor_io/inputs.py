@@ -170,6 +170,14 @@ class Inputs:
         paths = [g.path for g in self.ggufs] + [p.source.path for p in self._prepared.values() if p.source.path]
         return [os.path.realpath(p) for p in paths]
 
+    def quantized(self) -> bool:
+        """Whether a quantized tensor may be used: one of a `--gguf` file's, or a `--tensor` (a GGUF
+        tensor, or a conversion such as q4_0:w.npy). Known before any data is read, so that the
+        worker pool can load its compiled kernels while the graph is built."""
+        if any(T.is_quantized(p.type) for p in self._prepared.values()):
+            return True
+        return any(T.is_quantized(i.type) for g in self.ggufs for i in g.tensors.values())
+
     # -- up-front checks ---------------------------------------------------------------------------
     def _prepare(self, s: Source, stdin_bytes: bytes | None) -> _Prepared:
         where = s.where
