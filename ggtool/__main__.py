@@ -13,6 +13,9 @@ def main() -> None:
     from ggtool.pool.launch import prestart
 
     prestart(sys.argv[1:])
+    import ggtool.kernels
+
+    ggtool.kernels.OWN_PROCESS = True   # numba loads without what ggtool has no use for (kernels.jit)
     from ggtool.commands import main as command_line
 
     try:

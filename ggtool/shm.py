@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import mmap
 import os
-import secrets
-import signal
-import threading
-from contextlib import contextmanager
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
 from .errors import GGToolError
-from .pool.launch import ENDING_SIGNALS, signals_blocked
+from .pool.launch import signals_blocked, signals_held
 
 try:
     import _posixshmem
@@ -33,32 +29,6 @@ except ImportError:  # pragma: no cover (not POSIX)
 
 PREFIX = "ggtool_"
 PAGE = mmap.PAGESIZE
-
-
-@contextmanager
-def signals_held():
-    """Hold SIGINT, SIGTERM and SIGHUP (their Python handlers) until the block is over, so that it
-    completes or fails as a whole; a signal that came meanwhile is raised again afterwards.
-
-    (Masking the signal would not do: any other thread of the process, a BLAS thread say, may take
-    it, and Python runs the handler in the main thread at its next bytecode.) Signals whose
-    disposition is not a Python handler (default, ignored) are left alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # Python runs signal handlers in the main thread only
-        return
-    held: list[int] = []
-    saved = {}
-    for sig in ENDING_SIGNALS:
-        h = signal.getsignal(sig)
-        if callable(h):
-            saved[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
-    try:
-        yield
-    finally:
-        for sig, h in saved.items():
-            signal.signal(sig, h)
-        for sig in dict.fromkeys(held):
-            signal.raise_signal(sig)
 
 
 def _path(name: str) -> str:
@@ -95,7 +65,7 @@ class Segment:
         if _posixshmem is None:  # pragma: no cover
             raise GGToolError("the worker pool needs POSIX shared memory (use --threads 1)")
         size = max(PAGE, -(-int(size) // PAGE) * PAGE)
-        self.name, self.size, self._pid = f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}", size, os.getpid()
+        self.name, self.size, self._pid = f"{PREFIX}{os.getpid()}_{os.urandom(6).hex()}", size, os.getpid()
         self.linked = False
         with signals_held():  # Ctrl-C now would leave a named segment nobody knows of
             # created and registered with the tracker; its own mapping is not used. The first

@@ -216,6 +216,44 @@ def test_one_specialization_each():
         assert len(getattr(kq, name).signatures) == 1, name
 
 
+@pytest.mark.parametrize("bad, what", [
+    (lambda x, out: (x.astype(np.float64), out), "argument 0 .* not float64"),
+    (lambda x, out: (x[:, ::2], out[:, :18]), "argument 0 .* C-contiguous"),
+    (lambda x, out: (x, np.frombuffer(out.tobytes(), np.uint8).reshape(out.shape)), "argument 1 .*writable"),
+    (lambda x, out: (np.frombuffer(b"\0" + x.tobytes(), np.float32, offset=1).reshape(x.shape), out), "aligned"),
+])
+def test_a_pinned_kernel_refuses_what_its_one_specialization_cannot_take(bad, what):
+    """Called through its compiled entry point, a kernel checks its arrays itself: another dtype,
+    layout, a misaligned input or a read-only output is a TypeError, never a crash."""
+    from ggtool.kernels import quantize as kq
+
+    x, out = np.ones((2, 64), F32), np.zeros((2, 36), np.uint8)
+    with pytest.raises(TypeError, match=what):
+        kq.q4_0_quantize(*bad(x, out))
+
+
+def test_quantizing_a_read_only_memory_map_does_not_import_numpy_ma(tmp_path):
+    """numba's dispatch types a read-only array in Python and imports numpy.ma for it; the entry
+    point does not (a memory-mapped .npy is read-only)."""
+    np.save(tmp_path / "x.npy", np.ones((4, 64), F32))
+    code = ("import sys, numpy as np; from ggtool import quant as Q; "
+            f"x = np.load({str(tmp_path / 'x.npy')!r}, mmap_mode='r'); q = Q.quantize_q4_0(x); "
+            "assert not x.flags.writeable and q.shape == (4, 36); assert 'numpy.ma' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_import_does_not_load_numba():
     code = "import sys, ggtool, ggtool.quant; assert 'numba' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_in_ggtools_own_process_numba_loads_without_its_optional_packages():
+    """The command line sets ggtool.kernels.OWN_PROCESS: numba then loads without scipy, yaml and
+    cffi's parser (jit.OPTIONAL), which ggtool's kernels never use; they stay importable after."""
+    code = ("import sys, ggtool.kernels as k; k.OWN_PROCESS = True\n"
+            "from ggtool import quant as Q; import numpy as np\n"
+            "Q.quantize_q4_0(np.ones((1, 32), np.float32))\n"
+            "assert 'numba' in sys.modules\n"
+            "assert not {'scipy', 'yaml', 'pycparser'} & set(sys.modules), sorted({'scipy', 'yaml', 'pycparser'} & set(sys.modules))\n"
+            "import yaml\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,3 +14,8 @@ from ..errors import GGToolError
 
 class KernelError(GGToolError):
     """The compiled kernels cannot be loaded (numba missing or broken)."""
+
+
+# True in the processes ggtool owns (the command line, pool workers), set before numba is loaded:
+# numba then loads without the optional packages ggtool has no use for (jit.OPTIONAL).
+OWN_PROCESS = False

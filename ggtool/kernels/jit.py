@@ -48,14 +48,35 @@ def _tiles_key() -> str:
     return "tiles-" + h.hexdigest()[:12]
 
 
+# Optional packages numba imports with itself for integrations ggtool's kernels never use: scipy
+# (a version check), yaml (a .numba_config.yaml in the current folder) and cffi (typing cffi
+# functions). In a process ggtool owns (the command line, a pool worker: they set
+# ggtool.kernels.OWN_PROCESS) they are held off while numba loads, ~35 ms of every quantized
+# command's start where they are installed; numba in a library user's process keeps them.
+OPTIONAL = ("scipy", "yaml", "cffi")
+
+
 def _load_numba():
+    from . import OWN_PROCESS
+
+    held = []
     if "numba" not in sys.modules:
         os.environ.setdefault("NUMBA_CACHE_DIR", cache_dir())   # read once, when numba is imported
+        if OWN_PROCESS:
+            held = [m for m in OPTIONAL if m not in sys.modules]
+    for m in held:
+        sys.modules[m] = None      # `import m` raises ImportError meanwhile: numba goes without it
     try:
         import numba
+        if "cffi" in held:   # imported later, at the first kernel: it would parse C with pycparser (~15 ms)
+            import numba.core.typing.cffi_utils  # noqa: F401
     except Exception as e:  # ImportError, or a broken install (llvmlite/numpy mismatch)
         raise KernelError(f"ggtool's compiled kernels need numba, which cannot be loaded ({type(e).__name__}: {e}); "
                           "install it with `python3 -m pip install numba`") from None
+    finally:
+        for m in held:
+            if sys.modules.get(m, 0) is None:
+                del sys.modules[m]
     _init_target()
     return numba
 

@@ -5,19 +5,17 @@ about as long importing click, numpy and the DSL before it knows its graph. `pre
 arguments of `ggtool compute` first thing (before those imports) and, for an explicit `--threads N`
 (or GGTOOL_THREADS) above 1, launches the N-1 workers at once, so that both import side by side; the
 pool adopts them (`take`) when it starts. This module imports nothing heavy: it runs before numpy
-loads. A launched worker that is never adopted exits with the process (its life pipe closes).
+loads, in every command (socket and subprocess load only when a worker is launched). A launched
+worker that is never adopted exits with the process (its life pipe closes).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
 import sys
+import threading
 from contextlib import contextmanager
-
-from ..blas import single_thread_env
 
 # The signals that end a process (Ctrl-C, `kill`/`timeout`, a closed terminal).
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -36,6 +34,8 @@ class Launched:
 
     def close(self) -> None:
         """Kill the process and close our ends (a launch nobody adopted)."""
+        import subprocess
+
         try:
             self.proc.kill()
             self.proc.wait(timeout=5.0)
@@ -45,6 +45,32 @@ class Launched:
         for fd in (self.life, self.bell):
             if fd >= 0:
                 os.close(fd)
+
+
+@contextmanager
+def signals_held():
+    """Hold SIGINT, SIGTERM and SIGHUP (their Python handlers) until the block is over, so that it
+    completes or fails as a whole; a signal that came meanwhile is raised again afterwards.
+
+    (Masking the signal would not do: any other thread of the process, a BLAS thread say, may take
+    it, and Python runs the handler in the main thread at its next bytecode.) Signals whose
+    disposition is not a Python handler (default, ignored) are left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python runs signal handlers in the main thread only
+        return
+    held: list[int] = []
+    saved = {}
+    for sig in ENDING_SIGNALS:
+        h = signal.getsignal(sig)
+        if callable(h):
+            saved[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, h in saved.items():
+            signal.signal(sig, h)
+        for sig in dict.fromkeys(held):
+            signal.raise_signal(sig)
 
 
 @contextmanager
@@ -66,6 +92,11 @@ def launch() -> Launched:
     holds: when we die, however we die, the worker's watchdog thread reads EOF and exits, even in
     the middle of a kernel. It imports and then waits for its first message (procs.spawn sends it).
     """
+    import socket
+    import subprocess
+
+    from ..blas import single_thread_env
+
     parent, child = socket.socketpair()
     life_r, life_w = os.pipe()
     bell = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC) if hasattr(os, "eventfd") else -1

@@ -160,7 +160,7 @@ def atomic_path(path: str) -> Iterator[str]:
     Making the temporary file and knowing its name hold SIGINT, SIGTERM and SIGHUP until both are
     done, so that a signal cannot leave a temporary file nobody will remove.
     """
-    from ..shm import signals_held
+    from ..pool.launch import signals_held
 
     target = os.path.abspath(path)
     directory = os.path.dirname(target)
