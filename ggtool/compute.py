@@ -82,6 +82,7 @@ def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "c
         raise GGToolError(f"alloc must be one of {', '.join(ALLOC_MODES)}, not {alloc!r}")
     if numerics is not None and numerics not in NUMERICS:
         raise GGToolError(f"numerics must be one of {', '.join(NUMERICS)}, not {numerics!r}")
+    materialize_written(graph)
     plan = plan or make_plan(graph, n_threads)
     if numerics is not None:
         plan.numerics = numerics
@@ -94,6 +95,19 @@ def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "c
             check_memory(graph, plan)
         plan.work_offset = graph.ctx.new_buffer(plan.work_size)
     return plan
+
+
+_VIEW_OPS = frozenset(("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"))
+
+
+def materialize_written(graph) -> None:
+    """Memory-mapped tensors (GGUF weights, .npy inputs) that a node writes into (cpy, clamp: ops
+    whose result is a view of their source) are copied into the context first (Context.materialize):
+    the map is read-only, and a file is never written."""
+    for node in graph.nodes:
+        src = node.view_src
+        if src is not None and src.storage is not None and node.op not in _VIEW_OPS:
+            src.ctx.materialize(src)
 
 
 class Binding:

@@ -165,6 +165,21 @@ class Context:
         self.tensors.append(t)
         return t
 
+    def materialize(self, t: Tensor) -> None:
+        """Copy tensor t, whose data lives outside the pool (a memory-mapped file), into the pool
+        (a buffer object, as ggml_new_buffer makes), and point t and every view of it there. An
+        op that writes into its source (cpy, clamp) then writes into memory of the context, never
+        into the read-only map."""
+        if t.storage is None or t.view_src is not None or t.data_offset is None:
+            return
+        n, old, src = t.nbytes, t.data_offset, t.storage.array
+        offs = self.new_object(OBJ_WORK_BUFFER, n, f"a copy of '{t.name}' in the context")
+        self.buffer[offs: offs + n] = src[old: old + n]
+        self.external_bytes -= pad(n)
+        for x in self.tensors:
+            if x is t or x.view_src is t:
+                x.storage, x.data_offset = None, offs + (x.data_offset - old)
+
     def new_tensor_from(self, array: np.ndarray, type=None, name: str = "") -> Tensor:
         """A tensor holding `array` (numpy shape (d3, d2, d1, d0) is ggml ne [d0, d1, d2, d3])."""
         array = np.asarray(array)

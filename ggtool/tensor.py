@@ -204,8 +204,13 @@ class Tensor:
     def set_data(self, values) -> Tensor:
         """Copy numpy data (shape (ne3..ne0) or anything with nelements values) into the tensor.
         Quantized types take raw row bytes. BF16 takes its bits (uint16, or their bytes as uint8)
-        or values of any other dtype, converted as GGML_FP32_TO_BF16 does."""
+        or values of any other dtype, converted as GGML_FP32_TO_BF16 does. A memory-mapped
+        tensor (or view of one) is first copied into its context (Context.materialize): the file
+        is never written."""
         arr = np.asarray(values)
+        root = self.view_src if self.view_src is not None else self
+        if root.storage is not None:
+            root.ctx.materialize(root)
         dst = self.data
         if T.is_quantized(self.type):
             arr = arr.astype(np.uint8, copy=False)

@@ -7,7 +7,7 @@ import io
 import gguf
 import numpy as np
 import pytest
-from conftest import STORIES, TINY_LLAMA, write_gguf
+from conftest import STORIES, TINY_LLAMA, ok, write_gguf
 
 from ggtool import Context
 from ggtool import types as T
@@ -373,3 +373,64 @@ def test_repacked_gguf_weights_leave_the_process_memory(tmp_path):
     xq = gguf.quants.dequantize(gguf.quants.quantize(x.numpy().reshape(4, 1024), T.GGMLType.Q8_0),
                                 T.GGMLType.Q8_0).astype(np.float64)
     np.testing.assert_allclose(y.numpy().reshape(4, 2048), xq @ wq.T, rtol=1e-4, atol=1e-3)
+
+
+# -- .npy inputs memory-mapped, and written-into mapped tensors copied first ------------------------
+@pytest.mark.parametrize("array, mapped", [
+    (np.arange(12, dtype=np.float32).reshape(3, 4), True),
+    (np.arange(12, dtype=np.float16).reshape(3, 4), True),
+    (np.arange(12, dtype=np.int32).reshape(3, 4), True),
+    (np.arange(12, dtype=np.float64).reshape(3, 4), False),                  # converted to f32
+    (np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4)), False),
+    (np.arange(12, dtype=">f4").reshape(3, 4), False),                       # big-endian
+])
+def test_npy_input_is_memory_mapped_when_its_bytes_are_the_tensors(npy, array, mapped):
+    """Like a GGUF weight: only the header goes into the pool; the data is read from the file (and
+    the pool's worker processes map it themselves). The GGML context size is the same either way."""
+    ctx = Context()
+    t = Inputs([parse_source("x", str(npy(array)))], []).tensor("x", ctx)
+    assert isinstance(t.storage, FileStorage) == mapped
+    assert np.array_equal(t.numpy().reshape(array.shape), array)
+    ref = Context()
+    Inputs([parse_source("x", "[" + ",".join("[" + ",".join(map(str, r)) + "]" for r in array.tolist()) + "]")],
+           []).tensor("x", ref)
+    if array.dtype == np.float32 and mapped:
+        assert ctx.ggml_mem_size == ref.ggml_mem_size
+
+
+def test_a_prefix_conversion_is_read_into_the_pool(npy):
+    t = Inputs([parse_source("x", "f16:" + str(npy(np.ones((2, 4), np.float32))))], []).tensor("x", Context())
+    assert t.storage is None and t.type == T.F16
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("source", ["npy", "gguf"])
+def test_ops_that_write_into_a_mapped_input_write_into_a_copy(run, npy, tmp_path, source, threads):
+    """clamp and cpy compute into their source's memory: a memory-mapped input (a .npy, a GGUF
+    weight) is copied into the context first, and the file is never written."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    if source == "npy":
+        path = npy(w, "w.npy")
+        args = ["--tensor", f"w={path}"]
+    else:
+        path = write_gguf(tmp_path / "w.gguf", {"w": w})
+        args = ["--gguf", str(path)]
+    before = path.read_bytes()
+    out = ok(run("compute", "clamp(w, 1, 4)", *args, "--threads", threads))
+    assert out.strip() == "[[1,1,2],[3,4,4]]"
+    out = ok(run("compute", "add(cpy(x, w), w)", "--tensor", "x=[[1,1,1],[2,2,2]]", *args, "--threads", threads))
+    assert out.strip() == "[[2,2,2],[4,4,4]]"
+    assert path.read_bytes() == before
+
+
+def test_set_data_on_a_mapped_tensor_copies_it_into_the_context_with_its_views(npy):
+    from ggtool.ops import FUNCTIONS as F
+
+    path = npy(np.arange(8, dtype=np.float32).reshape(2, 4))
+    ctx = Context()
+    t = Inputs([parse_source("x", str(path))], []).tensor("x", ctx)
+    v = F["view_1d"](ctx, t, 4, 16)                      # the second row
+    before, external = path.read_bytes(), ctx.external_bytes
+    t.set_data(np.full((2, 4), 7, np.float32))
+    assert t.storage is None and v.storage is None and ctx.external_bytes == external - 32
+    assert v.numpy().reshape(-1).tolist() == [7, 7, 7, 7] and path.read_bytes() == before

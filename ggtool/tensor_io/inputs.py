@@ -259,12 +259,35 @@ class Inputs:
             return ctx.new_tensor(p.type, p.ne)  # zeros: the pool is zero-filled
         arr = p.array
         if arr is None:
+            if p.npy:
+                mapped = self._map_npy(p, ctx)
+                if mapped is not None:
+                    return mapped
             arr = self._read(p)
         if T.is_quantized(p.type):
             return ctx.new_tensor_from(arr, p.type, s.name)
         t = ctx.new_tensor(p.type, p.ne)
         t.set_data(arr)
         return t
+
+    def _map_npy(self, p: _Prepared, ctx: Context) -> Tensor | None:
+        """A .npy file whose data is already the tensor's (its dtype, C order) joins the context
+        memory-mapped, as a GGUF weight does (gguf_io.FileStorage): nothing is copied into the pool,
+        and the worker pool's processes map the file themselves. Else None (it is read and
+        converted)."""
+        s = p.source
+        try:
+            arr = np.load(s.path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError):
+            return None              # _read says what is wrong with it
+        offset = getattr(arr, "offset", None)
+        if (offset is None or T.is_quantized(p.type) or p.type == T.BF16 or arr.dtype != T.np_dtype(p.type)
+                or not arr.flags.c_contiguous or arr.nbytes == 0):
+            return None
+        from ..gguf_io.storage import FileStorage
+
+        self._log(s.name, f"{s.path} ({arr.dtype}{list(arr.shape)}, memory-mapped)")
+        return ctx.new_tensor(p.type, p.ne, storage=FileStorage(s.path), data_offset=offset)
 
     def _read(self, p: _Prepared) -> np.ndarray:
         s, where = p.source, p.where
