@@ -345,27 +345,57 @@ def dot_q6_k(w, act, out, tiled, f16):
 
 # -- F32 ---------------------------------------------------------------------------------------------
 @njit
+def _fold(acc, lanes, out_row, n0, count):
+    """The per-row sums of acc (lanes, V0) into out_row[n0:n0+count]: ggml_vec_dot_f32's
+    x0+x2, x1+x3 over 4 x 16 lanes (lanes == 64), then _mm512_reduce_add_ps's halves."""
+    t = np.empty((16, V0), F32)
+    for i in range(16):
+        ti = t[i]
+        if lanes == 64:
+            a0, a1, a2, a3 = acc[i], acc[16 + i], acc[32 + i], acc[48 + i]
+            for r in range(V0):
+                ti[r] = (a0[r] + a2[r]) + (a1[r] + a3[r])
+        else:
+            ai = acc[i]
+            for r in range(V0):
+                ti[r] = ai[r]
+    for h in (8, 4, 2, 1):
+        for i in range(h):
+            ti, tj = t[i], t[i + h]
+            for r in range(V0):
+                ti[r] = tj[r] + ti[r]
+    for r in range(count):
+        out_row[n0 + r] = t[0, r]
+
+
+@njit
 def dot_f32(a, b, out, tiny):
-    """out (M, N) = b (M, K) . a (N, K)^T: tinyBLAS's lanes if `tiny`, else ggml_vec_dot_f32's."""
+    """out (M, N) = b (M, K) . a (N, K)^T: tinyBLAS's lanes if `tiny` (16 over all of k), else
+    ggml_vec_dot_f32's (64 over steps of 64, the tail added after the reduce). V0 rows of a at a
+    time, transposed, so that every loop runs across them."""
     N, M, K = a.shape[0], b.shape[0], a.shape[1]
-    acc = np.empty(64, F32)
-    for m in range(M):
-        for n in range(N):
-            acc[:] = 0
-            if tiny:
-                for k in range(K):
-                    acc[k % 16] = fmaf(a[n, k], b[m, k], acc[k % 16])
-                out[m, n] = _reduce16(acc[:16])
-                continue
-            k64 = K - K % 64
-            for k in range(k64):
-                acc[k % 64] = fmaf(a[n, k], b[m, k], acc[k % 64])
-            for i in range(16):
-                acc[i] = (acc[i] + acc[32 + i]) + (acc[16 + i] + acc[48 + i])
-            s = _reduce16(acc[:16])
-            for k in range(k64, K):
-                s = fmaf(a[n, k], b[m, k], s)
-            out[m, n] = s
+    lanes = 16 if tiny else 64
+    k_lanes = K if tiny else K - K % 64
+    at = np.empty((K, V0), F32)
+    acc = np.empty((lanes, V0), F32)
+    for n0 in range(0, N, V0):
+        count = min(V0, N - n0)
+        at[:, :] = 0
+        for r in range(count):
+            for k in range(K):
+                at[k, r] = a[n0 + r, k]
+        for m in range(M):
+            acc[:, :] = 0
+            bm = b[m]
+            for k in range(k_lanes):
+                al, ak, bk = acc[k % lanes], at[k], bm[k]
+                for r in range(V0):
+                    al[r] = fmaf(ak[r], bk, al[r])
+            _fold(acc, lanes, out[m], n0, count)
+            for k in range(k_lanes, K):       # vec_dot's tail, after the reduce
+                ak, bk = at[k], bm[k]
+                for r in range(count):
+                    out[m, n0 + r] = fmaf(ak[r], bk, out[m, n0 + r])
 
 
 # -- soft_max and rope -------------------------------------------------------------------------------
