@@ -10,6 +10,20 @@ from ggtool import types as T
 
 Q4_0_BYTES, Q8_0_BYTES = 18, 34
 
+# bytes per block, values per block, offsets of the block's fp16 scales
+BLOCKS = {"q4_1": (20, 32, [0, 2]), "q5_0": (22, 32, [0]), "q5_1": (24, 32, [0, 2]), "q8_0": (34, 32, [0]),
+          "q2_K": (84, 256, [80, 82]), "q3_K": (110, 256, [108]), "q4_K": (144, 256, [0, 2]),
+          "q5_K": (176, 256, [0, 2]), "q6_K": (210, 256, [208])}
+
+
+def random_blocks(t: str, n: int, k: int, seed: int) -> np.ndarray:
+    """n rows of k values of random type-t blocks whose fp16 scales are small normal numbers."""
+    nbytes, qk, scales = BLOCKS[t]
+    w = np.random.default_rng(seed).integers(0, 256, (n, k // qk, nbytes), dtype=np.uint8)
+    for o in scales:
+        w[..., o + 1] = w[..., o + 1] % 0x20 + 0x08
+    return w.reshape(n, -1)
+
 
 def mul_mat_exact(w_raw, w_type, act_raw) -> np.ndarray:
     wt = T.parse_type(w_type)

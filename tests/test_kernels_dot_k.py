@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 from kernel_threads import compute_threaded
-from oracle_matmul import dequantize_q8_k, quantize_q8_k
+from oracle_matmul import BLOCKS, dequantize_q8_k, quantize_q8_k, random_blocks
 
 import ggtool
 from ggtool import quant as Q
@@ -17,18 +17,7 @@ from ggtool.errors import QuantizationError
 from ggtool.kernels import dot
 from ggtool.quant.matmul import DOT_TYPES
 
-BLOCK = {"q4_1": (20, 32, [0, 2]), "q5_0": (22, 32, [0]), "q5_1": (24, 32, [0, 2]),
-         "q2_K": (84, 256, [80, 82]), "q3_K": (110, 256, [108]), "q4_K": (144, 256, [0, 2]),
-         "q5_K": (176, 256, [0, 2]), "q6_K": (210, 256, [208])}
-
-
-def _weights(t: str, n: int, k: int, seed: int) -> np.ndarray:
-    """n rows of k values of random blocks whose fp16 scales are small normal numbers."""
-    nbytes, qk, scales = BLOCK[t]
-    w = np.random.default_rng(seed).integers(0, 256, (n, k // qk, nbytes), dtype=np.uint8)
-    for o in scales:
-        w[..., o + 1] = w[..., o + 1] % 0x20 + 0x08
-    return w.reshape(n, -1)
+BLOCK = [t for t in BLOCKS if t != "q8_0"]
 
 
 def _acts(t: str, x: np.ndarray) -> np.ndarray:
@@ -68,7 +57,7 @@ def test_q8_k_is_ggml_reference(finite):
 @pytest.mark.parametrize("t", BLOCK)
 @pytest.mark.parametrize("n,k,m", [(1, 256, 1), (130, 512, 3), (70, 1024, 17)])
 def test_dot_matches_float64_reference(t, n, k, m):
-    w = _weights(t, n, k, n + k + m)
+    w = random_blocks(t, n, k, n + k + m)
     x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
     a = _acts(t, x)
     got = Q.mul_mat_quantized(w, t, a)
@@ -82,7 +71,7 @@ def test_dot_matches_float64_reference(t, n, k, m):
 @pytest.mark.parametrize("t", BLOCK)
 def test_mul_mat_node_bit_identical_for_1_to_4_participants(t):
     n, k, m = 2 * 1024 + 70, 512, 3
-    w = _weights(t, n, k, 9)
+    w = random_blocks(t, n, k, 9)
     x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
     ctx = ggtool.Context()
     wt = ctx.new_tensor(t, [k, n]).set_data(w)
@@ -128,7 +117,7 @@ def test_q8_1_has_ggml_block_size_in_plans():
 def test_get_rows_dequantizes_as_ggml(t):
     """get_rows of a block type: the picked rows dequantized to f32 (GGML's to_float, which gguf-py's
     dequantize reproduces), for every type mul_mat takes natively."""
-    w = _weights(t, 6, 512, 2)
+    w = random_blocks(t, 6, 512, 2)
     ctx = ggtool.Context()
     a = ctx.new_tensor(t, [512, 6]).set_data(w)
     idx = ctx.new_tensor("i32", [3]).set_data(np.array([5, 0, 5], np.int32))

@@ -11,22 +11,14 @@ import numpy as np
 import pytest
 from conftest import write_gguf
 from kernel_threads import compute_threaded
+from oracle_matmul import random_blocks
 
 import ggtool
 from ggtool.errors import GGToolError
 from ggtool.ops import FUNCTIONS as F
 
 f32 = np.float32
-BLOCK = {"q8_0": (34, 32, [0]), "q5_0": (22, 32, [0]), "q4_K": (144, 256, [0, 2]), "q6_K": (210, 256, [208])}
-
-
-def _weights(t: str, n: int, k: int, seed: int) -> np.ndarray:
-    """n rows of random blocks whose fp16 scales are small normal numbers."""
-    nbytes, qk, scales = BLOCK[t]
-    w = np.random.default_rng(seed).integers(0, 256, (n, k // qk, nbytes), dtype=np.uint8)
-    for o in scales:
-        w[..., o + 1] = w[..., o + 1] % 0x20 + 0x08
-    return w.reshape(n, -1)
+BLOCK = ("q8_0", "q5_0", "q4_K", "q6_K")
 
 
 def _mul_mat(t, w, x):
@@ -45,7 +37,7 @@ def test_quantized_mul_mat_is_the_oracle_bit_for_bit(t, m):
     """Q8_0/Q5_0 (tinyBLAS lanes), Q6_K (AVX2 dot below 8 rows, tiled from 8), Q4_K (gemm rows in
     fours, gemv for the rest); 1070 rows: a second column tile and a partial group of decoded rows."""
     n, k = 1070, 512
-    w = _weights(t, n, k, m)
+    w = random_blocks(t, n, k, m)
     x = np.random.default_rng(m).standard_normal((m, k)).astype(f32)
     g, y = _mul_mat(t, w, x)
     g.compute(1, numerics="x86")
@@ -63,7 +55,7 @@ def test_q4_k_gemm_rows_follow_the_whole_matrix_across_row_tiles():
     """262 activation rows: the first 260 go through the gemm's order, the last 2 through the gemv's,
     also in the second tile of rows (rows 256..261)."""
     n, k, m = 40, 256, 262
-    w = _weights("q4_K", n, k, 5)
+    w = random_blocks("q4_K", n, k, 5)
     x = np.random.default_rng(5).standard_normal((m, k)).astype(f32)
     g, y = _mul_mat("q4_K", w, x)
     g.compute(1, numerics="x86")
@@ -136,7 +128,7 @@ def test_the_pool_computes_in_the_plans_numerics():
     """The numerics travel with the graph to the workers; the same graph in the other numerics is
     sent again, not taken from the workers' cache."""
     n, k, m = 300, 512, 9
-    w = _weights("q6_K", n, k, 1)
+    w = random_blocks("q6_K", n, k, 1)
     x = np.random.default_rng(1).standard_normal((m, k)).astype(f32)
     g, y = _mul_mat("q6_K", w, x)
     want = {}
@@ -152,13 +144,13 @@ def test_the_pool_computes_in_the_plans_numerics():
 
 
 def test_unknown_numerics_is_one_clear_error():
-    g, _ = _mul_mat("q8_0", _weights("q8_0", 4, 32, 0), np.ones((1, 32), f32))
+    g, _ = _mul_mat("q8_0", random_blocks("q8_0", 4, 32, 0), np.ones((1, 32), f32))
     with pytest.raises(GGToolError, match="numerics must be one of ggml, x86, not 'avx'"):
         g.compute(1, numerics="avx")
 
 
 def test_cli_numerics_x86_same_bytes_on_1_and_2_threads(run, npy, tmp_path):
-    w = _weights("q5_0", 70, 64, 3)
+    w = random_blocks("q5_0", 70, 64, 3)
     x = np.random.default_rng(3).standard_normal((4, 64)).astype(f32)
     src = write_gguf(tmp_path / "w.gguf", {"w": (w, gguf.GGMLQuantizationType.Q5_0)})
     outs = []
