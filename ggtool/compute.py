@@ -100,14 +100,28 @@ def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "c
 _VIEW_OPS = frozenset(("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"))
 
 
+def written(nodes):
+    """The tensors nodes write into: the sources of ops whose result is a view of them (cpy, clamp)."""
+    return [n.view_src for n in nodes if n.view_src is not None and n.op not in _VIEW_OPS]
+
+
+def forget_packs(tensors) -> None:
+    """Drop the repacked forms of these weights (their bytes change with each compute); in every
+    process that computes, the workers too."""
+    packs = sys.modules.get("ggtool.quant.matmul")   # loaded only once something was repacked
+    if packs is not None:
+        for t in tensors:
+            packs.forget(t)
+
+
 def materialize_written(graph) -> None:
-    """Memory-mapped tensors (GGUF weights, .npy inputs) that a node writes into (cpy, clamp: ops
-    whose result is a view of their source) are copied into the context first (Context.materialize):
-    the map is read-only, and a file is never written."""
-    for node in graph.nodes:
-        src = node.view_src
-        if src is not None and src.storage is not None and node.op not in _VIEW_OPS:
-            src.ctx.materialize(src)
+    """A memory-mapped tensor (a GGUF weight, a .npy input) a node writes into is copied into the
+    context first (Context.materialize): the map is read-only, and a file is never written."""
+    targets = written(graph.nodes)
+    for t in targets:
+        if t.storage is not None:
+            t.ctx.materialize(t)
+    forget_packs(targets)
 
 
 class Binding:

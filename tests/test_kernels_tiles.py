@@ -7,8 +7,8 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from oracle_matmul import mul_mat_exact
-from test_kernels_dot_k import BLOCK, _acts, _dequantized_acts, _weights
+from oracle_matmul import mul_mat_exact, random_blocks
+from test_kernels_dot_k import BLOCK, _acts, _dequantized_acts
 
 from ggtool import quant as Q
 from ggtool import types as T
@@ -21,7 +21,7 @@ ALL = ["q4_0", "q8_0", *BLOCK]
 def _w(t: str, n: int, k: int, seed: int) -> np.ndarray:
     if t in ("q4_0", "q8_0"):
         return Q.quantize(np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32), t)
-    return _weights(t, n, k, seed)
+    return random_blocks(t, n, k, seed)
 
 
 def _a(t: str, m: int, k: int, seed: int) -> np.ndarray:
@@ -77,7 +77,7 @@ def test_extreme_activation_codes_match_float64_reference(t):
     """Activation codes all -128 or all 127 (with bsums to match) against weights of random codes:
     the integer parts must stay exact at their largest."""
     k, n = 512, 33
-    w = _weights(t, n, k, 6)
+    w = random_blocks(t, n, k, 6)
     x = np.random.default_rng(7).standard_normal((4, k)).astype(np.float32)
     a = _acts(t, x).copy()
     if t in ("q5_0", "q4_1", "q5_1"):

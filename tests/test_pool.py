@@ -812,3 +812,28 @@ def test_no_new_workers_once_ggtool_changed_on_disk(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     with pytest.raises(GGToolError, match=r"edited.py changed after this process started: new worker processes"):
         WorkerPool(2)
+
+
+def test_a_weight_the_graph_writes_into_is_repacked_on_every_compute_in_the_workers_too():
+    """cpy quantizes into a q4_0 leaf that mul_mat then uses: its repacked form (cached per weight)
+    must be made anew each compute, by each participant, even with the graph and plan reused."""
+    F = ggtool.ops.FUNCTIONS
+    K, N, M = 256, 2048, 4
+    xs = np.random.default_rng(0).standard_normal((M, K)).astype(np.float32)
+    out = {}
+    for threads in (1, 2):
+        ctx = ggtool.Context()
+        w = ctx.new_tensor("q4_0", [K, N])
+        src = ctx.new_tensor("f32", [K, N])
+        x = ctx.new_tensor("f32", [K, M]).set_data(xs)
+        y = F["mul_mat"](ctx, F["cpy"](ctx, src, w), x)
+        g = ctx.new_graph()
+        g.expand(y)
+        plan, out[threads] = None, []
+        with ggtool.WorkerPool(threads) as pool:
+            for seed in (1, 2):
+                src.set_data(np.random.default_rng(seed).standard_normal((N, K)).astype(np.float32))
+                plan = g.compute(threads, pool=pool, plan=plan)
+                out[threads].append(y.numpy().tobytes())
+    assert out[1][0] != out[1][1]
+    assert out[2] == out[1]

@@ -16,6 +16,6 @@ class KernelError(GGToolError):
     """The compiled kernels cannot be loaded (numba missing or broken)."""
 
 
-# True in the processes ggtool owns (the command line, pool workers), set before numba is loaded:
-# numba then loads without the optional packages ggtool has no use for (jit.OPTIONAL).
+# True in ggtool's command line, set before numba is loaded: numba then loads without the optional
+# packages ggtool has no use for (jit.OPTIONAL).
 OWN_PROCESS = False

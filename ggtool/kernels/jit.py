@@ -50,9 +50,9 @@ def _tiles_key() -> str:
 
 # Optional packages numba imports with itself for integrations ggtool's kernels never use: scipy
 # (a version check), yaml (a .numba_config.yaml in the current folder) and cffi (typing cffi
-# functions). In a process ggtool owns (the command line, a pool worker: they set
-# ggtool.kernels.OWN_PROCESS) they are held off while numba loads, ~35 ms of every quantized
-# command's start where they are installed; numba in a library user's process keeps them.
+# functions). In ggtool's own command line (it sets ggtool.kernels.OWN_PROCESS) they are held off
+# while numba loads, ~35 ms of every quantized command's start where they are installed; numba in
+# a library user's process, or in a pool worker (which may run a user's functions), keeps them.
 OPTIONAL = ("scipy", "yaml", "cffi")
 
 

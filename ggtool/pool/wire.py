@@ -13,6 +13,7 @@ import pickle
 
 import numpy as np
 
+from ..compute import written
 from ..errors import GGToolError
 from ..tensor import Tensor
 from .segments import share_context
@@ -118,7 +119,7 @@ class _Ctx:
 class WorkerGraph:
     """A graph installed in a worker: its nodes, program, work buffer, kernels and segments used."""
 
-    __slots__ = ("kernels", "nodes", "numerics", "prog", "segs", "wdata")
+    __slots__ = ("kernels", "nodes", "numerics", "prog", "segs", "wdata", "written")
 
 
 def install(blob: bytes, segs: dict) -> WorkerGraph:
@@ -144,6 +145,7 @@ def install(blob: bytes, segs: dict) -> WorkerGraph:
         t.src = [None if s < 0 else tensors[s] for s in src]
     wg = WorkerGraph()
     wg.nodes = tensors[:n_nodes]
+    wg.written = written(wg.nodes)
     wg.prog = progw
     wg.wdata = segs[wseg][woff: woff + wsize] if woff is not None else segs[wseg][:0]
     wg.numerics = numerics

@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from .. import shm
-from ..compute import Work
+from ..compute import Work, forget_packs
 from ..errors import GGToolError
 from .barrier import ABORT, Aborted, Barrier, participate
 from .threads import Release
@@ -114,6 +114,7 @@ def main() -> None:
         if blob is not None:
             graphs[key] = install(blob, segs)
         wg = graphs[key]
+        forget_packs(wg.written)   # weights the graph writes into: repacked anew each run
         for op, fn in wg.kernels.items():
             k = KERNELS.get(op)
             if k is None or k.forward is not fn:
