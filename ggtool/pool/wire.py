@@ -26,8 +26,9 @@ _FIELDS = operator.attrgetter("type", "ne", "nb", "op", "flags", "_name", "struc
 def describe(graph, plan):
     """Every tensor the graph's nodes reach, as plain tuples (nodes first, then their sources):
     (fields, op_params bytes, buffer, view_src index, src indices); buffer is the name of the
-    shared segment holding the tensor's context pool, or its FileStorage. Also the kernels by op
-    and the work buffer (segment, offset, size) with the plan's numerics. Everything the workers' copy is built from."""
+    shared segment holding the tensor's context pool, or its FileStorage. Also the kernels by op,
+    and the work buffer (segment, offset, size) with the plan's numerics. Everything the workers'
+    copy is built from."""
     nodes = graph.nodes
     order = list(nodes)
     index = {id(t): i for i, t in enumerate(order)}
