@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 from ..errors import GGToolError
@@ -49,6 +48,8 @@ class DSLError(GGToolError):
 
 def suggest(name: str, candidates: Iterable[str]) -> str:
     """' (did you mean 'x'?)' or '' — the tail of an unknown-name message."""
+    import difflib  # only for an error
+
     close = difflib.get_close_matches(name, sorted(set(candidates)), n=3, cutoff=0.6)
     if not close:
         return ""

@@ -5,14 +5,14 @@ interpolated expression with exact positions."""
 from __future__ import annotations
 
 import re
-import string
 from dataclasses import dataclass
 
 from .errors import DSLError
 
 KEYWORDS = {"for", "in", "end", "null", "if", "elif", "else", "def", "return", "include", "and", "or", "not"}
-NAME_START = set(string.ascii_letters + "_")
-NAME_CHARS = set(string.ascii_letters + string.digits + "_.")
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+NAME_START = set(_LETTERS + "_")
+NAME_CHARS = set(_LETTERS + "0123456789_.")
 OPERATORS = ("//", "==", "!=", "<=", ">=", "(", ")", "[", "]", ",", "=", "<", ">", "+", "-", "*", "/", "%", ":", ";")
 _CLOSING = {"(": ")", "[": "]"}
 _NUMBER = re.compile(r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")

@@ -11,7 +11,6 @@ numpy shape `(d3, d2, d1, d0)` is GGML `ne = [d0, d1, d2, d3]`: a (2, 3) array h
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -134,6 +133,8 @@ def parse_source(name: str, text: str) -> Source:
 # -- reading arrays ---------------------------------------------------------------------------
 def parse_json_array(text: str, where: str) -> np.ndarray:
     """Nested JSON lists of numbers -> a float64 (or int64, if all are integers) array."""
+    import json  # not for .npy or GGUF inputs
+
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
