@@ -1,26 +1,25 @@
 """POSIX shared memory for the worker pool: named segments mapped as numpy uint8 arrays.
 
-The creating process (the pool's caller) makes each segment with `multiprocessing.shared_memory`, so
-Python's resource tracker knows it and removes it should the process be killed before it could clean
-up. The segment is then mapped once more, by name, as a plain `mmap` that numpy views can keep alive
-for as long as they exist (a `SharedMemory` object cannot be closed while views of its buffer exist,
-and complains when garbage-collected in that state). Only the creator unlinks, exactly once.
+The creating process (the pool's caller) makes each segment (`shm_open` with O_EXCL, `ftruncate`)
+and maps it as a plain `mmap` that numpy views can keep alive for as long as they exist. Only the
+creator unlinks, exactly once: when the context or pool that used it is done, on an error or a
+signal, at exit. Should the creator die before it could (SIGKILL), its pool's workers, which see
+their life pipe close, remove the segments named after it (`remove_orphans`). Python's
+`multiprocessing.shared_memory` is not used: its resource tracker, a third Python process started
+with the first segment, cost ~25 ms of every pooled command's start on 2 cores.
 
-Worker processes attach with `attach()`: the same `shm_open` + `mmap`, without registering the name
-with a resource tracker. (Python 3.11's `SharedMemory(name)` registers on attach too, and the worker's
-tracker would then unlink the caller's segment and warn about a "leak" when the worker exits.)
+Worker processes attach with `attach()`: the same `shm_open` + `mmap`.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
 from .errors import GGToolError
-from .pool.launch import signals_blocked, signals_held
+from .pool.launch import signals_held
 
 try:
     import _posixshmem
@@ -68,19 +67,17 @@ class Segment:
         self.name, self.size, self._pid = f"{PREFIX}{os.getpid()}_{os.urandom(6).hex()}", size, os.getpid()
         self.linked = False
         with signals_held():  # Ctrl-C now would leave a named segment nobody knows of
-            # created and registered with the tracker; its own mapping is not used. The first
-            # registration starts Python's resource tracker, which ignores SIGINT and SIGTERM but
-            # would die of the SIGHUP a closed terminal sends the process group: started with it
-            # blocked, it is there to hear that we unlinked our segments.
-            with signals_blocked():
-                shared_memory.SharedMemory(name=self.name, create=True, size=size).close()
+            fd = _posixshmem.shm_open(_path(self.name), os.O_RDWR | os.O_CREAT | os.O_EXCL, mode=0o600)
             self.linked = True
             try:
-                self._mm = _map(self.name, size)
+                os.ftruncate(fd, size)
+                self._mm = mmap.mmap(fd, size)
                 self.array = np.frombuffer(self._mm, dtype=np.uint8)
             except BaseException:
                 self.unlink()
                 raise
+            finally:
+                os.close(fd)
 
     def fill(self, data: np.ndarray, ranges=None, chunk: int = 1 << 22, populate: int = 1 << 28) -> None:
         """Copy `data` (uint8) to the start of this new, zero-filled segment: the byte ranges
@@ -114,9 +111,7 @@ class Segment:
     def unlink(self) -> None:
         """Remove the name (idempotent). Mappings, ours and the workers', stay valid until dropped.
 
-        Safe in a garbage-collection callback: the name goes at once, the resource tracker is told
-        later (`flush`), because Python 3.11's tracker takes a non-reentrant lock that the interrupted
-        code may be holding."""
+        Safe in a garbage-collection callback (one system call, no lock)."""
         if not self.linked:
             return
         self.linked = False
@@ -126,20 +121,24 @@ class Segment:
             _posixshmem.shm_unlink(_path(self.name))
         except FileNotFoundError:
             pass
-        _unregister.append(_path(self.name))
 
     def __repr__(self) -> str:
         state = "" if self.linked else ", unlinked"
         return f"<Segment {self.name} {self.size} bytes{state}>"
 
 
-_unregister: list[str] = []
-
-
-def flush() -> None:
-    """Tell the resource tracker about the segments unlinked since the last call."""
-    while _unregister:
-        resource_tracker.unregister(_unregister.pop(), "shared_memory")
+def remove_orphans(pid: int) -> list[str]:
+    """Unlink every segment process `pid` created (their names start with ggtool_<pid>_), for a
+    worker whose caller died without removing them; returns their names."""
+    gone = []
+    for name in list_segments():
+        if name.startswith(f"{PREFIX}{pid}_"):
+            try:
+                _posixshmem.shm_unlink(_path(name))
+                gone.append(name)
+            except OSError:
+                pass
+    return gone
 
 
 def list_segments() -> list[str]:

@@ -4,7 +4,7 @@ early (exit 141, nothing said), SIGTERM and SIGHUP (exit 143 and 129, one line, 
 processes left behind.
 
 Each ggtool runs in a session of its own (start_new_session), so "left behind" is exact: no process
-of that session (workers, Python's resource tracker) may outlive it, and no segment named after its
+of that session (its workers) may outlive it, and no segment named after its
 pid may stay in /dev/shm. Signals are sent once the compute is provably under way (the context is
 in shared memory and a worker has since been busy), never after a fixed sleep.
 """
@@ -70,8 +70,8 @@ def start(args, code: str | None = None, **kw) -> subprocess.Popen:
 @pytest.fixture(autouse=True)
 def _stop_leftovers():
     """After each test, nothing of its processes may keep running, even when it failed half-way:
-    the process it started is killed (its workers follow it, and Python's resource tracker then
-    unlinks its segments); what is still there 10 s later is killed with its whole session."""
+    the process it started is killed (its workers follow it, and unlink its segments); what is
+    still there 10 s later is killed with its whole session."""
     _started.clear()
     yield
     for p in _started:
@@ -151,7 +151,7 @@ def wait_computing(pid: int, sid: int) -> list[int]:
 
 def finish(p: subprocess.Popen, timeout: float = WAIT) -> tuple[int, str]:
     """(exit status, stderr) once the process has ended (within `timeout`); its pipes are read to
-    their end, so whatever outlived it with them open (a worker, the resource tracker) is gone too."""
+    their end, so whatever outlived it with them open (a worker) is gone too."""
     _, err = p.communicate(timeout=timeout)
     return p.returncode, (err or b"").decode()
 
@@ -159,7 +159,7 @@ def finish(p: subprocess.Popen, timeout: float = WAIT) -> tuple[int, str]:
 def assert_nothing_left(sid: int, pid: int | None = None, caller_stopped_them: bool = True) -> None:
     """No process of the session, no segment of the ggtool process `pid` (default: the session's).
     Workers are stopped and reaped by the caller before it exits (`caller_stopped_them`): none may
-    be there even a moment after; the rest (the resource tracker) may take a little while."""
+    be there even a moment after; otherwise (a SIGKILLed caller) they may take a little while."""
     if caller_stopped_them:
         assert workers(sid) == [], "workers outlived the caller"
     end = time.monotonic() + 10.0
@@ -286,7 +286,7 @@ def test_closed_stderr_mid_quantize_removes_the_output(tmp_path):
                          ids=["SIGTERM-caller", "SIGTERM-group", "SIGHUP-group"])
 def test_signal_mid_compute(sig, to_group):
     """`kill PID`, or a signal to the whole process group (a closed terminal's SIGHUP): the workers
-    stopped, the segments unlinked by ggtool (no resource-tracker warning), 128 + sig, one line."""
+    stopped, the segments unlinked by ggtool, 128 + sig, one line."""
     p = start([*SLOW, "--threads", "2"], stdout=subprocess.DEVNULL)
     ws = wait_computing(p.pid, p.pid)
     t0 = time.monotonic()
@@ -391,8 +391,7 @@ main()
 def test_signal_to_the_group_while_the_pool_starts(sig):
     """A signal to the whole group as the first of two workers starts: the new worker, still
     importing, is unharmed (it starts with the signals blocked: no KeyboardInterrupt traceback from
-    it), so is Python's resource tracker (it would die of SIGHUP); the caller stops the worker,
-    unlinks its segment and exits 128 + sig with its one line."""
+    it); the caller stops the worker, unlinks its segment and exits 128 + sig with its one line."""
     p = start(["mul_mat(a, b)", "--tensor", "a=[[1,2]]", "--tensor", "b=[[3,4]]", "--threads", "3"],
               code=AT_SPAWN.format(sig=int(sig)))
     rc, err = finish(p)
@@ -431,8 +430,8 @@ def test_sigterm_to_a_worker_alone():
 
 
 def test_sigkill_of_the_caller_leaves_nothing():
-    """SIGKILL cannot be handled: the workers see their life pipe close and exit, and Python's
-    resource tracker unlinks the segments (saying so: the caller had no chance to)."""
+    """SIGKILL cannot be handled: the workers see their life pipe close, unlink the segments the
+    caller had no chance to (shm.remove_orphans), and exit."""
     p = start([*SLOW, "--threads", "2"], stdout=subprocess.DEVNULL)
     ws = wait_computing(p.pid, p.pid)
     os.kill(p.pid, signal.SIGKILL)

@@ -250,7 +250,6 @@ def test_segment_fill():
         assert np.array_equal(seg.array[: len(data)], data)
     finally:
         seg.unlink()
-        shm.flush()
 
 
 def test_context_that_grows_moves_again(pool, shm_clean):
@@ -287,7 +286,6 @@ def test_segment_fill_copies_only_the_ranges_given():
         assert np.array_equal(seg.array[: len(data)], want)
     finally:
         seg.unlink()
-        shm.flush()
 
 
 def _add_chain(ctx, n: int, width: int):
@@ -746,8 +744,8 @@ def test_normal_exit_without_close_cleans_up():
 
 def test_exit_closes_the_default_pool_after_earlier_finalizers():
     """A weakref.finalize made before ggtool.pool is imported (a TemporaryDirectory here) puts
-    weakref's exit hook before the segments' own: the default pool must still be closed, and the
-    resource tracker told of every segment unlinked, before the end (else it warns of a leak)."""
+    weakref's exit hook before the segments' own: the default pool must still be closed, and every
+    segment unlinked, before the end."""
     code = f"""
 import sys, tempfile
 d = tempfile.TemporaryDirectory()
@@ -770,8 +768,8 @@ print("done", float(out.numpy().sum()), *get_pool(2).pids, flush=True)
 
 
 def test_workers_follow_a_killed_caller():
-    """If the caller itself is SIGKILLed, the workers notice and exit; Python's resource tracker
-    then unlinks the caller's segments (with its warning: the caller had no chance to)."""
+    """If the caller itself is SIGKILLed, the workers notice and exit, and unlink the segments the
+    caller had no chance to (shm.remove_orphans)."""
     def kill_caller(proc, pids):
         time.sleep(0.3)
         os.kill(proc.pid, signal.SIGKILL)
@@ -786,7 +784,7 @@ def test_workers_follow_a_killed_caller():
 
 
 def test_segment_creation_is_not_cut_by_ctrl_c():
-    """A Ctrl-C while a segment is being created and registered is held until that is done, so the
+    """A Ctrl-C while a segment is being created and mapped is held until that is done, so the
     segment is never left behind half-known (it is raised right after, and the segment cleaned up)."""
     reached = []
     with pytest.raises(KeyboardInterrupt), shm.signals_held():
@@ -796,7 +794,6 @@ def test_segment_creation_is_not_cut_by_ctrl_c():
         reached.append(seg.name)
     assert reached and seg.name in shm.list_segments()
     seg.unlink()
-    shm.flush()
     assert seg.name not in shm.list_segments()
 
 
@@ -837,3 +834,26 @@ def test_a_weight_the_graph_writes_into_is_repacked_on_every_compute_in_the_work
                 out[threads].append(y.numpy().tobytes())
     assert out[1][0] != out[1][1]
     assert out[2] == out[1]
+
+
+def test_a_worker_removes_the_segments_of_a_dead_caller_only():
+    """remove_orphans unlinks the segments named after one pid; a worker runs it when its life pipe
+    closes and its caller is gone (it was handed to another parent), never for a caller alive."""
+    from ggtool.pool.worker import _clean_up_after
+
+    def make(pid: int, tag: str) -> str:
+        name = f"{shm.PREFIX}{pid}_{tag}"
+        os.close(shm._posixshmem.shm_open("/" + name, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode=0o600))
+        return name
+
+    alive, dead = os.getppid(), 4_000_000_000       # our parent; a pid no process has
+    names = [make(alive, "a"), make(dead, "b"), make(dead, "c")]
+    try:
+        _clean_up_after(alive, wait=0.05)            # the parent is alive: nothing goes
+        assert set(names) <= set(shm.list_segments())
+        _clean_up_after(dead, wait=0.05)             # not our parent: its segments go, no others
+        left = set(shm.list_segments())
+        assert names[0] in left and not {names[1], names[2]} & left
+    finally:
+        for n in set(names) & set(shm.list_segments()):
+            shm._posixshmem.shm_unlink("/" + n)

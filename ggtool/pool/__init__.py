@@ -79,10 +79,9 @@ _EXIT_HOOK: list[int] = []   # the pid that registered it
 
 
 def _close_at_exit() -> None:
-    """Close the default pool at exit, and tell the resource tracker of the segments unlinked. The
-    pool's own finalizer would close it too, but weakref.finalize's exit hook runs after
-    segments' final flush whenever a finalizer existed before ggtool.pool was imported (a
-    TemporaryDirectory, say): the tracker would then warn of a "leaked" segment that is gone."""
+    """Close the default pool at exit (before segments' own exit hook, which unlinks what is left).
+    The pool's own finalizer would close it too, but weakref.finalize's exit hook runs after the
+    others whenever a finalizer existed before ggtool.pool was imported (a TemporaryDirectory, say)."""
     if _EXIT_HOOK != [os.getpid()]:
         _EXIT_HOOK[:] = [os.getpid()]
         atexit.register(_exit_hook, os.getpid())

@@ -102,7 +102,6 @@ class WorkerPool:
             self._finalizer()
         elif self._finalizer.detach() is not None:
             self._state.teardown()
-        shm.flush()
 
     def _start(self, n: int) -> None:
         st = self._state

@@ -40,7 +40,6 @@ def share_context(ctx) -> shm.Segment:
     garbage-collected, when its pool grows out of it, when a pool that used it is closed, and at exit.
     """
     with _SEG_LOCK:
-        shm.flush()
         key = id(ctx)
         ent = _SEGMENTS.get(key)
         if ent is not None:
@@ -135,4 +134,3 @@ def release_segments(names) -> None:
 @atexit.register
 def _release_all_segments() -> None:
     release_segments({seg.name for _, seg in list(_SEGMENTS.values())})
-    shm.flush()

@@ -58,6 +58,19 @@ def _preload_kernels() -> None:
         pass
 
 
+def _clean_up_after(caller: int, wait: float = 1.0) -> None:
+    """The caller's life pipe closed. If the caller died (we are handed to another parent, within
+    `wait` seconds: its files close a moment before), the shared-memory segments it created are
+    unlinked here, which it had no chance to do (SIGKILL); a caller alive has let us go and keeps
+    its segments."""
+    deadline = time.monotonic() + wait
+    while os.getppid() == caller:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.001)
+    shm.remove_orphans(caller)
+
+
 def main() -> None:
     """Entry point of a worker process: `python -c ... <socket fd> <life pipe fd> <bell fd or -1>`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the caller's to handle
@@ -73,9 +86,12 @@ def main() -> None:
             os.eventfd_read(bell)   # one ring per message (EFD_SEMAPHORE)
         return conn.recv()
 
+    caller = os.getppid()
+
     def watchdog():  # EOF: the caller is gone (or has let us go); nothing left to compute for
         try:
             os.read(life, 1)
+            _clean_up_after(caller)
         finally:
             os._exit(3)
 
