@@ -10,6 +10,7 @@ header parse however large the model is. The source syntax and the array readers
 from __future__ import annotations
 
 import io
+import math
 import os
 import weakref
 from collections.abc import Callable
@@ -73,6 +74,7 @@ class _Prepared:
     gguf: GGUFFile | None = None
     info: TensorInfo | None = None
     npy: bool = False                        # data in the .npy file at source.path
+    npy_layout: tuple | None = None          # npy: (dtype, Fortran order, data offset) from its header
 
 
 class Inputs:
@@ -224,10 +226,11 @@ class Inputs:
                     if magic != NPY_MAGIC:
                         hint = " (a .npz archive: save one array with np.save)" if magic[:2] == b"PK" else ""
                         raise InputError(f"{where}: {s.path} is not a .npy file{hint}")
-                    shape, dtype = read_npy_header(f, f"{where}: {s.path}", size)
+                    shape, dtype, fortran, offset = read_npy_header(f, f"{where}: {s.path}", size)
             except OSError as e:
                 raise InputError(f"{where}: {s.path}: {_os_message(e)}") from None
-            return _Prepared(s, s.type or default_type(dtype, where), shape[::-1] or (1,), where, npy=True)
+            return _Prepared(s, s.type or default_type(dtype, where), shape[::-1] or (1,), where, npy=True,
+                             npy_layout=(dtype, fortran, offset))
         # gguf
         try:
             g = _open_gguf(s.path)
@@ -275,18 +278,14 @@ class Inputs:
         memory-mapped, as a GGUF weight does (gguf_io.FileStorage): nothing is copied into the pool,
         and the worker pool's processes map the file themselves. Else None (it is read and
         converted)."""
-        s = p.source
-        try:
-            arr = np.load(s.path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError, EOFError):
-            return None              # _read says what is wrong with it
-        offset = getattr(arr, "offset", None)
-        if (offset is None or T.is_quantized(p.type) or p.type == T.BF16 or arr.dtype != T.np_dtype(p.type)
-                or not arr.flags.c_contiguous or arr.nbytes == 0):
+        dtype, fortran, offset = p.npy_layout
+        if (T.is_quantized(p.type) or p.type == T.BF16 or dtype != T.np_dtype(p.type) or fortran
+                or math.prod(p.ne) == 0):
             return None
         from ..gguf_io.storage import FileStorage
 
-        self._log(s.name, f"{s.path} ({arr.dtype}{list(arr.shape)}, memory-mapped)")
+        s = p.source
+        self._log(s.name, f"{s.path} ({dtype}{list(p.ne[::-1])}, memory-mapped)")
         return ctx.new_tensor(p.type, p.ne, storage=FileStorage(s.path), data_offset=offset)
 
     def _read(self, p: _Prepared) -> np.ndarray:

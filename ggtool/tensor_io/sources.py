@@ -200,13 +200,14 @@ def _flatten(value):
         yield value
 
 
-def read_npy_header(f, where: str, size: int) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) of a .npy without reading its data; checks the dtype, dimensions and length."""
+def read_npy_header(f, where: str, size: int) -> tuple[tuple[int, ...], np.dtype, bool, int]:
+    """(shape, dtype, Fortran order, data offset) of a .npy without reading its data; checks the
+    dtype, dimensions and length."""
     try:
         version = np.lib.format.read_magic(f)
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
             np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(f)
+        shape, fortran, dtype = read_header(f)
     except ValueError as e:
         raise InputError(f"{where}: not a valid .npy file ({e})") from None
     if dtype.hasobject:
@@ -216,10 +217,11 @@ def read_npy_header(f, where: str, size: int) -> tuple[tuple[int, ...], np.dtype
         raise InputError(f"{where}: the .npy array has {len(shape)} dimensions {shape}; GGML tensors have at "
                          f"most {MAX_DIMS}")
     default_type(dtype, where)
-    need = f.tell() + math.prod(shape) * dtype.itemsize
+    offset = f.tell()
+    need = offset + math.prod(shape) * dtype.itemsize
     if size < need:
         raise InputError(f"{where}: the .npy file is truncated ({size} bytes, its header promises {need})")
-    return tuple(shape), dtype
+    return tuple(shape), dtype, bool(fortran), offset
 
 
 def default_type(dtype: np.dtype, where: str) -> T.GGMLType:
