@@ -1,15 +1,15 @@
 """BLAS thread control for the worker pool, without threadpoolctl.
 
-Worker processes get `OPENBLAS_NUM_THREADS=1` (and friends) in their environment before numpy loads
-(`single_thread_env`). The calling process, which takes part in every pooled compute as worker 0,
-has numpy loaded already, so its OpenBLAS is switched to one thread for the duration of the compute
-(`limit`) through the library's own `openblas_set_num_threads`, found among the loaded libraries.
-Best effort: with a BLAS other than OpenBLAS/MKL `limit` does nothing.
+Worker processes get `OPENBLAS_NUM_THREADS=1` (and friends, THREAD_VARS) in their environment before
+numpy loads (pool.launch), and so does `ggtool compute`'s own process (launch.prestart). Any other
+calling process, which takes part in every pooled compute as worker 0, has numpy loaded already,
+so its OpenBLAS is switched to one thread for the duration of the compute (`limit`) through the
+library's own `openblas_set_num_threads`, found among the loaded libraries. Best effort: with a
+BLAS other than OpenBLAS/MKL `limit` does nothing.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from contextlib import contextmanager
 
@@ -26,13 +26,6 @@ _SYMBOLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_thread
 _controls: list[tuple] | None = None
 
 
-def single_thread_env(env: dict | None = None) -> dict:
-    """A copy of `env` (default os.environ) with every BLAS/OpenMP thread variable set to 1."""
-    env = dict(os.environ if env is None else env)
-    env.update({k: "1" for k in THREAD_VARS})
-    return env
-
-
 def _loaded_libraries() -> list[str]:
     try:
         with open("/proc/self/maps") as f:
@@ -45,6 +38,8 @@ def _loaded_libraries() -> list[str]:
 def _find() -> list[tuple]:
     global _controls
     if _controls is None:
+        import ctypes
+
         import numpy  # noqa: F401  (make sure numpy's BLAS is loaded)
 
         found = []

@@ -22,6 +22,7 @@ import pytest
 from conftest import ROOT, STORIES
 
 from ggtool import shm
+from ggtool.pool.worker import NAME
 
 PY = [sys.executable, "-m", "ggtool"]
 
@@ -108,16 +109,16 @@ def session(sid: int) -> list[int]:
     return out
 
 
-def _cmdline(pid: int) -> bytes:
+def _comm(pid: int) -> str:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
     except OSError:
-        return b""
+        return ""
 
 
 def workers(sid: int) -> list[int]:
-    return [p for p in session(sid) if b"ggtool.pool.worker" in _cmdline(p)]
+    return [p for p in session(sid) if _comm(p) == NAME]
 
 
 def segments(pid: int) -> list[str]:

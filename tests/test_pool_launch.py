@@ -1,5 +1,7 @@
-"""Workers launched before the command line's imports (ggtool.pool.launch): which command lines
-launch them, the pool adopts them, and one nobody adopts dies with its process."""
+"""How the command line's workers start (ggtool.pool.launch, ggtool.pool.fork): forked from the
+command line's own process where it is safe, prestarted fresh interpreters where fork is not
+possible, fresh interpreters for a library user's pool; which command lines prestart, the pool
+adopts a prestarted worker, and one nobody adopts dies with its process."""
 
 import os
 import subprocess
@@ -11,6 +13,7 @@ import pytest
 from ggtool.pool.launch import threads_asked
 
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="prestart launches at most one worker per CPU")
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
 
 
 @pytest.mark.parametrize("argv, env, n", [
@@ -36,14 +39,26 @@ def test_which_command_lines_launch_workers(monkeypatch, argv, env, n):
 
 
 def _run(code: str) -> str:
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
+# prestart as on a system where the command line cannot fork its workers
+NO_FORK = "from ggtool.pool import fork, launch; fork.allow = lambda: False; "
+# a process's command line (a forked worker's is its caller's), and its descriptors as (fd, target) pairs
+WORKER_INFO = """
+def cmdline(pid):
+    return open(f"/proc/{pid}/cmdline", "rb").read()
+def fds(pid):
+    return sorted((int(fd), os.readlink(f"/proc/{pid}/fd/{fd}")) for fd in os.listdir(f"/proc/{pid}/fd"))
+"""
+
+
 @needs_two_cpus
 def test_the_pool_adopts_the_prestarted_worker():
-    out = _run("from ggtool.pool import launch; launch.prestart(['compute', '-t', '2']); "
+    out = _run(NO_FORK + "launch.prestart(['compute', '-t', '2']); "
                "pid = launch._PRESTARTED[0].proc.pid; import ggtool; pool = ggtool.get_pool(2); "
                "print(pool.map(abs, [-1, -2]), pool.pids == [pid], launch._PRESTARTED)")
     assert out.split() == ["[1,", "2]", "True", "[]"]
@@ -51,8 +66,7 @@ def test_the_pool_adopts_the_prestarted_worker():
 
 @needs_two_cpus
 def test_a_worker_nobody_adopts_ends_with_its_process():
-    pid = int(_run("from ggtool.pool import launch; launch.prestart(['compute', '-t', '2']); "
-                   "print(launch._PRESTARTED[0].proc.pid)"))
+    pid = int(_run(NO_FORK + "launch.prestart(['compute', '-t', '2']); print(launch._PRESTARTED[0].proc.pid)"))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
@@ -64,6 +78,71 @@ def test_a_worker_nobody_adopts_ends_with_its_process():
                 return
         time.sleep(0.05)
     pytest.fail(f"the prestarted worker {pid} outlived its process")
+
+
+@linux
+def test_the_command_line_forks_its_workers_with_nothing_of_its_own():
+    """After prestart (a `compute` command line), the process runs BLAS on one thread and its pool
+    forks its workers: the same command line as the caller, named ggtool-worker, stdin from
+    /dev/null, stdout on stderr, and none of the caller's other descriptors (an open file here, and
+    the other worker's ends)."""
+    out = _run("import os, sys\n" + WORKER_INFO + """
+from ggtool.pool import launch
+launch.prestart(["compute", "x"])
+assert launch._PRESTARTED == [] and os.environ["OPENBLAS_NUM_THREADS"] == "1"
+import numpy as np
+import ggtool
+held = open(sys.executable, "rb")
+with ggtool.WorkerPool(3) as pool:
+    assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
+    for pid in pool.pids:
+        assert cmdline(pid) == cmdline(os.getpid()), cmdline(pid)
+        assert open(f"/proc/{pid}/comm").read().strip() == "ggtool-worker"
+        f = dict(fds(pid))
+        assert f[0] == os.devnull and f[1] == f[2] == os.readlink("/proc/self/fd/2"), f
+        kinds = sorted(t.split(":")[0] for fd, t in f.items() if fd > 2 and not t.startswith("/dev/shm/ggtool_"))
+        assert kinds == ["anon_inode", "pipe", "socket"], f     # its bell, life pipe and socket (and segments)
+    ctx = ggtool.Context()
+    w = np.arange(64 * 48, dtype=np.float32).reshape(48, 64) % 7
+    a = ctx.new_tensor("f32", [64, 48]).set_data(w)
+    b = ctx.new_tensor("f32", [64, 32]).set_data(np.ones((32, 64), np.float32))
+    y = ggtool.ops.FUNCTIONS["mul_mat"](ctx, a, b)
+    ctx.new_graph().expand(y).compute(3, pool=pool)
+    print(np.array_equal(y.numpy().reshape(32, 48), np.ones((32, 64), np.float32) @ w.T))
+""")
+    assert out.split() == ["True"]
+
+
+@linux
+def test_workers_are_fresh_interpreters_without_prestart_or_once_the_command_line_has_a_thread():
+    """A library user's process (never prestarted) is not forked from, nor one with a second thread
+    (a numba or BLAS thread counts: the kernel's count of the process's threads is checked)."""
+    out = _run("import os\n" + WORKER_INFO + """
+import ggtool
+with ggtool.WorkerPool(2) as pool:
+    ok = pool.map(abs, [-1, -2]) == [1, 2]          # ready: past its exec
+    print(cmdline(pool.pids[0]) == cmdline(os.getpid()), ok)
+""")
+    assert out.split() == ["False", "True"]
+    out = _run("import os, threading, time\n" + WORKER_INFO + """
+from ggtool.pool import launch
+launch.prestart(["compute", "x"])
+import ggtool
+stop = threading.Event()
+t = threading.Thread(target=stop.wait)
+t.start()
+with ggtool.WorkerPool(2) as pool:
+    ok = pool.map(abs, [-1, -2]) == [1, 2]
+    print(cmdline(pool.pids[0]) == cmdline(os.getpid()), ok)
+stop.set()
+t.join()
+while len(os.listdir("/proc/self/task")) > 1:      # the thread's last steps, after join returned
+    time.sleep(0.001)
+with ggtool.WorkerPool(2) as pool:                  # one thread again: forked
+    ok = pool.map(abs, [-1, -2]) == [1, 2]
+    print(cmdline(pool.pids[0]) == cmdline(os.getpid()), ok)
+""")
+    assert out.split() == ["False", "True", "True", "True"]
 
 
 def _maps_llvmlite(pid: int, within: float) -> bool:

@@ -21,9 +21,9 @@ from multiprocessing.connection import wait as _wait
 from .. import shm
 from ..compute import Work, run_in_process, single_threaded, work_view
 from ..errors import ComputeError, GGToolError
-from . import wire
+from . import procs, wire
 from .barrier import ABORT, CHECK_EVERY, CTL_SIZE, MAX_PARTICIPANTS, Aborted, Barrier, participate, programs, slot
-from .procs import IN_WORKER, State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
+from .procs import State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
 from .segments import live_segments, segment_size
 from .threads import default_threads, placement, wake_on
 
@@ -56,7 +56,7 @@ class WorkerPool:
         n = default_threads() if n_threads is None else int(n_threads)
         if not 1 <= n <= MAX_PARTICIPANTS:
             raise GGToolError(f"a worker pool has 1 to {MAX_PARTICIPANTS} participants, not {n}")
-        if IN_WORKER:
+        if procs.IN_WORKER:
             n = 1
         self.n_threads = n
         self.place = place
@@ -186,7 +186,7 @@ class WorkerPool:
         """Compute `graph` with `plan` (work buffer already allocated, see compute.prepare);
         `progress` (a ggtool.compute.Progress) follows participant 0."""
         nth = plan.n_threads
-        if nth <= 1 or IN_WORKER:
+        if nth <= 1 or procs.IN_WORKER:
             run_in_process(graph, plan, progress)
             return
         self._enter()
@@ -326,7 +326,7 @@ class WorkerPool:
         """
         items = list(items)
         n = min(self.n_threads if n_threads is None else int(n_threads), len(items))
-        if n <= 1 or IN_WORKER or self._owner == threading.get_ident():
+        if n <= 1 or procs.IN_WORKER or self._owner == threading.get_ident():
             return [fn(x) for x in items]
         self._enter()
         try:

@@ -1,12 +1,14 @@
-"""Starting worker processes, and starting them before the command line has loaded.
+"""Starting worker processes, and readying the command line for them before it has loaded.
 
-A worker spends ~0.15 s importing numpy and ggtool before it can compute; the command line spends
-about as long importing click, numpy and the DSL before it knows its graph. `prestart` looks at the
-arguments of `ggtool compute` first thing (before those imports) and, for an explicit `--threads N`
-(or GGTOOL_THREADS) above 1, launches the N-1 workers at once, so that both import side by side; the
-pool adopts them (`take`) when it starts. This module imports nothing heavy: it runs before numpy
-loads, in every command (socket and subprocess load only when a worker is launched). A launched
-worker that is never adopted exits with the process (its life pipe closes).
+A worker started as a fresh interpreter spends ~0.15 s importing numpy and ggtool before it can
+compute. `prestart` looks at the arguments of `ggtool compute` first thing (before numpy loads) and
+puts the command line's BLAS on one thread, as a participant computes anyway: the process then
+stays single-threaded, and its pool forks its workers from it, with everything loaded (pool.fork).
+Where that is not possible (not Linux), an explicit `--threads N` (or GGTOOL_THREADS) above 1
+launches the N-1 workers at once, so that they import side by side with the command line; the pool
+adopts them (`take`). This module imports nothing heavy: it runs in every command (socket and
+subprocess load only when a worker is launched). A launched worker that is never adopted exits with
+the process (its life pipe closes).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+
+from ..blas import THREAD_VARS
+from . import fork
 
 # The signals that end a process (Ctrl-C, `kill`/`timeout`, a closed terminal).
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -86,37 +91,31 @@ def signals_blocked():
 
 
 def launch() -> Launched:
-    """Start one worker: a fresh interpreter with our sys.path and single-threaded BLAS.
+    """Start one worker with single-threaded BLAS: forked from this process where that is safe
+    (the command line's, see pool.fork), else a fresh interpreter with our sys.path.
 
     It gets a socket for messages and the read end of a pipe whose write end only this process
     holds: when we die, however we die, the worker's watchdog thread reads EOF and exits, even in
-    the middle of a kernel. It imports and then waits for its first message (procs.spawn sends it).
+    the middle of a kernel. It waits for its first message (procs.spawn sends it).
     """
     import socket
-    import subprocess
-
-    from ..blas import single_thread_env
 
     parent, child = socket.socketpair()
     life_r, life_w = os.pipe()
     bell = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC) if hasattr(os, "eventfd") else -1
-    path = list(sys.path)
-    if _PKG_ROOT not in path:
-        path.append(_PKG_ROOT)
-    code = f"import sys; sys.path[:] = {path!r}; from ggtool.pool.worker import main; main()"
-    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code,
-           str(child.fileno()), str(life_r), str(bell)]
+    env = {k: "1" for k in THREAD_VARS}
+    env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
+    env["GGTOOL_POOL_WORKER"] = "1"
     try:
-        env = single_thread_env()
-        env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
-        env["GGTOOL_POOL_WORKER"] = "1"
         # The worker inherits the signal mask: it starts with the ending signals blocked, so a Ctrl-C
         # or SIGTERM to the whole process group cannot kill it, or have it print a traceback, while
-        # it is still importing; worker.main then ignores SIGINT and takes SIGTERM/SIGHUP on a thread
+        # it is still starting; worker.main then ignores SIGINT and takes SIGTERM/SIGHUP on a thread
         # of its own. The caller handles them.
         with signals_blocked():
-            proc = subprocess.Popen(cmd, pass_fds=(child.fileno(), life_r, *([bell] if bell >= 0 else [])),
-                                    env=env, stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
+            if fork.possible():
+                proc = fork.fork_worker(child.fileno(), life_r, bell, env)
+            else:
+                proc = _interpreter(child.fileno(), life_r, bell, env)
     except BaseException:
         parent.close()
         os.close(life_w)
@@ -127,6 +126,19 @@ def launch() -> Launched:
         child.close()
         os.close(life_r)
     return Launched(proc, parent, life_w, bell)
+
+
+def _interpreter(sock: int, life: int, bell: int, env: dict):
+    """A fresh interpreter running ggtool.pool.worker.main on these descriptors (a Popen)."""
+    import subprocess
+
+    path = list(sys.path)
+    if _PKG_ROOT not in path:
+        path.append(_PKG_ROOT)
+    code = f"import sys; sys.path[:] = {path!r}; from ggtool.pool.worker import main; main()"
+    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code, str(sock), str(life), str(bell)]
+    return subprocess.Popen(cmd, pass_fds=(sock, life, *([bell] if bell >= 0 else [])), env={**os.environ, **env},
+                            stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
 
 
 def take() -> Launched | None:
@@ -165,12 +177,16 @@ def threads_asked(argv: list[str]) -> int:
 
 
 def prestart(argv: list[str]) -> None:
-    """Launch the workers a `ggtool compute --threads N` command line will use (N-1 of them, at
-    most one per CPU), before the command line's own imports. The pool adopts them."""
+    """Ready the process of a `ggtool compute` command line for its workers, before its imports:
+    BLAS on one thread, and workers forked from it; or, where it cannot fork, the workers of an
+    explicit --threads N launched now (N-1 of them, at most one per CPU). The pool adopts them."""
+    if not argv or argv[0] != "compute" or os.environ.get("GGTOOL_POOL_WORKER"):
+        return
+    os.environ.update({k: "1" for k in THREAD_VARS})
+    if fork.allow():
+        return
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n = min(threads_asked(argv), cpus)
-    if n <= 1 or os.environ.get("GGTOOL_POOL_WORKER"):
-        return
     try:
         for _ in range(n - 1):
             _PRESTARTED.append(launch())

@@ -1,9 +1,10 @@
 """The worker processes as the caller sees them: starting, waiting for, describing the death of, and
 killing them.
 
-Workers are started with an explicit "spawn" (a fresh interpreter via subprocess: nothing inherited
-from the caller's state, no re-import of the caller's `__main__` as multiprocessing's spawn does,
-and the environment is ours to set: BLAS and OpenMP on one thread before numpy loads). Each worker
+A worker is a fresh interpreter (subprocess: nothing inherited from the caller's state, no
+re-import of the caller's `__main__` as multiprocessing's spawn does, and the environment is ours
+to set: BLAS and OpenMP on one thread before numpy loads), or a fork of the command line's own
+process where that is known to be safe (see launch and fork). Each worker
 has a watchdog thread that exits the process as soon as the caller is gone (EOF on a pipe only the
 caller holds). `State` holds what must be cleaned up, apart from the pool so a finalizer can do it.
 """

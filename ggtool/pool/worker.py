@@ -1,12 +1,12 @@
 """The worker's side: the main loop of a worker process.
 
-A worker is started as `python -c "...; from ggtool.pool.worker import main; main()" <socket fd>
-<pipe fd> <eventfd>` (see procs.spawn). It ignores Ctrl-C, and takes SIGTERM and SIGHUP as notice
-only (they are the caller's to handle: a terminal or `timeout` signals the whole process group, and
-the caller then stops its workers itself); it exits as soon as the caller is gone (a watchdog
-thread reads EOF on the pipe), or TERM_GRACE seconds after a SIGTERM/SIGHUP the caller did not act
-on (one sent to this worker alone). It sleeps on the eventfd (its bell)
-between messages, and answers the caller's messages: "run" a graph as participant ith of nth
+A worker is forked from the command line (pool.fork), or started as `python -c "...; from
+ggtool.pool.worker import main; main()" <socket fd> <pipe fd> <eventfd>` (pool.launch). It ignores
+Ctrl-C, and takes SIGTERM and SIGHUP as notice only (they are the caller's to handle: a terminal or
+`timeout` signals the whole process group, and the caller then stops its workers itself); it exits
+as soon as the caller is gone (a watchdog thread reads EOF on the pipe), or TERM_GRACE seconds after
+a SIGTERM/SIGHUP the caller did not act on (one sent to this worker alone). It sleeps on the
+eventfd (its bell) between messages, and answers the caller's messages: "run" a graph as participant ith of nth
 (installing and caching the graph the first time), "map" a function over items, "exit".
 """
 
@@ -43,6 +43,19 @@ def _on_termination() -> None:
     os._exit(128 + sig)
 
 
+NAME = "ggtool-worker"
+
+
+def _name_process() -> None:
+    """Show as ggtool-worker in ps and top (the process name, /proc/PID/comm, where there is one): a
+    forked worker's command line is the caller's."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(NAME)
+    except OSError:
+        pass
+
+
 def _nothing() -> None:
     """A worker's liveness check while waiting: nothing to do, its watchdog thread watches the caller."""
 
@@ -71,15 +84,18 @@ def _clean_up_after(caller: int, wait: float = 1.0) -> None:
     shm.remove_orphans(caller)
 
 
-def main() -> None:
-    """Entry point of a worker process: `python -c ... <socket fd> <life pipe fd> <bell fd or -1>`."""
+def main(sock: int | None = None, life: int | None = None, bell: int | None = None) -> None:
+    """Entry point of a worker process: `python -c ... <socket fd> <life pipe fd> <bell fd or -1>`,
+    or these descriptors as arguments (a worker forked from the caller, pool.fork)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the caller's to handle
     # SIGTERM/SIGHUP: blocked in every thread (procs.spawn started us with them blocked) but one
     signal.pthread_sigmask(signal.SIG_BLOCK, _TERM_SIGNALS)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Thread(target=_on_termination, name="ggtool-pool-signals", daemon=True).start()
-    conn = Connection(int(sys.argv[-3]))
-    life, bell = int(sys.argv[-2]), int(sys.argv[-1])
+    if sock is None:
+        sock, life, bell = (int(a) for a in sys.argv[-3:])
+    _name_process()
+    conn = Connection(sock)
 
     def receive():
         if bell >= 0:
