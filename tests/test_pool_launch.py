@@ -114,6 +114,31 @@ with ggtool.WorkerPool(3) as pool:
 
 
 @linux
+def test_a_forked_worker_that_dies_is_reported_and_replaced():
+    """A forked worker killed from outside: the caller, waiting for its reply, reports how it died
+    (its exit status, reaped through a pidfd), and the next use forks a new one."""
+    out = _run("import os, signal, threading, time\n" + WORKER_INFO + """
+from ggtool.pool import launch
+launch.prestart(["compute", "x"])
+import ggtool
+pool = ggtool.WorkerPool(2)
+assert pool.map(abs, [-1, -2]) == [1, 2]
+(pid,) = pool.pids
+assert cmdline(pid) == cmdline(os.getpid())
+threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+try:
+    pool.map(time.sleep, [0, 30])
+except ggtool.GGToolError as e:
+    print(str(e) == f"worker 1 (pid {pid}) died (killed by SIGKILL) during pool.map")
+while len(os.listdir("/proc/self/task")) > 1:      # the timer thread's last steps
+    time.sleep(0.001)
+print(pool.map(abs, [-1, -2]) == [1, 2], pool.pids != [pid], cmdline(pool.pids[0]) == cmdline(os.getpid()))
+pool.close()
+""")
+    assert out.split() == ["True", "True", "True", "True"]
+
+
+@linux
 def test_workers_are_fresh_interpreters_without_prestart_or_once_the_command_line_has_a_thread():
     """A library user's process (never prestarted) is not forked from, nor one with a second thread
     (a numba or BLAS thread counts: the kernel's count of the process's threads is checked)."""

@@ -63,32 +63,12 @@ class ForkedProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.poll() is not None:
-            return self.returncode
-        if timeout is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-            return self.returncode
-        try:
-            fd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):
-            fd = -1
-        try:
-            if fd >= 0:
-                select.select([fd], [], [], max(0.0, timeout))
-            else:   # pragma: no cover (Linux < 5.3)
-                import time
-
-                deadline = time.monotonic() + timeout
-                while self.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.005)
-        finally:
-            if fd >= 0:
-                os.close(fd)
         if self.poll() is None:
-            import subprocess
+            _sleep_until_exit(self.pid, timeout, lambda: self.poll() is not None)
+            if self.poll() is None:
+                import subprocess
 
-            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
         return self.returncode
 
     def kill(self) -> None:
@@ -97,6 +77,24 @@ class ForkedProcess:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _sleep_until_exit(pid: int, timeout: float | None, exited) -> None:
+    """Sleep until process pid (our child) has ended or `timeout` seconds have passed: on a pidfd,
+    or (Linux < 5.3) polling `exited()`."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):   # pragma: no cover (no pidfd; or gone: exited() says so)
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not exited() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.002)
+        return
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
 
 
 def fork_worker(sock: int, life: int, bell: int, env: dict[str, str]) -> ForkedProcess:
