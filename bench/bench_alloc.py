@@ -268,6 +268,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.ggtool:
         GGTOOL[:] = shlex.split(a.ggtool)
+        if GGTOOL[0] == "python":   # this Python itself, not a `python` on PATH (pyenv's is a shell script)
+            GGTOOL[0] = sys.executable
     which = a.which or ["chain", "llama", "overhead"]
     unknown = set(which) - {"chain", "llama", "overhead"}
     if unknown:
