@@ -165,6 +165,23 @@ def test_cli_numerics_x86_same_bytes_on_1_and_2_threads(run, npy, tmp_path):
     assert r.exit_code == 2 and "'avx' is not one of 'ggml', 'x86'" in r.output
 
 
+def test_cli_numerics_x86_warns_of_weights_it_has_no_order_for(run, npy, tmp_path):
+    """Q4_0 weights under --numerics x86 sum in GGML's order: said once on stderr, the result as
+    by default; weights it covers (Q5_0 in the test above, F32 here) say nothing."""
+    w = np.random.default_rng(4).standard_normal((8, 64)).astype(f32)
+    x = np.random.default_rng(5).standard_normal((3, 64)).astype(f32)
+    prog = "y = mul_mat(w, x); z = mul_mat(w, x); add(y, z)"
+    r = run("compute", prog, "--tensor", f"w=q4_0:{npy(w)}", "--tensor", f"x={npy(x)}", "--numerics", "x86")
+    assert r.exit_code == 0, r.output
+    assert r.stderr == ("Warning: --numerics x86 follows llama.cpp's order for mul_mat with f32, q8_0, q5_0, q4_K "
+                        "and q6_K weights; 2 mul_mat nodes with q4_0 weights (first: 'y') sum in GGML's order and "
+                        "may differ from llama.cpp's in the last bits\n")
+    default = run("compute", prog, "--tensor", f"w=q4_0:{npy(w)}", "--tensor", f"x={npy(x)}")
+    assert default.stderr == "" and default.stdout == r.stdout
+    r = run("compute", prog, "--tensor", f"w={npy(w)}", "--tensor", f"x={npy(x)}", "--numerics", "x86")
+    assert r.exit_code == 0 and r.stderr == "", r.output
+
+
 def test_gelu_uses_the_x86_builds_table():
     """llama.cpp's build contracts 1 + A*x*x in GGML's gelu table to an FMA: one fp16 entry
     (x = -1.999) differs from the reference table."""

@@ -141,6 +141,12 @@ def forward_mul_mat(node, ith, nth, work):
 X86_TYPES = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
 
 
+def without_x86_order(nodes) -> list:
+    """The MUL_MAT nodes among `nodes` whose weight type has no llama.cpp x86 order here: under
+    numerics "x86" they sum in GGML's order (the same products, other roundings than llama.cpp's)."""
+    return [n for n in nodes if n.op == "MUL_MAT" and n.src[0].type not in X86_TYPES]
+
+
 def _x86_block(a, b):
     """llama.cpp's x86-64 order for a's type (``ggtool.kernels.x86``), as (w, x, out, i0) -> None,
     i0 being x's first row in its matrix; None for the types it leaves to the default kernels."""
