@@ -72,9 +72,9 @@ each place reused once its tensor's last consumer has run. --alloc context gives
 memory of its own for the whole run (GGML's context mode). The results are byte-identical.
 
 --numerics ggml (the default) sums as GGML's reference code does. --numerics x86 sums mul_mat
-(F32, Q8_0, Q5_0, Q4_K, Q6_K weights), soft_max, rope and gelu in the order of llama.cpp's x86-64
-CPU build (AVX-512, llamafile's tinyBLAS, the repacked Q4_K kernels): gemma-3's logits then equal
-llama.cpp's bit for bit (docs/gemma.md). mul_mat with other weight types sums as by default (with a
+(F32, Q8_0, Q5_0, Q4_0, Q4_K, Q6_K weights), soft_max, rope and gelu in the order of llama.cpp's
+x86-64 CPU build (AVX-512, llamafile's tinyBLAS, the repacked Q4_0/Q4_K kernels): gemma-3's logits
+then equal llama.cpp's bit for bit (docs/gemma.md). mul_mat with other weight types sums as by default (with a
 warning). Its products are slower than the default's on large matrices (about the
 same time for a whole gemma-3-270m pass).
 
@@ -148,17 +148,15 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
 def warn_x86_gaps(graph) -> None:
     """--numerics x86 on mul_mat weights it has no llama.cpp order for: say which, once."""
     from ggtool import types as T
-    from ggtool.ops.matmul import X86_TYPES, without_x86_order
+    from ggtool.ops.matmul import X86_COVERED, without_x86_order
 
     gaps = without_x86_order(graph.nodes)
     if gaps:
         kinds = sorted({T.type_name(n.src[0].type) for n in gaps})
-        covered = [T.type_name(t) for t in X86_TYPES]
         one = len(gaps) == 1
-        log(f"Warning: --numerics x86 follows llama.cpp's order for mul_mat with {', '.join(covered[:-1])} and "
-            f"{covered[-1]} weights; {len(gaps)} mul_mat node{'' if one else 's'} with {', '.join(kinds)} weights "
-            f"(first: '{gaps[0].name}') {'sums' if one else 'sum'} in GGML's order and may differ from llama.cpp's "
-            "in the last bits")
+        log(f"Warning: --numerics x86 follows llama.cpp's order for mul_mat with {X86_COVERED} weights; "
+            f"{len(gaps)} mul_mat node{'' if one else 's'} with {', '.join(kinds)} weights (first: '{gaps[0].name}') "
+            f"{'sums' if one else 'sum'} in GGML's order and may differ from llama.cpp's in the last bits")
 
 
 def resolve_format(out_path: str | None, fmt: str | None) -> str:

@@ -12,10 +12,13 @@ logits bit for bit; they are now the oracle of ggtool's compiled `numerics="x86"
   over steps of 64, FMA, then `x0+x2, x1+x3, x0+x1` and `_mm512_reduce_add_ps`.
 - F32 mul_mat, src1 contiguous (KQV): llamafile's tinyBLAS<16, __m512>: per output 16 FMA lanes
   over K (llama.cpp's KV cache is padded to 256 cells: zero cells add nothing), then the reduce.
-- Q8_0 and Q5_0 weights, 2 or more rows: llamafile's tinyBLAS_Q0_AVX: per block, 8 lanes of 4
+- Q8_0, Q5_0 (and unpacked Q4_0) weights: llamafile's tinyBLAS_Q0_AVX (and for one row the vec_dot,
+  which sums alike): per block, 8 lanes of 4
   integer products, `fma(dw*da, lane, acc)`, then hsum (`(l+4), (l+2), (l+1)` pairs).
-- Q6_K: below 8 rows the AVX2 `ggml_vec_dot_q6_K_q8_K` (8 lanes, the -32 through bsums)
-from 8
+- Q4_0 repacked (q4_0_8x8: 2-D weights of 8k rows, a tied output projection included; gemm and
+  gemv alike): per block the exact integer sum, `acc = fma(float(isum), dw*da, acc)`. Q4_0 not
+  repacked: as Q8_0 below.
+- Q6_K: below 8 rows the AVX2 `ggml_vec_dot_q6_K_q8_K` (8 lanes, the -32 through bsums); from 8
   rows ggml-cpu's tiled kernel: per 256-block `acc = fma(float(isum) * dw, da, acc)`.
 - Q4_K (repacked q4_K_8x8): rows in groups of 4 through the gemm (one FMA per pair of 32-value
   sub-blocks, for the scales and for the mins), the rest through the gemv (one FMA per block);
@@ -26,8 +29,7 @@ from 8
   compiler to `fms(x0, c, x1*s)` and `fma(x0, s, x1*c)`.
 - gelu's fp16 table: `S*x*(1 + A*x*x)` with `1 + (A*x)*x` contracted to an FMA.
 
-FMA is emulated as float32(float64(a)*float64(b) + float64(c)) (the product is exact
-the double
+FMA is emulated as float32(float64(a)*float64(b) + float64(c)) (the product is exact; the double
 rounding this leaves is too rare to matter here).
 """
 
@@ -138,6 +140,17 @@ def dec_q5_0(w):
     lo = (qs & 15) | (((qh[..., None] >> j) & 1) << 4)
     hi = (qs >> 4) | (((qh[..., None] >> (j + 16)) & 1) << 4)
     return d, np.concatenate([lo, hi], -1) - 16
+def dec_q4_0(w):
+    w = w.reshape(w.shape[0], -1, 18)
+    qs = w[..., 2:18].astype(np.int32)
+    return fp16(w[..., 0:2]), np.concatenate([qs & 15, qs >> 4], -1) - 8
+def repack_q4_0(wd, wq, ad, aq):
+    """weights d (N, nb), q (N, nb, 32); acts d (M, nb), q (M, nb, 32) -> (M, N)."""
+    C = np.zeros((aq.shape[0], wq.shape[0]), f32)
+    for b in range(wq.shape[1]):
+        S = aq[:, b] @ wq[:, b].T                       # exact integer sums (M, N)
+        C = fma(S.astype(f32), (wd[None, :, b] * ad[:, None, b]).astype(f32), C)
+    return C
 def dec_act_q8_0(a):  # (M, nb*34)
     return dec_q8_0(a)
 
@@ -278,13 +291,15 @@ def repack_q4_k(w, a):
         out[:, n0:n0+nn] = (acc - accm).astype(f32)
     return out
 
-def mul_mat(wtype, wraw, x):
-    """wraw (N, row_bytes) uint8, x (M, K) f32 -> (M, N)."""
+def mul_mat(wtype, wraw, x, repacked=True):
+    """wraw (N, row_bytes) uint8, x (M, K) f32 -> (M, N); `repacked`: whether the build repacked
+    these Q4_0 weights (2-D, rows in eights)."""
     name = wtype
-    if name in ('Q8_0', 'Q5_0'):
-        a = quantize_q8_0_cpu(np.ascontiguousarray(x))
-        ad, aq = dec_act_q8_0(a)
-        wd, wq = dec_q8_0(wraw) if name == 'Q8_0' else dec_q5_0(wraw)
+    if name in ('Q8_0', 'Q5_0', 'Q4_0'):
+        ad, aq = dec_act_q8_0(quantize_q8_0_cpu(np.ascontiguousarray(x)))
+        wd, wq = {'Q8_0': dec_q8_0, 'Q5_0': dec_q5_0, 'Q4_0': dec_q4_0}[name](wraw)
+        if name == 'Q4_0' and repacked:
+            return repack_q4_0(wd, wq, ad, aq)
         return tinyblas_q0(wd, wq, ad, aq)
     a = quantize_q8_k(np.ascontiguousarray(x)).reshape(x.shape[0], -1)
     if name == 'Q6_K':

@@ -216,3 +216,44 @@ def test_numerics_x86_gives_llama_cpps_logits_bit_for_bit(run, gemma, golden, re
     ids, want = z[f"top_ids_{seq}"], z[f"top_logits_{seq}"]
     assert np.take_along_axis(got, ids, axis=1).tobytes() == want.tobytes()
     assert (got.argmax(axis=1) == z[f"argmax_{seq}"]).all()
+
+
+# gemma requantized to Q4_0 by `ggtool quantize` (default mode: token_embd.weight, the tied output,
+# in Q8_0; --pure: every weight in Q4_0), and llama.cpp's logits for those very files
+Q4_0_REF = ROOT / "tests" / "golden" / "llama" / "gemma3-270m-q4_0-top64.npz"
+Q4_0_FILES = {0: ([], "8b90dc09855b7fc6fe7d3bec8afbe0e27541fa3ed72eb0b3b2ea0e56f3b47d88"),
+              1: (["--pure"], "e77aa129d1656c47e08ef08a618ad3f16f5b0678759f57734b8309d51bd6ad93")}
+
+
+@pytest.fixture(scope="module")
+def gemma_q4_0(gemma, tmp_path_factory) -> dict:
+    """{0: default mode, 1: --pure}: the files the reference was made from, byte for byte."""
+    import hashlib
+
+    from click.testing import CliRunner
+    from ggtool.commands import cli
+
+    d = tmp_path_factory.mktemp("gemma_q4_0")
+    out = {}
+    for k, (args, sha256) in Q4_0_FILES.items():
+        path = d / f"q4_0_{k}.gguf"
+        ok(CliRunner().invoke(cli, ["quantize", gemma, str(path), "--quiet", *args]))
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == sha256, "not the file the reference was made from"
+        out[k] = str(path)
+    return out
+
+
+@pytest.mark.parametrize("f,seq,threads", [(0, 0, "1"), (0, 1, "2"), (0, 2, "1"), (0, 3, "2"),
+                                           (1, 0, "2"), (1, 1, "1"), (1, 2, "2"), (1, 3, "1")])
+def test_numerics_x86_gives_llama_cpps_logits_for_q4_0_bit_for_bit(run, gemma_q4_0, f, seq, threads, tmp_path):
+    """Q4_0 weights as llama.cpp's x86 build multiplies them: repacked (q4_0_8x8) for every weight,
+    the tied output projection of the --pure file included; 1, 2, 5 and 13 tokens."""
+    z = np.load(Q4_0_REF)
+    key = f"{f}_{seq}"
+    out = tmp_path / "logits.npy"
+    ok(run("compute", "-f", PROGRAM, "--gguf", gemma_q4_0[f], "--tensor", tokens_arg(z[f"tokens_{key}"]),
+           "--numerics", "x86", "--threads", threads, "-o", out))
+    got = np.load(out).reshape(len(z[f"tokens_{key}"]), N_VOCAB)
+    ids, want = z[f"top_ids_{key}"], z[f"top_logits_{key}"]
+    assert np.take_along_axis(got, ids, axis=1).tobytes() == want.tobytes()
+    assert (got.argmax(axis=1) == z[f"argmax_{key}"]).all()

@@ -17,7 +17,7 @@ from ggtool.errors import QuantizationError
 from ggtool.kernels import dot
 from ggtool.quant.matmul import DOT_TYPES
 
-BLOCK = [t for t in BLOCKS if t != "q8_0"]
+BLOCK = [t for t in BLOCKS if t not in ("q4_0", "q8_0")]   # the K-quants and Q4_1/Q5_0/Q5_1 (dot.py has its own tests)
 
 
 def _acts(t: str, x: np.ndarray) -> np.ndarray:

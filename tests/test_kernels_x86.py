@@ -18,7 +18,7 @@ from ggtool.errors import GGToolError
 from ggtool.ops import FUNCTIONS as F
 
 f32 = np.float32
-BLOCK = ("q8_0", "q5_0", "q4_K", "q6_K")
+BLOCK = ("q8_0", "q5_0", "q4_0", "q4_K", "q6_K")
 
 
 def _mul_mat(t, w, x):
@@ -34,9 +34,10 @@ def _mul_mat(t, w, x):
 @pytest.mark.parametrize("t", BLOCK)
 @pytest.mark.parametrize("m", [1, 3, 8, 13])
 def test_quantized_mul_mat_is_the_oracle_bit_for_bit(t, m):
-    """Q8_0/Q5_0 (tinyBLAS lanes), Q6_K (AVX2 dot below 8 rows, tiled from 8), Q4_K (gemm rows in
-    fours, gemv for the rest); 1070 rows: a second column tile and a partial group of decoded rows."""
-    n, k = 1070, 512
+    """Q8_0/Q5_0 (tinyBLAS lanes), Q4_0 (repacked), Q6_K (AVX2 dot below 8 rows, tiled from 8), Q4_K
+    (gemm rows in fours, gemv for the rest); 1070 rows (1072 for the repacked Q4_0 and Q4_K: rows in
+    eights): a second column tile and a partial group of decoded rows."""
+    n, k = (1072 if t in ("q4_0", "q4_K") else 1070), 512
     w = random_blocks(t, n, k, m)
     x = np.random.default_rng(m).standard_normal((m, k)).astype(f32)
     g, y = _mul_mat(t, w, x)
@@ -49,6 +50,32 @@ def test_quantized_mul_mat_is_the_oracle_bit_for_bit(t, m):
         y.data[...] = 0
         compute_threaded(g, nth, force=True, numerics="x86")
         assert y.numpy().reshape(m, n).tobytes() == got.tobytes(), f"{nth} participants"
+
+
+def test_q4_0_weights_llama_cpp_does_not_repack_sum_in_tinyblas_lanes():
+    """Q4_0 weights llama.cpp leaves unpacked (rows not in eights) sum as tinyBLAS_Q0 sums them."""
+    w = random_blocks("q4_0", 1070, 256, 7)
+    x = np.random.default_rng(7).standard_normal((3, 256)).astype(f32)
+    g, y = _mul_mat("q4_0", w, x)
+    g.compute(1, numerics="x86")
+    assert y.numpy().reshape(3, 1070).tobytes() == oracle.mul_mat("Q4_0", w, x, repacked=False).tobytes()
+    assert oracle.mul_mat("Q4_0", w, x, repacked=False).tobytes() != oracle.mul_mat("Q4_0", w, x).tobytes()
+
+
+def test_q4_k_weights_llama_cpp_does_not_repack_have_no_x86_order_here():
+    """Unpacked Q4_K (rows not in eights) takes ggml_vec_dot_q4_K_q8_K in llama.cpp, not modelled:
+    --numerics x86 computes it in GGML's order, and without_x86_order names it."""
+    from ggtool.ops.matmul import without_x86_order
+
+    x = np.random.default_rng(8).standard_normal((3, 256)).astype(f32)
+    g, _ = _mul_mat("q4_K", random_blocks("q4_K", 16, 256, 8), x)
+    assert without_x86_order(g.nodes) == []
+    g, y = _mul_mat("q4_K", random_blocks("q4_K", 12, 256, 8), x)
+    assert without_x86_order(g.nodes) == [g.nodes[0]]
+    g.compute(1, numerics="x86")
+    got = y.numpy().tobytes()
+    g.compute(1)
+    assert y.numpy().tobytes() == got
 
 
 def test_q4_k_gemm_rows_follow_the_whole_matrix_across_row_tiles():
@@ -166,19 +193,19 @@ def test_cli_numerics_x86_same_bytes_on_1_and_2_threads(run, npy, tmp_path):
 
 
 def test_cli_numerics_x86_warns_of_weights_it_has_no_order_for(run, npy, tmp_path):
-    """Q4_0 weights under --numerics x86 sum in GGML's order: said once on stderr, the result as
-    by default; weights it covers (Q5_0 in the test above, F32 here) say nothing."""
-    w = np.random.default_rng(4).standard_normal((8, 64)).astype(f32)
-    x = np.random.default_rng(5).standard_normal((3, 64)).astype(f32)
+    """F16 weights under --numerics x86 sum in GGML's order: said once on stderr, the result as by
+    default; weights it covers (Q4_0 here, of any row count) say nothing."""
+    x = npy(np.random.default_rng(5).standard_normal((3, 64)).astype(f32), "x.npy")
+    w = npy(np.random.default_rng(4).standard_normal((7, 64)).astype(f32), "w.npy")
     prog = "y = mul_mat(w, x); z = mul_mat(w, x); add(y, z)"
-    r = run("compute", prog, "--tensor", f"w=q4_0:{npy(w)}", "--tensor", f"x={npy(x)}", "--numerics", "x86")
+    r = run("compute", prog, "--tensor", f"w=f16:{w}", "--tensor", f"x={x}", "--numerics", "x86")
     assert r.exit_code == 0, r.output
-    assert r.stderr == ("Warning: --numerics x86 follows llama.cpp's order for mul_mat with f32, q8_0, q5_0, q4_K "
-                        "and q6_K weights; 2 mul_mat nodes with q4_0 weights (first: 'y') sum in GGML's order and "
-                        "may differ from llama.cpp's in the last bits\n")
-    default = run("compute", prog, "--tensor", f"w=q4_0:{npy(w)}", "--tensor", f"x={npy(x)}")
+    assert r.stderr == ("Warning: --numerics x86 follows llama.cpp's order for mul_mat with f32, q8_0, q5_0, q4_0, "
+                        "q6_K and q4_K (2-D, rows in eights: the repacked kernels) weights; 2 mul_mat nodes with f16 "
+                        "weights (first: 'y') sum in GGML's order and may differ from llama.cpp's in the last bits\n")
+    default = run("compute", prog, "--tensor", f"w=f16:{w}", "--tensor", f"x={x}")
     assert default.stderr == "" and default.stdout == r.stdout
-    r = run("compute", prog, "--tensor", f"w={npy(w)}", "--tensor", f"x={npy(x)}", "--numerics", "x86")
+    r = run("compute", prog, "--tensor", f"w=q4_0:{w}", "--tensor", f"x={x}", "--numerics", "x86")
     assert r.exit_code == 0 and r.stderr == "", r.output
 
 

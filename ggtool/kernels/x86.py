@@ -7,9 +7,11 @@ docs/gemma.md). These kernels compute what it computes, so that `--numerics x86`
 logits bit for bit. Each says which x86 code it follows; the integer parts are exact as everywhere,
 only the float32 steps (FMA, lanes, horizontal sums) are placed as the SIMD code places them:
 
-- ``dot_q0``: Q8_0 / Q5_0 x Q8_0 (tinyBLAS_Q0_AVX, and ``ggml_vec_dot_q8_0_q8_0`` / ``_q5_0_`` for
-  one row, which sum alike): per block 8 lanes of 4 integer products, ``fma(d_w * d_a, lane, acc)``,
-  then ``hsum_float_8``.
+- ``dot_q0``: Q8_0 / Q5_0 / Q4_0 x Q8_0 (tinyBLAS_Q0_AVX, and ``ggml_vec_dot_q8_0_q8_0`` / ``_q5_0_`` /
+  ``_q4_0_`` for one row, which sum alike; Q4_0 where the build does not repack it): per block 8
+  lanes of 4 integer products, ``fma(d_w * d_a, lane, acc)``, then ``hsum_float_8``.
+- ``dot_q4_0``: Q4_0 x Q8_0 through the repacked q4_0_8x8 kernels (2-D weights of 8k rows; gemm and
+  gemv add alike): per block the exact sum, ``fma(float(sum), d_w * d_a, acc)``.
 - ``dot_q6_k``: below 8 activation rows the AVX2 ``ggml_vec_dot_q6_K_q8_K`` (8 lanes of unsigned codes
   times scales, the -32 through the bsums, ``fma(d_a * d_w, lane, acc)``); from 8 rows ggml-cpu's tiled
   kernel (per block the exact sum, ``fma(float(sum) * d_w, d_a, acc)``).
@@ -131,11 +133,16 @@ V0 = 64   # Q8_0 / Q5_0 rows side by side
 VK = 32   # K-quant rows side by side (their blocks are longer)
 
 
+# the block types dot_q0 takes: bytes per block
+Q8_0_KIND, Q5_0_KIND, Q4_0_KIND = 0, 1, 2
+_Q0_BYTES = (34, 22, 18)
+
+
 @njit
-def _decode_q0(w, n0, five, nb, wq, wd, f16):
-    """Rows n0 .. n0+V0 of Q8_0 (Q5_0 if five): codes wq (nb * 32, V0) and d (nb, V0), as float32;
-    rows past the end are zero."""
-    nbytes = 22 if five else 34
+def _decode_q0(w, n0, kind, nb, wq, wd, f16):
+    """Rows n0 .. n0+V0 of Q8_0, Q5_0 or Q4_0 (`kind`): codes wq (nb * 32, V0) and d (nb, V0), as
+    float32; rows past the end are zero."""
+    nbytes = _Q0_BYTES[kind]
     wq[:, :] = 0
     wd[:, :] = 0
     s8 = w.view(np.int8)
@@ -144,31 +151,36 @@ def _decode_q0(w, n0, five, nb, wq, wd, f16):
         for b in range(nb):
             o = b * nbytes
             wd[b, r] = _f16(w[n], o, f16)
-            if five:
+            if kind == Q5_0_KIND:
                 qh = (np.uint32(w[n, o + 2]) | (np.uint32(w[n, o + 3]) << 8) | (np.uint32(w[n, o + 4]) << 16)
                       | (np.uint32(w[n, o + 5]) << 24))
                 for j in range(16):
                     x = np.int32(w[n, o + 6 + j])
                     wq[32 * b + j, r] = ((x & 15) | np.int32(((qh >> j) & 1) << 4)) - 16
                     wq[32 * b + 16 + j, r] = ((x >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)) - 16
+            elif kind == Q4_0_KIND:
+                for j in range(16):
+                    x = np.int32(w[n, o + 2 + j])
+                    wq[32 * b + j, r] = (x & 15) - 8
+                    wq[32 * b + 16 + j, r] = (x >> 4) - 8
             else:
                 for k in range(32):
                     wq[32 * b + k, r] = s8[n, o + 2 + k]
 
 
 @njit
-def dot_q0(w, five, act, out, f16):
-    """out (M, N) = w (N rows of Q8_0, or Q5_0 if five) . act (M rows of Q8_0). A lane's four
+def dot_q0(w, kind, act, out, f16):
+    """out (M, N) = w (N rows of Q8_0, Q5_0 or Q4_0: `kind`) . act (M rows of Q8_0). A lane's four
     products and their sum stay below 2**16: exact in float32."""
     N, M = w.shape[0], act.shape[0]
-    nb = w.shape[1] // (22 if five else 34)
+    nb = w.shape[1] // _Q0_BYTES[kind]
     ad, af = _act_q8_0(act, f16)
     wq = np.empty((nb * 32, V0), F32)
     wd = np.empty((nb, V0), F32)
     c = np.empty((8, V0), F32)
     db = np.empty(V0, F32)
     for n0 in range(0, N, V0):
-        _decode_q0(w, n0, five, nb, wq, wd, f16)
+        _decode_q0(w, n0, kind, nb, wq, wd, f16)
         for m in range(M):
             c[:, :] = 0
             for b in range(nb):
@@ -183,6 +195,32 @@ def dot_q0(w, five, act, out, f16):
                         cl[r] = fmaf(db[r], w0[r] * a0 + w1[r] * a1 + w2[r] * a2 + w3[r] * a3, cl[r])
             for r in range(min(V0, N - n0)):
                 out[m, n0 + r] = _hsum8(c[:, r])
+
+
+@njit
+def dot_q4_0(w, act, out, f16):
+    """out (M, N) = w (N rows of Q4_0) . act (M rows of Q8_0) as the repacked q4_0_8x8 gemm/gemv:
+    per block one FMA of the exact block sum (32 products below 2**10: below 2**15) and d_w * d_a."""
+    N, M = w.shape[0], act.shape[0]
+    nb = w.shape[1] // 18
+    ad, af = _act_q8_0(act, f16)
+    wq = np.empty((nb * 32, V0), F32)
+    wd = np.empty((nb, V0), F32)
+    acc = np.empty(V0, F32)
+    isum = np.empty(V0, F32)
+    for n0 in range(0, N, V0):
+        _decode_q0(w, n0, Q4_0_KIND, nb, wq, wd, f16)
+        for m in range(M):
+            acc[:] = 0
+            for b in range(nb):
+                isum[:] = 0
+                for k in range(32 * b, 32 * b + 32, 4):
+                    _madd4(isum, wq, af, m, k)
+                dm, wdb = ad[m, b], wd[b]
+                for r in range(V0):
+                    acc[r] = fmaf(isum[r], wdb[r] * dm, acc[r])
+            for r in range(min(V0, N - n0)):
+                out[m, n0 + r] = acc[r]
 
 
 # -- K-quants ----------------------------------------------------------------------------------------

@@ -138,25 +138,43 @@ def forward_mul_mat(node, ith, nth, work):
             _dot_block(a, *args, (m3, m2, col0, col1))
 
 
-X86_TYPES = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
+X86_TYPES = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
+X86_COVERED = "f32, q8_0, q5_0, q4_0, q6_K and q4_K (2-D, rows in eights: the repacked kernels)"
+
+
+def x86_repacked(a) -> bool:
+    """Whether llama.cpp's x86 build repacks weights `a` for mul_mat (ggml-cpu's CPU_REPACK:
+    q4_0_8x8, q4_K_8x8): Q4_0 or Q4_K, 2-D, rows in eights. A tied output projection is repacked
+    too: llama.cpp loads it as the output layer's own copy of the token embeddings."""
+    return a.type in (T.Q4_0, T.GGMLType.Q4_K) and a.ne[1] % 8 == 0 and a.ne[2] == a.ne[3] == 1
+
+
+def x86_order(a) -> bool:
+    """Whether mul_mat with weights `a` has llama.cpp's x86 order here (Q4_K: repacked only; its
+    other kernel, ggml_vec_dot_q4_K_q8_K, is not modelled)."""
+    if a.type == T.GGMLType.Q4_K:
+        return x86_repacked(a)
+    return a.type in X86_TYPES
 
 
 def without_x86_order(nodes) -> list:
-    """The MUL_MAT nodes among `nodes` whose weight type has no llama.cpp x86 order here: under
+    """The MUL_MAT nodes among `nodes` whose weights have no llama.cpp x86 order here: under
     numerics "x86" they sum in GGML's order (the same products, other roundings than llama.cpp's)."""
-    return [n for n in nodes if n.op == "MUL_MAT" and n.src[0].type not in X86_TYPES]
+    return [n for n in nodes if n.op == "MUL_MAT" and not x86_order(n.src[0])]
 
 
 def _x86_block(a, b):
     """llama.cpp's x86-64 order for a's type (``ggtool.kernels.x86``), as (w, x, out, i0) -> None,
     i0 being x's first row in its matrix; None for the types it leaves to the default kernels."""
-    if a.type not in X86_TYPES:
+    if not x86_order(a):
         return None
     from ..kernels import x86
     from ..kernels.tables import F16_TO_F32 as f16
 
     t, ne11 = a.type, b.ne[1]
     tiny = b.is_contiguous() and ne11 >= 2 and a.ne[1] % 4 == 0   # llamafile_sgemm takes F32 x F32
+    repacked = x86_repacked(a)
+    kind = {T.Q8_0: x86.Q8_0_KIND, T.GGMLType.Q5_0: x86.Q5_0_KIND, T.Q4_0: x86.Q4_0_KIND}.get(t)
 
     def block(w, x, out, i0):
         w, x = np.ascontiguousarray(w), np.ascontiguousarray(x)
@@ -167,8 +185,10 @@ def _x86_block(a, b):
             x86.dot_q4_k(w, x, tmp, i0, ne11 - ne11 % 4, f16)
         elif t == T.GGMLType.Q6_K:      # the tiled kernel from 8 rows, the AVX2 dot below
             x86.dot_q6_k(w, x, tmp, ne11 >= 8, f16)
-        else:
-            x86.dot_q0(w, t == T.GGMLType.Q5_0, x, tmp, f16)
+        elif repacked:                  # Q4_0: the q4_0_8x8 gemm and gemv add alike
+            x86.dot_q4_0(w, x, tmp, f16)
+        else:                           # Q8_0, Q5_0, and Q4_0 unpacked: tinyBLAS_Q0's lanes
+            x86.dot_q0(w, kind, x, tmp, f16)
         out[...] = tmp
     return block
 
