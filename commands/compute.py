@@ -74,8 +74,8 @@ memory of its own for the whole run (GGML's context mode). The results are byte-
 --numerics ggml (the default) sums as GGML's reference code does. --numerics x86 sums mul_mat
 (F32, Q8_0, Q5_0, Q4_0, Q4_K, Q6_K weights), soft_max, rope and gelu in the order of llama.cpp's
 x86-64 CPU build (AVX-512, llamafile's tinyBLAS, the repacked Q4_0/Q4_K kernels): gemma-3's logits
-then equal llama.cpp's bit for bit (docs/gemma.md). mul_mat with other weight types sums as by default (with a
-warning). Its products are slower than the default's on large matrices (about the
+then equal llama.cpp's bit for bit (docs/gemma.md). mul_mat with other weight types sums as by
+default, with a warning. Its products are slower than the default's on large matrices (about the
 same time for a whole gemma-3-270m pass).
 
 {NUMPY_ORDER_HELP}

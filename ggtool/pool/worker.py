@@ -6,8 +6,9 @@ Ctrl-C, and takes SIGTERM and SIGHUP as notice only (they are the caller's to ha
 `timeout` signals the whole process group, and the caller then stops its workers itself); it exits
 as soon as the caller is gone (a watchdog thread reads EOF on the pipe), or TERM_GRACE seconds after
 a SIGTERM/SIGHUP the caller did not act on (one sent to this worker alone). It sleeps on the
-eventfd (its bell) between messages, and answers the caller's messages: "run" a graph as participant ith of nth
-(installing and caching the graph the first time), "map" a function over items, "exit".
+eventfd (its bell) between messages, and answers the caller's messages: "run" a graph as
+participant ith of nth (installing and caching the graph the first time), "map" a function over
+items, "exit".
 """
 
 from __future__ import annotations
