@@ -353,11 +353,16 @@ def test_signal_mid_quantize(tmp_path, sig):
 
 # Signals at the awkward moments, placed exactly by wrapping the function that runs at that moment.
 AT_SPAWN = """
-import os, signal, time
+import os, signal, sys, time
+if {forked}:                      # as `ggtool` does, first thing: workers forked from this process
+    from ggtool.pool import launch
+    launch.prestart(["compute", *sys.argv[1:]])
 import ggtool.pool.caller as C
+from ggtool.pool.fork import ForkedProcess
 real = C.spawn
 def spawn(ctl):
     w = real(ctl)
+    assert isinstance(w.proc, ForkedProcess) == {forked}
     end = time.monotonic() + 10   # until the new worker's Python is up (it catches SIGINT): importing
     while time.monotonic() < end:
         with open(f"/proc/{{w.pid}}/status") as f:
@@ -368,7 +373,7 @@ def spawn(ctl):
     os.killpg(0, {sig})           # like a terminal or `timeout`: the whole process group
     return w
 C.spawn = spawn
-import sys; sys.argv[1:1] = ["compute"]
+sys.argv[1:1] = ["compute"]
 from ggtool.commands import main
 main()
 """
@@ -388,13 +393,15 @@ main()
 """
 
 
+@pytest.mark.parametrize("forked", [False, True], ids=["interpreter", "forked"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
-def test_signal_to_the_group_while_the_pool_starts(sig):
+def test_signal_to_the_group_while_the_pool_starts(sig, forked):
     """A signal to the whole group as the first of two workers starts: the new worker, still
-    importing, is unharmed (it starts with the signals blocked: no KeyboardInterrupt traceback from
-    it); the caller stops the worker, unlinks its segment and exits 128 + sig with its one line."""
+    importing (or, forked, still closing the caller's descriptors), is unharmed (it starts with the
+    signals blocked: no KeyboardInterrupt traceback from it); the caller stops the worker, unlinks
+    its segment and exits 128 + sig with its one line."""
     p = start(["mul_mat(a, b)", "--tensor", "a=[[1,2]]", "--tensor", "b=[[3,4]]", "--threads", "3"],
-              code=AT_SPAWN.format(sig=int(sig)))
+              code=AT_SPAWN.format(sig=int(sig), forked=forked))
     rc, err = finish(p)
     assert (rc, err) == (128 + sig, MESSAGES[sig] + "\n")
     assert_nothing_left(p.pid)
