@@ -45,8 +45,8 @@ def _run(code: str) -> str:
     return r.stdout
 
 
-# prestart as on a system where the command line cannot fork its workers
-NO_FORK = "from ggtool.pool import fork, launch; fork.allow = lambda: False; "
+# prestart as on a system where the command line cannot fork its workers (or told not to)
+NO_FORK = "import os; os.environ['GGTOOL_FORK'] = '0'; from ggtool.pool import launch; "
 # a process's command line (a forked worker's is its caller's), and its descriptors as (fd, target) pairs
 WORKER_INFO = """
 def cmdline(pid):
@@ -58,10 +58,12 @@ def fds(pid):
 
 @needs_two_cpus
 def test_the_pool_adopts_the_prestarted_worker():
+    """GGTOOL_FORK=0 (or no fork on this system): an explicit --threads launches fresh interpreters
+    first thing, the pool adopts them, and the command line's BLAS is on one thread all the same."""
     out = _run(NO_FORK + "launch.prestart(['compute', '-t', '2']); "
                "pid = launch._PRESTARTED[0].proc.pid; import ggtool; pool = ggtool.get_pool(2); "
-               "print(pool.map(abs, [-1, -2]), pool.pids == [pid], launch._PRESTARTED)")
-    assert out.split() == ["[1,", "2]", "True", "[]"]
+               "print(pool.map(abs, [-1, -2]), pool.pids == [pid], launch._PRESTARTED, os.environ['OPENBLAS_NUM_THREADS'])")
+    assert out.split() == ["[1,", "2]", "True", "[]", "1"]
 
 
 @needs_two_cpus
