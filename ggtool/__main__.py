@@ -1,7 +1,9 @@
 """`ggtool` and `python -m ggtool`: the command line (the click layer lives in ggtool.commands).
 
-The worker processes a `compute --threads N` will use are launched before anything heavy is
-imported (ggtool.pool.launch), so that they load numpy and ggtool while this process does. When
+Before anything heavy is imported, `compute` readies this process for its workers
+(ggtool.pool.launch.prestart): BLAS on one thread, so that the pool can fork them from it once
+numpy and ggtool are loaded (or, where it cannot fork, launches them now to import side by side
+with this process). When
 the command is over and the exit handlers have run (the pool stopped, outputs closed and renamed,
 shared memory unlinked), the process ends at once: tearing down the interpreter's modules one by
 one would add ~30 ms to every command and change nothing."""
