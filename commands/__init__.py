@@ -29,6 +29,7 @@ import click
 
 from ggtool import __version__
 from ggtool.errors import GGToolError
+from ggtool.gguf_io import storage
 from ggtool.pool.launch import ENDING_SIGNALS
 
 DEBUG_ENV = "GGTOOL_DEBUG"
@@ -273,6 +274,7 @@ def buffered_stdout() -> None:
 
 def main() -> None:
     install_signal_handlers()
+    storage.GUARD_SIGBUS = True   # a mapped input truncated under us: one Error line, not a crash
     buffered_stdout()
     try:
         cli.main(prog_name="ggtool")

@@ -83,6 +83,7 @@ def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "c
     if numerics is not None and numerics not in NUMERICS:
         raise GGToolError(f"numerics must be one of {', '.join(NUMERICS)}, not {numerics!r}")
     materialize_written(graph)
+    verify_maps(graph)
     plan = plan or make_plan(graph, n_threads)
     if numerics is not None:
         plan.numerics = numerics
@@ -122,6 +123,17 @@ def materialize_written(graph) -> None:
         if t.storage is not None:
             t.ctx.materialize(t)
     forget_packs(targets)
+
+
+def verify_maps(graph) -> None:
+    """Every memory-mapped file the graph reads still holds what was mapped (a shrunk one would end
+    the compute with SIGBUS): one stat per file."""
+    seen = set()
+    for t in graph.leafs:
+        verify = getattr(t.root.storage, "verify", None)
+        if verify is not None and id(t.root.storage) not in seen:
+            seen.add(id(t.root.storage))
+            verify()
 
 
 class Binding:

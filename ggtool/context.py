@@ -9,7 +9,7 @@ import numpy as np
 
 from . import types as T
 from .errors import ContextMemoryError, GGToolError, OutOfMemoryError, ShapeError, memory_limit
-from .tensor import MAX_DIMS, Tensor
+from .tensor import INT64_MAX, MAX_DIMS, Tensor, byte_extent
 
 MEM_ALIGN = 16
 OBJECT_SIZE = 32
@@ -120,29 +120,37 @@ class Context:
 
     # -- tensors ----------------------------------------------------------------------------
     def new_tensor(self, type, ne, view_src: Tensor | None = None, view_offs: int = 0,
-                   storage=None, data_offset: int | None = None) -> Tensor:
-        """ggml_new_tensor_impl: a packed tensor, or a view into `view_src` at `view_offs`.
+                   storage=None, data_offset: int | None = None, nb=None) -> Tensor:
+        """ggml_new_tensor_impl: a packed tensor, or a view into `view_src` at `view_offs` (with byte
+        strides `nb`, packed if None).
 
         With `storage` (e.g. a memory-mapped GGUF, see gguf_io.FileStorage) only the struct goes
         into the pool and the data is read from `storage.array[data_offset:]`, as llama.cpp's
         mmap loading does.
+
+        Everything is checked before anything is made: sizes within GGML's int64, and a view
+        inside its root's bytes for every element its strides reach (GGML asserts only that the
+        packed size fits; a stride that reaches further would read other tensors' memory).
         """
         type = T.parse_type(type)
         ne = [int(n) for n in ne] + [1] * (MAX_DIMS - len(ne))
-        if len(ne) > MAX_DIMS or any(n < 0 for n in ne):
-            raise ShapeError(f"invalid shape ne={ne}: up to 4 non-negative dimensions")
+        if len(ne) > MAX_DIMS or any(n < 0 or n > INT64_MAX for n in ne):
+            raise ShapeError(f"invalid shape ne={ne}: up to 4 non-negative dimensions, each below 2^63")
         blck = T.block_size(type)
         if ne[0] % blck:
             raise ShapeError(f"{T.type_name(type)} rows hold blocks of {blck}: ne0={ne[0]} is not a multiple of {blck}")
         data_size = T.row_size(type, ne[0]) * ne[1] * ne[2] * ne[3]
+        if data_size > INT64_MAX:
+            raise ShapeError(f"a {T.type_name(type)} tensor of ne {ne} would hold {data_size} bytes, "
+                             "more than GGML's sizes (int64) can count")
+        packed = [T.type_size(type), T.type_size(type) * (ne[0] // blck)]
+        packed += [packed[1] * ne[1], packed[1] * ne[1] * ne[2]]
         if view_src is not None:
+            view_offs = int(view_offs)
             if view_src.view_src is not None:
                 view_offs += view_src.view_offs
                 view_src = view_src.view_src
-            if data_size and data_size + view_offs > view_src.nbytes:
-                raise ShapeError(
-                    f"view of {data_size} bytes at offset {view_offs} runs past the end of "
-                    f"'{view_src.name}' ({view_src.nbytes} bytes)")
+            _check_view(type, ne, packed if nb is None else nb, data_size, view_offs, view_src)
         alloc = view_src is None and storage is None and not self.no_alloc
         try:
             offs = self.new_object(OBJ_TENSOR, TENSOR_SIZE + (data_size if alloc else 0))
@@ -158,9 +166,7 @@ class Context:
             self.external_bytes += pad(data_size)
         else:
             data_offset = None
-        nb = [T.type_size(type), T.type_size(type) * (ne[0] // blck)]
-        nb += [nb[1] * ne[1], nb[1] * ne[1] * ne[2]]
-        t = Tensor(self, type, ne, nb, offs, data_offset, storage)
+        t = Tensor(self, type, ne, packed if nb is None else nb, offs, data_offset, storage)
         t.view_src, t.view_offs = view_src, view_offs
         self.tensors.append(t)
         return t
@@ -203,6 +209,23 @@ class Context:
     def new_graph(self, size: int = 2048, grads: bool = False):
         from .graph import Graph
         return Graph(self, size, grads)
+
+
+def _check_view(type, ne, nb, data_size: int, offs: int, root: Tensor) -> None:
+    """A view of `root` at byte `offs` with strides `nb`: GGML's own assert (the packed size fits
+    from the offset), then every element's bytes inside the root (GGML's nb are size_t: none negative)."""
+    if not 0 <= offs <= INT64_MAX:
+        raise ShapeError(f"view offset {offs} into '{root.name}' is not between 0 and 2^63-1")
+    if any(not 0 <= int(x) <= INT64_MAX for x in nb):
+        raise ShapeError(f"view byte strides nb={list(nb)} of '{root.name}': GGML's strides are "
+                         "between 0 and 2^63-1 (size_t)")
+    if data_size and data_size + offs > root.nbytes:
+        raise ShapeError(f"view of {data_size} bytes at offset {offs} runs past the end of "
+                         f"'{root.name}' ({root.nbytes} bytes)")
+    reach = offs + byte_extent(type, ne, nb)
+    if data_size and reach > root.nbytes:
+        raise ShapeError(f"view of ne {ne} with byte strides nb {list(nb)} at offset {offs} reaches byte "
+                         f"{reach} of '{root.name}', which has {root.nbytes} bytes")
 
 
 # MAP_NORESERVE where Python (before 3.12) does not name it: its value on the common Linux ABIs

@@ -8,17 +8,28 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import types as T
-from .errors import GGToolError
+from .errors import GGToolError, InputError, ShapeError
 
 if TYPE_CHECKING:
     from .context import Context
 
 MAX_DIMS, MAX_SRC, MAX_NAME, MAX_OP_PARAMS = 4, 10, 64, 64
+INT64_MAX, INT32_MIN, INT32_MAX = 2**63 - 1, -(2**31), 2**31 - 1
 
 FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS = 1, 2, 4, 8
 
 UNARY_OPS = ("ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "SIGMOID", "GELU",
              "GELU_QUICK", "SILU", "HARDSWISH", "HARDSIGMOID", "EXP")
+
+
+def byte_extent(type, ne, nb) -> int:
+    """One past the highest byte that elements `ne` with byte strides `nb` (all >= 0) touch; 0 if
+    empty. A block type steps nb[0] per block of its row (a permuted one, whose ne[0] need not hold
+    whole blocks, counts its part of a block as one)."""
+    if 0 in ne:
+        return 0
+    blocks = -(-ne[0] // T.block_size(type))
+    return T.type_size(type) + (blocks - 1) * nb[0] + sum((ne[i] - 1) * nb[i] for i in (1, 2, 3))
 
 
 class Tensor:
@@ -78,12 +89,16 @@ class Tensor:
         return int(self.op_params[i])
 
     def set_params(self, *values) -> None:
-        """Store op_params slot by slot: Python floats as float32 bits, ints as int32."""
+        """Store op_params slot by slot: Python floats as float32 bits, ints as int32 (GGML's
+        int32_t slots: an int they cannot hold is a ShapeError, never a wrapped value)."""
         for i, v in enumerate(values):
             if isinstance(v, float):
                 self.op_params.view(np.float32)[i] = v
             else:
-                self.op_params[i] = int(v)
+                v = int(v)
+                if not INT32_MIN <= v <= INT32_MAX:
+                    raise ShapeError(f"{self.op.lower()}: parameter {i} = {v} does not fit GGML's int32 op_params")
+                self.op_params[i] = v
 
     # -- shape ----------------------------------------------------------------------------
     @property
@@ -110,6 +125,27 @@ class Tensor:
         if blck == 1:
             return T.type_size(self.type) + sum((self.ne[i] - 1) * self.nb[i] for i in range(4))
         return self.ne[0] * self.nb[0] // blck + sum((self.ne[i] - 1) * self.nb[i] for i in range(1, 4))
+
+    @property
+    def extent(self) -> int:
+        """One past the highest byte any element touches, from the tensor's data: ggml_nbytes for
+        every layout whose rows hold whole blocks (the strides are GGML's size_t, never negative)."""
+        return byte_extent(self.type, self.ne, self.nb)
+
+    @property
+    def root(self) -> Tensor:
+        """The tensor that owns the bytes: view_src for a view (views collapse onto their root)."""
+        return self if self.view_src is None else self.view_src
+
+    def check_reach(self, extent: int, what: str) -> None:
+        """Refuse an access that reaches `extent` bytes from this tensor's data when that leaves the
+        bytes of its root (a view's own layout, or a kernel's walk over it): nothing ggtool does
+        reads or writes outside a tensor, whatever the strides a program gives."""
+        root = self.root
+        if self.view_offs + extent > root.nbytes:
+            where = f"'{root.name}'" if root is not self else "its own data"
+            raise ShapeError(f"{what} of '{self.name}' reaches byte {self.view_offs + extent} of {where}, "
+                             f"which has {root.nbytes} bytes")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -182,6 +218,14 @@ class Tensor:
         return view
 
     def _make_view(self, buf: np.ndarray) -> np.ndarray:
+        if any(n < 0 for n in self.nb):
+            raise ShapeError(f"tensor '{self.name}': negative byte strides nb={list(self.nb)} (GGML's are size_t)")
+        extent = self.extent
+        self.check_reach(extent, "the layout")   # views are checked when made; this guards a changed nb
+        if self.data_offset + extent > len(buf):   # a mapped file that shrank before it was mapped
+            where = getattr(self.storage, "path", "the context's pool")
+            raise InputError(f"tensor '{self.name}' needs bytes up to {self.data_offset + extent} of {where}, "
+                             f"which has {len(buf)} (the file changed since it was opened?)")
         if T.is_quantized(self.type):
             if self.nb[0] != T.type_size(self.type):
                 raise GGToolError(f"tensor '{self.name}': a quantized tensor with permuted blocks has no byte view")

@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
+import sys
 
 import numpy as np
 
+from ..errors import InputError
+
 _MAPS: dict[str, tuple[int, np.ndarray, dict]] = {}  # per process: path -> (mtime_ns, map, derived), newest only
+
+# Set by the command line: its first map installs `guard_sigbus` (a library's process keeps its signals).
+GUARD_SIGBUS = False
 
 
 class FileStorage:
@@ -25,6 +32,8 @@ class FileStorage:
             mtime = os.stat(self.path).st_mtime_ns
             cached = _MAPS.get(self.path)
             if cached is None or cached[0] != mtime:
+                if GUARD_SIGBUS:
+                    guard_sigbus()
                 cached = _MAPS[self.path] = (mtime, np.memmap(self.path, dtype=np.uint8, mode="r"), {})
             self._map = cached
         return self._map
@@ -40,6 +49,14 @@ class FileStorage:
         """A cache of what is computed from the mapped bytes (repacked weights), living and dying
         with the map: a rewritten file starts an empty one."""
         return self._mapped()[2]
+
+    def verify(self) -> None:
+        """Refuse to compute on a map whose file has since shrunk: reading its lost pages would end
+        the process with SIGBUS. (A truncation during the compute is caught by `guard_sigbus`.)"""
+        if self._map is not None:
+            lost = _shrunk(self.path, len(self._map[1]))
+            if lost:
+                raise InputError(lost)
 
     def release(self, view: np.ndarray) -> None:
         """Unmap this process's pages of `view` (bytes of this file, now repacked elsewhere): they
@@ -76,3 +93,59 @@ class FileStorage:
 
     def __repr__(self) -> str:
         return f"FileStorage({self.path!r})"
+
+
+def _shrunk(path: str, mapped: int) -> str | None:
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    if size >= mapped:
+        return None
+    return f"{path} shrank from {mapped} to {size} bytes while memory-mapped (truncated while in use?)"
+
+
+def shrunk() -> list[str]:
+    """What went wrong with this process's mapped files, if any is now shorter than its map."""
+    found = (_shrunk(path, len(m[1])) for path, m in list(_MAPS.items()))
+    return [lost for lost in found if lost]
+
+
+_GUARD = None   # the installed handler (a ctypes function that must stay alive)
+
+
+def guard_sigbus() -> None:
+    """Make SIGBUS, which a read of a mapped file truncated under us raises, end this process with one
+    `Error:` line naming the file and exit status 1 instead of a crash with no word (the command line
+    installs it; a library leaves its process's signals alone). A forked worker dies of it as before,
+    and its caller reports the death with the same diagnosis (pool.caller).
+
+    Python's own signal handlers run between bytecodes, after the faulting read has been retried for
+    ever; this one is a C-level handler (through ctypes) that writes the line and leaves at once: the
+    pool's segments are unlinked first."""
+    global _GUARD
+    if _GUARD is not None or not hasattr(signal, "SIGBUS"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        install = libc.signal
+    except (OSError, AttributeError):  # pragma: no cover - no C library to ask
+        return
+    install.restype, install.argtypes = ctypes.c_void_p, (ctypes.c_int, ctypes.c_void_p)
+    owner = os.getpid()
+
+    def on_sigbus(signum: int) -> None:
+        if os.getpid() != owner:    # a forked worker: die of the signal (the read is retried), the caller reports it
+            install(signum, int(signal.SIG_DFL))
+            return
+        why = "; ".join(shrunk()) or "a memory-mapped input could not be read (bus error: a file truncated while in use?)"
+        os.write(2, f"Error: {why}\n".encode("utf-8", "replace"))
+        shm = sys.modules.get("ggtool.shm")
+        if shm is not None:     # the pool's segments: its workers, left without a caller, then end
+            shm.remove_orphans(owner)
+        os._exit(1)
+
+    _GUARD = ctypes.CFUNCTYPE(None, ctypes.c_int)(on_sigbus)
+    install(int(signal.SIGBUS), ctypes.cast(_GUARD, ctypes.c_void_p).value)

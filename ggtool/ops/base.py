@@ -90,10 +90,11 @@ def kernel_for(node: Tensor) -> Kernel:
 
 # -- helpers for builders -------------------------------------------------------------------
 def new_op(ctx: Context, op: str, type, ne, srcs=(), params=(), view_of: Tensor | None = None,
-           view_offs: int = 0, unary: str | None = None) -> Tensor:
-    """Create an op's result: a new tensor, or a view of `view_of`, with op, src and op_params."""
+           view_offs: int = 0, unary: str | None = None, nb=None) -> Tensor:
+    """Create an op's result: a new tensor, or a view of `view_of` (strides `nb`, packed if None),
+    with op, src and op_params."""
     if view_of is not None:
-        t = ctx.new_tensor(type, ne, view_src=view_of, view_offs=view_offs)
+        t = ctx.new_tensor(type, ne, view_src=view_of, view_offs=view_offs, nb=nb)
     else:
         t = ctx.new_tensor(type, ne)
     t.op = op
@@ -107,9 +108,8 @@ def new_op(ctx: Context, op: str, type, ne, srcs=(), params=(), view_of: Tensor 
 
 def view_tensor(ctx: Context, a: Tensor) -> Tensor:
     """ggml_view_tensor: same ne/nb as a, named "<a> (view)"."""
-    t = ctx.new_tensor(a.type, a.ne, view_src=a, view_offs=0)
+    t = ctx.new_tensor(a.type, a.ne, view_src=a, view_offs=0, nb=a.nb)
     t.name = f"{a.name} (view)"
-    t.nb = a.nb
     return t
 
 

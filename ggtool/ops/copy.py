@@ -121,10 +121,23 @@ kernel("CONT", n_tasks=ALL)(_forward_dup)
 def cpy(ctx, a, b):
     check(a.nelements == b.nelements, "cpy",
           f"a '{a.name}' {fmt_ne(a)} has {a.nelements} elements, b '{b.name}' {fmt_ne(b)} has {b.nelements}")
+    check(not _overlap(a, b), "cpy",
+          f"a '{a.name}' and b '{b.name}' overlap in '{a.root.name}': GGML's threads would race, and the "
+          "result would depend on the thread count (copy from cont(a) instead)")
     t = view_tensor(ctx, b)
     t.name = f"{b.name} (copy of {a.name})" if b.name else f"{a.name} (copy)"
     t.op, t.src = "CPY", [a, b]
     return t
+
+
+def _overlap(a, b) -> bool:
+    """a and b are views of one tensor whose byte ranges meet, other than as the same layout (which
+    copies every element onto itself)."""
+    if a.root is not b.root:
+        return False
+    if (a.view_offs, a.ne, a.nb, a.type) == (b.view_offs, b.ne, b.nb, b.type):
+        return False
+    return a.view_offs < b.view_offs + b.extent and b.view_offs < a.view_offs + a.extent
 
 
 @function("dup", "ggml_dup(ctx, a)", "a copy of a in a new packed tensor (unnamed)")

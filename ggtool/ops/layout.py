@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import types as T
 from .base import check, fmt_ne, function, new_op, noop_kernel
 
 for _op in ("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"):
@@ -12,12 +13,15 @@ noop_kernel("NONE")
 
 
 def _view(ctx, a, ne, nb, offset: int):
+    """A VIEW of `a`; nb = [nb1, nb2, nb3] (None: packed). Context.new_tensor checks that every
+    element it reaches lies inside a's bytes."""
+    offset = int(offset)
     check(offset >= 0, "view", f"offset must be >= 0, got {offset}")
-    t = new_op(ctx, "VIEW", a.type, ne, (a,), view_of=a, view_offs=int(offset))
-    t.op_params.view(np.uint64)[0] = int(offset)
-    t.name = f"{a.name} (view)"
     if nb is not None:
-        t.nb = (t.nb[0], *[int(x) for x in nb])
+        nb = [T.type_size(a.type), *[int(x) for x in nb]]
+    t = new_op(ctx, "VIEW", a.type, ne, (a,), view_of=a, view_offs=offset, nb=nb)
+    t.op_params.view(np.uint64)[0] = offset
+    t.name = f"{a.name} (view)"
     return t
 
 
@@ -84,7 +88,9 @@ def reshape(ctx, a, b):
 def permute(ctx, a, axis0, axis1, axis2, axis3):
     axes = [int(axis0), int(axis1), int(axis2), int(axis3)]
     check(sorted(axes) == [0, 1, 2, 3], "permute", f"axes {axes} are not a permutation of 0, 1, 2, 3")
-    t = new_op(ctx, "PERMUTE", a.type, a.ne, (a,), params=axes, view_of=a, view_offs=0)
+    # made with a's layout, then permuted (as GGML does): a quantized tensor's permuted ne0 need not hold
+    # whole blocks, and a permutation of a's ne and nb reaches exactly the bytes a reaches
+    t = new_op(ctx, "PERMUTE", a.type, a.ne, (a,), params=axes, view_of=a, view_offs=0, nb=a.nb)
     t.name = f"{a.name} (permuted)"
     ne, nb = [0] * 4, [0] * 4
     for i, p in enumerate(axes):
@@ -95,9 +101,9 @@ def permute(ctx, a, axis0, axis1, axis2, axis3):
 
 @function("transpose", "ggml_transpose(ctx, a)", "swap dims 0 and 1 (a view)")
 def transpose(ctx, a):
-    t = new_op(ctx, "TRANSPOSE", a.type, a.ne, (a,), view_of=a, view_offs=0)
+    t = new_op(ctx, "TRANSPOSE", a.type, a.ne, (a,), view_of=a, view_offs=0, nb=a.nb)
     t.name = f"{a.name} (transposed)"
-    t.ne = (a.ne[1], a.ne[0], a.ne[2], a.ne[3])
+    t.ne = (a.ne[1], a.ne[0], a.ne[2], a.ne[3])   # a permutation of a's layout, as in permute
     t.nb = (a.nb[1], a.nb[0], a.nb[2], a.nb[3])
     return t
 

@@ -22,21 +22,17 @@ def require_type(t: Tensor, op: str, allowed, what: str = "a") -> None:
         raise GGToolError(f"{op}: {what} '{t.name}' is {T.type_name(t.type)}; GGML computes it for {names} only")
 
 
-def _buffer_len(t: Tensor) -> int:
-    return len(t._buffer())
-
-
 def row_walk(t: Tensor) -> np.ndarray:
     """(nrows, ne0) view where row i starts at `data + i*nb1` and holds ne0 packed elements.
 
     Kernels such as sqr, the unaries, scale and clamp address rows this way (ignoring nb0, nb2
     and nb3). For the usual layouts this is the logical tensor; for others it reproduces what
-    GGML reads. A walk that would leave the buffer is refused instead of reading past it.
+    GGML reads. A walk that would leave the tensor's bytes is refused instead of reading there.
     """
     arr = t.data
     nr, ne0, size = t.nrows, t.ne[0], arr.itemsize
-    if nr and ne0 and t.data_offset + (nr - 1) * t.nb[1] + ne0 * size > _buffer_len(t):
-        raise GGToolError(f"tensor '{t.name}': GGML's row walk (row i at i*nb1) would run past its buffer")
+    if nr and ne0:
+        t.check_reach((nr - 1) * t.nb[1] + ne0 * size, "GGML's row walk (row i at i*nb1)")
     return np.lib.stride_tricks.as_strided(arr, shape=(nr, ne0), strides=(t.nb[1], size))
 
 
@@ -51,12 +47,20 @@ def packed_rows(t: Tensor) -> np.ndarray:
 
 def with_shape(arr: np.ndarray, shape) -> np.ndarray | None:
     """`arr` reshaped without copying (so writes land in place), or None if that needs a copy."""
-    v = arr.view()
     try:
-        v.shape = tuple(shape)
-    except AttributeError:
+        return _reshape_in_place(arr, tuple(shape))
+    except (AttributeError, ValueError):
         return None
-    return v
+
+
+if np.lib.NumpyVersion(np.__version__) >= "2.1.0":
+    def _reshape_in_place(arr, shape):
+        return np.reshape(arr, shape, copy=False)
+else:  # numpy < 2.1 has no reshape(copy=False); assigning .shape (deprecated since 2.5) was its way
+    def _reshape_in_place(arr, shape):
+        v = arr.view()
+        v.shape = shape
+        return v
 
 
 def strided_as(t: Tensor, shape) -> np.ndarray:
@@ -68,9 +72,8 @@ def strided_as(t: Tensor, shape) -> np.ndarray:
 def strided_as_strides(t: Tensor, shape, strides) -> np.ndarray:
     arr = t.data
     shape, strides = tuple(shape), tuple(strides)
-    extent = sum((n - 1) * s for n, s in zip(shape, strides)) + arr.itemsize
-    if all(shape) and t.data_offset + extent > _buffer_len(t):
-        raise GGToolError(f"tensor '{t.name}': GGML's walk over its rows would run past its buffer")
+    if all(shape):
+        t.check_reach(sum((n - 1) * s for n, s in zip(shape, strides)) + arr.itemsize, "GGML's walk over the rows")
     return np.lib.stride_tricks.as_strided(arr, shape=shape, strides=strides)
 
 

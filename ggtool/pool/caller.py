@@ -289,7 +289,7 @@ class WorkerPool:
             if i >= 0:
                 node = graph.nodes[i]
                 at = f"while computing node {i} '{node.name}' ({node.op_desc})"
-            raise ComputeError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) {at}") from None
+            raise ComputeError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) {at}{_why(how)}") from None
         except BaseException:
             # KeyboardInterrupt, or a failure of the pool itself: nothing may be left behind
             mv[ABORT] = 1
@@ -371,3 +371,12 @@ class WorkerPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._state.workers)} workers"
         return f"<WorkerPool {self.n_threads} participants, {state}>"
+
+
+def _why(how: str) -> str:
+    """What a worker's death by SIGBUS says of the inputs: a memory-mapped file that shrank."""
+    if "SIGBUS" not in how:
+        return ""
+    from ..gguf_io.storage import shrunk
+
+    return "".join(f": {lost}" for lost in shrunk())

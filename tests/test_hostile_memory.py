@@ -1,0 +1,202 @@
+"""Hostile inputs against memory safety: every tensor access stays inside its tensor, by construction.
+
+One test per class of issue 19's table (views reaching outside, writes through them, rows past the
+end, malformed parameters, overlapping cpy, a mapped file truncated under us), then a seeded random
+corpus of views: each is refused when made, or every byte any op reads or writes through it lies
+inside its root tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import STORIES, fails, ok
+
+import ggtool
+from ggtool.errors import ComputeError, ShapeError
+from ggtool.ops import FUNCTIONS
+from ggtool.shm import list_segments
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy < 2
+    from numpy import byte_bounds
+
+A4x4 = "a=[[1,2,3,4],[5,6,7,8],[9,10,11,12],[13,14,15,16]]"
+
+
+def test_view_with_a_negative_stride_is_refused(run):
+    """It crashed with SIGSEGV (-4000), or read the bytes before the tensor (smaller strides)."""
+    fails(run("compute", "abs(view_3d(a,4,1,8,-4000,16,0))", "--tensor", "a=f32[4,8]"),
+          "line 1, column 5", "nb=[4, -4000, 16, 128]", "between 0 and 2^63-1")
+    fails(run("compute", "abs(view_2d(a,4,2,-16,16))", "--tensor", A4x4), "nb=[4, -16, -32, -32]")
+
+
+def test_view_whose_strides_reach_past_its_tensor_is_refused(run):
+    """GGML asserts only that the packed size fits from the offset: rows 2-3 of this view were read
+    past the end of 'a' (the pool's zeros, or another input), with exit 0."""
+    fails(run("compute", "abs(view_2d(a,4,4,32,0))", "--tensor", A4x4),
+          "byte strides nb [4, 32, 128, 128] at offset 0 reaches byte 112 of 'a', which has 64 bytes")
+    fails(run("compute", "abs(view_4d(a,2,2,2,2,8,16,40,0))", "--tensor", A4x4), "reaches byte 72 of 'a'")
+    # the same strides inside the tensor are a view like any other
+    assert ok(run("compute", "abs(view_2d(a,4,2,32,0))", "--tensor", A4x4)) == "[[1,2,3,4],[9,10,11,12]]\n"
+
+
+def test_view_of_a_view_is_checked_against_the_root(run):
+    fails(run("compute", "abs(view_1d(view_1d(a,8,32),4,24))", "--tensor", A4x4),
+          "view of 16 bytes at offset 56 runs past the end of 'a' (64 bytes)")
+
+
+def test_writes_through_an_outside_view_are_refused_and_leave_every_input_alone(run):
+    """clamp and cpy write into their destination: a negative stride used to overwrite another input."""
+    fails(run("compute", "clamp(view_2d(a,4,2,-16,16), 0, 1)", "--tensor", A4x4, "--tensor", "b=[1,2,3,4]"),
+          "nb=[4, -16")
+    fails(run("compute", "cpy(b, view_2d(a,4,2,48,32))", "--tensor", A4x4, "--tensor", "b=[[0,0,0,0],[0,0,0,0]]"),
+          "reaches byte 96 of 'a'")
+    out = ok(run("compute", "c = cpy(b, view_2d(a,2,2,32,8))", "--output", "c", "--output", "a",
+                 "--tensor", A4x4, "--tensor", "b=[[-1,-2],[-3,-4]]"))
+    assert out == '{"c":[[-1,-2],[-3,-4]],"a":[[1,2,-1,-2],[5,6,7,8],[9,10,-3,-4],[13,14,15,16]]}\n'
+
+
+@pytest.mark.parametrize("program, message", [
+    ("abs(view_1d(a,18446744073709551616,0))", "ne=[18446744073709551616, 1, 1, 1]: up to 4 non-negative dimensions"),
+    ("abs(view_1d(a,4,18446744073709551616))", "view offset 18446744073709551616 into 'a' is not between 0 and 2^63-1"),
+    ("abs(view_2d(a,4,2,9223372036854775808,0))", "nb=[4, 9223372036854775808"),
+    ("abs(view_1d(a,-4,0))", "up to 4 non-negative dimensions"),
+    ("abs(view_1d(a,4,-8))", "offset must be >= 0, got -8"),
+    ("diag_mask_inf(a, 4294967296)", "diag_mask_inf: parameter 0 = 4294967296 does not fit GGML's int32 op_params"),
+    ("new_tensor_4d(f32, 4294967296, 4294967296, 4294967296, 1)", "more than GGML's sizes (int64) can count"),
+])
+def test_parameters_beyond_ggml_integers_are_clear_errors(run, program, message):
+    """They were `Error: internal error: ValueError ...` or OverflowError tracebacks."""
+    fails(run("compute", program, "--tensor", A4x4), message)
+
+
+def test_a_row_walk_that_would_leave_its_tensor_is_refused_at_compute(run):
+    """The view is inside 'a' (rows at nb2 = 16), but GGML's unary kernels step rows by nb1 = 1000:
+    GGML reads whatever lies there; ggtool refuses to."""
+    fails(run("compute", "abs(view_3d(a,4,1,3,1000,16,0))", "--tensor", A4x4),
+          "(ABS) failed: GGML's row walk (row i at i*nb1) of 'a (view)' reaches byte 2016 of 'a', which has 64 bytes")
+
+
+def test_overlapping_cpy_is_refused(run):
+    """Source and destination sharing bytes in different layouts gave different results for 1 and 2
+    threads (GGML's threads race on them)."""
+    for threads in ("1", "2"):
+        fails(run("compute", "cpy(view_1d(a,4000,0), view_1d(a,4000,384))", "--tensor", "a=f32[8000]",
+                  "--threads", threads), "cpy: a 'a (view)' and b 'a (view)' overlap in 'a'", "cont(a)")
+    fails(run("compute", "cpy(transpose(a), a)", "--tensor", A4x4), "overlap in 'a'")
+
+
+def test_cpy_within_one_tensor_without_overlap_is_the_same_for_any_thread_count(run):
+    a = np.arange(8000, dtype=np.float32)
+    want = a.copy()
+    want[4000:] = a[:4000]
+    outs = {ok(run("compute", "c = cpy(view_1d(a,4000,0), view_1d(a,4000,16000))", "--output", "c", "--output", "a",
+                   "--tensor", f"a={a.tolist()}", "--threads", t)) for t in ("1", "2")}
+    assert len(outs) == 1
+    assert np.array_equal(np.array(json.loads(outs.pop())["a"], np.float32), want)
+    assert ok(run("compute", "cpy(a, a)", "--tensor", "a=[1,2]")) == "[1,2]\n"   # each element onto itself
+
+
+# -- a memory-mapped file truncated under us ---------------------------------------------------------------
+_TRUNCATE = textwrap.dedent("""
+    import os, sys
+    import ggtool, ggtool.compute
+    from ggtool.gguf_io import open_gguf, storage
+    from ggtool.ops import FUNCTIONS
+    storage.GUARD_SIGBUS = True           # as the command line sets it
+    path, n, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    g = open_gguf(path)
+    info = g.tensors["token_embd.weight"]
+    ctx = ggtool.Context()
+    w = ctx.new_tensor(info.type, info.ne, storage=g.storage(), data_offset=info.offset)
+    w.name = "w"
+    graph = ctx.new_graph().expand(FUNCTIONS["scale"](ctx, w, 2.0))
+    pool = ggtool.get_pool(n) if n > 1 else None
+    if when == "before-map":
+        os.truncate(path, 4096)
+    else:
+        graph.compute(n, pool=pool)       # every participant has mapped the file
+        os.truncate(path, 4096)
+    if when == "during":                  # as if it shrank between the check and the reads
+        ggtool.compute.verify_maps = lambda graph: None
+    try:
+        graph.compute(n, pool=pool)
+    except ggtool.GGToolError as e:
+        print("Error:", e, file=sys.stderr)
+        sys.exit(1)
+""")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("when", ["before-map", "after-map", "during"])
+def test_a_mapped_file_truncated_while_in_use_is_one_clean_error(tmp_path, threads, when):
+    """It ended the process with SIGBUS (exit 135, nothing said), for any thread count (the caller
+    computes its share too); now one line names the file, and no shared memory is left behind."""
+    path = tmp_path / "model.gguf"
+    shutil.copy(STORIES, path)
+    p = subprocess.Popen([sys.executable, "-c", _TRUNCATE, str(path), str(threads), when],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    if when == "before-map":
+        assert f"needs bytes up to 145248 of {path}, which has 4096" in lines[0]
+    else:
+        assert f"{path} shrank from 1185376 to 4096 bytes while memory-mapped" in lines[0]
+    assert [s for s in list_segments() if s.startswith(f"ggtool_{p.pid}_")] == []
+
+
+# -- a seeded corpus of random views ---------------------------------------------------------------------
+def _random_layout(rng: random.Random):
+    ne = [rng.choice([0, 1, 1, 2, 3, 4, 5, 7, 16]) for _ in range(4)]
+    nb = [rng.choice([-64, -4, 0, 4, 8, 12, 16, 20, 28, 64, 100, 256, 2**62, 2**63, 2**64])
+          for _ in range(3)]
+    offset = rng.choice([0, 0, 4, 8, 12, 60, 124, 128, 252, 2**63, 2**64])
+    return ne, nb, offset
+
+
+def test_random_views_never_reach_outside_their_tensor():
+    """500 seeded views of a 64-float tensor, lying beside another: each is refused with a ShapeError
+    when made, or its bytes, and every byte an op reads or writes through it, are inside its root,
+    and the tensor beside it is never touched."""
+    rng = random.Random(19)
+    outcomes = {"refused": 0, "computed": 0, "refused at compute": 0}
+    for _ in range(500):
+        ctx = ggtool.Context()
+        a = ctx.new_tensor_from(np.arange(64, dtype=np.float32).reshape(4, 16), name="a")
+        b = ctx.new_tensor_from(np.full(16, 7, np.float32), name="b")
+        ne, nb, offset = _random_layout(rng)
+        try:
+            v = FUNCTIONS["view_4d"](ctx, a, *ne, *nb, offset)
+        except ShapeError:
+            outcomes["refused"] += 1
+            continue
+        lo, hi = byte_bounds(a.data)
+        if v.nelements:
+            vlo, vhi = byte_bounds(v.data)
+            assert lo <= vlo and vhi <= hi, (ne, nb, offset)
+        for name, args in (("abs", ()), ("clamp", (0.0, 10.0)), ("sum_rows", ()), ("cont", ())):
+            try:
+                op = FUNCTIONS[name](ctx, v, *args)
+            except ShapeError:   # GGML's own asserts (e.g. packed rows for abs)
+                outcomes["refused"] += 1
+                continue
+            try:
+                ctx.new_graph().expand(op).compute(1)
+            except ComputeError as e:
+                assert "reaches byte" in str(e) or "GGML computes it" in str(e), str(e)
+                outcomes["refused at compute"] += 1
+            else:
+                outcomes["computed"] += 1
+        assert np.array_equal(b.data.ravel(), np.full(16, 7, np.float32)), (ne, nb, offset)
+    assert all(outcomes.values()), outcomes   # the corpus exercises every outcome
