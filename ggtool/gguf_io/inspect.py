@@ -18,6 +18,7 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError, InputError
+from .format import cut_text, quote_text
 from .reader import GGUFFile
 
 SHORT_STR = 60          # characters of a string value shown unless full
@@ -40,27 +41,26 @@ def _value(g: GGUFFile, key: str, full: bool) -> dict:
     n = g.array_len(key)
     if n is not None:
         out["count"] = n
-        if vtype == "ARRAY[ARRAY]" or (len(f.types) > 1 and f.types[1].name == "ARRAY"):
-            items = f.contents() if full else f.contents()[:SHORT_ITEMS]
-        else:
-            items = f.contents() if full else f.contents(slice(0, SHORT_ITEMS))
+        items = f.contents() if full else f.contents(slice(0, SHORT_ITEMS))
         items = [_py(x) for x in items]
         if not full and n > SHORT_ITEMS:
             out["truncated"] = True
         out["value"] = items
         return out
     v = _py(f.contents())
-    if isinstance(v, str) and not full and len(v) > SHORT_STR:
-        out["length"] = len(v)
-        out["truncated"] = True
-        v = v[:SHORT_STR]
+    if isinstance(v, str) and not full:
+        cut, length = cut_text(v, SHORT_STR)
+        if length > SHORT_STR:
+            out["length"] = length
+            out["truncated"] = True
+            v = cut
     out["value"] = v
     return out
 
 
 def _fmt_scalar(v, vtype: str) -> str:
     if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
+        return quote_text(v)
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):

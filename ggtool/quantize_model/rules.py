@@ -33,6 +33,7 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError, InputError, QuantizationError
+from ..gguf_io.format import encode_text
 
 GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -123,7 +124,7 @@ class QuantizePlan:
 # --------------------------------------------------------------------------------------------- GGUF bits
 
 def _gguf_str(s: str) -> bytes:
-    b = s.encode("utf-8")
+    b = encode_text(s)           # a name read escaped is written back as its own bytes
     return struct.pack("<Q", len(b)) + b
 
 
