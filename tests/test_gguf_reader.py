@@ -203,3 +203,29 @@ def test_gguf_py_writer_output_is_accepted(tmp_path):
                    kv={"s": "é", "l": ["a", "b"]})
     g = GGUFFile(p)
     assert g.tensors["x"].ne == (64, 3) and g.metadata("s") == "é"
+
+
+# ------------------------------------------------------------------------------ GGML's limits on write
+
+def test_long_output_name_is_not_written(run, tmp_path):
+    name = "a" * 100
+    out = tmp_path / "o.gguf"
+    fails(run("compute", name, "--tensor", f"{name}=[1,2]", "-o", out), "output name", "100 bytes long")
+    assert not out.exists()
+    ok(run("compute", "a" * 63, "--tensor", f"{'a' * 63}=[1,2]", "-o", out))
+    assert list(GGUFFile(out).tensors) == ["a" * 63]
+
+
+def test_long_npy_name_is_not_quantized(run, tmp_path, npy):
+    p = npy(np.ones((2, 32), np.float32))
+    out = tmp_path / "q.gguf"
+    fails(run("quantize", p, out, "--name", "w" * 64), "is 64 bytes long")
+    assert not out.exists()
+
+
+def test_alignment_over_64k_is_not_written(run, tmp_path):
+    p = _write(tmp_path, gguf([ARCH, kv_u32("general.alignment", 1 << 17)]))
+    assert "alignment 131072" in ok(run("inspect", p))
+    out = tmp_path / "q.gguf"
+    fails(run("quantize", p, out), "alignment 131072 cannot be written")
+    assert not out.exists()

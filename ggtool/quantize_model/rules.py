@@ -33,7 +33,7 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError, InputError, QuantizationError
-from ..gguf_io.format import encode_text
+from ..gguf_io.format import check_tensor_name, check_write_alignment, encode_text
 
 GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -246,6 +246,7 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     n_expert = g.metadata(f"{arch}.expert_count", 0) if arch else 0
     n_expert = int(n_expert) if isinstance(n_expert, (int, np.integer)) else 0
     alignment = g.alignment
+    check_write_alignment(alignment, path)
     drop = {"general.quantization_version", "general.file_type", *_SPLIT_KEYS}
     raw = g.reader.data
     kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
@@ -274,6 +275,7 @@ def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
     if arr.ndim == 0 or arr.ndim > 4 or arr.size == 0:
         raise InputError(f"{path}: expected a non-empty array of 1 to 4 dimensions, got shape {arr.shape}")
     name = opts.name or os.path.splitext(os.path.basename(path))[0] or "tensor"
+    check_tensor_name(name)
     src = T.F16 if arr.dtype == np.float16 else T.F32
     ne = tuple(int(d) for d in arr.shape[::-1])
     dst = opts.type
