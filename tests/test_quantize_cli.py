@@ -247,6 +247,42 @@ def test_nan_is_an_error_and_leaves_nothing(run, tmp_path):
     assert os.listdir(out.parent) == []
 
 
+def test_f16_overflow_in_a_fallback_tensor_is_an_error(run, tmp_path):
+    # rows of 33 cannot be q4_0, so llama.cpp's rules give the tensor f16, where 70000 is inf;
+    # llama-quantize refuses it too ("quantized data validation failed"), ggtool says where
+    w = np.ones((2, 33), np.float32)
+    w[1, 5] = 70000
+    src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": w}, arch="llama")
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, src, out, "-q")
+    assert r.exit_code == 1 and r.stderr.startswith(
+        "Error: tensor 'blk.0.ffn_up.weight': value 70000 at index (1, 5) is too large for f16 (it would be inf); "
+        "its rows of 33 are not a multiple of 32")
+    assert not out.exists()
+    w[1, 5] = 65504                          # the largest f16 is kept
+    src = write_gguf(tmp_path / "max.gguf", {"blk.0.ffn_up.weight": w}, arch="llama")
+    assert run_cli(run, src, out, "-q").exit_code == 0
+    assert float(gguf.GGUFReader(str(out)).tensors[0].data[1, 5]) == 65504
+
+
+def test_nan_in_an_f16_fallback_tensor_is_an_error(run, tmp_path):
+    w = np.ones((2, 33), np.float32)
+    w[0, 7] = -np.inf
+    src = write_gguf(tmp_path / "inf.gguf", {"blk.0.ffn_up.weight": w}, arch="llama")
+    r = run_cli(run, src, tmp_path / "q.gguf", "-q")
+    assert r.stderr == "Error: tensor 'blk.0.ffn_up.weight': cannot quantize -inf at index (0, 7)\n"
+
+
+def test_q4_0_scale_overflow_is_an_error(run, tmp_path):
+    # a block reaching 600000 has the scale 600000/8 = 75000: inf in f16
+    w = np.ones((2, 64), np.float32)
+    w[1, 40] = 600000
+    src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": w}, arch="llama")
+    r = run_cli(run, src, tmp_path / "q.gguf", "-q", "--pure")
+    assert r.stderr == ("Error: tensor 'blk.0.ffn_up.weight': the q4_0 block at index (1, 32) holds values up to "
+                        "600000, too large for its f16 scale (it would be inf)\n")
+
+
 def test_error_mid_file_leaves_no_partial_output(tmp_path, monkeypatch):
     out = tmp_path / "q.gguf"
     calls = []

@@ -164,8 +164,9 @@ def format_describe(d: dict, stats: dict | None = None) -> str:
     lines.append(f"tensors ({d['n_tensors']}):")
     if d["tensors"]:
         head = ["#", "name", "type", "ne", "bytes", "bpw"] + (["offset"] if "offset" in d["tensors"][0] else [])
+        nonfinite = stats is not None and any(s["nonfinite"] for s in stats.values())
         if stats is not None:
-            head += ["min", "max", "mean", "std"]
+            head += ["min", "max", "mean", "std"] + (["nonfinite"] if nonfinite else [])
         rows = [head]
         for i, t in enumerate(d["tensors"]):
             r = [str(i), t["name"], t["type"], "[" + ", ".join(str(n) for n in t["ne"]) + "]",
@@ -175,10 +176,9 @@ def format_describe(d: dict, stats: dict | None = None) -> str:
             if stats is not None:
                 s = stats[t["name"]]
                 r += [_g(s["min"]), _g(s["max"]), _g(s["mean"]), _g(s["std"])]
+                r += [f"{s['nonfinite']:,}"] if nonfinite else []
             rows.append(r)
-        right = {0, 4, 5, 6} | ({7, 8, 9, 10} if stats is not None else set())
-        if "offset" not in d["tensors"][0]:
-            right = {0, 4, 5} | ({6, 7, 8, 9} if stats is not None else set())
+        right = {i for i, h in enumerate(head) if h not in ("name", "type", "ne")}
         lines += ["  " + ln for ln in _table(rows, right)]
     tot = d["totals"]
     lines.append("")
@@ -186,6 +186,9 @@ def format_describe(d: dict, stats: dict | None = None) -> str:
                  f"({tot['bytes'] / 1048576:.2f} MiB), {tot['bpw']:.2f} bits per weight")
     for name, bt in tot["by_type"].items():
         lines.append(f"  {name:<6} {bt['tensors']:5d} tensors  {bt['elements']:>14,} elements  {bt['bytes']:>14,} bytes")
+    if stats is not None and any(s["nonfinite"] for s in stats.values()):
+        n = sum(s["nonfinite"] for s in stats.values())
+        lines.append(f"non-finite values (inf, NaN): {n:,}, left out of min/max/mean/std")
     return "\n".join(lines) + "\n"
 
 
@@ -317,34 +320,49 @@ def open_source(spec: str) -> Source:
 
 
 class _Diff:
+    """Error of B against A. Where A or B holds a non-finite value the two are compared as values:
+    the same inf (or NaN) on both sides is no error, anything else makes every measure infinite;
+    either way the count is reported, never dropped."""
+
     def __init__(self):
         self.se = 0.0      # sum of squared errors
         self.sr = 0.0      # sum of squared reference values
         self.maxabs = 0.0
         self.n = 0
         self.identical = True
-        self.nonfinite = 0
+        self.nonfinite_a = 0
+        self.nonfinite_b = 0
+        self.unmatched = 0  # positions where a non-finite value meets a different value
 
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
         if self.identical and not np.array_equal(a, b, equal_nan=True):
             self.identical = False
+        self.n += a.size
+        fa, fb = np.isfinite(a), np.isfinite(b)
+        if not (fa.all() and fb.all()):
+            self.nonfinite_a += int(a.size - np.count_nonzero(fa))
+            self.nonfinite_b += int(b.size - np.count_nonzero(fb))
+            both = fa & fb
+            same = (a == b) | (np.isnan(a) & np.isnan(b))
+            self.unmatched += int(np.count_nonzero(~both & ~same))
+            a, b = a[both], b[both]
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         d = b64 - a64
-        fin = np.isfinite(d)
-        if not fin.all():
-            self.nonfinite += int(d.size - fin.sum())
-            d, a64 = d[fin], a64[fin]
         self.se += float(np.dot(d, d))
         self.sr += float(np.dot(a64, a64))
         if d.size:
             self.maxabs = max(self.maxabs, float(np.abs(d).max()))
-        self.n += a.size
 
     def result(self) -> dict:
-        nmse = self.se / self.sr if self.sr > 0 else (0.0 if self.se == 0 else math.inf)
-        return {"identical": self.identical, "nmse": nmse, "max_abs_error": self.maxabs,
+        if self.unmatched:
+            nmse = maxabs = rms = math.inf
+        else:
+            nmse = self.se / self.sr if self.sr > 0 else (0.0 if self.se == 0 else math.inf)
+            maxabs, rms = self.maxabs, math.sqrt(self.se / self.n) if self.n else 0.0
+        return {"identical": self.identical, "nmse": nmse, "max_abs_error": maxabs,
                 "rel_rms": math.sqrt(nmse) if math.isfinite(nmse) else math.inf,
-                "rms_error": math.sqrt(self.se / self.n) if self.n else 0.0, "nonfinite": self.nonfinite}
+                "rms_error": rms, "nonfinite": self.nonfinite_a + self.nonfinite_b,
+                "nonfinite_a": self.nonfinite_a, "nonfinite_b": self.nonfinite_b}
 
 
 def _pairs(a: Source, b: Source) -> tuple[list[tuple[str, str]], list[str], list[str]]:
@@ -429,6 +447,10 @@ def format_compare(res: dict) -> str:
     if s["compared"]:
         lines.append(f"overall: nmse {_e(s['nmse'])}, max abs error {_e(s['max_abs_error'])}, "
                      f"rel rms {_e(s['rel_rms'])}")
+    if s.get("nonfinite"):
+        bad = [r["name"] for r in res["tensors"] if r.get("nonfinite")]
+        lines.append(f"non-finite values: {s['nonfinite_a']} in A, {s['nonfinite_b']} in B ({', '.join(bad[:4])}"
+                     f"{', ...' if len(bad) > 4 else ''}); where A and B differ there, the error is infinite")
     for n in res["only_in_a"]:
         lines.append(f"only in A: {n}")
     for n in res["only_in_b"]:
