@@ -26,6 +26,8 @@ llama.cpp's rules for the Q4_0 (or Q8_0) file type:
     gets q8_0 where llama.cpp gives it q8_0 (row not a multiple of 256); where
     llama.cpp writes q6_K, ggtool writes q8_0 and says so (no Q6_K yet)
   - a tensor whose chosen type is its source type is copied byte for byte
+  - a tensor that is already quantized (q4_K, q5_0, ...) is not quantized again
+    unless --allow-requantize (llama-quantize's rule and flag)
   - all metadata is copied; general.file_type and general.quantization_version
     are set as llama.cpp sets them
 Source tensors are dequantized to f32 exactly as gguf-py's dequantize does, so every Q4_0
@@ -41,6 +43,7 @@ Examples:
   $ ggtool quantize model.gguf model-q8_0.gguf --type q8_0 --threads 4
   $ ggtool quantize model.gguf out.gguf --pure --dry-run
   $ ggtool quantize w.npy w-q4_0.gguf --name blk.0.ffn_up.weight
+  $ ggtool quantize model-Q4_K_M.gguf model-q4_0.gguf --allow-requantize
   $ ggtool compare model.gguf model-q4_0.gguf     # what Q4_0 cost, per tensor
 {NUMPY_ORDER_HELP}
 """
@@ -99,16 +102,21 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
               envvar="GGTOOL_THREADS", show_envvar=True, show_default="the number of CPU cores", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
+@click.option("--allow-requantize", is_flag=True,
+              help="Quantize tensors that are already quantized (each rounding adds to the last).")
 @click.option("--name", "tensor_name", metavar="NAME", help="Tensor name for a .npy INPUT (default: its file stem).")
 @click.option("--force", is_flag=True, help="Overwrite an existing OUTPUT.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and sizes (stdout); write nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-tensor lines, no progress bar, no summary.")
 def command(input_path, output_path, qtype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
-            n_threads, tensor_name, force, dry_run, quiet):
+            n_threads, allow_requantize, tensor_name, force, dry_run, quiet):
     opts = QM.QuantizeOptions(type=T.parse_type(qtype), pure=pure, leave_output_tensor=leave_output_tensor,
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
-                              threads=n_threads, name=tensor_name)
-    plan = QM.plan_quantization(input_path, opts)
+                              threads=n_threads, name=tensor_name, allow_requantize=allow_requantize)
+    try:
+        plan = QM.plan_quantization(input_path, opts)
+    except QM.RequantizeError as e:
+        raise GGToolError(f"{e}; --allow-requantize does it anyway") from None
     n = len(plan.tensors)
     if dry_run:
         out = sys.stdout

@@ -67,6 +67,11 @@ class QuantizeOptions:
     token_embedding_type: T.GGMLType | None = None
     threads: int = 1
     name: str | None = None        # tensor name for a .npy input
+    allow_requantize: bool = False  # quantize tensors that are already quantized (llama.cpp's flag)
+
+
+class RequantizeError(QuantizationError):
+    """A tensor that is already quantized would be quantized again, which was not allowed."""
 
 
 @dataclass
@@ -258,11 +263,24 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
                                 n_expert=n_expert)
         if warn:
             warnings.append(warn)
+        if dst != info.type and T.is_quantized(info.type) and not opts.allow_requantize:
+            _refuse_requantize(info, dst, infos, opts, has_output, arch, n_expert)
         if dst != info.type and not Q.can_dequantize(info.type):
             raise QuantizationError(f"tensor '{info.name}': cannot dequantize {T.type_name(info.type)}")
         plans.append(TensorPlan(i, info.name, info.ne, info.type, dst, info.offset, info.n_bytes,
                                 tensor_bytes(dst, info.ne), warn))
     return _layout(QuantizePlan(path, opts, plans, kv, alignment, warnings))
+
+
+def _refuse_requantize(info, dst: T.GGMLType, infos, opts: QuantizeOptions, has_output: bool, arch: str,
+                       n_expert: int) -> None:
+    """llama.cpp's llama_model_quantize refuses to quantize a tensor that is already quantized
+    unless allow_requantize is set: the second rounding adds to the first, silently."""
+    n = sum(1 for t in infos if T.is_quantized(t.type) and choose_type(
+        t.name, t.ne, t.type, opts, has_output=has_output, arch=arch, n_expert=n_expert)[0] != t.type)
+    raise RequantizeError(f"tensor '{info.name}' is already quantized ({T.type_name(info.type)}): requantizing it "
+                          f"to {T.type_name(dst)} adds a second rounding error to the first ({n} tensor"
+                          f"{'s' if n != 1 else ''} of this model would be requantized)")
 
 
 def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
