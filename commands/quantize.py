@@ -15,7 +15,10 @@ from ._common import NUMPY_ORDER_HELP, default_threads, log
 HELP = f"""Quantize a GGUF model (or a .npy array) to a Q4_0 or Q8_0 GGUF file, as llama-quantize does.
 
 INPUT is a GGUF file with tensors of any type gguf-py can dequantize (f32, f16, bf16, q8_0, q4_K,
-q5_0, q6_K, ...) or a .npy float array; OUTPUT is the GGUF file to write.
+q5_0, q6_K, ...) or a .npy float array; OUTPUT is the GGUF file to write. A model split by
+gguf-split is given by its first shard (model-00001-of-00003.gguf): every shard beside it is
+read, and OUTPUT is one file, or with --keep-split as many shards as the input has
+(OUTPUT out.gguf: out-00001-of-00003.gguf, ...), the same tensors in each, as llama-quantize.
 
 \b
 llama.cpp's rules for the Q4_0 (or Q8_0) file type:
@@ -44,6 +47,7 @@ Examples:
   $ ggtool quantize model.gguf out.gguf --pure --dry-run
   $ ggtool quantize w.npy w-q4_0.gguf --name blk.0.ffn_up.weight
   $ ggtool quantize model-Q4_K_M.gguf model-q4_0.gguf --allow-requantize
+  $ ggtool quantize model-f16-00001-of-00003.gguf model-q4_0.gguf --keep-split
   $ ggtool compare model.gguf model-q4_0.gguf     # what Q4_0 cost, per tensor
 {NUMPY_ORDER_HELP}
 """
@@ -102,6 +106,8 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
               envvar="GGTOOL_THREADS", show_envvar=True, show_default="the number of CPU cores", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
+@click.option("--keep-split", is_flag=True,
+              help="A split INPUT gives as many OUTPUT shards, each with the same tensors as its input shard.")
 @click.option("--allow-requantize", is_flag=True,
               help="Quantize tensors that are already quantized (each rounding adds to the last).")
 @click.option("--name", "tensor_name", metavar="NAME", help="Tensor name for a .npy INPUT (default: its file stem).")
@@ -109,10 +115,11 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
 @click.option("--dry-run", is_flag=True, help="Print the plan and sizes (stdout); write nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-tensor lines, no progress bar, no summary.")
 def command(input_path, output_path, qtype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
-            n_threads, allow_requantize, tensor_name, force, dry_run, quiet):
+            n_threads, keep_split, allow_requantize, tensor_name, force, dry_run, quiet):
     opts = QM.QuantizeOptions(type=T.parse_type(qtype), pure=pure, leave_output_tensor=leave_output_tensor,
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
-                              threads=n_threads, name=tensor_name, allow_requantize=allow_requantize)
+                              threads=n_threads, name=tensor_name, allow_requantize=allow_requantize,
+                              keep_split=keep_split)
     try:
         plan = QM.plan_quantization(input_path, opts)
     except QM.RequantizeError as e:
@@ -126,7 +133,7 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
             log(f"Warning: {w}")
         for line in summary_lines(plan):
             out.write(line + "\n")
-        out.write(f"would write {plan.file_bytes():,} bytes to {output_path} (dry run)\n")
+        out.write(f"would write {plan.file_bytes():,} bytes to {', '.join(plan.output_paths(output_path))} (dry run)\n")
         return
     for w in plan.warnings:
         if not quiet:
@@ -156,4 +163,4 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
     if not quiet:
         for line in summary_lines(plan):
             log(line)
-        log(f"wrote {output_path} ({result.file_bytes:,} bytes) in {result.seconds:.2f} s")
+        log(f"wrote {', '.join(result.outputs)} ({result.file_bytes:,} bytes) in {result.seconds:.2f} s")

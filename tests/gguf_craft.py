@@ -51,3 +51,30 @@ def f32_model(names=("a", "b"), n: int = 32, kvs=None) -> bytes:
         blob = np.arange(k, k + n, dtype=np.float32).tobytes()
         data += blob + b"\0" * (-len(blob) % 32)
     return gguf(kvs, infos, data)
+
+
+def split_model(src, out, per_shard: int) -> list:
+    """gguf-split's layout, written with gguf-py's own splitting writer: `src`'s tensors in shards of
+    `per_shard` named OUT-0000k-of-0000n.gguf, its metadata in the first shard only, the split keys
+    (split.no, split.count, split.tensors.count) in every one. Returns the shard paths."""
+    from pathlib import Path
+
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(out), r.fields["general.architecture"].contents(), split_max_tensors=per_shard)
+    w.kv_data[0].clear()      # the writer's own general.architecture: re-added in the source's order
+    for key, f in r.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        vtype = f.types[0]
+        w.add_key_value(key, f.contents(), vtype, f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = Path(out)
+    n = -(-len(r.tensors) // per_shard)
+    return [out.with_name(f"{out.stem}-{k:05d}-of-{n:05d}.gguf") for k in range(1, n + 1)]

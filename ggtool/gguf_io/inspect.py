@@ -87,7 +87,11 @@ def _bpw(nbytes: int, n: int) -> float:
 
 
 def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict:
-    """Everything `inspect` shows, as a JSON-ready dict with stable keys."""
+    """Everything `inspect` shows, as a JSON-ready dict with stable keys. A split model (its first
+    shard) is described whole: `shards` lists its files, each tensor's `shard` is the number in
+    its file's name (offsets are in that file)."""
+    split = len(g.shards) > 1
+    shard_of = {p: k + 1 for k, p in enumerate(g.paths)}
     tensors = []
     by_type: dict[str, dict] = {}
     n_el = n_bytes = 0
@@ -97,6 +101,8 @@ def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict
                "bytes": info.n_bytes, "bpw": _bpw(info.n_bytes, n)}
         if not diffable:
             rec["offset"] = info.offset
+            if split:
+                rec["shard"] = shard_of[info.path]
         tensors.append(rec)
         bt = by_type.setdefault(rec["type"], {"tensors": 0, "elements": 0, "bytes": 0})
         bt["tensors"] += 1
@@ -114,6 +120,12 @@ def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict
     if not diffable:
         d["data_offset"] = g.data_offset
         d["file_size"] = os.path.getsize(g.path)
+    if split:
+        d["shards"] = [{"file": os.path.basename(s.path) if diffable else s.path, "tensors": len(s.own_tensors)}
+                       for s in g.shards]
+        if not diffable:
+            for rec, s in zip(d["shards"], g.shards):
+                rec.update(data_offset=s.data_offset, file_size=os.path.getsize(s.path))
     d.update({"n_kv": len(metadata), "n_tensors": len(tensors), "metadata": metadata, "tensors": tensors,
               "totals": {"tensors": len(tensors), "elements": n_el, "bytes": n_bytes, "bpw": _bpw(n_bytes, n_el),
                          "by_type": dict(sorted(by_type.items()))}})
@@ -153,6 +165,9 @@ def format_describe(d: dict, stats: dict | None = None) -> str:
     lines = [head]
     if "data_offset" in d:
         lines.append(f"data offset {d['data_offset']:,}, file size {d['file_size']:,} bytes")
+    if "shards" in d:
+        lines.append(f"split model, {len(d['shards'])} shards: " +
+                     ", ".join(f"{s['file']} ({s['tensors']} tensors)" for s in d["shards"]))
     lines.append("")
     lines.append(f"metadata ({d['n_kv']}):")
     if d["metadata"]:
@@ -164,6 +179,7 @@ def format_describe(d: dict, stats: dict | None = None) -> str:
     lines.append(f"tensors ({d['n_tensors']}):")
     if d["tensors"]:
         head = ["#", "name", "type", "ne", "bytes", "bpw"] + (["offset"] if "offset" in d["tensors"][0] else [])
+        head += ["shard"] if "shard" in d["tensors"][0] else []
         nonfinite = stats is not None and any(s["nonfinite"] for s in stats.values())
         if stats is not None:
             head += ["min", "max", "mean", "std"] + (["nonfinite"] if nonfinite else [])
@@ -173,6 +189,8 @@ def format_describe(d: dict, stats: dict | None = None) -> str:
                  f"{t['bytes']:,}", f"{t['bpw']:.2f}"]
             if "offset" in t:
                 r.append(f"{t['offset']:,}")
+            if "shard" in t:
+                r.append(str(t["shard"]))
             if stats is not None:
                 s = stats[t["name"]]
                 r += [_g(s["min"]), _g(s["max"]), _g(s["mean"]), _g(s["std"])]

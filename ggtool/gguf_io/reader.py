@@ -474,7 +474,7 @@ class GGUFFile:
             where = f"shard {no + 1} of {count}" if no is not None else f"a shard (no {SPLIT_NO}) of {count}"
             hint = f"; open its first shard, {shard_path(first, 0, count)}" if first is not None else \
                 "; open its first shard"
-            raise InputError(f"{self.path} is {where} of a split model{hint}")
+            raise InputError(f"{self.path}: {where} of a split model{hint}")
         prefix = shard_prefix(self.path, 0, count)
         if prefix is None:
             raise InputError(f"{self.path}: the first of {count} shards of a split model, but its name does not "

@@ -124,9 +124,9 @@ class _Item:
         return 0 if self.t.copy else (self.r1 - self.r0) * self.t.ne[0] * 4
 
 
-def _items(plan: QuantizePlan, piece_bytes: int) -> list[_Item]:
+def _items(tensors: list[TensorPlan], piece_bytes: int) -> list[_Item]:
     items = []
-    for t in plan.tensors:
+    for t in tensors:
         if t.copy:
             items.append(_Item(t))
             continue
@@ -164,7 +164,7 @@ def _copy_tensor(plan: QuantizePlan, t: TensorPlan, out_fd: int, write, on_bytes
         write(a.view(np.uint8).reshape(-1))
         return
     step = 64 << 20
-    with open(plan.input, "rb") as src:
+    with open(t.src_path, "rb") as src:
         done = 0
         while done < t.src_bytes:
             n = min(step, t.src_bytes - done)
@@ -174,7 +174,7 @@ def _copy_tensor(plan: QuantizePlan, t: TensorPlan, out_fd: int, write, on_bytes
                 k = 0
             if k <= 0:   # no copy_file_range here (or it refused): through the memory map
                 from ..gguf_io.storage import FileStorage
-                write(FileStorage(plan.input).array[t.src_offset + done: t.src_offset + done + n])
+                write(FileStorage(t.src_path).array[t.src_offset + done: t.src_offset + done + n])
                 k = n
             done += k
             if on_bytes:
