@@ -12,7 +12,8 @@ from ._common import NUMPY_ORDER_HELP
 
 HELP = f"""Compare the tensors of A and B after dequantizing both to f32: what quantization cost.
 
-A and B are GGUF files (every tensor present in both is compared, by name), or single tensors:
+A and B are GGUF files (every tensor present in both is compared, by name; a split model by its
+first shard), or single tensors:
 FILE.gguf:TENSOR or a .npy file, in any pairing. B is measured against A:
 
 \b

@@ -96,6 +96,12 @@ def test_keep_split_of_a_single_file_writes_one_file(run, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["q.gguf"]
 
 
+def test_compare_reads_every_shard(run, shards):
+    out = ok(run("compare", shards[0], STORIES))
+    assert "48 tensors compared (48 identical), 0 only in A, 0 only in B" in out
+    fails(run("compare", shards[1], STORIES), "shard 2 of 2 of a split model")
+
+
 def test_compute_uses_every_shard(run, shards, tmp_path):
     tokens = "tokens=i32:[1,345,267]"
     a, b = tmp_path / "a.npy", tmp_path / "b.npy"
