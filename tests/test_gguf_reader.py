@@ -185,6 +185,19 @@ def test_non_utf8_names_are_escaped_and_written_back_as_bytes(run, tmp_path):
     assert GGUFFile(q).tensors["blk.0.\\xe9.weight"].type.name == "Q4_0"
 
 
+def test_names_with_control_characters_stay_on_one_line(run, tmp_path):
+    name = b"blk.0\n.weight"
+    p = _write(tmp_path, gguf([ARCH, kv_str(b"k\tey", "multi\nline")], [tensor_info(name, [32, 2])], bytes(256)))
+    out = ok(run("inspect", p))
+    assert "blk.0\\x0a.weight" in out and "k\\x09ey" in out and '"multi\\nline"' in out
+    assert GGUFFile(p).metadata("k\\x09ey") == "multi\nline"     # a value keeps its newline
+    q = tmp_path / "q.gguf"
+    ok(run("quantize", p, q, "-q"))
+    assert gstr(name) in q.read_bytes()
+    p = _write(tmp_path, gguf([ARCH], [tensor_info(name, [32]), tensor_info(name, [32], 0, 128)], bytes(256)))
+    fails(run("inspect", p), "tensor name 'blk.0\\x0a.weight' is used twice")
+
+
 def test_escaped_text_round_trips():
     for raw in (b"plain", b"\xff\xfe\x80", b"a\\xffb", "é".encode(), b"\xc3"):
         s = decode_text(raw)

@@ -49,6 +49,20 @@ def decode_text(raw: bytes) -> str:
         return s
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def decode_name(raw: bytes) -> str:
+    """A key or tensor name: as decode_text, and control characters (a newline) as `\\xNN` too, so
+    that a name always prints on one line (in a table, in an error message)."""
+    s = decode_text(raw)
+    if not _CONTROL.search(s):
+        return s
+    e = EscapedText(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s))
+    e.raw = bytes(raw)
+    return e
+
+
 def encode_text(s: str) -> bytes:
     """The bytes to write for a name read with decode_text (its own bytes if it was escaped)."""
     raw = getattr(s, "raw", None)

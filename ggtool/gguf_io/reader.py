@@ -32,6 +32,7 @@ from .format import (
     SPLIT_COUNT,
     SPLIT_NO,
     SPLIT_TENSORS,
+    decode_name,
     decode_text,
     shard_path,
     shard_prefix,
@@ -204,7 +205,7 @@ class _CheckedReader(GGUFReader):
             offs += 8 + int(klen[0])
             if not len(kdata):
                 raise InputError(f"metadata key {i} (at byte {orig}) is empty")
-            name = decode_text(bytes(kdata))
+            name = decode_name(bytes(kdata))
             if name in self.fields:
                 what = "is gguf-py's name for a header field" if name in _HEADER_FIELDS else "appears twice"
                 raise InputError(f"metadata key '{short(name)}' (at byte {orig}) {what}")
@@ -277,7 +278,7 @@ class _CheckedReader(GGUFReader):
             orig = offs
             name_len, name_data = self._get_str(offs)
             offs += 8 + int(name_len[0])
-            name = decode_text(bytes(name_data))
+            name = decode_name(bytes(name_data))
             if len(name_data) >= MAX_NAME:
                 raise InputError(f"tensor {i} (at byte {orig}): name '{short(name)}' is {len(name_data)} bytes long; "
                                  f"GGML's tensor names have at most {MAX_NAME - 1}")
