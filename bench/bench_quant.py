@@ -135,7 +135,7 @@ def gguf_py_loop(src: str, out: str, pure: bool) -> None:
     reader = gguf.GGUFReader(src)
     t_open = time.perf_counter() - t0
     t0 = time.perf_counter()
-    plan = QM.plan_quantization(src, QM.QuantizeOptions(pure=pure))
+    plan = QM.plan_quantization(src, QM.QuantizeOptions(pure=pure, allow_requantize=True))
     tensors = {t.name: t for t in reader.tensors}
     with open(out, "wb") as f:
         f.write(QM.header_bytes(plan))
@@ -185,7 +185,7 @@ def bench_gemma(repeat: int, llama_python: str | None = None, loop: bool = True)
                                                               "1" if pure else "0", "2"]
         for n in (1, 2):
             cmds[f"ggtool quantize --threads {n}"] = [sys.executable, "-m", "ggtool", "quantize", path, out,
-                                                      "-q", "--threads", str(n)] + (["--pure"] if pure else [])
+                                                      "-q", "--allow-requantize", "--threads", str(n)] + (["--pure"] if pure else [])
         res = {k: [] for k in cmds}
         for _ in range(repeat):
             for k, c in cmds.items():

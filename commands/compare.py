@@ -12,16 +12,20 @@ from ._common import NUMPY_ORDER_HELP
 
 HELP = f"""Compare the tensors of A and B after dequantizing both to f32: what quantization cost.
 
-A and B are GGUF files (every tensor present in both is compared, by name), or single tensors:
+A and B are GGUF files (every tensor present in both is compared, by name; a split model by its
+first shard), or single tensors:
 FILE.gguf:TENSOR or a .npy file, in any pairing. B is measured against A:
 
 \b
   nmse         sum((b - a)^2) / sum(a^2)   (GGML test-backend-ops' measure)
   max_abs_err  max |b - a|
   rel_rms      rms(b - a) / rms(a)
-Tensors only in one file are listed; shape mismatches are reported, not compared.
+Tensors only in one file are listed; shape mismatches are reported, not compared. inf and NaN
+are counted, never dropped: the same value on both sides is no error, any other pairing makes
+the error measures inf.
 --json: {{"a", "b", "tensors": [{{"name", "type_a", "type_b", "ne", "identical", "nmse",
-"max_abs_error", "rel_rms", "rms_error", "nonfinite"}}], "only_in_a", "only_in_b", "summary"}}.
+"max_abs_error", "rel_rms", "rms_error", "nonfinite", "nonfinite_a", "nonfinite_b"}}],
+"only_in_a", "only_in_b", "summary"}}.
 
 \b
 Examples:

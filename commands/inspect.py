@@ -26,6 +26,10 @@ progress bar shows on a terminal).
 "ne", "bytes", "bpw", "offset", "stats"?}}], "totals": {{...}}}} with a trailing newline.
 --diffable: no offsets, file size or directory, keys and tensors sorted by name, so the output of
 two files can be diffed (e.g. a model and its quantized version).
+A model split by gguf-split is described whole from its first shard (model-00001-of-00003.gguf):
+a line (--json: "shards") lists its files, and each tensor's shard is the number in the name of
+the file holding it (its offset is in that file). A later shard alone, or a missing one, is an
+error.
 
 \b
 Examples:

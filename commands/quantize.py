@@ -15,7 +15,10 @@ from ._common import NUMPY_ORDER_HELP, default_threads, log
 HELP = f"""Quantize a GGUF model (or a .npy array) to a Q4_0 or Q8_0 GGUF file, as llama-quantize does.
 
 INPUT is a GGUF file with tensors of any type gguf-py can dequantize (f32, f16, bf16, q8_0, q4_K,
-q5_0, q6_K, ...) or a .npy float array; OUTPUT is the GGUF file to write.
+q5_0, q6_K, ...) or a .npy float array; OUTPUT is the GGUF file to write. A model split by
+gguf-split is given by its first shard (model-00001-of-00003.gguf): every shard beside it is
+read, and OUTPUT is one file, or with --keep-split as many shards as the input has
+(OUTPUT out.gguf: out-00001-of-00003.gguf, ...), the same tensors in each, as llama-quantize.
 
 \b
 llama.cpp's rules for the Q4_0 (or Q8_0) file type:
@@ -26,6 +29,8 @@ llama.cpp's rules for the Q4_0 (or Q8_0) file type:
     gets q8_0 where llama.cpp gives it q8_0 (row not a multiple of 256); where
     llama.cpp writes q6_K, ggtool writes q8_0 and says so (no Q6_K yet)
   - a tensor whose chosen type is its source type is copied byte for byte
+  - a tensor that is already quantized (q4_K, q5_0, ...) is not quantized again
+    unless --allow-requantize (llama-quantize's rule and flag)
   - all metadata is copied; general.file_type and general.quantization_version
     are set as llama.cpp sets them
 Source tensors are dequantized to f32 exactly as gguf-py's dequantize does, so every Q4_0
@@ -41,6 +46,8 @@ Examples:
   $ ggtool quantize model.gguf model-q8_0.gguf --type q8_0 --threads 4
   $ ggtool quantize model.gguf out.gguf --pure --dry-run
   $ ggtool quantize w.npy w-q4_0.gguf --name blk.0.ffn_up.weight
+  $ ggtool quantize model-Q4_K_M.gguf model-q4_0.gguf --allow-requantize
+  $ ggtool quantize model-f16-00001-of-00003.gguf model-q4_0.gguf --keep-split
   $ ggtool compare model.gguf model-q4_0.gguf     # what Q4_0 cost, per tensor
 {NUMPY_ORDER_HELP}
 """
@@ -99,16 +106,24 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
               envvar="GGTOOL_THREADS", show_envvar=True, show_default="the number of CPU cores", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
+@click.option("--keep-split", is_flag=True,
+              help="A split INPUT gives as many OUTPUT shards, each with the same tensors as its input shard.")
+@click.option("--allow-requantize", is_flag=True,
+              help="Quantize tensors that are already quantized (each rounding adds to the last).")
 @click.option("--name", "tensor_name", metavar="NAME", help="Tensor name for a .npy INPUT (default: its file stem).")
 @click.option("--force", is_flag=True, help="Overwrite an existing OUTPUT.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and sizes (stdout); write nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-tensor lines, no progress bar, no summary.")
 def command(input_path, output_path, qtype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
-            n_threads, tensor_name, force, dry_run, quiet):
+            n_threads, keep_split, allow_requantize, tensor_name, force, dry_run, quiet):
     opts = QM.QuantizeOptions(type=T.parse_type(qtype), pure=pure, leave_output_tensor=leave_output_tensor,
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
-                              threads=n_threads, name=tensor_name)
-    plan = QM.plan_quantization(input_path, opts)
+                              threads=n_threads, name=tensor_name, allow_requantize=allow_requantize,
+                              keep_split=keep_split)
+    try:
+        plan = QM.plan_quantization(input_path, opts)
+    except QM.RequantizeError as e:
+        raise GGToolError(f"{e}; --allow-requantize does it anyway") from None
     n = len(plan.tensors)
     if dry_run:
         out = sys.stdout
@@ -118,7 +133,7 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
             log(f"Warning: {w}")
         for line in summary_lines(plan):
             out.write(line + "\n")
-        out.write(f"would write {plan.file_bytes():,} bytes to {output_path} (dry run)\n")
+        out.write(f"would write {plan.file_bytes():,} bytes to {', '.join(plan.output_paths(output_path))} (dry run)\n")
         return
     for w in plan.warnings:
         if not quiet:
@@ -148,4 +163,4 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
     if not quiet:
         for line in summary_lines(plan):
             log(line)
-        log(f"wrote {output_path} ({result.file_bytes:,} bytes) in {result.seconds:.2f} s")
+        log(f"wrote {', '.join(result.outputs)} ({result.file_bytes:,} bytes) in {result.seconds:.2f} s")

@@ -237,3 +237,44 @@ def test_gguf_v1_is_refused_clearly(run, tmp_path):
     p.write_bytes(b"GGUF" + struct.pack("<I", 1) + b"\0" * 64)
     r = run("inspect", p)
     assert r.exit_code == 1 and "GGUF version 1 is not supported" in r.stderr
+
+
+def test_compare_reports_non_finite_values_never_nmse_0(run, tmp_path):
+    # what ggtool quantize wrote before it checked f16 overflow: 70000 became inf
+    x = np.ones((2, 33), np.float32)
+    x[1, 5] = 70000
+    a = write_gguf(tmp_path / "a.gguf", {"w": x, "v": np.ones(32, np.float32)})
+    with np.errstate(over="ignore"):
+        b = write_gguf(tmp_path / "b.gguf", {"w": x.astype(np.float16), "v": np.ones(32, np.float32)})
+    out = run("compare", a, b).stdout
+    assert "overall: nmse inf, max abs error inf, rel rms inf" in out
+    assert "non-finite values: 0 in A, 1 in B (w)" in out
+    d = json.loads(run("compare", a, b, "--json").stdout)
+    w = d["tensors"][0]
+    assert w["nmse"] == "inf" and w["nonfinite"] == 1 and w["nonfinite_b"] == 1 and not w["identical"]
+    assert d["summary"]["nmse"] == "inf" and d["summary"]["nonfinite"] == 1
+    assert d["tensors"][1]["identical"] and d["tensors"][1]["nmse"] == 0
+
+
+def test_compare_same_inf_on_both_sides_is_no_error(run, tmp_path):
+    x = np.ones(32, np.float32)
+    x[3] = np.inf
+    y = x.copy()
+    y[0] = 2
+    a = write_gguf(tmp_path / "a.gguf", {"w": x})
+    b = write_gguf(tmp_path / "b.gguf", {"w": y})
+    d = json.loads(run("compare", a, b, "--json").stdout)
+    w = d["tensors"][0]
+    assert w["nonfinite_a"] == 1 and w["nonfinite_b"] == 1
+    assert w["max_abs_error"] == 1 and w["nmse"] == pytest.approx(1 / 31)
+    assert "non-finite values: 1 in A, 1 in B (w)" in run("compare", a, b).stdout
+
+
+def test_inspect_stats_counts_non_finite_values(run, tmp_path):
+    x = np.ones(32, np.float32)
+    x[[3, 9]] = [np.inf, np.nan]
+    p = write_gguf(tmp_path / "s.gguf", {"w": x, "v": np.ones(32, np.float32)})
+    out = run("inspect", p, "--stats").stdout
+    assert "nonfinite" in out.splitlines()[7]
+    assert "non-finite values (inf, NaN): 2, left out of min/max/mean/std" in out
+    assert "nonfinite" not in run("inspect", STORIES, "--stats").stdout

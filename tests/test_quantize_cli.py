@@ -247,6 +247,63 @@ def test_nan_is_an_error_and_leaves_nothing(run, tmp_path):
     assert os.listdir(out.parent) == []
 
 
+def test_f16_overflow_in_a_fallback_tensor_is_an_error(run, tmp_path):
+    # rows of 33 cannot be q4_0, so llama.cpp's rules give the tensor f16, where 70000 is inf;
+    # llama-quantize refuses it too ("quantized data validation failed"), ggtool says where
+    w = np.ones((2, 33), np.float32)
+    w[1, 5] = 70000
+    src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": w}, arch="llama")
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, src, out, "-q")
+    assert r.exit_code == 1 and r.stderr.startswith(
+        "Error: tensor 'blk.0.ffn_up.weight': value 70000 at index (1, 5) is too large for f16 (it would be inf); "
+        "its rows of 33 are not a multiple of 32")
+    assert not out.exists()
+    w[1, 5] = 65504                          # the largest f16 is kept
+    src = write_gguf(tmp_path / "max.gguf", {"blk.0.ffn_up.weight": w}, arch="llama")
+    assert run_cli(run, src, out, "-q").exit_code == 0
+    assert float(gguf.GGUFReader(str(out)).tensors[0].data[1, 5]) == 65504
+
+
+def test_nan_in_an_f16_fallback_tensor_is_an_error(run, tmp_path):
+    w = np.ones((2, 33), np.float32)
+    w[0, 7] = -np.inf
+    src = write_gguf(tmp_path / "inf.gguf", {"blk.0.ffn_up.weight": w}, arch="llama")
+    r = run_cli(run, src, tmp_path / "q.gguf", "-q")
+    assert r.stderr == "Error: tensor 'blk.0.ffn_up.weight': cannot quantize -inf at index (0, 7)\n"
+
+
+def test_q4_0_scale_overflow_is_an_error(run, tmp_path):
+    # a block reaching 600000 has the scale 600000/8 = 75000: inf in f16
+    w = np.ones((2, 64), np.float32)
+    w[1, 40] = 600000
+    src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": w}, arch="llama")
+    r = run_cli(run, src, tmp_path / "q.gguf", "-q", "--pure")
+    assert r.stderr == ("Error: tensor 'blk.0.ffn_up.weight': the q4_0 block at index (1, 32) holds values up to "
+                        "600000, too large for its f16 scale (it would be inf)\n")
+
+
+def test_requantizing_is_refused_unless_allowed(run, tmp_path):
+    q8 = tmp_path / "q8.gguf"
+    assert run_cli(run, STORIES, q8, "--type", "q8_0", "-q", "-t", "1").exit_code == 0
+    out = tmp_path / "q4.gguf"
+    for extra in ([], ["--dry-run"]):
+        r = run_cli(run, q8, out, *extra)
+        assert r.exit_code == 1 and r.stdout == "" and r.stderr == (
+            "Error: tensor 'token_embd.weight' is already quantized (q8_0): requantizing it to q4_0 adds a second "
+            "rounding error to the first (31 tensors of this model would be requantized); --allow-requantize "
+            "does it anyway\n")
+        assert not out.exists()
+    assert run_cli(run, q8, out, "-q", "-t", "1", "--allow-requantize").exit_code == 0
+    assert types_of(out)["blk.0.attn_q.weight"] == "Q4_0"
+    with pytest.raises(QM.RequantizeError):
+        QM.plan_quantization(q8, QM.QuantizeOptions())
+    # a tensor that keeps its type is copied, not requantized: a Q4_0 file quantizes to Q4_0 freely
+    again = tmp_path / "again.gguf"
+    assert run_cli(run, out, again, "-q", "-t", "1").exit_code == 0
+    assert types_of(again) == types_of(out)
+
+
 def test_error_mid_file_leaves_no_partial_output(tmp_path, monkeypatch):
     out = tmp_path / "q.gguf"
     calls = []
@@ -326,8 +383,8 @@ def test_threads_give_identical_bytes(run, tmp_path):
     src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": big,
                                              "blk.0.ffn_down.weight": (gguf.quants.quantize(big, QT.Q8_0), QT.Q8_0)})
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
-    assert run_cli(run, src, a, "-q", "-t", "1").exit_code == 0
-    r = run_cli(run, src, b, "-q", "-t", "2")
+    assert run_cli(run, src, a, "-q", "-t", "1", "--allow-requantize").exit_code == 0
+    r = run_cli(run, src, b, "-q", "-t", "2", "--allow-requantize")
     assert r.exit_code == 0, r.output
     assert a.read_bytes() == b.read_bytes()
     t = {t.name: t for t in gguf.GGUFReader(str(b)).tensors}

@@ -2,8 +2,10 @@
 
 A package of its own because the engine (context, ops, graph, pool) never parses a file: it only
 sees a tensor's storage.  Everything that knows the GGUF format lives behind this one door (gguf-py's
-reader with every defect turned into one InputError, the map each worker process re-opens by path,
-what `inspect` and `compare` report), so a change of format or of gguf-py is made here alone.
+reader with every defect turned into one InputError, split models opened whole, the map each worker
+process re-opens by path, what `inspect` and `compare` report, and in `.format` GGML's limits and
+the split-model names that the writers share without importing gguf-py), so a change of format or
+of gguf-py is made here alone.
 
 The names below load on first use: a pool worker unpickling a FileStorage imports `.storage` only,
 not the reader, and `.inspect` (which needs the quantizers) is imported only by who uses it.

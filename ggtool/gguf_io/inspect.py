@@ -18,6 +18,7 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError, InputError
+from .format import cut_text, quote_text
 from .reader import GGUFFile
 
 SHORT_STR = 60          # characters of a string value shown unless full
@@ -40,27 +41,26 @@ def _value(g: GGUFFile, key: str, full: bool) -> dict:
     n = g.array_len(key)
     if n is not None:
         out["count"] = n
-        if vtype == "ARRAY[ARRAY]" or (len(f.types) > 1 and f.types[1].name == "ARRAY"):
-            items = f.contents() if full else f.contents()[:SHORT_ITEMS]
-        else:
-            items = f.contents() if full else f.contents(slice(0, SHORT_ITEMS))
+        items = f.contents() if full else f.contents(slice(0, SHORT_ITEMS))
         items = [_py(x) for x in items]
         if not full and n > SHORT_ITEMS:
             out["truncated"] = True
         out["value"] = items
         return out
     v = _py(f.contents())
-    if isinstance(v, str) and not full and len(v) > SHORT_STR:
-        out["length"] = len(v)
-        out["truncated"] = True
-        v = v[:SHORT_STR]
+    if isinstance(v, str) and not full:
+        cut, length = cut_text(v, SHORT_STR)
+        if length > SHORT_STR:
+            out["length"] = length
+            out["truncated"] = True
+            v = cut
     out["value"] = v
     return out
 
 
 def _fmt_scalar(v, vtype: str) -> str:
     if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
+        return quote_text(v)
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
@@ -87,7 +87,11 @@ def _bpw(nbytes: int, n: int) -> float:
 
 
 def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict:
-    """Everything `inspect` shows, as a JSON-ready dict with stable keys."""
+    """Everything `inspect` shows, as a JSON-ready dict with stable keys. A split model (its first
+    shard) is described whole: `shards` lists its files, each tensor's `shard` is the number in
+    its file's name (offsets are in that file)."""
+    split = len(g.shards) > 1
+    shard_of = {p: k + 1 for k, p in enumerate(g.paths)}
     tensors = []
     by_type: dict[str, dict] = {}
     n_el = n_bytes = 0
@@ -97,6 +101,8 @@ def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict
                "bytes": info.n_bytes, "bpw": _bpw(info.n_bytes, n)}
         if not diffable:
             rec["offset"] = info.offset
+            if split:
+                rec["shard"] = shard_of[info.path]
         tensors.append(rec)
         bt = by_type.setdefault(rec["type"], {"tensors": 0, "elements": 0, "bytes": 0})
         bt["tensors"] += 1
@@ -114,6 +120,12 @@ def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict
     if not diffable:
         d["data_offset"] = g.data_offset
         d["file_size"] = os.path.getsize(g.path)
+    if split:
+        d["shards"] = [{"file": os.path.basename(s.path) if diffable else s.path, "tensors": len(s.own_tensors)}
+                       for s in g.shards]
+        if not diffable:
+            for rec, s in zip(d["shards"], g.shards):
+                rec.update(data_offset=s.data_offset, file_size=os.path.getsize(s.path))
     d.update({"n_kv": len(metadata), "n_tensors": len(tensors), "metadata": metadata, "tensors": tensors,
               "totals": {"tensors": len(tensors), "elements": n_el, "bytes": n_bytes, "bpw": _bpw(n_bytes, n_el),
                          "by_type": dict(sorted(by_type.items()))}})
@@ -153,6 +165,9 @@ def format_describe(d: dict, stats: dict | None = None) -> str:
     lines = [head]
     if "data_offset" in d:
         lines.append(f"data offset {d['data_offset']:,}, file size {d['file_size']:,} bytes")
+    if "shards" in d:
+        lines.append(f"split model, {len(d['shards'])} shards: " +
+                     ", ".join(f"{s['file']} ({s['tensors']} tensors)" for s in d["shards"]))
     lines.append("")
     lines.append(f"metadata ({d['n_kv']}):")
     if d["metadata"]:
@@ -164,21 +179,24 @@ def format_describe(d: dict, stats: dict | None = None) -> str:
     lines.append(f"tensors ({d['n_tensors']}):")
     if d["tensors"]:
         head = ["#", "name", "type", "ne", "bytes", "bpw"] + (["offset"] if "offset" in d["tensors"][0] else [])
+        head += ["shard"] if "shard" in d["tensors"][0] else []
+        nonfinite = stats is not None and any(s["nonfinite"] for s in stats.values())
         if stats is not None:
-            head += ["min", "max", "mean", "std"]
+            head += ["min", "max", "mean", "std"] + (["nonfinite"] if nonfinite else [])
         rows = [head]
         for i, t in enumerate(d["tensors"]):
             r = [str(i), t["name"], t["type"], "[" + ", ".join(str(n) for n in t["ne"]) + "]",
                  f"{t['bytes']:,}", f"{t['bpw']:.2f}"]
             if "offset" in t:
                 r.append(f"{t['offset']:,}")
+            if "shard" in t:
+                r.append(str(t["shard"]))
             if stats is not None:
                 s = stats[t["name"]]
                 r += [_g(s["min"]), _g(s["max"]), _g(s["mean"]), _g(s["std"])]
+                r += [f"{s['nonfinite']:,}"] if nonfinite else []
             rows.append(r)
-        right = {0, 4, 5, 6} | ({7, 8, 9, 10} if stats is not None else set())
-        if "offset" not in d["tensors"][0]:
-            right = {0, 4, 5} | ({6, 7, 8, 9} if stats is not None else set())
+        right = {i for i, h in enumerate(head) if h not in ("name", "type", "ne")}
         lines += ["  " + ln for ln in _table(rows, right)]
     tot = d["totals"]
     lines.append("")
@@ -186,6 +204,9 @@ def format_describe(d: dict, stats: dict | None = None) -> str:
                  f"({tot['bytes'] / 1048576:.2f} MiB), {tot['bpw']:.2f} bits per weight")
     for name, bt in tot["by_type"].items():
         lines.append(f"  {name:<6} {bt['tensors']:5d} tensors  {bt['elements']:>14,} elements  {bt['bytes']:>14,} bytes")
+    if stats is not None and any(s["nonfinite"] for s in stats.values()):
+        n = sum(s["nonfinite"] for s in stats.values())
+        lines.append(f"non-finite values (inf, NaN): {n:,}, left out of min/max/mean/std")
     return "\n".join(lines) + "\n"
 
 
@@ -317,34 +338,49 @@ def open_source(spec: str) -> Source:
 
 
 class _Diff:
+    """Error of B against A. Where A or B holds a non-finite value the two are compared as values:
+    the same inf (or NaN) on both sides is no error, anything else makes every measure infinite;
+    either way the count is reported, never dropped."""
+
     def __init__(self):
         self.se = 0.0      # sum of squared errors
         self.sr = 0.0      # sum of squared reference values
         self.maxabs = 0.0
         self.n = 0
         self.identical = True
-        self.nonfinite = 0
+        self.nonfinite_a = 0
+        self.nonfinite_b = 0
+        self.unmatched = 0  # positions where a non-finite value meets a different value
 
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
         if self.identical and not np.array_equal(a, b, equal_nan=True):
             self.identical = False
+        self.n += a.size
+        fa, fb = np.isfinite(a), np.isfinite(b)
+        if not (fa.all() and fb.all()):
+            self.nonfinite_a += int(a.size - np.count_nonzero(fa))
+            self.nonfinite_b += int(b.size - np.count_nonzero(fb))
+            both = fa & fb
+            same = (a == b) | (np.isnan(a) & np.isnan(b))
+            self.unmatched += int(np.count_nonzero(~both & ~same))
+            a, b = a[both], b[both]
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         d = b64 - a64
-        fin = np.isfinite(d)
-        if not fin.all():
-            self.nonfinite += int(d.size - fin.sum())
-            d, a64 = d[fin], a64[fin]
         self.se += float(np.dot(d, d))
         self.sr += float(np.dot(a64, a64))
         if d.size:
             self.maxabs = max(self.maxabs, float(np.abs(d).max()))
-        self.n += a.size
 
     def result(self) -> dict:
-        nmse = self.se / self.sr if self.sr > 0 else (0.0 if self.se == 0 else math.inf)
-        return {"identical": self.identical, "nmse": nmse, "max_abs_error": self.maxabs,
+        if self.unmatched:
+            nmse = maxabs = rms = math.inf
+        else:
+            nmse = self.se / self.sr if self.sr > 0 else (0.0 if self.se == 0 else math.inf)
+            maxabs, rms = self.maxabs, math.sqrt(self.se / self.n) if self.n else 0.0
+        return {"identical": self.identical, "nmse": nmse, "max_abs_error": maxabs,
                 "rel_rms": math.sqrt(nmse) if math.isfinite(nmse) else math.inf,
-                "rms_error": math.sqrt(self.se / self.n) if self.n else 0.0, "nonfinite": self.nonfinite}
+                "rms_error": rms, "nonfinite": self.nonfinite_a + self.nonfinite_b,
+                "nonfinite_a": self.nonfinite_a, "nonfinite_b": self.nonfinite_b}
 
 
 def _pairs(a: Source, b: Source) -> tuple[list[tuple[str, str]], list[str], list[str]]:
@@ -429,6 +465,10 @@ def format_compare(res: dict) -> str:
     if s["compared"]:
         lines.append(f"overall: nmse {_e(s['nmse'])}, max abs error {_e(s['max_abs_error'])}, "
                      f"rel rms {_e(s['rel_rms'])}")
+    if s.get("nonfinite"):
+        bad = [r["name"] for r in res["tensors"] if r.get("nonfinite")]
+        lines.append(f"non-finite values: {s['nonfinite_a']} in A, {s['nonfinite_b']} in B ({', '.join(bad[:4])}"
+                     f"{', ...' if len(bad) > 4 else ''}); where A and B differ there, the error is infinite")
     for n in res["only_in_a"]:
         lines.append(f"only in A: {n}")
     for n in res["only_in_b"]:

@@ -1,11 +1,17 @@
-"""Reading GGUF files through gguf-py, with every defect turned into one clear InputError.
+"""Reading GGUF files through gguf-py, distrusting the file: every defect is one clear InputError.
 
-gguf-py parses; this layer checks what it trusts (type ids, shapes, offsets inside the file) so a
-truncated or lying file is named precisely instead of surfacing as a reshape or index error.
+gguf-py parses; this layer checks what it would trust. Every count (metadata keys, tensors, array
+items, string lengths) is checked against the bytes left in the file before anything is made
+for it, so a 224-byte file cannot ask for gigabytes; sizes and offsets are summed in Python
+integers (a uint64 offset cannot wrap around to the header); GGML's limits are enforced as
+gguf.cpp does (`format`: 4 dimensions, names under 64 bytes, no name twice, a power-of-two
+alignment, each tensor's data right after the one before it); strings that are not UTF-8 are
+read escaped, never raised on. A model split by gguf-split is opened whole from its first shard.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from collections.abc import Sequence
@@ -14,29 +20,61 @@ from functools import cached_property
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
-from gguf.gguf_reader import ReaderField
+from gguf.gguf_reader import ReaderField, ReaderTensor
 
 from .. import types as T
 from ..errors import InputError
+from .format import (
+    MAX_DIMS,
+    MAX_ITEMS,
+    MAX_NAME,
+    MAX_STRING,
+    SPLIT_COUNT,
+    SPLIT_NO,
+    SPLIT_TENSORS,
+    decode_name,
+    decode_text,
+    shard_path,
+    shard_prefix,
+    short,
+)
 from .storage import FileStorage
 
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """One tensor of a GGUF file; `offset` is absolute in the file, `ne` in ggml order."""
+    """One tensor of a GGUF model; `offset` is absolute in `path` (the file, or the shard of a
+    split model, holding its data), `ne` in ggml order."""
 
     name: str
     type: T.GGMLType
     ne: tuple[int, ...]
     offset: int
     n_bytes: int
+    path: str = ""
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.ne, dtype=np.int64))
+        return math.prod(self.ne)
 
 
 _NP_SCALAR = GGUFReader.gguf_scalar_to_np
+_VALUE_TYPES = {int(t) for t in GGUFValueType}
+_HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")   # gguf-py's names, not keys
+_MIN_KV = 8 + 1 + 4 + 1            # key length, a 1-byte key (GGML refuses empty ones), type, a 1-byte value
+_MIN_TENSOR_INFO = 8 + 4 + 4 + 8   # name length (of an empty name), n_dims (0), type, offset
+_INT64_MAX = (1 << 63) - 1
+
+
+class _Field(ReaderField):
+    """A scalar ReaderField whose string value never fails to decode (format.decode_text)."""
+
+    __slots__ = ()
+
+    def contents(self, index_or_slice=slice(None)):
+        if self.types and self.types[0] == GGUFValueType.STRING:
+            return decode_text(bytes(self.parts[-1]))
+        return super().contents(index_or_slice)
 
 
 class _LazyParts(Sequence):
@@ -81,10 +119,10 @@ class _ArrayField(ReaderField):
         idx = range(len(parts.starts))[index_or_slice]
         mm, st, ln = parts.mm, parts.starts, parts.lens
         if isinstance(idx, int):
-            return bytes(mm[int(st[idx]) + 8:int(st[idx]) + 8 + int(ln[idx])]).decode("utf-8")
+            return decode_text(bytes(mm[int(st[idx]) + 8:int(st[idx]) + 8 + int(ln[idx])]))
         out = []
         for a, n in zip(st[idx.start:idx.stop:idx.step].tolist(), ln[idx.start:idx.stop:idx.step].tolist()):
-            out.append(bytes(mm[a + 8:a + 8 + n]).decode("utf-8"))
+            out.append(decode_text(bytes(mm[a + 8:a + 8 + n])))
         return out
 
 
@@ -92,7 +130,8 @@ _U64 = struct.Struct("<Q")
 
 
 def _walk_strings(buf, p: int, n: int, size: int, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Start offsets and lengths of n GGUF strings (u64 length + bytes) stored back to back at p.
+    """Start offsets and lengths of n GGUF strings (u64 length + bytes) stored back to back at p;
+    the caller has checked that n length prefixes fit in the bytes left.
 
     Fast path: read only each length's low byte (a vocabulary's strings are short), then check with
     numpy that every length's 7 high bytes are zero; otherwise walk again reading full u64 lengths."""
@@ -116,18 +155,21 @@ def _walk_strings(buf, p: int, n: int, size: int, name: str) -> tuple[np.ndarray
     try:
         for i in range(n):
             ln = unpack(buf, p)[0]
+            if ln > MAX_STRING:
+                raise InputError(f"string {i} of array '{name}' (at byte {p}) claims {ln} bytes, over GGUF's "
+                                 f"limit of {MAX_STRING}")
             starts[i] = p
             lens[i] = ln
             p += 8 + ln
     except struct.error:
         p = size + 1
     if p > size:
-        raise ValueError(f"string array '{name}' runs past the end of the file")
+        raise InputError(f"string array '{name}' runs past the end of the file")
     return np.array(starts, np.int64), np.array(lens, np.int64)
 
 
 class _CheckedReader(GGUFReader):
-    """GGUFReader that validates every tensor info before gguf-py builds views of it.
+    """GGUFReader that checks before it allocates, and tensor infos before gguf-py trusts them.
 
     Metadata arrays (a vocabulary's 262,144 token strings, scores and types) are not split into one
     numpy view per item as gguf-py does (seconds for a big vocabulary): scalar arrays are one view,
@@ -137,93 +179,186 @@ class _CheckedReader(GGUFReader):
     def _get(self, offset, dtype, count=1, override_order=None):
         end = int(offset) + np.dtype(dtype).itemsize * int(count)
         if end > len(self.data):
-            raise ValueError(f"the file ends at byte {len(self.data)} but the header needs bytes up to {end}")
+            raise InputError(f"truncated: the header needs bytes up to {end} but the file ends at byte "
+                             f"{len(self.data)}")
         return super()._get(offset, dtype, count, override_order)
 
+    def _get_str(self, offset):
+        slen = self._get(offset, np.uint64)
+        if int(slen[0]) > MAX_STRING:
+            raise InputError(f"the string at byte {offset} claims {int(slen[0])} bytes, over GGUF's limit "
+                             f"of {MAX_STRING}")
+        return slen, self._get(offset + 8, np.uint8, slen[0])
+
+    # ---------------------------------------------------------------------------------- metadata
     def _build_fields(self, offs: int, count: int) -> int:
         self.kv_spans: dict[str, tuple[int, int]] = {}
-        mm = self.data
-        size = len(mm)
-        buf = memoryview(mm)
-        for _ in range(int(count)):
+        size = len(self.data)
+        buf = memoryview(self.data)
+        count = int(count)
+        if count > (size - offs) // _MIN_KV:
+            raise InputError(f"the header declares {count} metadata keys, but the {size - offs} bytes after "
+                             f"it hold at most {(size - offs) // _MIN_KV}")
+        for i in range(count):
             orig = offs
-            if offs + 8 > size:
-                raise ValueError(f"metadata runs past the end of the file at byte {offs}")
             klen, kdata = self._get_str(offs)
             offs += 8 + int(klen[0])
+            if not len(kdata):
+                raise InputError(f"metadata key {i} (at byte {orig}) is empty")
+            name = decode_name(bytes(kdata))
+            if name in self.fields:
+                what = "is gguf-py's name for a header field" if name in _HEADER_FIELDS else "appears twice"
+                raise InputError(f"metadata key '{short(name)}' (at byte {orig}) {what}")
             raw_type = self._get(offs, np.uint32)
             offs += 4
-            if offs > size or len(kdata) != int(klen[0]):
-                raise ValueError(f"metadata key at byte {orig} runs past the end of the file")
-            name = bytes(kdata).decode("utf-8")
+            vtype = int(raw_type[0])
             head = [klen, kdata, raw_type]
-            if int(raw_type[0]) == GGUFValueType.ARRAY and offs + 12 <= size and \
-                    int(self._get(offs, np.uint32)[0]) != GGUFValueType.ARRAY:
-                itype_arr = self._get(offs, np.uint32)
-                alen = self._get(offs + 4, np.uint64)
-                n = int(alen[0])
-                itype = GGUFValueType(int(itype_arr[0]))
-                p = offs + 12
-                head += [itype_arr, alen]
-                if itype == GGUFValueType.STRING:
-                    starts, lens = _walk_strings(buf, p, n, size, name)
-                    p = int(starts[-1]) + 8 + int(lens[-1]) if n else p
-                    parts = _LazyParts(head, starts=starts, lens=lens, mm=mm)
-                    data = range(len(head) + 1, len(head) + 2 * n, 2)
-                else:
-                    nptype = _NP_SCALAR.get(itype)
-                    if nptype is None:
-                        raise ValueError(f"Unknown/unhandled field type {itype}")
-                    items = self._get(p, nptype, n)
-                    if len(items) != n:
-                        raise ValueError(f"array '{name}' runs past the end of the file")
-                    p += items.nbytes
-                    parts = _LazyParts(head, items=items)
-                    data = range(len(head), len(head) + n)
-                self._push_field(_ArrayField(orig, name, parts, data, [GGUFValueType.ARRAY, itype]),
-                                 skip_sum=True)
-                offs = p
+            if vtype not in _VALUE_TYPES:
+                raise InputError(f"metadata '{short(name)}' (at byte {orig}) has unknown value type {vtype}")
+            if vtype == GGUFValueType.ARRAY:
+                offs = self._array_field(orig, name, head, offs, buf)
             else:
-                fsize, fparts, fidxs, ftypes = self._get_field_parts(offs, raw_type[0])
-                self._push_field(ReaderField(orig, name, head + fparts, [i + 3 for i in fidxs], ftypes),
-                                 skip_sum=True)
+                fsize, fparts, fidxs, ftypes = self._get_field_parts(offs, vtype)
+                self._push_field(_Field(orig, name, head + fparts, [k + 3 for k in fidxs], ftypes), skip_sum=True)
                 offs += fsize
-            if offs > size:
-                raise ValueError(f"metadata value '{name}' runs past the end of the file")
             self.kv_spans[name] = (orig, offs)
         self.kv_end = offs
         return offs
 
-    def _build_tensors(self, start_offs, fields):
+    def _array_field(self, orig: int, name: str, head: list, offs: int, buf) -> int:
         size = len(self.data)
+        itype_arr = self._get(offs, np.uint32)
+        alen = self._get(offs + 4, np.uint64)
+        itype, n, p = int(itype_arr[0]), int(alen[0]), offs + 12
+        if itype == GGUFValueType.ARRAY:
+            raise InputError(f"metadata '{short(name)}' is an array of arrays, which GGML does not read")
+        if itype not in _VALUE_TYPES:
+            raise InputError(f"metadata '{short(name)}' is an array of unknown value type {itype}")
+        itype = GGUFValueType(itype)
+        item = 8 if itype == GGUFValueType.STRING else np.dtype(_NP_SCALAR[itype]).itemsize
+        if n > min(MAX_ITEMS, (size - p) // item):
+            raise InputError(f"metadata '{short(name)}' declares {n} items, but the {size - p} bytes left in "
+                             f"the file hold at most {(size - p) // item}" +
+                             (f" (GGUF's limit is {MAX_ITEMS})" if n > MAX_ITEMS else ""))
+        head += [itype_arr, alen]
+        if itype == GGUFValueType.STRING:
+            starts, lens = _walk_strings(buf, p, n, size, name)
+            p = int(starts[-1]) + 8 + int(lens[-1]) if n else p
+            parts = _LazyParts(head, starts=starts, lens=lens, mm=self.data)
+            data = range(len(head) + 1, len(head) + 2 * n, 2)
+        else:
+            items = self._get(p, _NP_SCALAR[itype], n)
+            p += items.nbytes
+            parts = _LazyParts(head, items=items)
+            data = range(len(head), len(head) + n)
+        self._push_field(_ArrayField(orig, name, parts, data, [GGUFValueType.ARRAY, itype]), skip_sum=True)
+        return p
+
+    # -------------------------------------------------------------------------------- tensor infos
+    def _check_alignment(self) -> None:
+        f = self.fields.get("general.alignment")
+        if f is None:
+            return
+        if f.types != [GGUFValueType.UINT32]:
+            kind = "/".join(t.name for t in f.types)
+            raise InputError(f"general.alignment must be a UINT32, not {kind}")
+        a = int(f.parts[-1][0])
+        if a == 0 or a & (a - 1):
+            raise InputError(f"general.alignment {a} is not a power of two")
+
+    def _build_tensor_info(self, offs: int, count: int) -> tuple[int, list[ReaderField]]:
+        self._check_alignment()
+        size = len(self.data)
+        count = int(count)
+        if count > (size - offs) // _MIN_TENSOR_INFO:
+            raise InputError(f"the header declares {count} tensors, but the {size - offs} bytes after the "
+                             f"metadata hold at most {(size - offs) // _MIN_TENSOR_INFO} tensor infos")
+        fields, seen = [], {}
+        for i in range(count):
+            orig = offs
+            name_len, name_data = self._get_str(offs)
+            offs += 8 + int(name_len[0])
+            name = decode_name(bytes(name_data))
+            if len(name_data) >= MAX_NAME:
+                raise InputError(f"tensor {i} (at byte {orig}): name '{short(name)}' is {len(name_data)} bytes long; "
+                                 f"GGML's tensor names have at most {MAX_NAME - 1}")
+            if name in seen:
+                raise InputError(f"tensor name '{name}' is used twice (tensors {seen[name]} and {i})")
+            seen[name] = i
+            n_dims = self._get(offs, np.uint32)
+            offs += 4
+            if int(n_dims[0]) > MAX_DIMS:
+                raise InputError(f"tensor '{name}' has {int(n_dims[0])} dimensions; GGML tensors have at "
+                                 f"most {MAX_DIMS}")
+            dims = self._get(offs, np.uint64, n_dims[0])
+            offs += 8 * int(n_dims[0])
+            raw_dtype = self._get(offs, np.uint32)
+            offset_tensor = self._get(offs + 4, np.uint64)
+            offs += 12
+            fields.append(ReaderField(orig, name, [name_len, name_data, n_dims, dims, raw_dtype, offset_tensor],
+                                      [1, 3, 4, 5]))
+        return offs, fields
+
+    def _build_tensors(self, start_offs, fields) -> None:
+        """Every tensor's type, shape, size and place checked (in Python integers), then viewed."""
+        size, start_offs, align = len(self.data), int(start_offs), int(self.alignment)
+        if fields and start_offs > size:
+            raise InputError(f"the tensor data would start at byte {start_offs} (alignment {align}), past the "
+                             f"end of the file ({size} bytes)")
+        tensors, expected = [], 0
         for field in fields:
-            _, name_data, _, dims, raw_dtype, offset_tensor = field.parts
-            name = bytes(name_data).decode("utf-8", errors="replace")
-            raw = int(raw_dtype[0])
+            _, _, _, dims, raw_dtype, offset_tensor = field.parts
+            name, raw = field.name, int(raw_dtype[0])
             try:
                 t = T.GGMLType(raw)
                 blck, tsize = T.block_size(t), T.type_size(t)
             except ValueError:
                 raise InputError(f"tensor '{name}' has unknown or removed GGML type id {raw}") from None
             ne = [int(d) for d in dims]
-            if ne and ne[0] % blck:
-                raise InputError(f"tensor '{name}': {T.type_name(t)} row length {ne[0]} is not a "
+            if any(d > _INT64_MAX for d in ne):
+                raise InputError(f"tensor '{name}': shape {ne} has a dimension beyond GGML's int64")
+            n_el = math.prod(ne)
+            if n_el > _INT64_MAX:
+                raise InputError(f"tensor '{name}': shape {ne} has {n_el} elements, more than GGML's int64 can count")
+            if (ne[0] if ne else 1) % blck:
+                raise InputError(f"tensor '{name}': {T.type_name(t)} row length {ne[0] if ne else 1} is not a "
                                  f"multiple of its block size {blck}")
-            n_bytes = int(np.prod(ne, dtype=np.int64)) * tsize // blck
-            start = int(start_offs + offset_tensor[0])
-            if int(offset_tensor[0]) % self.alignment:
-                raise InputError(f"tensor '{name}': data offset {int(offset_tensor[0])} is not a "
-                                 f"multiple of the alignment {self.alignment}")
+            n_bytes = n_el // blck * tsize
+            off = int(offset_tensor[0])
+            if off % align:
+                raise InputError(f"tensor '{name}': data offset {off} is not a multiple of the alignment {align}")
+            start = start_offs + off
             if start + n_bytes > size:
-                raise InputError(f"tensor '{name}' needs bytes {start}..{start + n_bytes} but the file "
-                                 f"has only {size} bytes (truncated, or its offsets lie)")
-        return super()._build_tensors(start_offs, fields)
+                raise InputError(f"tensor '{name}' needs bytes {start}..{start + n_bytes} but the file has only "
+                                 f"{size} bytes (truncated, or its offsets lie)")
+            if off != expected:
+                raise InputError(f"tensor '{name}': data offset {off}, but GGML expects {expected} (each tensor's "
+                                 f"data follows the one before it, padded to the alignment {align})")
+            expected = off + -(-n_bytes // align) * align
+            tensors.append(ReaderTensor(name=name, tensor_type=t, shape=dims, n_elements=n_el, n_bytes=n_bytes,
+                                        data_offset=start, data=self._view(t, ne, start, n_el, n_bytes), field=field))
+        self.tensors = tensors
+
+    def _view(self, t: T.GGMLType, ne: list[int], start: int, n_el: int, n_bytes: int) -> np.ndarray:
+        """The tensor's data as gguf-py maps it: its numpy dtype, or bytes (..., row bytes)."""
+        shape = tuple(reversed(ne))
+        dtype = T._NP_DTYPES.get(t)
+        if dtype is not None:
+            return self.data[start:start + n_bytes].view(dtype).reshape(shape)
+        if shape:
+            shape = shape[:-1] + (shape[-1] // T.block_size(t) * T.type_size(t),)
+        return self.data[start:start + n_bytes].reshape(shape)
 
 
 class GGUFFile:
-    """A GGUF file opened lazily: header and infos parsed, tensor data memory-mapped, nothing read."""
+    """A GGUF model opened lazily: header and infos parsed, tensor data memory-mapped, nothing read.
 
-    def __init__(self, path: str | os.PathLike):
+    The first shard of a split model (gguf-split: `split.count` > 1) opens every shard beside it,
+    as llama.cpp's loader does: `tensors` are all of them (each with the `path` holding its data),
+    metadata is the first shard's. A later shard alone, a missing one or a mismatched set is an
+    InputError."""
+
+    def __init__(self, path: str | os.PathLike, *, _shard_of: str | None = None):
         self.path = os.fspath(path)
         try:
             size = os.path.getsize(self.path)
@@ -236,17 +371,20 @@ class GGUFFile:
             version = int.from_bytes(f.read(4), "little")
         if magic != b"GGUF":
             raise InputError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-        if version in (1,) or (version & 0xFFFF and version not in (2, 3)):
+        if version and not version & 0xFFFF:
+            raise InputError(f"{self.path}: big-endian GGUF files are not supported")
+        if version not in (2, 3):
             raise InputError(f"{self.path}: GGUF version {version} is not supported (versions 2 and 3 are)")
         try:
             self.reader = _CheckedReader(self.path)
         except InputError as e:
             raise InputError(f"{self.path}: {e}") from None
-        except Exception as e:  # gguf-py reports truncation as reshape/index errors
+        except Exception as e:  # a defect no check above names: still one clean error
             raise InputError(f"{self.path}: truncated or corrupt GGUF header or metadata "
                              f"({type(e).__name__}: {e})") from None
-        if self.reader.byte_order != "I":
-            raise InputError(f"{self.path}: big-endian GGUF files are not supported")
+        self.shards: list[GGUFFile] = [self]
+        if _shard_of is None:
+            self._open_shards()
 
     @property
     def version(self) -> int:
@@ -260,14 +398,26 @@ class GGUFFile:
     def data_offset(self) -> int:
         return int(self.reader.data_offset)
 
+    @property
+    def paths(self) -> list[str]:
+        """Every file of the model: this one, then the other shards of a split model."""
+        return [s.path for s in self.shards]
+
     @cached_property
-    def tensors(self) -> dict[str, TensorInfo]:
-        return {t.name: TensorInfo(t.name, T.GGMLType(int(t.tensor_type)),
-                                   tuple(int(d) for d in t.shape), int(t.data_offset), int(t.n_bytes))
+    def own_tensors(self) -> dict[str, TensorInfo]:
+        """The tensors whose data is in this file (all of them unless the model is split)."""
+        return {t.name: TensorInfo(t.name, t.tensor_type, tuple(int(d) for d in t.shape), int(t.data_offset),
+                                   int(t.n_bytes), self.path)
                 for t in self.reader.tensors}
 
+    @cached_property
+    def tensors(self) -> dict[str, TensorInfo]:
+        if len(self.shards) == 1:
+            return self.own_tensors
+        return {n: i for s in self.shards for n, i in s.own_tensors.items()}
+
     def keys(self) -> list[str]:
-        return [k for k in self.reader.fields if not k.startswith("GGUF.")]
+        return [k for k in self.reader.fields if k not in _HEADER_FIELDS]
 
     def value_type(self, key: str) -> str:
         """The GGUF value type, e.g. 'UINT32', 'STRING' or 'ARRAY[FLOAT32]'."""
@@ -280,9 +430,10 @@ class GGUFFile:
         return len(f.data) if f.types and f.types[0] == GGUFValueType.ARRAY else None
 
     def metadata(self, key: str, default=KeyError):
-        """A metadata value as Python (int, float, bool, str or list); KeyError if absent."""
+        """A metadata value as Python (int, float, bool, str or list); KeyError if absent. A string
+        that is not UTF-8 comes escaped (format.decode_text)."""
         f = self.reader.fields.get(key)
-        if f is None or key.startswith("GGUF."):
+        if f is None or key in _HEADER_FIELDS:
             if default is KeyError:
                 raise KeyError(key)
             return default
@@ -297,26 +448,80 @@ class GGUFFile:
 
     @cached_property
     def _reader_tensors(self) -> dict:
-        return {t.name: t for t in self.reader.tensors}
+        return {t.name: t for s in self.shards for t in s.reader.tensors}
 
-    def storage(self) -> FileStorage:
-        return FileStorage(self.path)
+    def storage(self, name: str | None = None) -> FileStorage:
+        """The file holding tensor `name`'s data (this file if no name is given)."""
+        return FileStorage(self.tensors[name].path if name is not None else self.path)
+
+    # ------------------------------------------------------------------------------ split models
+    def _split_int(self, key: str, default=None) -> int | None:
+        """An integer split key of this file, or `default` if absent."""
+        if key not in self.reader.fields:
+            return default
+        v = self.metadata(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InputError(f"{self.path}: {key} is {v!r}, not a count")
+        return v
+
+    def _open_shards(self) -> None:
+        """The other shards of a split model, checked as llama.cpp's loader checks them."""
+        count = self._split_int(SPLIT_COUNT, 0)
+        if count <= 1:
+            return
+        no = self._split_int(SPLIT_NO)
+        if no != 0:
+            first = shard_prefix(self.path, no, count) if no is not None else None
+            where = f"shard {no + 1} of {count}" if no is not None else f"a shard (no {SPLIT_NO}) of {count}"
+            hint = f"; open its first shard, {shard_path(first, 0, count)}" if first is not None else \
+                "; open its first shard"
+            raise InputError(f"{self.path}: {where} of a split model{hint}")
+        prefix = shard_prefix(self.path, 0, count)
+        if prefix is None:
+            raise InputError(f"{self.path}: the first of {count} shards of a split model, but its name does not "
+                             f"end in -00001-of-{count:05d}.gguf, so the others cannot be found")
+        owner = dict.fromkeys(self.own_tensors, self.path)
+        for k in range(1, count):
+            p = shard_path(prefix, k, count)
+            if not os.path.exists(p):
+                raise InputError(f"{self.path}: shard {k + 1} of {count} of this split model, {p}, is missing")
+            s = GGUFFile(p, _shard_of=self.path)
+            got = (s._split_int(SPLIT_NO, -1), s._split_int(SPLIT_COUNT, -1))
+            if got != (k, count):
+                raise InputError(f"{p}: its {SPLIT_NO} and {SPLIT_COUNT} ({got[0]}, {got[1]}) do not make it "
+                                 f"shard {k + 1} of {count} (expected {k}, {count})")
+            for n in s.own_tensors:
+                if n in owner:
+                    raise InputError(f"tensor '{n}' is in two shards of a split model: {owner[n]} and {p}")
+                owner[n] = p
+            self.shards.append(s)
+        total = self._split_int(SPLIT_TENSORS)
+        if total != len(owner):
+            raise InputError(f"{self.path}: {SPLIT_TENSORS} is {total}, but the {count} shards hold "
+                             f"{len(owner)} tensors")
 
 
-_OPEN: dict[str, tuple[tuple[int, int], GGUFFile]] = {}  # path -> ((mtime, size), file): the newest only
+def _stamp(paths: list[str]) -> tuple:
+    return tuple((st.st_mtime_ns, st.st_size) for st in map(os.stat, paths))
+
+
+_OPEN: dict[str, tuple[tuple, GGUFFile]] = {}  # path -> (every file's (mtime, size), model): the newest only
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Open (or reuse, while the file is unchanged) a GGUF file."""
+    """Open (or reuse, while none of its files has changed) a GGUF model."""
     p = os.path.abspath(os.fspath(path))
     try:
-        st = os.stat(p)
+        os.stat(p)
     except OSError as e:
         raise InputError(f"{os.fspath(path)}: {e.strerror}") from None
-    version = (st.st_mtime_ns, st.st_size)
     cached = _OPEN.get(p)
-    if cached is not None and cached[0] == version:
-        return cached[1]
+    if cached is not None:
+        try:
+            if _stamp(cached[1].paths) == cached[0]:
+                return cached[1]
+        except OSError:
+            pass
     f = GGUFFile(path)
-    _OPEN[p] = (version, f)  # a rewritten file replaces its old reader (and lets its map go)
+    _OPEN[p] = (_stamp(f.paths), f)  # a rewritten file replaces its old reader (and lets its map go)
     return f

@@ -41,7 +41,51 @@ def _convert_rows(x, src_type: T.GGMLType, dst_type: T.GGMLType, name: str, shap
     except QuantizationError as e:
         raise _relocate(e, x if src_type in (T.F32, T.F16) else Q.dequantize(x, src_type), name,
                         shape, r0) from None
-    return np.ascontiguousarray(out).view(np.uint8).tobytes()
+    raw = np.ascontiguousarray(out).view(np.uint8).reshape(-1)
+    _check_written(raw, vals, dst_type, name, shape, r0)
+    return raw.tobytes()
+
+
+# byte offsets of the f16 fields (d, and m where there is one) in a block of the types ggtool writes
+_F16_FIELDS = {T.Q4_0: (0,), T.Q8_0: (0,), T.GGMLType.Q5_0: (0,), T.GGMLType.Q4_1: (0, 2), T.GGMLType.Q5_1: (0, 2)}
+
+
+def _check_written(raw: np.ndarray, vals, dst_type: T.GGMLType, name: str, shape, r0: int) -> None:
+    """ggml_validate_row_data on converted rows before they are written: no inf or NaN in an f32,
+    f16 or bf16 value nor in a block's f16 scale. llama-quantize refuses such a tensor too
+    ("quantized data validation failed"); this error names the tensor, the value and its index:
+    70000 in a row that falls back to f16 (largest 65504), a q4_0 block whose values reach 524288."""
+    per = 1
+    if dst_type == T.F32:
+        bad = ~np.isfinite(raw.view(np.float32))
+    elif dst_type == T.F16:
+        bad = ~np.isfinite(raw.view(np.float16))
+    elif dst_type == T.BF16:
+        bad = (raw.view(np.uint16) & 0x7F80) == 0x7F80
+    elif dst_type in _F16_FIELDS:        # every block size is even: its f16 fields are uint16 columns
+        blocks = raw.view(np.uint16).reshape(-1, T.type_size(dst_type) // 2)
+        bad = np.zeros(len(blocks), bool)
+        for o in _F16_FIELDS[dst_type]:
+            bad |= (blocks[:, o // 2] & 0x7C00) == 0x7C00
+        per = T.block_size(dst_type)
+    else:
+        return
+    if not bad.any():
+        return
+    k = int(np.argmax(bad)) * per
+    vals = np.asarray(vals, dtype=np.float32).reshape(-1)
+    src = vals[k:k + per]
+    fin = np.isfinite(src)
+    if not fin.all():
+        raise _nonfinite(vals, k + int(np.argmin(fin)), name, shape, r0)
+    tn = T.type_name(dst_type)
+    if per == 1:
+        why = (f"; its rows of {shape[-1]} are not a multiple of 32, so llama.cpp's rules give it f16"
+               if dst_type == T.F16 and shape[-1] % 32 else "")
+        raise QuantizationError(f"tensor '{name}': value {float(vals[k]):g} at index {_index(shape, r0, k)} "
+                                f"is too large for {tn} (it would be inf){why}")
+    raise QuantizationError(f"tensor '{name}': the {tn} block at index {_index(shape, r0, k)} holds values up "
+                            f"to {float(np.abs(src).max()):g}, too large for its f16 scale (it would be inf)")
 
 
 def _relocate(e: QuantizationError, vals: np.ndarray, name: str, shape, r0: int) -> QuantizationError:
@@ -51,12 +95,18 @@ def _relocate(e: QuantizationError, vals: np.ndarray, name: str, shape, r0: int)
     fin = np.isfinite(vals.reshape(-1))
     if fin.all():
         return e
-    k = int(np.argmin(fin))
-    v = vals.reshape(-1)[k]
-    flat = r0 * vals.shape[-1] + k
-    idx = tuple(int(i) for i in np.unravel_index(flat, shape))
+    return _nonfinite(vals.reshape(-1), int(np.argmin(fin)), name, shape, r0)
+
+
+def _nonfinite(flat: np.ndarray, k: int, name: str, shape, r0: int) -> QuantizationError:
+    v = flat[k]
     what = "NaN" if np.isnan(v) else ("inf" if v > 0 else "-inf")
-    return QuantizationError(f"tensor '{name}': cannot quantize {what} at index {idx}")
+    return QuantizationError(f"tensor '{name}': cannot quantize {what} at index {_index(shape, r0, k)}")
+
+
+def _index(shape, r0: int, k: int) -> tuple[int, ...]:
+    """Index in the whole tensor (numpy order) of flat element k of the rows from row r0 on."""
+    return tuple(int(i) for i in np.unravel_index(r0 * shape[-1] + k, shape))
 
 
 @dataclass
@@ -74,9 +124,9 @@ class _Item:
         return 0 if self.t.copy else (self.r1 - self.r0) * self.t.ne[0] * 4
 
 
-def _items(plan: QuantizePlan, piece_bytes: int) -> list[_Item]:
+def _items(tensors: list[TensorPlan], piece_bytes: int) -> list[_Item]:
     items = []
-    for t in plan.tensors:
+    for t in tensors:
         if t.copy:
             items.append(_Item(t))
             continue
@@ -114,7 +164,7 @@ def _copy_tensor(plan: QuantizePlan, t: TensorPlan, out_fd: int, write, on_bytes
         write(a.view(np.uint8).reshape(-1))
         return
     step = 64 << 20
-    with open(plan.input, "rb") as src:
+    with open(t.src_path, "rb") as src:
         done = 0
         while done < t.src_bytes:
             n = min(step, t.src_bytes - done)
@@ -124,7 +174,7 @@ def _copy_tensor(plan: QuantizePlan, t: TensorPlan, out_fd: int, write, on_bytes
                 k = 0
             if k <= 0:   # no copy_file_range here (or it refused): through the memory map
                 from ..gguf_io.storage import FileStorage
-                write(FileStorage(plan.input).array[t.src_offset + done: t.src_offset + done + n])
+                write(FileStorage(t.src_path).array[t.src_offset + done: t.src_offset + done + n])
                 k = n
             done += k
             if on_bytes:

@@ -18,7 +18,9 @@ Q4_0/Q8_0 file types) so the file behaves like one `llama-quantize` writes:
 All metadata is copied verbatim (raw key/value bytes), except that ``general.quantization_version``
 (2) and ``general.file_type`` are removed and appended last, as llama.cpp's gguf_set_val does, and
 split keys are dropped.  Tensors are written in llama.cpp's order (non-block tensors by name, then
-``blk.N.*`` by layer and name).
+``blk.N.*`` by layer and name).  A split input (its first shard; the reader opens the rest) gives
+one file, or with keep_split as many files as it has shards, each with its shard's tensors in file
+order and the split keys set again, as llama-quantize --keep-split writes them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,17 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError, InputError, QuantizationError
+from ..gguf_io.format import (
+    SPLIT_COUNT,
+    SPLIT_KEYS,
+    SPLIT_NO,
+    SPLIT_TENSORS,
+    check_tensor_name,
+    check_write_alignment,
+    encode_text,
+    output_prefix,
+    shard_path,
+)
 
 GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -45,7 +58,6 @@ _KQUANTS = {T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, 
 _KQUANT_FALLBACK = {T.GGMLType.Q4_K: T.GGMLType.Q5_0, T.GGMLType.Q5_K: T.GGMLType.Q5_1,
                     T.GGMLType.Q6_K: T.Q8_0, T.GGMLType.Q2_K: T.GGMLType.IQ4_NL,
                     T.GGMLType.Q3_K: T.GGMLType.IQ4_NL}
-_SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 # llama.cpp's llama_model_quantize: substrings / names never quantized
 _SKIP_SUBSTR = ("_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj",
                 "ssm_conv1d.weight", "shortconv.conv.weight", "time_mix_first.weight",
@@ -66,11 +78,18 @@ class QuantizeOptions:
     token_embedding_type: T.GGMLType | None = None
     threads: int = 1
     name: str | None = None        # tensor name for a .npy input
+    allow_requantize: bool = False  # quantize tensors that are already quantized (llama.cpp's flag)
+    keep_split: bool = False       # a split input gives as many output files, the same tensors in each
+
+
+class RequantizeError(QuantizationError):
+    """A tensor that is already quantized would be quantized again, which was not allowed."""
 
 
 @dataclass
 class TensorPlan:
-    """What happens to one tensor. `ne` in ggml order; offsets absolute in the input file."""
+    """What happens to one tensor. `ne` in ggml order; `src_offset` absolute in `src_path` (the
+    input, or the shard of a split input, holding its data)."""
 
     index: int
     name: str
@@ -81,7 +100,8 @@ class TensorPlan:
     src_bytes: int
     dst_bytes: int
     warning: str | None = None
-    dst_offset: int = 0            # relative to the output's data section
+    dst_offset: int = 0            # relative to its output file's data section
+    src_path: str = ""
 
     @property
     def copy(self) -> bool:
@@ -93,14 +113,48 @@ class TensorPlan:
 
 
 @dataclass
+class OutputFile:
+    """One file a plan writes: metadata as (key, raw key/value bytes) in order, tensors in order."""
+
+    kv: list[tuple[str, bytes]]
+    tensors: list[TensorPlan]
+    alignment: int
+
+    def size(self) -> int:
+        end = _pad(self.tensors[-1].dst_offset + self.tensors[-1].dst_bytes, self.alignment) if self.tensors else 0
+        return len(header_bytes(self)) + end
+
+
+@dataclass
 class QuantizePlan:
+    """One output file, or (keep_split with a split input) one per input shard."""
+
     input: str
     options: QuantizeOptions
-    tensors: list[TensorPlan]
-    kv: list[tuple[str, bytes]]          # (key, raw key/value bytes) in output order
-    alignment: int
+    files: list[OutputFile]
     warnings: list[str] = field(default_factory=list)
     npy: np.ndarray | None = None        # the array of a .npy input
+    sources: list[str] = field(default_factory=list)   # every input file (the shards of a split model)
+
+    @property
+    def tensors(self) -> list[TensorPlan]:
+        return [t for f in self.files for t in f.tensors]
+
+    @property
+    def kv(self) -> list[tuple[str, bytes]]:
+        return self.files[0].kv
+
+    @property
+    def alignment(self) -> int:
+        return self.files[0].alignment
+
+    def output_paths(self, output: str) -> list[str]:
+        """OUTPUT itself, or the shards named after it (llama-quantize --keep-split's names)."""
+        n = len(self.files)
+        if n == 1:
+            return [output]
+        prefix = output_prefix(output, n)
+        return [shard_path(prefix, k, n) for k in range(n)]
 
     @property
     def src_bytes(self) -> int:
@@ -115,20 +169,26 @@ class QuantizePlan:
         return sum(t.n_elements for t in self.tensors)
 
     def file_bytes(self) -> int:
-        """Size of the output file."""
-        end = _pad(self.tensors[-1].dst_offset + self.tensors[-1].dst_bytes, self.alignment) if self.tensors else 0
-        return len(header_bytes(self)) + end
+        """Size of the output (all its files)."""
+        return sum(f.size() for f in self.files)
 
 
 # --------------------------------------------------------------------------------------------- GGUF bits
 
 def _gguf_str(s: str) -> bytes:
-    b = s.encode("utf-8")
+    b = encode_text(s)           # a name read escaped is written back as its own bytes
     return struct.pack("<Q", len(b)) + b
 
 
 def _kv_u32(key: str, value: int) -> bytes:
     return _gguf_str(key) + struct.pack("<II", 4, value)   # GGUFValueType.UINT32 = 4
+
+
+def _split_kv(no: int, count: int, n_tensors: int) -> list[tuple[str, bytes]]:
+    """llama-quantize's split keys: split.no and split.count as UINT16 (2), split.tensors.count INT32 (5)."""
+    return [(SPLIT_NO, _gguf_str(SPLIT_NO) + struct.pack("<IH", 2, no)),
+            (SPLIT_COUNT, _gguf_str(SPLIT_COUNT) + struct.pack("<IH", 2, count)),
+            (SPLIT_TENSORS, _gguf_str(SPLIT_TENSORS) + struct.pack("<Ii", 5, n_tensors))]
 
 
 def _pad(n: int, align: int) -> int:
@@ -238,29 +298,52 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
         return _plan_npy(path, opts)
     from ..gguf_io import GGUFFile  # gguf-py loads only for a GGUF input
 
-    g = GGUFFile(path)
+    g = GGUFFile(path)                 # the first shard of a split model opens them all
     infos = list(g.tensors.values())
     has_output = "output.weight" in g.tensors
     arch = str(g.metadata("general.architecture", ""))
     n_expert = g.metadata(f"{arch}.expert_count", 0) if arch else 0
     n_expert = int(n_expert) if isinstance(n_expert, (int, np.integer)) else 0
     alignment = g.alignment
-    drop = {"general.quantization_version", "general.file_type", *_SPLIT_KEYS}
+    check_write_alignment(alignment, path)
+    drop = {"general.quantization_version", "general.file_type", *SPLIT_KEYS}
     raw = g.reader.data
     kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
     kv.append(("general.quantization_version", _kv_u32("general.quantization_version", GGML_QNT_VERSION)))
     kv.append(("general.file_type", _kv_u32("general.file_type", FILE_TYPES[opts.type])))
-    plans, warnings = [], []
-    for i, info in enumerate(sorted(infos, key=lambda t: _llama_order(t.name))):
+    plans, warnings = {}, []
+    for info in sorted(infos, key=lambda t: _llama_order(t.name)):
         dst, warn = choose_type(info.name, info.ne, info.type, opts, has_output=has_output, arch=arch,
                                 n_expert=n_expert)
         if warn:
             warnings.append(warn)
+        if dst != info.type and T.is_quantized(info.type) and not opts.allow_requantize:
+            _refuse_requantize(info, dst, infos, opts, has_output, arch, n_expert)
         if dst != info.type and not Q.can_dequantize(info.type):
             raise QuantizationError(f"tensor '{info.name}': cannot dequantize {T.type_name(info.type)}")
-        plans.append(TensorPlan(i, info.name, info.ne, info.type, dst, info.offset, info.n_bytes,
-                                tensor_bytes(dst, info.ne), warn))
-    return _layout(QuantizePlan(path, opts, plans, kv, alignment, warnings))
+        plans[info.name] = TensorPlan(0, info.name, info.ne, info.type, dst, info.offset, info.n_bytes,
+                                      tensor_bytes(dst, info.ne), warn, src_path=info.path)
+    if opts.keep_split and len(g.shards) > 1:
+        # llama-quantize --keep-split: shard k gets shard k's tensors in file order; the first
+        # carries the metadata, every one the split keys (later shards: the default alignment)
+        n = len(g.shards)
+        files = [OutputFile((kv if k == 0 else []) + _split_kv(k, n, len(plans)),
+                            [plans[name] for name in s.own_tensors], alignment if k == 0 else GGUF_DEFAULT_ALIGNMENT)
+                 for k, s in enumerate(g.shards)]
+    else:
+        files = [OutputFile(kv, list(plans.values()), alignment)]
+    return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths))
+
+
+def _refuse_requantize(info, dst: T.GGMLType, infos, opts: QuantizeOptions, has_output: bool, arch: str,
+                       n_expert: int) -> None:
+    """llama.cpp's llama_model_quantize refuses to quantize a tensor that is already quantized
+    unless allow_requantize is set: the second rounding adds to the first, silently."""
+    n = sum(1 for t in infos if T.is_quantized(t.type) and choose_type(
+        t.name, t.ne, t.type, opts, has_output=has_output, arch=arch, n_expert=n_expert)[0] != t.type)
+    raise RequantizeError(f"tensor '{info.name}' is already quantized ({T.type_name(info.type)}): requantizing it "
+                          f"to {T.type_name(dst)} adds a second rounding error to the first ({n} tensor"
+                          f"{'s' if n != 1 else ''} of this model would be requantized)")
 
 
 def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
@@ -273,6 +356,7 @@ def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
     if arr.ndim == 0 or arr.ndim > 4 or arr.size == 0:
         raise InputError(f"{path}: expected a non-empty array of 1 to 4 dimensions, got shape {arr.shape}")
     name = opts.name or os.path.splitext(os.path.basename(path))[0] or "tensor"
+    check_tensor_name(name)
     src = T.F16 if arr.dtype == np.float16 else T.F32
     ne = tuple(int(d) for d in arr.shape[::-1])
     dst = opts.type
@@ -281,28 +365,34 @@ def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
         dst = T.F16
         warn = f"{name}: row length {ne[0]} is not a multiple of 32, writing f16"
     src_bytes = int(arr.size) * (2 if src == T.F16 else 4)
-    tp = TensorPlan(0, name, ne, src, dst, 0, src_bytes, tensor_bytes(dst, ne), warn)
+    tp = TensorPlan(0, name, ne, src, dst, 0, src_bytes, tensor_bytes(dst, ne), warn, src_path=path)
     kv = [("general.quantization_version", _kv_u32("general.quantization_version", GGML_QNT_VERSION)),
           ("general.file_type", _kv_u32("general.file_type", FILE_TYPES[opts.type]))]
-    plan = QuantizePlan(path, opts, [tp], kv, GGUF_DEFAULT_ALIGNMENT, [warn] if warn else [], npy=arr)
+    plan = QuantizePlan(path, opts, [OutputFile(kv, [tp], GGUF_DEFAULT_ALIGNMENT)], [warn] if warn else [], npy=arr,
+                        sources=[path])
     return _layout(plan)
 
 
 def _layout(plan: QuantizePlan) -> QuantizePlan:
-    off = 0
-    for t in plan.tensors:
-        t.dst_offset = off
-        off = _pad(off + t.dst_bytes, plan.alignment)
+    """Tensor indices in write order, data offsets within each file."""
+    for i, t in enumerate(plan.tensors):
+        t.index = i
+    for f in plan.files:
+        off = 0
+        for t in f.tensors:
+            t.dst_offset = off
+            off = _pad(off + t.dst_bytes, f.alignment)
     return plan
 
 
-def header_bytes(plan: QuantizePlan) -> bytes:
-    """GGUF v3 header, metadata and tensor infos, padded to the alignment."""
-    parts = [b"GGUF", struct.pack("<IQQ", 3, len(plan.tensors), len(plan.kv))]
-    parts += [raw for _, raw in plan.kv]
-    for t in plan.tensors:
+def header_bytes(out: OutputFile | QuantizePlan) -> bytes:
+    """GGUF v3 header, metadata and tensor infos of one output file (a plan's first), padded."""
+    f = out.files[0] if isinstance(out, QuantizePlan) else out
+    parts = [b"GGUF", struct.pack("<IQQ", 3, len(f.tensors), len(f.kv))]
+    parts += [raw for _, raw in f.kv]
+    for t in f.tensors:
         parts.append(_gguf_str(t.name))
         parts.append(struct.pack("<I", len(t.ne)) + struct.pack(f"<{len(t.ne)}Q", *t.ne))
         parts.append(struct.pack("<IQ", int(t.dst_type), t.dst_offset))
     head = b"".join(parts)
-    return head + b"\0" * (_pad(len(head), plan.alignment) - len(head))
+    return head + b"\0" * (_pad(len(head), f.alignment) - len(head))

@@ -169,7 +169,8 @@ class Inputs:
 
     def files(self) -> list[str]:
         """Absolute paths of every file the inputs read (to refuse overwriting one)."""
-        paths = [g.path for g in self.ggufs] + [p.source.path for p in self._prepared.values() if p.source.path]
+        paths = [f for g in self.ggufs for f in g.paths] + [p.source.path for p in self._prepared.values() if p.source.path]
+        paths += [f for p in self._prepared.values() if p.gguf is not None for f in p.gguf.paths]
         return [os.path.realpath(p) for p in paths]
 
     def quantized(self) -> bool:
@@ -255,7 +256,7 @@ class Inputs:
         s = p.source
         if p.info is not None and p.type == p.info.type and p.type in MMAP_TYPES:
             self._log(s.name, f"{s.path}:{s.tensor} ({T.type_name(p.type)}, memory-mapped)")
-            return ctx.new_tensor(p.type, p.ne, storage=p.gguf.storage(), data_offset=p.info.offset)
+            return ctx.new_tensor(p.type, p.ne, storage=p.gguf.storage(p.info.name), data_offset=p.info.offset)
         if not self.read_data:
             return ctx.new_tensor(p.type, p.ne, storage=NO_DATA)
         if s.kind == "shape":

@@ -124,13 +124,18 @@ def write_npy(f, arr: np.ndarray) -> None:
 
 def write_gguf(path: str, tensors: list[tuple[str, Tensor]], metadata: dict[str, str] | None = None) -> None:
     """All `tensors` under their names, in their own types (quantized ones as raw blocks, bf16 as
-    its bits)."""
+    its bits). GGML's limits hold for what is written as for what is read: names of at most 63
+    bytes, each once (a tensor has at most 4 dimensions by construction)."""
     from gguf import GGUFWriter
+
+    from ..gguf_io.format import check_tensor_name
 
     names = [n for n, _ in tensors]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise GGToolError(f"cannot write GGUF: output name {dup[0]!r} is used twice")
+    for n in names:
+        check_tensor_name(n, "cannot write GGUF: output name")
     w = GGUFWriter(path, GGUF_ARCH)
     try:
         for key, value in (metadata or {}).items():
