@@ -66,7 +66,7 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
         raise click.UsageError("--json and --dot are alternatives; pick one")
     source, filename = read_program(program, program_file)
     inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=False)
-    built = build_graph(source, filename, inputs, Context(), output_names, graph_size)
+    built = build_graph(source, filename, inputs, Context(measure=True), output_names, graph_size)
     warn_unused(inputs)
     sel = select(built.graph, only)
     if as_json:

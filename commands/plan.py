@@ -70,7 +70,7 @@ More:
 def command(program, program_file, output_names, graph_size, tensor_sources, gguf_files, n_threads, as_json):
     source, filename = read_program(program, program_file)
     inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=False)
-    built = build_graph(source, filename, inputs, Context(), output_names, graph_size)
+    built = build_graph(source, filename, inputs, Context(measure=True), output_names, graph_size)
     warn_unused(inputs)
     plan = make_plan(built.graph, n_threads or default_threads())
     plan.allocate(built.graph, [t for _, t in built.outputs])

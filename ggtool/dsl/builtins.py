@@ -245,12 +245,15 @@ def _arange_i32(ev, *args):
         _integer(a, i, "arange_i32")
     if len(args) == 3 and args[2] == 0:
         raise BuiltinError("arange_i32(): step must not be zero", 2)
-    values = np.arange(*args, dtype=np.int64)
-    if values.size and (values.min() < -2**31 or values.max() >= 2**31):
-        raise BuiltinError("arange_i32(): values do not fit in int32")
-    if values.size == 0:
+    r = range(*args)
+    if not r:
         raise BuiltinError(f"arange_i32{tuple(args)} is empty")
-    return ev.ctx.new_tensor_from(values.astype(np.int32))
+    if min(r[0], r[-1]) < -2**31 or max(r[0], r[-1]) >= 2**31:
+        raise BuiltinError("arange_i32(): values do not fit in int32")
+    t = ev.ctx.new_tensor(T.I32, [len(r)])
+    if t.has_data:   # a measuring context (plan, inspect-graph) lays the tensor out, no values
+        t.set_data(np.arange(r.start, r.stop, r.step, dtype=np.int32))
+    return t
 
 
 @builtin("causal_mask(n_tokens, n_swa, n_kv)",
@@ -266,12 +269,17 @@ def _causal_mask(ev, n_tokens, n_swa=0, n_kv=None):
         raise BuiltinError(f"causal_mask(): n_swa must be 0 (no window) or positive, got {n_swa}", 1)
     if n_kv < n_tokens:
         raise BuiltinError(f"causal_mask(): n_kv ({n_kv}) must be at least n_tokens ({n_tokens})", 2)
-    i = np.arange(n_tokens)[:, None]   # query (row: ne1)
-    j = np.arange(n_kv)[None, :]       # key (column: ne0)
-    visible = j <= i
-    if n_swa > 0:
-        visible &= i - j < n_swa
-    return ev.ctx.new_tensor_from(np.where(visible, np.float32(0), np.float32(-np.inf)))
+    t = ev.ctx.new_tensor(T.F32, [n_kv, n_tokens])
+    if t.has_data:   # a measuring context (plan, inspect-graph) lays the tensor out, no values
+        j = np.arange(n_kv)[None, :]       # key (column: ne0)
+        rows = t.data.reshape(n_tokens, n_kv)
+        for i0 in range(0, n_tokens, 256):   # a block of query rows (ne1) at a time: no n² temporaries
+            i = np.arange(i0, min(i0 + 256, n_tokens))[:, None]
+            visible = j <= i
+            if n_swa > 0:
+                visible &= i - j < n_swa
+            rows[i0:i0 + len(i)] = np.where(visible, np.float32(0), np.float32(-np.inf))
+    return t
 
 
 # -- values -----------------------------------------------------------------------------------
