@@ -17,6 +17,7 @@ import numpy as np
 from .. import types as T
 from ..errors import GGToolError
 from ..tensor import Tensor
+from .limits import INT64_RANGE, int_out_of_range, shown
 
 _MISSING = object()
 
@@ -67,7 +68,7 @@ def describe(v) -> str:
     if v is None:
         return "null"
     if isinstance(v, str):
-        return f"string {v!r}"
+        return f"string {shown(v)}"
     return f"{type(v).__name__} {v!r}"
 
 
@@ -150,13 +151,16 @@ def meta_value(v, key: str):
 def _meta(ev, key, default=_MISSING):
     if not isinstance(key, str):
         raise BuiltinError(f"meta() needs a string key, got {describe(key)}", 0)
+    if key in ev.meta_values:
+        return ev.meta_values[key]
     try:
         v = ev.env.metadata(key)
     except KeyError:
         if default is _MISSING:
-            raise BuiltinError(f"no metadata '{key}' (give a default: meta(\"{key}\", value))", 0) from None
+            raise BuiltinError(f"no metadata {shown(key)} (give a default: meta(\"{key}\", value))", 0) from None
         return default
-    return meta_value(v, key)
+    v = ev.meta_values[key] = meta_value(v, key)
+    return v
 
 
 @builtin("ne(t, i)", "t->ne[i]: the size of dimension i (GGML order, 0 innermost)")
@@ -316,13 +320,18 @@ _math("abs", abs, "absolute value of a number (of a tensor: GGML's abs op)")
 @builtin("int(x)", "a number truncated toward zero (or a numeric string parsed)", scalar_math=True)
 def _int(ev, x):
     if isinstance(x, str):
+        digits = x.strip().lstrip("+-").lstrip("0")
+        if len(digits) > 19 and digits.isdigit():   # int() of thousands of digits is slow, or refused
+            raise BuiltinError(f"int(): {shown(x)} is out of range ({INT64_RANGE})", 0)
         try:
-            return int(x.strip())
+            x = int(x.strip())
         except ValueError:
-            raise BuiltinError(f"int(): {x!r} is not an integer", 0) from None
+            raise BuiltinError(f"int(): {shown(x)} is not an integer", 0) from None
     x = _number(x, 0, "int")
     if isinstance(x, float) and not math.isfinite(x):
         raise BuiltinError(f"int(): cannot convert {x!r}", 0)
+    if int_out_of_range(int(x)):
+        raise BuiltinError(f"int(): {x!r} is out of range ({INT64_RANGE})", 0)
     return int(x)
 
 
@@ -330,9 +339,12 @@ def _int(ev, x):
 def _float(ev, x):
     if isinstance(x, str):
         try:
-            return float(x.strip())
+            v = float(x.strip())
         except ValueError:
-            raise BuiltinError(f"float(): {x!r} is not a number", 0) from None
+            raise BuiltinError(f"float(): {shown(x)} is not a number", 0) from None
+        if math.isinf(v) and "inf" not in x.lower():
+            raise BuiltinError(f"float(): {shown(x)} is too large for a float (it would be {v!r})", 0)
+        return v
     return float(_number(x, 0, "float"))
 
 
