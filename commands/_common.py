@@ -17,6 +17,7 @@ from ggtool.errors import GGToolError
 from ggtool.tensor_io import Inputs, SourceSyntaxError, parse_tensor_option
 
 THREADS_ENV = "GGTOOL_THREADS"
+UNUSED_SHOWN = 5   # unused GGUF tensors a warning names
 
 NUMPY_ORDER_HELP = """\
 Shapes: numpy shape (d3, d2, d1, d0) is GGML ne = [d0, d1, d2, d3]. The JSON [[1,2,3],[4,5,6]] is
@@ -170,8 +171,18 @@ def build_graph(source: str, filename: str, inputs: Inputs, ctx: Context, output
 
 
 def warn_unused(inputs: Inputs) -> None:
+    """A warning for each --tensor the program never used, and one line for the weights of the
+    --gguf files it never used (a program for another model would otherwise pass quietly)."""
     for name in inputs.unused():
         log(f"Warning: --tensor {name} is not used by the program")
+    weights = inputs.unused_weights()
+    if weights:
+        files = sorted({path for _, path in weights})
+        where = f"--gguf {files[0]}" if len(files) == 1 else "the --gguf files"
+        names = ", ".join(n for n, _ in weights[:UNUSED_SHOWN])
+        more = f", ... ({len(weights) - UNUSED_SHOWN} more)" if len(weights) > UNUSED_SHOWN else ""
+        s = "" if len(weights) == 1 else "s"
+        log(f"Warning: the program does not use {len(weights)} tensor{s} of {where}: {names}{more}")
 
 
 def open_pool(n_threads: int):

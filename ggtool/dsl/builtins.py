@@ -163,6 +163,25 @@ def _meta(ev, key, default=_MISSING):
     return v
 
 
+@builtin("architecture(name, ...)", "declares the model architectures the program computes (GGUF "
+         "general.architecture, e.g. \"llama\"); a model of another one is an error naming both")
+def _architecture(ev, *names):
+    if not names:
+        raise BuiltinError('architecture() needs the name of at least one architecture, e.g. architecture("llama")')
+    for i, n in enumerate(names):
+        if not isinstance(n, str):
+            raise BuiltinError(f"architecture() needs names as strings, got {describe(n)}", i)
+    try:
+        arch = meta_value(ev.env.metadata("general.architecture"), "general.architecture")
+    except KeyError:
+        return None   # no model to check (no GGUF metadata)
+    if arch not in names:
+        want = " or ".join(shown(n) for n in names)
+        raise BuiltinError(f"this program computes the {want} architecture, but the model's general.architecture "
+                           f"is {shown(str(arch))}")
+    return None
+
+
 @builtin("ne(t, i)", "t->ne[i]: the size of dimension i (GGML order, 0 innermost)")
 def _ne(ev, t, i):
     return _tensor(t, 0, "ne").ne[_dim(i, 1, "ne")]
