@@ -26,6 +26,8 @@ from .env import DictEnv, Env
 from .errors import DSLError, StepLimitError, suggest
 from .limits import (
     INCLUDE_SUFFIX,
+    INT64_MAX,
+    INT64_MIN,
     INT64_RANGE,
     MAX_CALL_DEPTH,
     MAX_INCLUDE_DEPTH,
@@ -238,15 +240,23 @@ class Evaluator:
         """Count one statement or loop iteration; past max_steps the program stops here."""
         self.steps += 1
         if self.steps > self.max_steps:
-            raise self.error(f"the program ran more than {self.max_steps} steps, its limit (statements run and "
-                             "loop iterations): a loop without end?", node, StepLimitError)
+            raise self.too_many_steps(node)
+
+    def too_many_steps(self, node) -> DSLError:
+        return self.error(f"the program ran more than {self.max_steps} steps, its limit (statements run and "
+                          "loop iterations): a loop without end?", node, StepLimitError)
 
     def enter(self, node) -> None:
-        """One more block or expression in progress; past MAX_RUN_DEPTH an error (not Python's)."""
+        """One more block or expression in progress; past MAX_RUN_DEPTH an error, not Python's own
+        RecursionError (eval does the same inline: it runs for every expression)."""
         self.depth += 1
         if self.depth > MAX_RUN_DEPTH:
-            raise self.error(f"the program nests more than {MAX_RUN_DEPTH} levels deep while it runs "
-                             "(blocks and expressions, through function calls)", node)
+            self.depth -= 1
+            raise self.too_deep(node)
+
+    def too_deep(self, node) -> DSLError:
+        return self.error(f"the program nests more than {MAX_RUN_DEPTH} levels deep while it runs "
+                          "(blocks and expressions, through function calls)", node)
 
     def block(self, body) -> None:
         if not body:
@@ -254,7 +264,9 @@ class Evaluator:
         self.enter(body[0])
         try:
             for s in body:
-                self.step(s)
+                self.steps += 1   # self.step(s), inline: it runs for every statement
+                if self.steps > self.max_steps:
+                    raise self.too_many_steps(s)
                 if isinstance(s, For):
                     self.loop(s)
                 elif isinstance(s, Assign):
@@ -364,7 +376,10 @@ class Evaluator:
     def eval(self, e):
         if isinstance(e, Num):
             return e.value
-        self.enter(e)
+        self.depth += 1
+        if self.depth > MAX_RUN_DEPTH:
+            self.depth -= 1
+            raise self.too_deep(e)
         try:
             if isinstance(e, Name):
                 return self.lookup(e)
@@ -405,8 +420,9 @@ class Evaluator:
             self.depth -= 1
 
     def name_of(self, n: Name) -> str:
-        if n.plain is not None:
-            return n.plain
+        parts = n.parts
+        if len(parts) == 1 and type(parts[0]) is str:   # n.plain, without a property call: names are many
+            return parts[0]
         return self.joined(n)
 
     def joined(self, e: Name | Str) -> str:
@@ -542,9 +558,12 @@ class Evaluator:
             except GGToolError as exc:
                 raise self.error(str(exc), c) from exc
         self.check_args(f.build, f.signature, c, args, kwargs)
-        for v, node in [*zip(args, c.args), *((kwargs[k.name], k) for k in c.kwargs)]:
-            if int_out_of_range(v):   # e.g. a uint64 metadata value: C's int64_t would wrap it
-                raise self.error(f"{c.func}(): {v} is out of range ({INT64_RANGE})", node)
+        for i, v in enumerate(args):
+            if type(v) is int and not INT64_MIN <= v <= INT64_MAX:   # e.g. a uint64 metadata value
+                raise self.error(f"{c.func}(): {v} is out of range ({INT64_RANGE})", c.args[i])
+        for k in c.kwargs:
+            if int_out_of_range(kwargs[k.name]):
+                raise self.error(f"{c.func}(): {kwargs[k.name]} is out of range ({INT64_RANGE})", k)
         try:
             t = f(self.ctx, *args, **kwargs)
         except DSLError:

@@ -93,7 +93,7 @@ class Parser:
             n, d = stack.pop()
             if d > MAX_NESTING:
                 raise self.error(_too_deep(), n.pos)
-            stack.extend((c, d + 1) for c in _children(n))
+            stack.extend([(c, d + 1) for c in _children(n)])
 
     def block(self, opener: Token | None, ends: tuple = ("end",), in_def: bool = False) -> list:
         """Statements up to EOF (top level, opener None) or up to one of the keywords `ends` that
