@@ -67,6 +67,17 @@ def test_nesting_in_the_text_is_bounded(source):
     assert e.value.line is not None and e.value.column > 0
 
 
+def test_the_depth_check_knows_every_node_with_children():
+    """parser._NODE_FIELDS lists where each node class keeps its children: a class missing there
+    would let its nesting past the check."""
+    from ggtool.dsl import nodes
+    from ggtool.dsl.parser import _NODE_FIELDS
+
+    classes = {v for v in vars(nodes).values() if isinstance(v, type) and "pos" in getattr(v, "__slots__", ())}
+    leaves = {nodes.Num, nodes.TypeWord, nodes.Null}
+    assert classes - leaves == set(_NODE_FIELDS)
+
+
 def test_sixty_four_levels_are_allowed_and_print_back():
     for source in ("x = " + "(" * 64 + "1" + ")" * 64, "x = " + " + ".join(["1"] * 64),
                    "if 1:\n" * 63 + "x = 1\n" + "end\n" * 63):

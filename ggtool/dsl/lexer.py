@@ -57,6 +57,7 @@ class Lexer:
         self.src, self.filename = source, filename
         self.i, self.line, self.line_start = 0, 1, 0
         self.depth = 0   # {...} inside {...}: each level is a recursive _lex
+
     def error(self, msg: str, line: int, col: int) -> DSLError:
         return DSLError(msg, line, col, self.src, self.filename)
 
