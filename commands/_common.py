@@ -17,6 +17,7 @@ from ggtool.errors import GGToolError
 from ggtool.tensor_io import Inputs, SourceSyntaxError, parse_tensor_option
 
 THREADS_ENV = "GGTOOL_THREADS"
+UNUSED_SHOWN = 5   # unused GGUF tensors a warning names
 
 NUMPY_ORDER_HELP = """\
 Shapes: numpy shape (d3, d2, d1, d0) is GGML ne = [d0, d1, d2, d3]. The JSON [[1,2,3],[4,5,6]] is
@@ -54,7 +55,11 @@ def _parse_tensor_options(ctx, param, values):
 
 
 def program_options(f):
-    """PROGRAM (or -f FILE / -f -), --output NAME and --graph-size."""
+    """PROGRAM (or -f FILE / -f -), --output NAME, --graph-size and --max-steps."""
+    # the default is ggtool.dsl.limits.MAX_STEPS, not imported here: the DSL loads when a program runs
+    f = click.option("--max-steps", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Stop the program with an error after N steps, statements run and loop iterations "
+                          "(default 1000000).")(f)
     f = click.option("--graph-size", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Graph size (max nodes, and max leafs); default GGML's 2048, grown if the program "
                           "needs more.")(f)
@@ -113,11 +118,16 @@ def read_program(program: str | None, program_file) -> tuple[str, str]:
     if program is not None and program_file is not None:
         raise click.UsageError("give the program either as PROGRAM or with -f FILE, not both")
     if program_file is not None:
+        from ggtool.dsl.limits import MAX_SOURCE_BYTES
+
         name = "<stdin>" if _is_stdin(program_file) else program_file.name
         try:
-            return program_file.read(), name
+            text = program_file.read(MAX_SOURCE_BYTES + 1)   # never more: -f /dev/zero
         except UnicodeDecodeError as e:
             raise GGToolError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        if len(text) > MAX_SOURCE_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
+            raise GGToolError(f"{name}: a program is at most {MAX_SOURCE_BYTES} bytes; this one is larger")
+        return text, name
     if program is None:
         raise click.UsageError("no program: give it as PROGRAM (e.g. 'mul_mat(a, b)') or with -f FILE")
     return program, "<program>"
@@ -142,20 +152,37 @@ def make_inputs(tensor_sources, gguf_files, program_file=None, read_data: bool =
 
 
 def build_graph(source: str, filename: str, inputs: Inputs, ctx: Context, output_names=(),
-                graph_size: int | None = None):
-    """Parse and build the program in `ctx`; returns the DSL's Built (graph, outputs, tensors)."""
-    from ggtool.dsl import build, parse
+                graph_size: int | None = None, max_steps: int | None = None):
+    """Parse and build the program in `ctx`; returns the DSL's Built (graph, outputs, tensors).
+    max_steps None is the DSL's own limit (ggtool.dsl.limits.MAX_STEPS)."""
+    from ggtool.dsl import StepLimitError, build, parse
+    from ggtool.dsl.limits import MAX_STEPS
 
     program = parse(source, filename=filename)
-    built = build(program, ctx, inputs, outputs=list(output_names) or None, graph_size=graph_size)
+    try:
+        built = build(program, ctx, inputs, outputs=list(output_names) or None, graph_size=graph_size,
+                      max_steps=MAX_STEPS if max_steps is None else max_steps)
+    except StepLimitError as e:
+        first = str(e).splitlines()[0]
+        raise GGToolError(f"{first} (--max-steps N raises the limit)") from None
     for note in built.notes:
         log(f"Note: {note}")
     return built
 
 
 def warn_unused(inputs: Inputs) -> None:
+    """A warning for each --tensor the program never used, and one line for the weights of the
+    --gguf files it never used (a program for another model would otherwise pass quietly)."""
     for name in inputs.unused():
         log(f"Warning: --tensor {name} is not used by the program")
+    weights = inputs.unused_weights()
+    if weights:
+        files = sorted({path for _, path in weights})
+        where = f"--gguf {files[0]}" if len(files) == 1 else "the --gguf files"
+        names = ", ".join(n for n, _ in weights[:UNUSED_SHOWN])
+        more = f", ... ({len(weights) - UNUSED_SHOWN} more)" if len(weights) > UNUSED_SHOWN else ""
+        s = "" if len(weights) == 1 else "s"
+        log(f"Warning: the program does not use {len(weights)} tensor{s} of {where}: {names}{more}")
 
 
 def open_pool(n_threads: int):

@@ -98,7 +98,7 @@ same time for a whole gemma-3-270m pass).
               help="Order of float sums: GGML's reference, or llama.cpp's x86-64 build (its exact logits).")
 @click.option("--time", "show_time", is_flag=True, help="Report timings on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Report loads and timings on stderr.")
-def command(program, program_file, output_names, graph_size, tensor_sources, gguf_files, n_threads,
+def command(program, program_file, output_names, graph_size, max_steps, tensor_sources, gguf_files, n_threads,
             out_path, fmt, alloc, numerics, show_time, verbose):
     timer = Timer(show_time or verbose)
     to_file = out_path is not None and out_path != "-"
@@ -116,7 +116,7 @@ def command(program, program_file, output_names, graph_size, tensor_sources, ggu
     if to_file:
         check_destination(out_path, inputs.files())
     ctx = Context()
-    built = build_graph(source, filename, inputs, ctx, output_names, graph_size)
+    built = build_graph(source, filename, inputs, ctx, output_names, graph_size, max_steps)
     warn_unused(inputs)
     outputs = list(built.outputs)
     if fmt == "npy" and len(outputs) != 1:

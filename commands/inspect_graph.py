@@ -61,12 +61,12 @@ sources, so one layer of a big graph renders legibly; indices stay those of the 
 @click.option("--json", "as_json", is_flag=True, help='JSON: {"nodes": [...], "leafs": [...]}.')
 @click.option("--dot", "as_dot", is_flag=True, help="graphviz DOT (render with: dot -Tsvg).")
 @click.option("--only", metavar="REGEX", help="Only tensors whose name matches REGEX, plus their direct sources.")
-def command(program, program_file, output_names, graph_size, tensor_sources, gguf_files, as_json, as_dot, only):
+def command(program, program_file, output_names, graph_size, max_steps, tensor_sources, gguf_files, as_json, as_dot, only):
     if as_json and as_dot:
         raise click.UsageError("--json and --dot are alternatives; pick one")
     source, filename = read_program(program, program_file)
     inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=False)
-    built = build_graph(source, filename, inputs, Context(), output_names, graph_size)
+    built = build_graph(source, filename, inputs, Context(measure=True), output_names, graph_size, max_steps)
     warn_unused(inputs)
     sel = select(built.graph, only)
     if as_json:

@@ -67,10 +67,10 @@ More:
 @threads_option(help="Threads to plan for (GGML's n_threads passed to ggml_graph_plan).")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON with n_threads, work_size, mem_size, compute_buffer_size and nodes.")
-def command(program, program_file, output_names, graph_size, tensor_sources, gguf_files, n_threads, as_json):
+def command(program, program_file, output_names, graph_size, max_steps, tensor_sources, gguf_files, n_threads, as_json):
     source, filename = read_program(program, program_file)
     inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=False)
-    built = build_graph(source, filename, inputs, Context(), output_names, graph_size)
+    built = build_graph(source, filename, inputs, Context(measure=True), output_names, graph_size, max_steps)
     warn_unused(inputs)
     plan = make_plan(built.graph, n_threads or default_threads())
     plan.allocate(built.graph, [t for _, t in built.outputs])

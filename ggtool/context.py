@@ -31,10 +31,15 @@ class Context:
     64 KiB it grows inside a reservation of address space as large as the machine's memory
     (`_reserve`): nothing is copied, and only the bytes written ever become memory.
     The pool is one contiguous numpy buffer, so it can be moved into shared memory (`rebind`).
+
+    `measure=True` lays every object out at the offsets GGML would give it, tensor data included,
+    with no memory behind them: tensors have no data (as with no_alloc), yet `used_mem` and
+    `ggml_mem_size` count their bytes. Planning and inspecting a graph need only those numbers, so
+    a shape of any size costs them nothing.
     """
 
-    def __init__(self, mem_size: int | None = None, no_alloc: bool = False):
-        self.no_alloc = no_alloc
+    def __init__(self, mem_size: int | None = None, no_alloc: bool = False, measure: bool = False):
+        self.no_alloc, self.measure = no_alloc, measure
         self.fixed = mem_size is not None
         if self.fixed:
             self.mem_size = pad(mem_size) if mem_size > 0 else MEM_ALIGN
@@ -42,7 +47,7 @@ class Context:
         else:
             self.mem_size = None
             capacity = 1 << 16
-        self.buffer = np.zeros(capacity, dtype=np.uint8)
+        self.buffer = np.zeros(0 if measure else capacity, dtype=np.uint8)
         self._reserved: np.ndarray | None = None   # the address space `buffer` grows into, if any
         self.objects: list[tuple[int, int, int]] = []  # (offs, size, type)
         self.tensors: list[Tensor] = []
@@ -65,7 +70,7 @@ class Context:
         needed = cur_end + size_needed + OBJECT_SIZE
         if self.fixed and needed > self.mem_size:
             raise ContextMemoryError(needed, self.mem_size)
-        if needed > len(self.buffer):
+        if needed > len(self.buffer) and not self.measure:
             try:
                 self._grow(needed)
             except (MemoryError, ValueError, OverflowError):   # numpy and mmap refuse in these ways
@@ -161,7 +166,7 @@ class Context:
             data_offset = None if view_src.data_offset is None else view_src.data_offset + view_offs
             storage = view_src.storage
         elif alloc:
-            data_offset = offs + TENSOR_SIZE
+            data_offset = None if self.measure else offs + TENSOR_SIZE
         elif storage is not None:
             self.external_bytes += pad(data_size)
         else:

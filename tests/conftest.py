@@ -67,7 +67,7 @@ def npy(tmp_path):
 
 def write_gguf(path, tensors: dict, arch: str = "test", kv: dict | None = None):
     """A small GGUF written with gguf-py. A tensor is an array, or (raw array, GGML type) for data
-    already in that type's bytes; kv values are str, list or int (uint32)."""
+    already in that type's bytes; kv values are str, list, int (uint32) or float (float32)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch)
@@ -76,6 +76,8 @@ def write_gguf(path, tensors: dict, arch: str = "test", kv: dict | None = None):
             w.add_string(k, v)
         elif isinstance(v, list):
             w.add_array(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
         else:
             w.add_uint32(k, v)
     for name, arr in tensors.items():

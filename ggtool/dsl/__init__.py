@@ -7,7 +7,7 @@
 
 from .builtins import BUILTINS
 from .env import DictEnv, Env
-from .errors import DSLError
+from .errors import DSLError, StepLimitError
 from .evaluate import Built, build
 from .parser import TYPE_WORDS, parse, parse_expression
 from .printer import unparse
@@ -25,6 +25,7 @@ __all__ = [
     "DSLError",
     "DictEnv",
     "Env",
+    "StepLimitError",
     "build",
     "format_source",
     "parse",

@@ -17,6 +17,7 @@ import numpy as np
 from .. import types as T
 from ..errors import GGToolError
 from ..tensor import Tensor
+from .limits import INT64_RANGE, int_out_of_range, shown
 
 _MISSING = object()
 
@@ -67,7 +68,7 @@ def describe(v) -> str:
     if v is None:
         return "null"
     if isinstance(v, str):
-        return f"string {v!r}"
+        return f"string {shown(v)}"
     return f"{type(v).__name__} {v!r}"
 
 
@@ -150,13 +151,35 @@ def meta_value(v, key: str):
 def _meta(ev, key, default=_MISSING):
     if not isinstance(key, str):
         raise BuiltinError(f"meta() needs a string key, got {describe(key)}", 0)
+    if key in ev.meta_values:
+        return ev.meta_values[key]
     try:
         v = ev.env.metadata(key)
     except KeyError:
         if default is _MISSING:
-            raise BuiltinError(f"no metadata '{key}' (give a default: meta(\"{key}\", value))", 0) from None
+            raise BuiltinError(f"no metadata {shown(key)} (give a default: meta(\"{key}\", value))", 0) from None
         return default
-    return meta_value(v, key)
+    v = ev.meta_values[key] = meta_value(v, key)
+    return v
+
+
+@builtin("architecture(name, ...)", "declares the model architectures the program computes (GGUF "
+         "general.architecture, e.g. \"llama\"); a model of another one is an error naming both")
+def _architecture(ev, *names):
+    if not names:
+        raise BuiltinError('architecture() needs the name of at least one architecture, e.g. architecture("llama")')
+    for i, n in enumerate(names):
+        if not isinstance(n, str):
+            raise BuiltinError(f"architecture() needs names as strings, got {describe(n)}", i)
+    try:
+        arch = meta_value(ev.env.metadata("general.architecture"), "general.architecture")
+    except KeyError:
+        return None   # no model to check (no GGUF metadata)
+    if arch not in names:
+        want = " or ".join(shown(n) for n in names)
+        raise BuiltinError(f"this program computes the {want} architecture, but the model's general.architecture "
+                           f"is {shown(str(arch))}")
+    return None
 
 
 @builtin("ne(t, i)", "t->ne[i]: the size of dimension i (GGML order, 0 innermost)")
@@ -245,12 +268,15 @@ def _arange_i32(ev, *args):
         _integer(a, i, "arange_i32")
     if len(args) == 3 and args[2] == 0:
         raise BuiltinError("arange_i32(): step must not be zero", 2)
-    values = np.arange(*args, dtype=np.int64)
-    if values.size and (values.min() < -2**31 or values.max() >= 2**31):
-        raise BuiltinError("arange_i32(): values do not fit in int32")
-    if values.size == 0:
+    r = range(*args)
+    if not r:
         raise BuiltinError(f"arange_i32{tuple(args)} is empty")
-    return ev.ctx.new_tensor_from(values.astype(np.int32))
+    if min(r[0], r[-1]) < -2**31 or max(r[0], r[-1]) >= 2**31:
+        raise BuiltinError("arange_i32(): values do not fit in int32")
+    t = ev.ctx.new_tensor(T.I32, [len(r)])
+    if t.has_data:   # a measuring context (plan, inspect-graph) lays the tensor out, no values
+        t.set_data(np.arange(r.start, r.stop, r.step, dtype=np.int32))
+    return t
 
 
 @builtin("causal_mask(n_tokens, n_swa, n_kv)",
@@ -266,12 +292,17 @@ def _causal_mask(ev, n_tokens, n_swa=0, n_kv=None):
         raise BuiltinError(f"causal_mask(): n_swa must be 0 (no window) or positive, got {n_swa}", 1)
     if n_kv < n_tokens:
         raise BuiltinError(f"causal_mask(): n_kv ({n_kv}) must be at least n_tokens ({n_tokens})", 2)
-    i = np.arange(n_tokens)[:, None]   # query (row: ne1)
-    j = np.arange(n_kv)[None, :]       # key (column: ne0)
-    visible = j <= i
-    if n_swa > 0:
-        visible &= i - j < n_swa
-    return ev.ctx.new_tensor_from(np.where(visible, np.float32(0), np.float32(-np.inf)))
+    t = ev.ctx.new_tensor(T.F32, [n_kv, n_tokens])
+    if t.has_data:   # a measuring context (plan, inspect-graph) lays the tensor out, no values
+        j = np.arange(n_kv)[None, :]       # key (column: ne0)
+        rows = t.data.reshape(n_tokens, n_kv)
+        for i0 in range(0, n_tokens, 256):   # a block of query rows (ne1) at a time: no n² temporaries
+            i = np.arange(i0, min(i0 + 256, n_tokens))[:, None]
+            visible = j <= i
+            if n_swa > 0:
+                visible &= i - j < n_swa
+            rows[i0:i0 + len(i)] = np.where(visible, np.float32(0), np.float32(-np.inf))
+    return t
 
 
 # -- values -----------------------------------------------------------------------------------
@@ -308,13 +339,18 @@ _math("abs", abs, "absolute value of a number (of a tensor: GGML's abs op)")
 @builtin("int(x)", "a number truncated toward zero (or a numeric string parsed)", scalar_math=True)
 def _int(ev, x):
     if isinstance(x, str):
+        digits = x.strip().lstrip("+-").lstrip("0")
+        if len(digits) > 19 and digits.isdigit():   # int() of thousands of digits is slow, or refused
+            raise BuiltinError(f"int(): {shown(x)} is out of range ({INT64_RANGE})", 0)
         try:
-            return int(x.strip())
+            x = int(x.strip())
         except ValueError:
-            raise BuiltinError(f"int(): {x!r} is not an integer", 0) from None
+            raise BuiltinError(f"int(): {shown(x)} is not an integer", 0) from None
     x = _number(x, 0, "int")
     if isinstance(x, float) and not math.isfinite(x):
         raise BuiltinError(f"int(): cannot convert {x!r}", 0)
+    if int_out_of_range(int(x)):
+        raise BuiltinError(f"int(): {x!r} is out of range ({INT64_RANGE})", 0)
     return int(x)
 
 
@@ -322,9 +358,12 @@ def _int(ev, x):
 def _float(ev, x):
     if isinstance(x, str):
         try:
-            return float(x.strip())
+            v = float(x.strip())
         except ValueError:
-            raise BuiltinError(f"float(): {x!r} is not a number", 0) from None
+            raise BuiltinError(f"float(): {shown(x)} is not a number", 0) from None
+        if math.isinf(v) and "inf" not in x.lower():
+            raise BuiltinError(f"float(): {shown(x)} is too large for a float (it would be {v!r})", 0)
+        return v
     return float(_number(x, 0, "float"))
 
 

@@ -36,7 +36,7 @@ class DSLError(GGToolError):
             where.append(f"line {self.line}, column {self.column}")
         if self.loop:
             where.append(f"in loop iteration {self.loop}")
-        where.extend(self.context)
+        where.extend(_condensed(self.context))
         head = (", ".join(where) + ": " if where else "") + self.message
         if self.source_line is None or self.column is None:
             return head
@@ -44,6 +44,25 @@ class DSLError(GGToolError):
         indent = len(self.source_line) - len(text)
         caret = max(0, self.column - 1 - indent)
         return f"{head}\n  {text}\n  {' ' * caret}^"
+
+
+def _condensed(context: list[str], most: int = 8) -> list[str]:
+    """What encloses an error, kept to one readable line: repeats counted (a recursion's calls),
+    and past `most` parts only the innermost and the outermost."""
+    runs: list[list] = []
+    for c in context:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    parts = [c if n == 1 else f"{c} ({n} times)" for c, n in runs]
+    if len(parts) > most:
+        parts = parts[:most - 3] + [f"... ({len(parts) - most + 1} more)"] + parts[-2:]
+    return parts
+
+
+class StepLimitError(DSLError):
+    """The program ran more statements and loop iterations than its limit (build's max_steps)."""
 
 
 def suggest(name: str, candidates: Iterable[str]) -> str:

@@ -9,7 +9,9 @@ variables (the parameters and what the body assigns), reading globals it does no
 from __future__ import annotations
 
 import inspect
+import operator
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +23,22 @@ from ..ops.base import FUNCTIONS
 from ..tensor import FLAG_PARAM, Tensor
 from .builtins import BUILTINS, BuiltinError, describe, is_number
 from .env import DictEnv, Env
-from .errors import DSLError, suggest
+from .errors import DSLError, StepLimitError, suggest
+from .limits import (
+    INCLUDE_SUFFIX,
+    INT64_MAX,
+    INT64_MIN,
+    INT64_RANGE,
+    MAX_CALL_DEPTH,
+    MAX_INCLUDE_DEPTH,
+    MAX_RUN_DEPTH,
+    MAX_SOURCE_BYTES,
+    MAX_STEPS,
+    MAX_STRING,
+    int_out_of_range,
+    overflowed,
+    shown,
+)
 from .nodes import (
     Assign,
     BinOp,
@@ -46,9 +63,9 @@ from .nodes import (
 )
 from .parser import parse
 
-MAX_CALL_DEPTH = 64
-
 _P = inspect.Parameter
+_ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+               "//": operator.floordiv, "%": operator.mod}
 _TENSOR_HINT = {"+": "add(a, b)", "-": "sub(a, b)", "*": "mul(a, b) or scale(a, s)", "/": "div(a, b)"}
 
 
@@ -62,15 +79,16 @@ class Built:
 
 
 def build(program: Program | str, ctx: Context, env: Env | None = None, outputs=None,
-          graph_size: int | None = None) -> Built:
+          graph_size: int | None = None, max_steps: int = MAX_STEPS) -> Built:
     """Create the program's tensors in ctx and a graph holding its outputs.
 
     outputs: names (variables, tensor names such as `x-3` from loops, or inputs); None means the
     last statement executed. graph_size: None means GGML's default 2048, grown if the graph needs it.
+    max_steps: how many statements and loop iterations the program may run (limits.MAX_STEPS).
     """
     if isinstance(program, str):
         program = parse(program)
-    ev = Evaluator(program, ctx, env if env is not None else DictEnv())
+    ev = Evaluator(program, ctx, env if env is not None else DictEnv(), max_steps)
     ev.run()
     outs = ev.resolve_outputs(outputs)
     size, notes = _graph_size(outs, graph_size)
@@ -111,6 +129,31 @@ def _graph_size(outs, forced: int | None) -> tuple[int, list[str]]:
     return size, [note]
 
 
+def read_source(path: str) -> str:
+    """An included file's text: a regular `.gg` file of at most MAX_SOURCE_BYTES, UTF-8 without
+    NUL bytes. Raises OSError or ValueError with a reason that never quotes the file's bytes;
+    a FIFO or a device is refused without being read (opened non-blocking, then checked)."""
+    if not path.endswith(INCLUDE_SUFFIX):
+        raise ValueError(f"not a {INCLUDE_SUFFIX} file (include reads programs only)")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SOURCE_BYTES:
+        raise ValueError(f"larger than {MAX_SOURCE_BYTES} bytes")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise ValueError(f"not a text file (a NUL byte at offset {nul})")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 class _Return(Exception):
     def __init__(self, value):
         self.value = value
@@ -137,8 +180,11 @@ class _Frame:
 
 
 class Evaluator:
-    def __init__(self, program: Program, ctx: Context, env: Env):
+    def __init__(self, program: Program, ctx: Context, env: Env, max_steps: int = MAX_STEPS):
         self.program, self.ctx, self.env = program, ctx, env
+        self.max_steps, self.steps = max_steps, 0   # statements run and loop iterations, so far
+        self.depth = 0                              # blocks and expressions in progress (limits.MAX_RUN_DEPTH)
+        self.meta_values: dict[str, Any] = {}       # metadata read, converted once (a vocabulary is big)
         self.vars: dict[str, Any] = {}        # global variables
         self.inputs: dict[str, Tensor] = {}   # input tensors used, by name
         self.named: dict[str, Tensor] = {}    # tensors named by assignments, by their GGML name
@@ -156,7 +202,7 @@ class Evaluator:
                 return f.scope
         return self.vars
 
-    def error(self, msg: str, node) -> DSLError:
+    def error(self, msg: str, node, cls: type[DSLError] = DSLError) -> DSLError:
         line, col = getattr(node, "pos", (0, 0)) or (0, 0)
         loop, context, hi = None, [], len(self.loops)
         for f in reversed(self.frames):
@@ -177,8 +223,8 @@ class Evaluator:
             else:
                 context.append(f"in loop iteration {text}")
         if not line:
-            return DSLError(msg, loop=loop, filename=self.program.filename, context=context)
-        return DSLError(msg, line, col, self.program.source, self.program.filename, loop, context)
+            return cls(msg, loop=loop, filename=self.program.filename, context=context)
+        return cls(msg, line, col, self.program.source, self.program.filename, loop, context)
 
     def site(self, node) -> str:
         """'llama.gg line 58' (or 'line 58') for the statement or call `node` of the current program."""
@@ -190,26 +236,57 @@ class Evaluator:
     def run(self) -> None:
         self.block(self.program.body)
 
+    def step(self, node) -> None:
+        """Count one statement or loop iteration; past max_steps the program stops here."""
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise self.too_many_steps(node)
+
+    def too_many_steps(self, node) -> DSLError:
+        return self.error(f"the program ran more than {self.max_steps} steps, its limit (statements run and "
+                          "loop iterations): a loop without end?", node, StepLimitError)
+
+    def enter(self, node) -> None:
+        """One more block or expression in progress; past MAX_RUN_DEPTH an error, not Python's own
+        RecursionError (eval does the same inline: it runs for every expression)."""
+        self.depth += 1
+        if self.depth > MAX_RUN_DEPTH:
+            self.depth -= 1
+            raise self.too_deep(node)
+
+    def too_deep(self, node) -> DSLError:
+        return self.error(f"the program nests more than {MAX_RUN_DEPTH} levels deep while it runs "
+                          "(blocks and expressions, through function calls)", node)
+
     def block(self, body) -> None:
-        for s in body:
-            if isinstance(s, For):
-                self.loop(s)
-            elif isinstance(s, Assign):
-                self.assign(s)
-            elif isinstance(s, ExprStmt):
-                value = self.eval(s.value)
-                name = self.name_of(s.value) if isinstance(s.value, Name) else "result"
-                self.last = (name, value, s)
-            elif isinstance(s, If):
-                self.if_block(s)
-            elif isinstance(s, Def):
-                self.define(s)
-            elif isinstance(s, Return):
-                raise _Return(self.eval(s.value))
-            elif isinstance(s, Include):
-                self.include(s)
-            else:
-                raise TypeError(f"not a statement: {s!r}")
+        if not body:
+            return
+        self.enter(body[0])
+        try:
+            for s in body:
+                self.steps += 1   # self.step(s), inline: it runs for every statement
+                if self.steps > self.max_steps:
+                    raise self.too_many_steps(s)
+                if isinstance(s, For):
+                    self.loop(s)
+                elif isinstance(s, Assign):
+                    self.assign(s)
+                elif isinstance(s, ExprStmt):
+                    value = self.eval(s.value)
+                    name = self.name_of(s.value) if isinstance(s.value, Name) else "result"
+                    self.last = (name, value, s)
+                elif isinstance(s, If):
+                    self.if_block(s)
+                elif isinstance(s, Def):
+                    self.define(s)
+                elif isinstance(s, Return):
+                    raise _Return(self.eval(s.value))
+                elif isinstance(s, Include):
+                    self.include(s)
+                else:
+                    raise TypeError(f"not a statement: {s!r}")
+        finally:
+            self.depth -= 1
 
     def assign(self, s: Assign) -> None:
         n0 = len(self.ctx.tensors)
@@ -256,15 +333,20 @@ class Evaluator:
         path = rel if os.path.isabs(rel) else os.path.join(base_dir, rel)
         key = os.path.realpath(path)
         if key in self.included:
-            return                                   # each file runs once
+            return                                   # each file runs once (so cycles end)
+        if sum(f.kind == "include" for f in self.frames) >= MAX_INCLUDE_DEPTH:
+            raise self.error(f"include: files include each other more than {MAX_INCLUDE_DEPTH} deep", s.path)
         try:
-            with open(path, encoding="utf-8") as f:
-                source = f.read()
-        except (OSError, UnicodeDecodeError) as e:
+            source = read_source(path)
+        except (OSError, ValueError) as e:
             reason = getattr(e, "strerror", None) or str(e)
-            raise self.error(f"include: can't read '{path}': {reason}", s.path) from None
+            raise self.error(f"include: can't read {shown(path, 1024)}: {reason}", s.path) from None
         self.included.add(key)
-        program = parse(source, filename=os.path.normpath(path))
+        name = os.path.normpath(path)
+        try:
+            program = parse(source, filename=name)
+        except DSLError as e:   # where it was included from, as for errors when it runs
+            raise DSLError(e.message, e.line, e.column, source, name, None, [f"included from {self.site(s)}"]) from None
         saved = self.program
         self.frames.append(_Frame("include", program.filename, self.site(s), len(self.loops)))
         self.program = program
@@ -285,6 +367,7 @@ class Evaluator:
             self.scope[s.var] = i
             self.loops.append((s.var, i))
             try:
+                self.step(s)
                 self.block(s.body)
             finally:
                 self.loops.pop()
@@ -293,42 +376,67 @@ class Evaluator:
     def eval(self, e):
         if isinstance(e, Num):
             return e.value
-        if isinstance(e, Name):
-            return self.lookup(e)
-        if isinstance(e, Call):
-            return self.call(e)
-        if isinstance(e, BinOp):
-            return self.binop(e)
-        if isinstance(e, Str):
-            return "".join(p if isinstance(p, str) else self.interp(p) for p in e.parts)
-        if isinstance(e, TypeWord):
-            try:
-                return T.parse_type(e.name)
-            except GGToolError as exc:
-                raise self.error(str(exc), e) from None
-        if isinstance(e, Null):
-            return None
-        if isinstance(e, Compare):
-            return self.compare(e)
-        if isinstance(e, BoolOp):
-            a = self.truth(self.eval(e.left), e.left, e.op)
-            if a == (e.op == "or"):        # short circuit: 'x or ...' with x true, 'x and ...' with x false
-                return int(a)
-            return int(self.truth(self.eval(e.right), e.right, e.op))
-        if isinstance(e, Not):
-            return int(not self.truth(self.eval(e.operand), e.operand, "not"))
-        if isinstance(e, Index):
-            return self.index(e)
-        if isinstance(e, Neg):
-            v = self.eval(e.operand)
-            if not is_number(v):
-                hint = "; for a tensor use neg(x) or scale(x, -1)" if isinstance(v, Tensor) else ""
-                raise self.error(f"unary '-' needs a number, got {describe(v)}{hint}", e.operand)
-            return -v
-        raise TypeError(f"not an expression: {e!r}")
+        self.depth += 1
+        if self.depth > MAX_RUN_DEPTH:
+            self.depth -= 1
+            raise self.too_deep(e)
+        try:
+            if isinstance(e, Name):
+                return self.lookup(e)
+            if isinstance(e, Call):
+                return self.call(e)
+            if isinstance(e, BinOp):
+                return self.binop(e)
+            if isinstance(e, Str):
+                return self.joined(e)
+            if isinstance(e, TypeWord):
+                try:
+                    return T.parse_type(e.name)
+                except GGToolError as exc:
+                    raise self.error(str(exc), e) from None
+            if isinstance(e, Null):
+                return None
+            if isinstance(e, Compare):
+                return self.compare(e)
+            if isinstance(e, BoolOp):
+                a = self.truth(self.eval(e.left), e.left, e.op)
+                if a == (e.op == "or"):        # short circuit: 'x or ...' with x true, 'x and ...' with x false
+                    return int(a)
+                return int(self.truth(self.eval(e.right), e.right, e.op))
+            if isinstance(e, Not):
+                return int(not self.truth(self.eval(e.operand), e.operand, "not"))
+            if isinstance(e, Index):
+                return self.index(e)
+            if isinstance(e, Neg):
+                v = self.eval(e.operand)
+                if not is_number(v):
+                    hint = "; for a tensor use neg(x) or scale(x, -1)" if isinstance(v, Tensor) else ""
+                    raise self.error(f"unary '-' needs a number, got {describe(v)}{hint}", e.operand)
+                if int_out_of_range(-v):
+                    raise self.error(f"-({v}) is out of range ({INT64_RANGE})", e)
+                return -v
+            raise TypeError(f"not an expression: {e!r}")
+        finally:
+            self.depth -= 1
 
     def name_of(self, n: Name) -> str:
-        return "".join(p if isinstance(p, str) else self.interp(p) for p in n.parts)
+        parts = n.parts
+        if len(parts) == 1 and type(parts[0]) is str:   # n.plain, without a property call: names are many
+            return parts[0]
+        return self.joined(n)
+
+    def joined(self, e: Name | Str) -> str:
+        """A name or string with its {...} filled in; at most MAX_STRING characters."""
+        self.enter(e)   # a level of its own: {...} costs more Python frames than other nesting
+        try:
+            text = "".join([p if isinstance(p, str) else self.interp(p) for p in e.parts])
+        finally:
+            self.depth -= 1
+        if len(text) > MAX_STRING:
+            what = "name" if isinstance(e, Name) else "string"
+            raise self.error(f"this {what} would be {len(text)} characters long; at most {MAX_STRING} "
+                             "may be built with {...}", e)
+        return text
 
     def interp(self, e) -> str:
         v = self.eval(e)
@@ -352,7 +460,7 @@ class Evaluator:
             return t
         kind = "tensor" if ("." in name or n.plain is None) else "tensor or variable"
         known = [*scope, *self.vars, *self.env.names()]
-        raise self.error(f"unknown {kind} '{name}'{suggest(name, known)}", n)
+        raise self.error(f"unknown {kind} {shown(name, 100)}{suggest(name, known)}", n)
 
     def truth(self, v, node, what: str) -> bool:
         """A condition: a number, true unless 0 (comparisons give 1 or 0)."""
@@ -416,17 +524,15 @@ class Evaluator:
                 raise self.error(f"'{e.op}' needs numbers, got {describe(v)}{hint}", side)
         if e.op in ("/", "//", "%") and b == 0:
             raise self.error(f"division by zero in '{e.op}'", e)
-        if e.op == "+":
-            return a + b
-        if e.op == "-":
-            return a - b
-        if e.op == "*":
-            return a * b
-        if e.op == "/":
-            return a / b
-        if e.op == "//":
-            return a // b
-        return a % b
+        try:
+            r = _ARITHMETIC[e.op](a, b)
+        except OverflowError:
+            r = float("inf")
+        if int_out_of_range(r):
+            raise self.error(f"{a} {e.op} {b} is out of range ({INT64_RANGE})", e)
+        if overflowed(r, a, b):
+            raise self.error(f"{a!r} {e.op} {b!r} overflows a float (it would be {r!r})", e)
+        return r
 
     # -- calls ------------------------------------------------------------------------------
     def call(self, c: Call):
@@ -434,7 +540,7 @@ class Evaluator:
         b, f = BUILTINS.get(c.func), FUNCTIONS.get(c.func)
         if u is None and b is None and f is None:
             known = [*self.functions, *FUNCTIONS, *BUILTINS]
-            raise self.error(f"unknown op '{c.func}'{suggest(c.func, known)}", c)
+            raise self.error(f"unknown op {shown(c.func, 100)}{suggest(c.func, known)}", c)
         args = [self.eval(a) for a in c.args]
         kwargs = {k.name: self.eval(k.value) for k in c.kwargs}
         if u is not None:
@@ -452,6 +558,12 @@ class Evaluator:
             except GGToolError as exc:
                 raise self.error(str(exc), c) from exc
         self.check_args(f.build, f.signature, c, args, kwargs)
+        for i, v in enumerate(args):
+            if type(v) is int and not INT64_MIN <= v <= INT64_MAX:   # e.g. a uint64 metadata value
+                raise self.error(f"{c.func}(): {v} is out of range ({INT64_RANGE})", c.args[i])
+        for k in c.kwargs:
+            if int_out_of_range(kwargs[k.name]):
+                raise self.error(f"{c.func}(): {kwargs[k.name]} is out of range ({INT64_RANGE})", k)
         try:
             t = f(self.ctx, *args, **kwargs)
         except DSLError:

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import DSLError
+from .limits import INT64_RANGE, MAX_NESTING, shown
 
 KEYWORDS = {"for", "in", "end", "null", "if", "elif", "else", "def", "return", "include", "and", "or", "not"}
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -36,7 +37,7 @@ class Token:
         if self.kind == "EOF":
             return "end of program"
         if self.kind in ("NAME", "STRING"):
-            return f"{'name' if self.kind == 'NAME' else 'string'} {self.text()!r}"
+            return f"{'name' if self.kind == 'NAME' else 'string'} {shown(self.text())}"
         return f"'{self.value}'"
 
     def text(self) -> str:
@@ -55,6 +56,7 @@ class Lexer:
     def __init__(self, source: str, filename: str = "<program>"):
         self.src, self.filename = source, filename
         self.i, self.line, self.line_start = 0, 1, 0
+        self.depth = 0   # {...} inside {...}: each level is a recursive _lex
 
     def error(self, msg: str, line: int, col: int) -> DSLError:
         return DSLError(msg, line, col, self.src, self.filename)
@@ -138,15 +140,27 @@ class Lexer:
             while j < len(self.src) and (self.src[j] in NAME_CHARS or
                                          (self.src[j] in "+-" and self.src[j - 1] in "eE")):
                 j += 1
-            raise self.error(f"bad number '{self.src[self.i:j]}'", line, col)
+            raise self.error(f"bad number {shown(self.src[self.i:j])}", line, col)
         self.i = end
-        value = float(text) if any(ch in text for ch in ".eE") else int(text)
+        if any(ch in text for ch in ".eE"):
+            value = float(text)
+            if value == float("inf"):
+                raise self.error(f"number {shown(text)} is too large for a float (it would be inf)", line, col)
+        elif len(text.lstrip("0")) > 19:   # int() of thousands of digits is slow, or refused
+            raise self.error(f"integer {shown(text)} is out of range ({INT64_RANGE})", line, col)
+        else:
+            value = int(text)
         return Token("NUMBER", value, line, col)
 
     def _interp(self) -> Interp:
         line, col = self.line, self.col
+        if self.depth >= MAX_NESTING:
+            raise self.error(f"'{{...}}' nests more than {MAX_NESTING} levels deep", line, col)
         self.i += 1  # '{'
-        return Interp(self._lex((line, col)), line, col)
+        self.depth += 1
+        tokens = self._lex((line, col))
+        self.depth -= 1
+        return Interp(tokens, line, col)
 
     def _name(self) -> Token:
         line, col = self.line, self.col

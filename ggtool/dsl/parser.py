@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import types as T
 from .errors import DSLError
 from .lexer import Interp, Token, tokenize
+from .limits import INT64_RANGE, MAX_NESTING, int_out_of_range
 from .nodes import (
     Assign,
     BinOp,
@@ -39,9 +40,16 @@ _BLOCK_ENDS = ("end", "elif", "else")
 
 
 class Parser:
-    def __init__(self, tokens: list[Token], source: str, filename: str):
+    def __init__(self, tokens: list[Token], source: str, filename: str, depth: int = 0):
         self.toks, self.k = tokens, 0
         self.source, self.filename = source, filename
+        self.depth = depth   # blocks, parentheses, brackets, calls, '-' and 'not' open around the token
+
+    def nest(self, at) -> None:
+        """One level deeper (each is a recursive call here); past MAX_NESTING an error."""
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.error(_too_deep(), at)
 
     # -- helpers ----------------------------------------------------------------------------
     def error(self, msg: str, at) -> DSLError:
@@ -76,10 +84,23 @@ class Parser:
         body = self.block(None, ())
         return Program(tuple(body), self.source, self.filename)
 
+    def check_depth(self, node) -> None:
+        """The tree under `node` nests at most MAX_NESTING deep. Operator chains build depth without
+        parentheses (a + b + c is (a + b) + c), and the evaluator, the printer and `==` recurse over
+        the tree."""
+        stack = [(node, 0)]
+        while stack:
+            n, d = stack.pop()
+            if d > MAX_NESTING:
+                raise self.error(_too_deep(), n.pos)
+            stack.extend([(c, d + 1) for c in _children(n)])
+
     def block(self, opener: Token | None, ends: tuple = ("end",), in_def: bool = False) -> list:
         """Statements up to EOF (top level, opener None) or up to one of the keywords `ends` that
         close the block opened by `opener` (a 'for', 'if', 'elif', 'else' or 'def' token)."""
         body = []
+        if opener is not None:
+            self.nest(opener)
         while True:
             while self.at_sep():
                 self.next()
@@ -90,6 +111,7 @@ class Parser:
                 return body
             if self.tok.kind == "KEYWORD" and self.tok.value in _BLOCK_ENDS:
                 if self.tok.value in ends:
+                    self.depth -= 1
                     return body
                 if opener is None:
                     what = "a 'for', 'if' or 'def' block" if self.tok.value == "end" else "an 'if'"
@@ -97,6 +119,8 @@ class Parser:
                 raise self.error(f"'{self.tok.value}' here does not belong to the '{opener.value}' block "
                                  f"(line {opener.line}); expected {' or '.join(repr(e) for e in ends)}", self.tok)
             body.append(self.statement(opener is None, in_def))
+            if opener is None:
+                self.check_depth(body[-1])
             if not (self.at_sep() or self.tok.kind == "EOF"
                     or (self.tok.kind == "KEYWORD" and self.tok.value in _BLOCK_ENDS)):
                 raise self.error(f"expected a new line or ';' after the statement, got {self.tok.describe()}",
@@ -238,7 +262,10 @@ class Parser:
     def negation(self):
         if self.at_keyword("not"):
             kw = self.next()
-            return Not(self.negation(), kw.pos)
+            self.nest(kw)
+            operand = self.negation()
+            self.depth -= 1
+            return Not(operand, kw.pos)
         return self.comparison()
 
     def comparison(self):
@@ -270,9 +297,17 @@ class Parser:
             minus = self.next()
             nxt = self.toks[self.k + 1] if self.k + 1 < len(self.toks) else self.tok
             if self.tok.kind == "NUMBER" and not (nxt.kind == "OP" and nxt.value == "["):
-                return Num(-self.next().value, minus.pos)  # -1 is a literal: printing gives back the same tree
-            return Neg(self.unary(), minus.pos)
+                return self.number(-self.next().value, minus)  # -1 is a literal: printing gives back the same tree
+            self.nest(minus)
+            operand = self.unary()
+            self.depth -= 1
+            return Neg(operand, minus.pos)
         return self.postfix()
+
+    def number(self, value, at) -> Num:
+        if int_out_of_range(value):
+            raise self.error(f"integer {value} is out of range ({INT64_RANGE})", at)
+        return Num(value, at.pos)
 
     def postfix(self):
         value = self.atom()
@@ -280,7 +315,9 @@ class Parser:
             bracket = self.next()
             if self.at_op("]"):
                 raise self.error("expected an index inside '[ ]'", self.tok)
+            self.nest(bracket)
             index = self.expression()
+            self.depth -= 1
             self.expect_op("]", "to close '['")
             value = Index(value, index, bracket.pos)
         return value
@@ -289,7 +326,7 @@ class Parser:
         t = self.tok
         if t.kind == "NUMBER":
             self.next()
-            return Num(t.value, t.pos)
+            return self.number(t.value, t)
         if t.kind == "STRING":
             self.next()
             return Str(self.parts(t.value), t.pos)
@@ -308,14 +345,15 @@ class Parser:
                 return TypeWord(plain, t.pos)
             return Name(parts, t.pos)
         if self.at_op("("):
-            self.next()
+            self.nest(self.next())
             expr = self.expression()
+            self.depth -= 1
             self.expect_op(")", "to close '('")
             return expr
         raise self.error(f"expected an expression, got {t.describe()}", t)
 
     def call(self, func: str, name_tok: Token) -> Call:
-        self.next()  # '('
+        self.nest(self.next())  # '('
         args, kwargs = [], []
         while not self.at_op(")"):
             nxt = self.toks[self.k + 1]
@@ -335,6 +373,7 @@ class Parser:
             if not self.at_op(")"):
                 self.expect_op(",", f"or ')' in the arguments of {func}()")
         self.next()
+        self.depth -= 1
         return Call(func, tuple(args), tuple(kwargs), name_tok.pos)
 
     def parts(self, raw: tuple) -> tuple:
@@ -342,7 +381,9 @@ class Parser:
         out = []
         for p in raw:
             if isinstance(p, Interp):
-                sub = Parser(p.tokens, self.source, self.filename)
+                sub = Parser(p.tokens, self.source, self.filename, self.depth + 1)
+                if sub.depth > MAX_NESTING:
+                    raise self.error(_too_deep(), (p.line, p.col))
                 if sub.tok.kind == "EOF":
                     raise self.error("empty '{}': expected an expression inside", (p.line, p.col))
                 expr = sub.expression()
@@ -352,6 +393,36 @@ class Parser:
             else:
                 out.append(p)
         return tuple(out)
+
+
+def _too_deep() -> str:
+    return f"nests more than {MAX_NESTING} levels deep (blocks, parentheses, calls and operators count)"
+
+
+# the fields of each node class that hold nodes, or tuples of them (If.branches: (cond, body) pairs)
+_NODE_FIELDS = {Str: ("parts",), Name: ("parts",), Neg: ("operand",), Not: ("operand",), BinOp: ("left", "right"),
+                Compare: ("left", "right"), BoolOp: ("left", "right"), Index: ("value", "index"),
+                Keyword: ("value",), Call: ("args", "kwargs"), Assign: ("target", "value"), ExprStmt: ("value",),
+                For: ("range_args", "body"), If: ("branches", "orelse"), Param: ("default",),
+                Def: ("params", "body"), Return: ("value",), Include: ("path",)}
+
+
+def _children(n) -> list:
+    """The nodes directly under an AST node."""
+    out = []
+    for f in _NODE_FIELDS.get(type(n), ()):
+        v = getattr(n, f)
+        if type(v) is not tuple:
+            if v is not None:
+                out.append(v)
+            continue
+        for x in v:
+            if type(x) is tuple:   # an If branch: (condition, body)
+                out.append(x[0])
+                out.extend(x[1])
+            elif type(x) is not str:
+                out.append(x)
+    return out
 
 
 def parse(source: str, filename: str = "<program>") -> Program:
@@ -369,4 +440,5 @@ def parse_expression(source: str, filename: str = "<expression>"):
         p.next()
     if p.tok.kind != "EOF":
         raise p.error(f"unexpected {p.tok.describe()} after the expression", p.tok)
+    p.check_depth(expr)
     return expr

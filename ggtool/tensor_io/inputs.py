@@ -167,6 +167,18 @@ class Inputs:
         """--tensor names the program never asked for (worth a warning)."""
         return [n for n in self._prepared if n not in self._used]
 
+    def unused_weights(self) -> list[tuple[str, str]]:
+        """(name, file) of every tensor of the GGUF files the program never asked for, in file
+        order; a --tensor of the same name replaces one and is not listed. A program meant for
+        another model leaves some (llama.gg on qwen2 leaves the q/k/v biases)."""
+        seen, out = set(self._prepared) | self._used, []
+        for g in self.ggufs:
+            for n in g.tensors:
+                if n not in seen:
+                    seen.add(n)
+                    out.append((n, g.path))
+        return out
+
     def files(self) -> list[str]:
         """Absolute paths of every file the inputs read (to refuse overwriting one)."""
         paths = [f for g in self.ggufs for f in g.paths] + [p.source.path for p in self._prepared.values() if p.source.path]
