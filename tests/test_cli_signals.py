@@ -480,3 +480,19 @@ def test_nohup_keeps_sighup_ignored():
     rc, err = finish(p)
     assert (rc, err) == (143, "Terminated.\n")
     assert_nothing_left(p.pid)
+
+
+# -- what SIGKILL leaves, and who removes it ---------------------------------------------------------
+def test_a_caller_killed_mid_write_leaves_a_temporary_the_next_run_removes(tmp_path):
+    """quantize SIGKILLed while it writes (a crash, the OOM killer): its `.q.gguf.PID.XXXXXXXX.tmp`
+    stays (nothing can run in a process SIGKILL ends); the next write of q.gguf removes it."""
+    out = tmp_path / "q.gguf"
+    p = start([str(STORIES), str(out), "-t", "2"], code=SLOW_QUANTIZE, stdout=subprocess.DEVNULL)
+    tmp = wait_for(lambda: [n for n in os.listdir(tmp_path) if n.endswith(".tmp")], message="no temporary output")
+    assert tmp[0].startswith(f".q.gguf.{p.pid}.")
+    os.kill(p.pid, signal.SIGKILL)
+    assert finish(p)[0] == -signal.SIGKILL
+    assert os.listdir(tmp_path) == tmp
+    q = start(["quantize", str(STORIES), str(out), "--quiet"])
+    assert finish(q) == (0, "")
+    assert os.listdir(tmp_path) == ["q.gguf"]

@@ -78,6 +78,21 @@ def signals_held():
             signal.raise_signal(sig)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user counts), for what a dead process left
+    behind: shared-memory segments and temporary files named after their creator's pid. Anything
+    that is not a pid (0, -1: os.kill would signal a group) counts as alive: nothing is removed."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):   # another user's process; a number too large to be one
+        return True
+    return True
+
+
 @contextmanager
 def signals_blocked():
     """Block the ending signals in this thread for the block: a process started meanwhile inherits

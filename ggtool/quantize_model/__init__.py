@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .. import quant as Q
 from ..errors import GGToolError
-from ..tensor_io import atomic_path
+from ..tensor_io import atomic_path, named_write_errors
 from .convert import (
     _convert_rows,
     _copy_tensor,
@@ -128,13 +128,15 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
     try:
         Q.set_threads(1)                            # the parallelism is across pieces
         # atomic_path: a temporary file beside OUTPUT, renamed over it (with the normal new-file
-        # mode) only if the block succeeds, removed on any error or Ctrl-C.
+        # mode) only if the block succeeds, removed on any error or Ctrl-C; a FIFO or a device
+        # OUTPUT is written in place.
         with atomic_path(output_path) as tmp, open(tmp, "wb", buffering=0) as f:
             def write(buf):
                 mv = memoryview(buf).cast("B")
-                while len(mv):
-                    n = f.write(mv)
-                    mv = mv[n:]
+                with named_write_errors(output_path):
+                    while len(mv):
+                        n = f.write(mv)
+                        mv = mv[n:]
 
             head = header_bytes(plan)
             write(head)
