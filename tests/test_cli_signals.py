@@ -483,6 +483,23 @@ def test_nohup_keeps_sighup_ignored():
 
 
 # -- what SIGKILL leaves, and who removes it ---------------------------------------------------------
+def test_sigkill_of_the_whole_group_leaves_segments_the_next_pool_removes():
+    """SIGKILL of caller and workers together (stopped first, so that none runs another
+    instruction: no worker is left to unlink the segments): they stay in /dev/shm until the next
+    pool of any ggtool process starts, which removes the segments of dead creators."""
+    p = start([*SLOW, "--threads", "2"], stdout=subprocess.DEVNULL)
+    wait_computing(p.pid, p.pid)
+    os.killpg(p.pid, signal.SIGSTOP)
+    os.killpg(p.pid, signal.SIGKILL)
+    finish(p)
+    wait_for(lambda: not session(p.pid), message="the killed processes are still there")
+    left = segments(p.pid)
+    assert len(left) >= 2
+    q = start(["compute", "relu(x)", "--tensor", "x=[1]", "--threads", "2"])
+    assert finish(q) == (0, "")
+    assert segments(p.pid) == []
+
+
 def test_a_caller_killed_mid_write_leaves_a_temporary_the_next_run_removes(tmp_path):
     """quantize SIGKILLed while it writes (a crash, the OOM killer): its `.q.gguf.PID.XXXXXXXX.tmp`
     stays (nothing can run in a process SIGKILL ends); the next write of q.gguf removes it."""
