@@ -20,10 +20,9 @@ import threading
 from contextlib import contextmanager
 
 from ..blas import THREAD_VARS
+from ..interrupts import ENDING_SIGNALS
 from . import fork
 
-# The signals that end a process (Ctrl-C, `kill`/`timeout`, a closed terminal).
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PRESTARTED: list[Launched] = []
 
@@ -204,6 +203,7 @@ def prestart(argv: list[str]) -> None:
     n = min(threads_asked(argv), cpus)
     try:
         for _ in range(n - 1):
-            _PRESTARTED.append(launch())
+            with signals_held():   # started and known together: a signal now stops it (discard)
+                _PRESTARTED.append(launch())
     except OSError:  # out of processes or descriptors: the pool will say so when it starts them
         discard()
