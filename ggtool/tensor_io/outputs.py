@@ -1,4 +1,5 @@
-"""Writing results: compact JSON in numpy order, .npy, and .gguf; files are replaced atomically.
+"""Writing results: compact JSON in numpy order, .npy, and .gguf; files are replaced atomically (a
+FIFO or a device is written in place, a symlink's target replaced), never left half-written.
 
 JSON numbers are the shortest text that reads back to the same float32 (or float16) value, with
 integral values written as integers (`60`, not `60.0`), so the seed example prints
