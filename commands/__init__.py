@@ -5,16 +5,17 @@ formats. This group maps failures to the project's conventions: a GGToolError (o
 is one `Error: ...` line on stderr and exit 1; usage errors exit 2; an unexpected exception is
 one `Error: internal error ...` line (GGTOOL_DEBUG=1 shows the traceback).
 
-In a shell pipeline it behaves as a C tool does. SIGINT, SIGTERM and SIGHUP (`main` installs the
-handlers) raise `Interrupted`, a KeyboardInterrupt, so every clean-up written for Ctrl-C runs:
-workers stopped, shared memory unlinked, temporary output files removed; then one line on stderr
-and exit 128 + the signal (130, 143, 129). A reader that closes the pipe early (`| head`) ends
-the command quietly with exit 141 (128 + SIGPIPE), whatever it was writing, stdout or stderr.
+In a shell pipeline it behaves as a C tool does. SIGINT, SIGTERM and SIGHUP (ggtool.interrupts:
+ggtool.__main__ installs the handlers first thing, `main` otherwise) raise `Interrupted`, a
+KeyboardInterrupt, while the command runs, so every clean-up written for Ctrl-C runs: workers
+stopped, shared memory unlinked, temporary output files removed; then one line on stderr and exit
+128 + the signal (130, 143, 129); before and after, they end it the same way. A reader that
+closes the pipe early (`| head`) ends the command quietly with exit 141 (128 + SIGPIPE), whatever
+it was writing, stdout or stderr.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import importlib
 import io
@@ -22,78 +23,40 @@ import os
 import select
 import signal
 import sys
-import threading
-import time
 
 import click
 
-from ggtool import __version__
+from ggtool import __version__, interrupts
 from ggtool.errors import GGToolError
 from ggtool.gguf_io import storage
-from ggtool.pool.launch import ENDING_SIGNALS
+from ggtool.interrupts import Interrupted  # noqa: F401  (its home; named here too)
 
 DEBUG_ENV = "GGTOOL_DEBUG"
 
 # -- signals and broken pipes ---------------------------------------------------------------------
-SIGNAL_MESSAGES = {signal.SIGINT: "Interrupted.", signal.SIGTERM: "Terminated.", signal.SIGHUP: "Hangup."}
+SIGNAL_MESSAGES = interrupts.MESSAGES
 BROKEN_PIPE_STATUS = 128 + signal.SIGPIPE
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP, raised in the main thread. A KeyboardInterrupt, so that every
-    clean-up that handles Ctrl-C (the worker pool, atomic output files, quantize's threads)
-    handles the other two the same way."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-# After a first signal, ggtool is ending: the clean-up on the way up to GGToolGroup.invoke (which
-# then ignores signals altogether) must not be cut short by a second one. Should the first have been
-# lost (raised inside a finalizer, which Python reports and swallows), a signal this much later is
-# raised again.
-_AGAIN_AFTER = 5.0
-_raised_at: float | None = None
-
-
-def _raise_interrupted(signum, frame):
-    global _raised_at
-    now = time.monotonic()
-    if _raised_at is not None and now - _raised_at < _AGAIN_AFTER:
-        return
-    _raised_at = now
-    raise Interrupted(signum)
-
-
 def install_signal_handlers() -> None:
-    """SIGINT, SIGTERM and SIGHUP raise Interrupted; a signal this process was started with
-    ignored (`nohup`, a background job of a script) stays ignored."""
-    for sig in ENDING_SIGNALS:
-        if signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, _raise_interrupted)
+    """SIGINT, SIGTERM and SIGHUP raise Interrupted (unless ggtool.__main__ installed them first:
+    then they end the process at once until the command runs); a signal this process was started
+    with ignored (`nohup`, a background job of a script) stays ignored."""
+    interrupts.install(interrupts.RUNNING)
 
 
 def _ending() -> None:
     """The command is over, one way or another: a further signal must not cut the clean-up short
-    (only our own handlers are changed: a test runner's stay), and the worker pool, idle or
-    abandoned, is stopped at once."""
-    if threading.current_thread() is threading.main_thread():   # signal.signal's rule
-        for sig in ENDING_SIGNALS:
-            if signal.getsignal(sig) is _raise_interrupted:
-                signal.signal(sig, signal.SIG_IGN)
+    (it is remembered for the exit status, ggtool.interrupts), and the worker pool, idle or
+    abandoned, is stopped at once, with the workers launched first thing that it never took (still
+    importing, they would outlive this process by as long)."""
+    interrupts.ending()
     pool = sys.modules.get("ggtool.pool")
     if pool is not None:
         pool.close_pool(graceful=False)
-
-
-def _silence(fd: int) -> None:
-    """Point fd (1 or 2) at /dev/null: what is still buffered for it, flushed at exit, goes there
-    instead of failing again (which would change the exit status to 120)."""
-    with contextlib.suppress(OSError):
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, fd)
-        os.close(null)
+    launch = sys.modules.get("ggtool.pool.launch")
+    if launch is not None:
+        launch.discard()
 
 
 def broken_std_streams() -> list[int]:
@@ -111,24 +74,9 @@ def broken_std_streams() -> list[int]:
     return broken
 
 
-def _say(message: str) -> None:
-    """One line on stderr, if stderr can still take it (after SIGHUP the terminal may be gone)."""
-    try:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        _silence(2)
-    try:
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        _silence(1)
-
-
 def _end_interrupted(e: KeyboardInterrupt) -> click.exceptions.Exit:
-    signum = getattr(e, "signum", signal.SIGINT)
     _ending()
-    _say(SIGNAL_MESSAGES[signum])
-    return click.exceptions.Exit(128 + signum)
+    return click.exceptions.Exit(interrupts.report(getattr(e, "signum", signal.SIGINT)))
 
 
 def _end_broken_pipe(e: OSError) -> click.exceptions.Exit | None:
@@ -141,7 +89,7 @@ def _end_broken_pipe(e: OSError) -> click.exceptions.Exit | None:
         return None
     _ending()
     for fd in broken:
-        _silence(fd)
+        interrupts.silence(fd)
     return click.exceptions.Exit(BROKEN_PIPE_STATUS)
 
 
@@ -192,10 +140,14 @@ class GGToolGroup(click.Group):
             raise end from None
 
     def invoke(self, ctx: click.Context):
+        interrupts.running()   # from here a signal raises Interrupted, and clean-ups run
         try:
-            rv = super().invoke(ctx)
-            sys.stdout.flush()   # here, not at exit, where a broken pipe could no longer be handled
-            return rv
+            try:
+                rv = super().invoke(ctx)
+                sys.stdout.flush()   # here, not at exit, where a broken pipe could no longer be handled
+                return rv
+            finally:
+                interrupts.ending()   # a signal from here on is remembered, not raised
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except KeyboardInterrupt as e:   # Ctrl-C, SIGTERM, SIGHUP (Interrupted)
@@ -276,7 +228,11 @@ def main() -> None:
     install_signal_handlers()
     storage.GUARD_SIGBUS = True   # a mapped input truncated under us: one Error line, not a crash
     buffered_stdout()
+    code = 0
     try:
         cli.main(prog_name="ggtool")
+    except SystemExit as e:
+        code = e.code
     finally:
         _ending()   # no signal may cut short the exit's own clean-up (the pool, at exit)
+    sys.exit(interrupts.exit_status(code))   # a signal while it ended ends it with 128 + the signal

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import click
 
 from ggtool.context import Context
 from ggtool.tensor_io import (
     FORMATS,
-    atomic_path,
+    copy_gguf,
     format_for_path,
     json_document,
     tensor_array,
-    write_gguf,
+    write_gguf_atomic,
     write_npy,
     write_npy_atomic,
     write_text_atomic,
@@ -61,7 +59,8 @@ More:
 
 Outputs: one output prints as a bare array; several as {{"name": array, ...}}. -o FILE takes
 its format from the extension (.json, .npy for one output, .gguf for all outputs as named
-tensors) and is replaced atomically: a failed run leaves no file. --format npy|gguf to stdout
+tensors) and is replaced atomically: a failed run leaves no file (a symlink's target is replaced,
+the link kept; a FIFO or a device such as /dev/null is written in place). --format npy|gguf to stdout
 is refused when stdout is a terminal. JSON writes NaN, Infinity and -Infinity as Python's json
 module does. A compute that runs over a second shows a progress bar in nodes on stderr when
 stderr is a terminal.
@@ -185,16 +184,9 @@ def write_outputs(outputs, fmt: str, path: str | None, source: str) -> None:
     if fmt == "gguf":
         metadata = {"ggtool.program": source}
         if path is not None:
-            with atomic_path(path) as tmp:
-                write_gguf(tmp, outputs, metadata)
+            write_gguf_atomic(path, outputs, metadata)
         else:
-            with tempfile.TemporaryDirectory() as d:
-                tmp = os.path.join(d, "out.gguf")
-                write_gguf(tmp, outputs, metadata)
-                with open(tmp, "rb") as f:
-                    out = binary_stdout()
-                    shutil.copyfileobj(f, out)
-                    out.flush()
+            copy_gguf(binary_stdout(), outputs, metadata)
         return
     named = [(name, tensor_array(t)) for name, t in outputs]
     if fmt == "npy":

@@ -37,7 +37,8 @@ Source tensors are dequantized to f32 exactly as gguf-py's dequantize does, so e
 tensor is byte-identical to llama.cpp's for the same source and mode.
 
 The output is written to a temporary file beside OUTPUT and renamed at the end: an error or
-Ctrl-C leaves no partial file. One line per tensor goes to stderr (--quiet silences it), with
+Ctrl-C leaves no partial file (a symlink's target is replaced, the link kept; a FIFO or a device
+is written in place). One line per tensor goes to stderr (--quiet silences it), with
 a progress bar in bytes when stderr is a terminal, then a summary.
 
 \b

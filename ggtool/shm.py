@@ -4,7 +4,8 @@ The creating process (the pool's caller) makes each segment (`shm_open` with O_E
 and maps it as a plain `mmap` that numpy views can keep alive for as long as they exist. Only the
 creator unlinks, exactly once: when the context or pool that used it is done, on an error or a
 signal, at exit. Should the creator die before it could (SIGKILL), its pool's workers, which see
-their life pipe close, remove the segments named after it (`remove_orphans`). Python's
+their life pipe close, remove the segments named after it (`remove_orphans`); should they die with
+it (SIGKILL of the whole process group), the next pool to start removes them (`remove_dead_owners`). Python's
 `multiprocessing.shared_memory` is not used: its resource tracker, a third Python process started
 with the first segment, cost ~25 ms of every pooled command's start on 2 cores.
 
@@ -19,7 +20,7 @@ import os
 import numpy as np
 
 from .errors import GGToolError
-from .pool.launch import signals_held
+from .pool.launch import process_alive, signals_held
 
 try:
     import _posixshmem
@@ -27,6 +28,7 @@ except ImportError:  # pragma: no cover (not POSIX)
     _posixshmem = None
 
 PREFIX = "ggtool_"
+_SHM_DIR = "/dev/shm"   # where Linux shows POSIX shared memory
 PAGE = mmap.PAGESIZE
 
 
@@ -141,9 +143,30 @@ def remove_orphans(pid: int) -> list[str]:
     return gone
 
 
+def remove_dead_owners() -> list[str]:
+    """Unlink every ggtool segment of this user whose creator (the pid in its name) is dead, and
+    return their names: what a SIGKILL of a whole process group, caller and workers together,
+    leaves behind (no one was left to run `remove_orphans`). A pool does it when it starts: one
+    listing of /dev/shm. A creator's pid reused by a live process keeps its segments until that
+    process is gone too."""
+    gone = []
+    for name in list_segments():
+        pid = name[len(PREFIX):].split("_", 1)[0]
+        if not pid.isdigit() or process_alive(int(pid)):
+            continue
+        try:
+            if os.stat(os.path.join(_SHM_DIR, name), follow_symlinks=False).st_uid != os.geteuid():
+                continue
+            _posixshmem.shm_unlink(_path(name))
+            gone.append(name)
+        except OSError:
+            pass
+    return gone
+
+
 def list_segments() -> list[str]:
     """Names of ggtool segments in /dev/shm (Linux), for tests and diagnostics."""
     try:
-        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(PREFIX))
+        return sorted(n for n in os.listdir(_SHM_DIR) if n.startswith(PREFIX))
     except FileNotFoundError:  # pragma: no cover
         return []

@@ -126,7 +126,7 @@ def test_failed_run_leaves_no_file(run, tmp_path, monkeypatch):
             f.write(b"GGUF partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("ggtool.commands.compute.write_gguf", half_write)
+    monkeypatch.setattr("ggtool.tensor_io.outputs.write_gguf", half_write)
     fails(run("compute", "relu(x)", "--tensor", "x=[1]", "-o", path), "No space left on device")
     assert path.read_bytes() == b"old contents"
     assert os.listdir(tmp_path) == ["out.gguf"]

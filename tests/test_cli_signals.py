@@ -1,7 +1,8 @@
 """The command line in shell pipelines, each case in a real process: a reader that closes the pipe
 early (exit 141, nothing said), SIGTERM and SIGHUP (exit 143 and 129, one line, like Ctrl-C's 130),
-`timeout`, a caller killed by SIGKILL. Every case checks the exit status, stderr, /dev/shm and the
-processes left behind.
+`timeout`, a signal at any moment from ggtool's first line to its last (the imports, a finalizer,
+the exit), a caller killed by SIGKILL, alone or with its workers. Every case checks the exit
+status, stderr, /dev/shm and the processes left behind.
 
 Each ggtool runs in a session of its own (start_new_session), so "left behind" is exact: no process
 of that session (its workers) may outlive it, and no segment named after its
@@ -12,6 +13,7 @@ in shared memory and a worker has since been busy), never after a fixed sleep.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -22,6 +24,7 @@ import pytest
 from conftest import ROOT, STORIES
 
 from ggtool import shm
+from ggtool.interrupts import ENDING_SIGNALS
 from ggtool.pool.worker import NAME
 
 PY = [sys.executable, "-m", "ggtool"]
@@ -480,3 +483,173 @@ def test_nohup_keeps_sighup_ignored():
     rc, err = finish(p)
     assert (rc, err) == (143, "Terminated.\n")
     assert_nothing_left(p.pid)
+
+
+# -- from the first line to the last ------------------------------------------------------------------
+TINY = ["compute", "mul_mat(a, b)", "--tensor", "a=[[1,2]]", "--tensor", "b=[[3,4]]", "--threads", "2"]
+PF_EXITING = 0x4   # /proc/PID/stat flags: the process has called exit (the kernel is tearing it down)
+
+
+# `ggtool` as its console script runs it, saying on a pipe when its main() starts its work: as it
+# calls launch.prestart, before anything heavy is imported (and after it has installed its handlers)
+AT_FIRST_LINE = """
+import os, sys
+import ggtool.pool.launch as L
+fd, real = int(sys.argv.pop(1)), L.prestart
+def prestart(argv):
+    os.write(fd, b".")
+    real(argv)
+L.prestart = prestart
+from ggtool.__main__ import main
+main()
+"""
+
+
+def start_at_first_line(args: list[str], **kw) -> subprocess.Popen:
+    """ggtool ARGS, returned as its main() starts its work (the Python interpreter has started,
+    ggtool's package is loaded, the imports of numpy, click and the commands are to come)."""
+    r, w = os.pipe()
+    try:
+        p = start([str(w), *args], code=AT_FIRST_LINE, pass_fds=(w,), **kw)
+    finally:
+        os.close(w)
+    try:
+        select.select([r], [], [], WAIT)
+        assert os.read(r, 1) == b".", "ggtool never started"
+    finally:
+        os.close(r)
+    return p
+
+
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked-worker", "interpreter-worker"])
+def test_a_signal_at_any_moment_ends_ggtool_cleanly(tmp_path, fork):
+    """SIGINT, SIGTERM, SIGHUP to the whole group 0 to 150 ms after ggtool's main() has started:
+    in the imports, as the worker starts (forked; or launched first thing, GGTOOL_FORK=0), during
+    the compute, the write, the exit. Every time 128 + the signal, its one line, no worker, no
+    segment, no temporary file (a signal after the rename leaves the new output)."""
+    out = tmp_path / "y.json"
+    n = 12
+    for i in range(n):
+        sig = ENDING_SIGNALS[i % 3]
+        delay = 0.15 * i / (n - 1)
+        p = start_at_first_line([*TINY, "-o", str(out)], env={**os.environ, "GGTOOL_FORK": fork})
+        time.sleep(delay)
+        st = _stat(p.pid)
+        if st is None or st[0] == "Z" or int(st[6]) & PF_EXITING:   # over already (a fast machine)
+            assert finish(p) == (0, "")
+            continue
+        os.killpg(p.pid, sig)
+        rc, err = finish(p)
+        where = f"{sig.name} {delay * 1000:.0f} ms after ggtool's main() started"
+        assert (rc, err) == (128 + sig, MESSAGES[sig] + "\n"), where
+        assert_nothing_left(p.pid)
+        assert [f for f in os.listdir(tmp_path) if f != out.name] == [], where
+
+
+# a signal raised as `import click` starts (ggtool.__main__ imports it after installing its handlers)
+IN_AN_IMPORT = """
+import signal, sys
+
+class Finder:
+    def find_spec(self, name, path=None, target=None):
+        if name == "click":
+            signal.raise_signal({sig})
+        return None
+
+sys.meta_path.insert(0, Finder())
+sys.argv[1:] = sys.argv[1:]
+from ggtool.__main__ import main
+main()
+"""
+
+
+@pytest.mark.parametrize("sig", ENDING_SIGNALS, ids=lambda s: s.name)
+def test_a_signal_in_the_middle_of_an_import_is_one_line(sig):
+    """A signal while ggtool is still importing (here exactly as click starts to load, after the
+    prestarted worker of GGTOOL_FORK=0 --threads 2 was launched): no KeyboardInterrupt traceback
+    from inside the import machinery; the worker stopped, 128 + sig, one line."""
+    p = start(TINY, code=IN_AN_IMPORT.format(sig=int(sig)), env={**os.environ, "GGTOOL_FORK": "0"})
+    rc, err = finish(p)
+    assert (rc, err) == (128 + sig, MESSAGES[sig] + "\n")
+    assert_nothing_left(p.pid)
+
+
+# SIGTERM as the command is over: from an exit handler (the last clean-ups run there)
+AT_EXIT = """
+import atexit, os, signal, sys
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))
+from ggtool.__main__ import main
+main()
+"""
+
+
+def test_a_signal_while_ending_is_not_lost(tmp_path):
+    """A signal after the command has done its work, while it exits: the output is complete, and
+    the exit status still says what happened (143, its line), as it would for a C tool."""
+    out = tmp_path / "y.json"
+    p = start([*TINY, "-o", str(out)], code=AT_EXIT)
+    rc, err = finish(p)
+    assert (rc, err) == (143, "Terminated.\n")
+    assert out.read_text() == "[11]\n"
+    assert os.listdir(tmp_path) == ["y.json"]
+    assert_nothing_left(p.pid)
+
+
+# SIGINT raised inside a finalizer (__del__), which cannot pass an exception on
+IN_A_FINALIZER = """
+import signal, sys
+import ggtool.commands.compute as C
+real = C.write_outputs
+class Garbage:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+def write_outputs(*a, **k):
+    Garbage()
+    return real(*a, **k)
+C.write_outputs = write_outputs
+from ggtool.__main__ import main
+main()
+"""
+
+
+def test_a_signal_lost_in_a_finalizer_still_sets_the_exit_status(tmp_path):
+    """Interrupted raised inside a finalizer is swallowed by Python (which prints `Exception
+    ignored in ...` and a traceback): nothing printed but the one line, and exit 130."""
+    out = tmp_path / "y.json"
+    p = start([*TINY, "-o", str(out)], code=IN_A_FINALIZER)
+    rc, err = finish(p)
+    assert (rc, err) == (130, "Interrupted.\n")
+    assert_nothing_left(p.pid)
+
+
+# -- what SIGKILL leaves, and who removes it ---------------------------------------------------------
+def test_sigkill_of_the_whole_group_leaves_segments_the_next_pool_removes():
+    """SIGKILL of caller and workers together (stopped first, so that none runs another
+    instruction: no worker is left to unlink the segments): they stay in /dev/shm until the next
+    pool of any ggtool process starts, which removes the segments of dead creators."""
+    p = start([*SLOW, "--threads", "2"], stdout=subprocess.DEVNULL)
+    wait_computing(p.pid, p.pid)
+    os.killpg(p.pid, signal.SIGSTOP)
+    os.killpg(p.pid, signal.SIGKILL)
+    finish(p)
+    wait_for(lambda: not session(p.pid), message="the killed processes are still there")
+    left = segments(p.pid)
+    assert len(left) >= 2
+    q = start(TINY)
+    assert finish(q) == (0, "")
+    assert segments(p.pid) == []
+
+
+def test_a_caller_killed_mid_write_leaves_a_temporary_the_next_run_removes(tmp_path):
+    """quantize SIGKILLed while it writes (a crash, the OOM killer): its `.q.gguf.PID.XXXXXXXX.tmp`
+    stays (nothing can run in a process SIGKILL ends); the next write of q.gguf removes it."""
+    out = tmp_path / "q.gguf"
+    p = start([str(STORIES), str(out), "-t", "2"], code=SLOW_QUANTIZE, stdout=subprocess.DEVNULL)
+    tmp = wait_for(lambda: [n for n in os.listdir(tmp_path) if n.endswith(".tmp")], message="no temporary output")
+    assert tmp[0].startswith(f".q.gguf.{p.pid}.")
+    os.kill(p.pid, signal.SIGKILL)
+    assert finish(p)[0] == -signal.SIGKILL
+    assert os.listdir(tmp_path) == tmp
+    q = start(["quantize", str(STORIES), str(out), "--quiet"])
+    assert finish(q) == (0, "")
+    assert os.listdir(tmp_path) == ["q.gguf"]

@@ -114,6 +114,7 @@ class WorkerPool:
         # each segment and worker is in State as soon as it exists (a signal meanwhile is held), so
         # that teardown finds it
         if st.ctl is None:
+            shm.remove_dead_owners()   # what pools killed with their workers left in /dev/shm
             with shm.signals_held():
                 st.ctl = shm.Segment(CTL_SIZE)
         while len(st.workers) < n - 1:

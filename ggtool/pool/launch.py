@@ -20,10 +20,9 @@ import threading
 from contextlib import contextmanager
 
 from ..blas import THREAD_VARS
+from ..interrupts import ENDING_SIGNALS
 from . import fork
 
-# The signals that end a process (Ctrl-C, `kill`/`timeout`, a closed terminal).
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PRESTARTED: list[Launched] = []
 
@@ -76,6 +75,21 @@ def signals_held():
             signal.signal(sig, h)
         for sig in dict.fromkeys(held):
             signal.raise_signal(sig)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user counts), for what a dead process left
+    behind: shared-memory segments and temporary files named after their creator's pid. Anything
+    that is not a pid (0, -1: os.kill would signal a group) counts as alive: nothing is removed."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):   # another user's process; a number too large to be one
+        return True
+    return True
 
 
 @contextmanager
@@ -189,6 +203,7 @@ def prestart(argv: list[str]) -> None:
     n = min(threads_asked(argv), cpus)
     try:
         for _ in range(n - 1):
-            _PRESTARTED.append(launch())
+            with signals_held():   # started and known together: a signal now stops it (discard)
+                _PRESTARTED.append(launch())
     except OSError:  # out of processes or descriptors: the pool will say so when it starts them
         discard()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from .. import quant as Q
 from ..errors import GGToolError
-from ..tensor_io import atomic_path
+from ..tensor_io import atomic_path, named_write_errors
 from .convert import (
     _convert_rows,
     _copy_tensor,
@@ -138,12 +138,13 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
              _source_rows(t.src_path, t.src_offset, t.src_type, t.ne[0], it.r0, it.r1))
         return _convert_rows(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0)
 
-    def write_file(out: OutputFile, f) -> int:
+    def write_file(out: OutputFile, f, path: str) -> int:
         def write(buf):
             mv = memoryview(buf).cast("B")
-            while len(mv):
-                n = f.write(mv)
-                mv = mv[n:]
+            with named_write_errors(path):
+                while len(mv):
+                    n = f.write(mv)
+                    mv = mv[n:]
 
         head = header_bytes(out)
         write(head)
@@ -182,12 +183,13 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
     try:
         Q.set_threads(1)                            # the parallelism is across pieces
         # atomic_path: a temporary file beside each output, renamed over it (with the normal
-        # new-file mode) only when every file has been written, all removed on any error or Ctrl-C.
+        # new-file mode) only when every file has been written, all removed on any error or Ctrl-C;
+        # a FIFO or a device output is written in place.
         with contextlib.ExitStack() as renames:
             for out, path in zip(plan.files, outputs):
                 tmp = renames.enter_context(atomic_path(path))
                 with open(tmp, "wb", buffering=0) as f:
-                    size += write_file(out, f)
+                    size += write_file(out, f, path)
     finally:
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)

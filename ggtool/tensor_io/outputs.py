@@ -1,4 +1,5 @@
-"""Writing results: compact JSON in numpy order, .npy, and .gguf; files are replaced atomically.
+"""Writing results: compact JSON in numpy order, .npy, and .gguf; files are replaced atomically (a
+FIFO or a device is written in place, a symlink's target replaced), never left half-written.
 
 JSON numbers are the shortest text that reads back to the same float32 (or float16) value, with
 integral values written as integers (`60`, not `60.0`), so the seed example prints
@@ -9,8 +10,12 @@ integral values written as integers (`60`, not `60.0`), so the seed example prin
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import re
+import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 
@@ -18,6 +23,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import GGToolError
+from ..pool.launch import process_alive, signals_held
 from ..tensor import Tensor
 
 FORMATS = ("json", "npy", "gguf")
@@ -156,27 +162,56 @@ def write_gguf(path: str, tensors: list[tuple[str, Tensor]], metadata: dict[str,
         w.close()
 
 
-# -- atomic files ----------------------------------------------------------------------------------
+# -- output files ----------------------------------------------------------------------------------
+# A temporary output file: `.NAME.PID.XXXXXXXX.tmp` beside NAME, PID its writer's (tempfile's 8 random characters).
+_TMP_RANDOM = r"[a-z0-9_]{8}"
+
+
+def destination(path: str) -> tuple[bool, str]:
+    """Where writing `path` goes: (True, path) for an existing FIFO, device or socket, written in
+    place (replacing it would break whoever reads it, and as root `-o /dev/null` would replace the
+    system's /dev/null); else (False, file), the regular file to replace or create: `path` itself,
+    or where its symlink (or chain of them) leads, so the link stays a link. A dangling link
+    creates its target, as a shell's `>` does; a directory, or a loop of links, is an error."""
+    try:
+        st = os.stat(path)   # follows links
+    except FileNotFoundError:
+        st = None            # a new file, or a dangling link: its target is created
+    except OSError as e:     # a loop of links, a component that is not a directory, no permission
+        raise GGToolError(f"cannot write {path}: {e.strerror or e}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise GGToolError(f"cannot write {path}: it is a directory")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return True, path
+    return False, os.path.realpath(path)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str) -> Iterator[str]:
-    """A temporary file beside `path`, moved over it only if the block succeeds (else removed).
+    """The path to write `path` through: a temporary file beside the file it names (see
+    `destination`), moved over it only if the block succeeds (else removed); or, for a FIFO, a
+    device or a socket, `path` itself, written in place.
 
-    So a failed or interrupted write never leaves a half-written file, and never clobbers the old one.
-    Making the temporary file and knowing its name hold SIGINT, SIGTERM and SIGHUP until both are
-    done, so that a signal cannot leave a temporary file nobody will remove.
+    So a failed or interrupted write never leaves a half-written file, and never clobbers the old
+    one. The temporary file is `.NAME.PID.XXXXXXXX.tmp`, locked (flock) by its writer while it
+    exists: those a dead writer left (SIGKILL, a crash) are removed first (`remove_stale_temporaries`).
+    Making it and knowing its name hold SIGINT, SIGTERM and SIGHUP until both are done, so that a
+    signal cannot leave a temporary file nobody will remove.
     """
-    from ..pool.launch import signals_held
-
-    target = os.path.abspath(path)
-    directory = os.path.dirname(target)
-    tmp = None
+    direct, target = destination(path)
+    if direct:
+        yield path
+        return
+    directory, name = os.path.split(target)
+    remove_stale_temporaries(directory, name)
+    tmp, fd = None, -1
     try:
         with signals_held():
             try:
-                fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
+                fd, tmp = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp", dir=directory)
             except OSError as e:
                 raise GGToolError(f"cannot write {path}: {e.strerror or e}") from None
-            os.close(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)   # held until it is renamed or removed: a writer alive
         yield tmp
         os.chmod(tmp, _new_file_mode(target))
         os.replace(tmp, target)   # a signal before it leaves the old file, one after it the new
@@ -185,6 +220,55 @@ def atomic_path(path: str) -> Iterator[str]:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def remove_stale_temporaries(directory: str, name: str) -> list[str]:
+    """Remove the temporary files of `name` in `directory` that their writer left when it died:
+    `.NAME.PID.XXXXXXXX.tmp`, PID not alive, a regular file of this user (symlinks and anything
+    else of that name are left alone, never followed), and its lock free (a live writer holds it:
+    this also covers a PID reused, or one of another machine sharing the directory). Returns their
+    names. One scan of the directory, before each write into it."""
+    prefix = f".{name}."
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\." + _TMP_RANDOM + r"\.tmp")
+    removed = []
+    try:
+        entries = [e.name for e in os.scandir(directory) if e.name.startswith(prefix)]
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.fullmatch(entry)
+        if m is None or process_alive(int(m.group(1))):
+            continue
+        if _remove_if_unlocked(os.path.join(directory, entry)):
+            removed.append(entry)
+    return removed
+
+
+def _remove_if_unlocked(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:   # a symlink (O_NOFOLLOW), gone already, not ours to read
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:   # locked: its writer is alive
+            return False
+        now = os.stat(path, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _new_file_mode(path: str) -> int:
@@ -196,12 +280,52 @@ def _new_file_mode(path: str) -> int:
         return 0o666 & ~umask
 
 
+@contextlib.contextmanager
+def named_write_errors(path: str) -> Iterator[None]:
+    """A write error (no file name of its own: a full disk, a FIFO whose reader left) names the output."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
+
+
+class _WriteOnly:
+    """A file as numpy sees a pipe: write() only. Given a real file, np.save writes with
+    tofile, which needs a file position, and a FIFO or a device has none."""
+
+    def __init__(self, f):
+        self.write = f.write
+
+
 def write_text_atomic(path: str, chunks: Iterable[str]) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    with named_write_errors(path), atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for c in chunks:
             f.write(c)
 
 
 def write_npy_atomic(path: str, arr: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        write_npy(f, arr)
+    with named_write_errors(path), atomic_path(path) as tmp, open(tmp, "wb") as f:
+        write_npy(f if tmp != path else _WriteOnly(f), arr)
+
+
+def write_gguf_atomic(path: str, tensors: list[tuple[str, Tensor]], metadata: dict[str, str] | None = None) -> None:
+    """write_gguf to `path` through `atomic_path`; onto a FIFO or a device (no file position to
+    seek to) through `copy_gguf`."""
+    with named_write_errors(path), atomic_path(path) as tmp:
+        if tmp != path:
+            write_gguf(tmp, tensors, metadata)
+        else:
+            with open(path, "wb") as f:
+                copy_gguf(f, tensors, metadata)
+
+
+def copy_gguf(out, tensors: list[tuple[str, Tensor]], metadata: dict[str, str] | None = None) -> None:
+    """write_gguf to a stream (stdout, a FIFO): to a file in a temporary directory, then copied."""
+    with tempfile.TemporaryDirectory() as d:
+        tmp = os.path.join(d, "out.gguf")
+        write_gguf(tmp, tensors, metadata)
+        with open(tmp, "rb") as f:
+            shutil.copyfileobj(f, out)
+        out.flush()
