@@ -9,12 +9,14 @@ inside its root tensor.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -213,3 +215,42 @@ def test_random_views_never_reach_outside_their_tensor():
                 outcomes["computed"] += 1
         assert np.array_equal(b.data.ravel(), np.full(16, 7, np.float32)), (ne, nb, offset)
     assert all(outcomes.values()), outcomes   # the corpus exercises every outcome
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_the_command_line_survives_its_model_truncated_mid_compute(tmp_path, threads):
+    """The real `ggtool compute` (its guard installed by the command line): the file is truncated
+    once the process has mapped its data (a second map of it: the header's is the first), while a
+    long graph keeps reading it. Whether the compute's check or a read then meets the loss, it ends
+    in one line naming the file."""
+    from conftest import write_gguf
+
+    path = tmp_path / "big.gguf"
+    write_gguf(path, {"w": np.ones((64, 4096), np.float32)})
+    program = "s = scale(w, 1.0); for i in range(1500): s = add(s, scale(w, 1.0)); end; sum(s)"
+    p = subprocess.Popen([sys.executable, "-m", "ggtool", "compute", program, "--gguf", str(path),
+                          "--threads", threads, "--graph-size", "8192"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _maps(p.pid).count(str(path)) < 2:
+            assert p.poll() is None and time.monotonic() < deadline, "the model was never mapped"
+            time.sleep(0.005)
+        os.truncate(path, 4096)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 1 and out == "", err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in err, err
+    assert f"{path} shrank from" in lines[0] and "to 4096 bytes while memory-mapped" in lines[0], lines[0]
+    assert [s for s in list_segments() if s.startswith(f"ggtool_{p.pid}_")] == []
+
+
+def _maps(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return f.read()
+    except OSError:
+        return ""
