@@ -41,7 +41,7 @@ def _exit_now(code: int) -> None:
     import atexit
     import os
 
-    if sys.getprofile() is not None or sys.gettrace() is not None:   # a profiler or debugger reports at exit
+    if _observed():   # a profiler, debugger or coverage tool reports at exit
         sys.exit(interrupts.exit_status(code))
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
@@ -50,6 +50,16 @@ def _exit_now(code: int) -> None:
         except (OSError, ValueError):   # a reader that left: the command has said what it had to
             pass
     os._exit(interrupts.exit_status(code, final=True))   # a signal while ending: its line and status
+
+
+def _observed() -> bool:
+    """Whether a tool watches this process: one set with sys.setprofile/sys.settrace, or one of
+    sys.monitoring's (Python 3.12+), which is where cProfile and coverage's sysmon core live now."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    mon = getattr(sys, "monitoring", None)
+    return mon is not None and any(mon.get_tool(i) is not None
+                                   for i in (mon.DEBUGGER_ID, mon.COVERAGE_ID, mon.PROFILER_ID))
 
 
 if __name__ == "__main__":

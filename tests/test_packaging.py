@@ -1,21 +1,36 @@
 """The installed package is complete and `import ggtool` is the library, with no click in it."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+if sys.version_info >= (3, 11):
+    import tomllib
+else:   # the test extra brings tomli, the same parser, to 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def test_every_engine_package_is_installed_by_pyproject():
-    tomllib = pytest.importorskip("tomllib")
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    config = PYPROJECT["tool"]["setuptools"]
     listed = set(config["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "ggtool").rglob("__init__.py")}
     assert found <= listed, f"packages missing from pyproject.toml: {sorted(found - listed)}"
     assert config["package-dir"]["ggtool.commands"] == "commands"
+
+
+def test_the_classifiers_and_the_readme_name_each_python_from_requires_pythons_floor():
+    """The Pythons ggtool supports are stated as one series: requires-python's floor, every 3.X
+    classifier up from it with no gap, and the README's set-up sentence naming the first and last."""
+    floor = re.fullmatch(r">=3\.(\d+)", PYPROJECT["project"]["requires-python"])
+    assert floor, PYPROJECT["project"]["requires-python"]
+    minors = [int(m) for c in PYPROJECT["project"]["classifiers"] for m in re.findall(r"^Programming Language :: Python :: 3\.(\d+)$", c)]
+    assert minors and minors == list(range(int(floor[1]), int(floor[1]) + len(minors))), minors
+    readme = (ROOT / "README.md").read_text()
+    assert f"Python 3.{minors[0]} to 3.{minors[-1]}" in readme.split("<!-- setup:install -->")[0]
 
 
 def test_import_ggtool_loads_no_click_and_exports_the_library():
