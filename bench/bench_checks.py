@@ -66,8 +66,9 @@ def llama(checkouts: dict, runs: int, n_tokens: int = 512) -> None:
     with tempfile.TemporaryDirectory() as d:
         tokens = os.path.join(d, "tokens.npy")
         np.save(tokens, np.concatenate([[1], (np.arange(n_tokens - 1) * 37 + 3) % 500 + 2]).astype(np.int32))
-        cmds = commands(checkouts, d, lambda name: [
-            "compute", "-f", str(PROGRAM), "--gguf", str(STORIES), "--tensor", f"tokens={tokens}",
+        cmds = commands(checkouts, d, lambda name: [   # each checkout's own program (the DSL grows)
+            "compute", "-f", str(Path(checkouts[name]) / "fixtures" / PROGRAM.name), "--gguf", str(STORIES),
+            "--tensor", f"tokens={tokens}",
             "--threads", "1", "--time", "-o", os.path.join(d, f"{name}.npy")])
         wait_idle()
         t = interleaved(cmds, runs, d)

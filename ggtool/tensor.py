@@ -29,7 +29,8 @@ def byte_extent(type, ne, nb) -> int:
     if 0 in ne:
         return 0
     blocks = -(-ne[0] // T.block_size(type))
-    return T.type_size(type) + (blocks - 1) * nb[0] + sum((ne[i] - 1) * nb[i] for i in (1, 2, 3))
+    return (T.type_size(type) + (blocks - 1) * nb[0] + (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2]
+            + (ne[3] - 1) * nb[3])
 
 
 class Tensor:
@@ -218,13 +219,15 @@ class Tensor:
         return view
 
     def _make_view(self, buf: np.ndarray) -> np.ndarray:
-        if any(n < 0 for n in self.nb):
+        """The numpy view of the data. Its layout is inside its root already (Context.new_tensor
+        checks views when they are made, a root's bytes are its own); what is checked here is the
+        buffer: a mapped file that shrank before it was mapped, and strides set by hand."""
+        if min(self.nb) < 0:
             raise ShapeError(f"tensor '{self.name}': negative byte strides nb={list(self.nb)} (GGML's are size_t)")
-        extent = self.extent
-        self.check_reach(extent, "the layout")   # views are checked when made; this guards a changed nb
-        if self.data_offset + extent > len(buf):   # a mapped file that shrank before it was mapped
+        end = self.data_offset + self.extent
+        if end > len(buf):
             where = getattr(self.storage, "path", "the context's pool")
-            raise InputError(f"tensor '{self.name}' needs bytes up to {self.data_offset + extent} of {where}, "
+            raise InputError(f"tensor '{self.name}' needs bytes up to {end} of {where}, "
                              f"which has {len(buf)} (the file changed since it was opened?)")
         if T.is_quantized(self.type):
             if self.nb[0] != T.type_size(self.type):
