@@ -42,7 +42,9 @@ class Graph:
         self.ctx, self.size, self.grads = ctx, size, grads
         self.offset = ctx.new_object(OBJ_GRAPH, graph_nbytes(size, grads), f"a graph of size {size}")
         self.hash_size = hash_size(2 * size)
-        self._keys: list[Tensor | None] = [None] * self.hash_size
+        # the occupied slots only: a table of 2 * size slots as a list would cost 8 bytes a slot up
+        # front (2.1 GB for --graph-size 10^8) for a graph that may hold a few nodes
+        self._keys: dict[int, Tensor] = {}
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
         self.binding = None          # ggtool.compute.Binding while the nodes live in a compute buffer
@@ -61,8 +63,8 @@ class Graph:
         size = self.hash_size
         h = i = ((_POOL_BASE + t.struct_offset) >> 4) % size
         keys = self._keys
-        while keys[i] is not None:
-            if keys[i] is t:
+        while (k := keys.get(i)) is not None:
+            if k is t:
                 return False
             i = (i + 1) % size
             if i == h:
@@ -74,8 +76,8 @@ class Graph:
         """ggml_hash_contains: probe from t's slot, as insertion does."""
         size, keys = self.hash_size, self._keys
         h = i = ((_POOL_BASE + t.struct_offset) >> 4) % size
-        while keys[i] is not None:
-            if keys[i] is t:
+        while (k := keys.get(i)) is not None:
+            if k is t:
                 return True
             i = (i + 1) % size
             if i == h:
