@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ggtool.errors import GGToolError
 from ggtool.gguf_io import inspect as I
 
 from ._common import NUMPY_ORDER_HELP
@@ -32,6 +33,7 @@ Examples:
   $ ggtool quantize model.gguf model-q4_0.gguf
   $ ggtool compare model.gguf model-q4_0.gguf
   $ ggtool compare model.gguf:output.weight out.npy --json
+  $ ggtool compare model.gguf model-q4_0.gguf --max-nmse 0.01 > report.txt || echo "too lossy"
 {NUMPY_ORDER_HELP}
 """
 
@@ -40,7 +42,10 @@ Examples:
 @click.argument("a", metavar="A")
 @click.argument("b", metavar="B")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
-def command(a, b, as_json):
+@click.option("--max-nmse", type=click.FloatRange(min=0), default=None, metavar="X",
+              help="Exit 1 if any tensor's NMSE exceeds X, is inf or NaN, or its shapes differ (the report "
+                   "is printed either way): a quality gate for scripts and CI.")
+def command(a, b, as_json, max_nmse):
     sa, sb = I.open_source(a), I.open_source(b)
     bar = None
     if sys.stderr.isatty():
@@ -55,3 +60,10 @@ def command(a, b, as_json):
     out = sys.stdout
     out.write(I.json_text(res) if as_json else I.format_compare(res))
     out.flush()
+    if max_nmse is not None:
+        worse = I.worse_than(res, max_nmse)
+        if worse:
+            w = worse[0]
+            why = "shapes differ" if w.get("nmse") is None else f"nmse {w['nmse']:.6g}"
+            raise GGToolError(f"{len(worse)} of {len(res['tensors'])} tensors fail --max-nmse {max_nmse:g} "
+                              f"(worst: '{w['name']}', {why})")

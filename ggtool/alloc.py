@@ -49,11 +49,6 @@ INPLACE_OPS = frozenset({
 })
 
 
-def op_can_inplace(op: str) -> bool:
-    """ggml_op_can_inplace: GGML's op name (`t.op`, e.g. "ADD", "UNARY")."""
-    return op in INPLACE_OPS
-
-
 def _align(n: int, alignment: int) -> int:
     return (n + alignment - 1) // alignment * alignment
 

@@ -278,3 +278,30 @@ def test_inspect_stats_counts_non_finite_values(run, tmp_path):
     assert "nonfinite" in out.splitlines()[7]
     assert "non-finite values (inf, NaN): 2, left out of min/max/mean/std" in out
     assert "nonfinite" not in run("inspect", STORIES, "--stats").stdout
+
+
+def test_compare_max_nmse_is_a_quality_gate(run, tmp_path):
+    """--max-nmse X: exit 0 when every tensor is within X, else exit 1 with one line naming how many
+    and the worst; the report is printed either way."""
+    q = tmp_path / "q.gguf"
+    assert run("quantize", STORIES, q, "--quiet").exit_code == 0
+    passed = run("compare", STORIES, q, "--max-nmse", "0.01")
+    assert passed.exit_code == 0 and "48 tensors compared" in passed.stdout and passed.stderr == ""
+    failed = run("compare", STORIES, q, "--max-nmse", "0.001")
+    assert failed.exit_code == 1 and "48 tensors compared" in failed.stdout
+    assert failed.stderr.splitlines() == [
+        "Error: 31 of 48 tensors fail --max-nmse 0.001 (worst: 'blk.0.attn_v.weight', nmse 0.00922038)"]
+    assert run("compare", STORIES, STORIES, "--max-nmse", "0").exit_code == 0   # identical files
+
+
+def test_compare_max_nmse_counts_non_finite_and_mismatched_shapes_as_worse(run, tmp_path):
+    x = np.ones((2, 33), np.float32)
+    x[1, 5] = 70000
+    a = write_gguf(tmp_path / "a.gguf", {"w": x, "v": np.ones(32, np.float32)})
+    with np.errstate(over="ignore"):
+        b = write_gguf(tmp_path / "b.gguf", {"w": x.astype(np.float16), "v": np.ones(32, np.float32)})
+    r = run("compare", a, b, "--max-nmse", "1e30")
+    assert r.exit_code == 1 and "1 of 2 tensors fail --max-nmse 1e+30 (worst: 'w', nmse inf)" in r.stderr
+    c = write_gguf(tmp_path / "c.gguf", {"w": np.ones((3, 33), np.float32), "v": np.ones(32, np.float32)})
+    r = run("compare", a, c, "--max-nmse", "1e30")
+    assert r.exit_code == 1 and "(worst: 'w', shapes differ)" in r.stderr

@@ -33,7 +33,6 @@ from .nodes import (
 
 # every GGML type name is a type word: f32 f16 i32 q4_0 q8_0 bf16 q4_K (and q4_k) ...
 TYPE_WORDS = frozenset({t.name.lower() for t in T.GGMLType} | {T.type_name(t) for t in T.GGMLType})
-SEPARATORS = ("NEWLINE", ";")
 _ADD_OPS, _MUL_OPS = ("+", "-"), ("*", "/", "//", "%")
 COMPARE_OPS = ("==", "!=", "<", "<=", ">", ">=")
 _BLOCK_ENDS = ("end", "elif", "else")

@@ -423,6 +423,17 @@ def compare(a: Source, b: Source, on_bytes: Callable[[int], None] | None = None)
                         **{k: v for k, v in total.result().items() if k != "identical"}}}
 
 
+def worse_than(result: dict, max_nmse: float) -> list[dict]:
+    """The tensors of a compare() result that fail a bound on NMSE: above it, not a number (inf or
+    NaN where the files differ), or not comparable at all (shapes that differ); worst first."""
+    def badness(r: dict) -> float:
+        nmse = r.get("nmse")
+        return math.inf if nmse is None or not math.isfinite(nmse) else nmse
+
+    return sorted((r for r in result["tensors"] if badness(r) > max_nmse or math.isinf(badness(r))),
+                  key=badness, reverse=True)
+
+
 def compare_values(a: Source, b: Source) -> int:
     """Total number of values compare() will read (for a progress bar)."""
     pairs, _, _ = _pairs(a, b)
