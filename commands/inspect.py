@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
@@ -37,8 +38,18 @@ Examples:
   $ ggtool inspect model.gguf --json | jq '.tensors[] | select(.type == "q4_0") | .name'
   $ diff <(ggtool inspect a.gguf --diffable) <(ggtool inspect b.gguf --diffable)
   $ ggtool inspect model-q4_0.gguf --stats
+  $ ggtool inspect model.gguf --only '^blk\\.0\\.|rope'
 {NUMPY_ORDER_HELP}
 """
+
+
+def _regex(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return re.compile(value)
+    except re.error as e:
+        raise click.BadParameter(f"{value!r} is not a regular expression: {e}", ctx=ctx, param=param) from None
 
 
 @click.command("inspect", help=HELP, short_help="Describe a GGUF file: metadata, tensors, totals.")
@@ -47,9 +58,12 @@ Examples:
 @click.option("--diffable", is_flag=True, help="No offsets; sorted keys and tensors (for diff).")
 @click.option("--full", is_flag=True, help="Do not shorten long strings and arrays.")
 @click.option("--stats", is_flag=True, help="Add min/max/mean/std per tensor (dequantized).")
-def command(path, as_json, diffable, full, stats):
+@click.option("--only", metavar="REGEX", callback=_regex,
+              help="Only the metadata keys and tensors whose name matches REGEX (re.search), e.g. '^blk\\.0\\.' "
+                   "or 'rope'; totals count those tensors.")
+def command(path, as_json, diffable, full, stats, only):
     g = GGUFFile(path)
-    d = I.describe(g, full=full, diffable=diffable)
+    d = I.describe(g, full=full, diffable=diffable, only=only.search if only is not None else None)
     st = None
     if stats:
         st = {}

@@ -305,3 +305,16 @@ def test_compare_max_nmse_counts_non_finite_and_mismatched_shapes_as_worse(run, 
     c = write_gguf(tmp_path / "c.gguf", {"w": np.ones((3, 33), np.float32), "v": np.ones(32, np.float32)})
     r = run("compare", a, c, "--max-nmse", "1e30")
     assert r.exit_code == 1 and "(worst: 'w', shapes differ)" in r.stderr
+
+
+def test_inspect_only_filters_keys_and_tensors(run):
+    out = run("inspect", STORIES, "--only", r"^blk\.0\.attn_[qk]\.|rope").stdout
+    assert "metadata (1 of 19):\n  llama.rope.dimension_count  UINT32  8\n" in out
+    assert "tensors (2 of 48):" in out and "blk.0.attn_q.weight" in out and "blk.0.attn_k.weight" in out
+    assert "blk.0.attn_v.weight" not in out and "blk.1.attn_q.weight" not in out
+    assert "total: 2 tensors, 6,144 elements" in out
+    d = json.loads(run("inspect", STORIES, "--only", "^output", "--json").stdout)
+    assert [t["name"] for t in d["tensors"]] == ["output_norm.weight", "output.weight"]
+    assert d["metadata"] == [] and d["n_tensors"] == 48 and d["totals"]["tensors"] == 2
+    bad = run("inspect", STORIES, "--only", "(")
+    assert bad.exit_code == 2 and "'(' is not a regular expression" in bad.stderr

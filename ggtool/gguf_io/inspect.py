@@ -86,16 +86,20 @@ def _bpw(nbytes: int, n: int) -> float:
     return round(nbytes * 8.0 / n, 4) if n else 0.0
 
 
-def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict:
+def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False,
+             only: Callable[[str], bool] | None = None) -> dict:
     """Everything `inspect` shows, as a JSON-ready dict with stable keys. A split model (its first
     shard) is described whole: `shards` lists its files, each tensor's `shard` is the number in
-    its file's name (offsets are in that file)."""
+    its file's name (offsets are in that file). `only(name)` picks the metadata keys and tensors
+    listed (and totalled); n_kv and n_tensors stay the file's."""
     split = len(g.shards) > 1
     shard_of = {p: k + 1 for k, p in enumerate(g.paths)}
     tensors = []
     by_type: dict[str, dict] = {}
     n_el = n_bytes = 0
     for info in g.tensors.values():
+        if only is not None and not only(info.name):
+            continue
         n = info.n_elements
         rec = {"name": info.name, "type": T.type_name(info.type), "ne": list(info.ne),
                "bytes": info.n_bytes, "bpw": _bpw(info.n_bytes, n)}
@@ -112,7 +116,8 @@ def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict
         n_bytes += info.n_bytes
     if diffable:
         tensors.sort(key=lambda r: r["name"])
-    metadata = [_value(g, k, full) for k in g.keys()]  # noqa: SIM118 - GGUFFile.keys(), not a dict
+    keys = g.keys()
+    metadata = [_value(g, k, full) for k in keys if only is None or only(k)]
     if diffable:
         metadata.sort(key=lambda r: r["key"])
     d = {"file": os.path.basename(g.path) if diffable else g.path, "version": g.version,
@@ -126,10 +131,14 @@ def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False) -> dict
         if not diffable:
             for rec, s in zip(d["shards"], g.shards):
                 rec.update(data_offset=s.data_offset, file_size=os.path.getsize(s.path))
-    d.update({"n_kv": len(metadata), "n_tensors": len(tensors), "metadata": metadata, "tensors": tensors,
+    d.update({"n_kv": len(keys), "n_tensors": len(g.tensors), "metadata": metadata, "tensors": tensors,
               "totals": {"tensors": len(tensors), "elements": n_el, "bytes": n_bytes, "bpw": _bpw(n_bytes, n_el),
                          "by_type": dict(sorted(by_type.items()))}})
     return d
+
+
+def _of(shown: int, total: int) -> str:
+    return str(total) if shown == total else f"{shown} of {total}"
 
 
 def _jsonable(o):
@@ -169,14 +178,14 @@ def format_describe(d: dict, stats: dict | None = None) -> str:
         lines.append(f"split model, {len(d['shards'])} shards: " +
                      ", ".join(f"{s['file']} ({s['tensors']} tensors)" for s in d["shards"]))
     lines.append("")
-    lines.append(f"metadata ({d['n_kv']}):")
+    lines.append(f"metadata ({_of(len(d['metadata']), d['n_kv'])}):")
     if d["metadata"]:
         kw = max(len(m["key"]) for m in d["metadata"])
         tw = max(len(m["type"]) for m in d["metadata"])
         for m in d["metadata"]:
             lines.append(f"  {m['key']:<{kw}}  {m['type']:<{tw}}  {format_value(m)}")
     lines.append("")
-    lines.append(f"tensors ({d['n_tensors']}):")
+    lines.append(f"tensors ({_of(len(d['tensors']), d['n_tensors'])}):")
     if d["tensors"]:
         head = ["#", "name", "type", "ne", "bytes", "bpw"] + (["offset"] if "offset" in d["tensors"][0] else [])
         head += ["shard"] if "shard" in d["tensors"][0] else []
