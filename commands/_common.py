@@ -155,7 +155,7 @@ def build_graph(source: str, filename: str, inputs: Inputs, ctx: Context, output
                 graph_size: int | None = None, max_steps: int | None = None):
     """Parse and build the program in `ctx`; returns the DSL's Built (graph, outputs, tensors).
     max_steps None is the DSL's own limit (ggtool.dsl.limits.MAX_STEPS)."""
-    from ggtool.dsl import StepLimitError, build, parse
+    from ggtool.dsl import StepLimitError, UnknownOutputError, build, parse
     from ggtool.dsl.limits import MAX_STEPS
 
     program = parse(source, filename=filename)
@@ -165,9 +165,18 @@ def build_graph(source: str, filename: str, inputs: Inputs, ctx: Context, output
     except StepLimitError as e:
         first = str(e).splitlines()[0]
         raise GGToolError(f"{first} (--max-steps N raises the limit)") from None
+    except UnknownOutputError as e:
+        if not _looks_like_a_path(e.name):
+            raise
+        raise GGToolError(f"{str(e).splitlines()[0]}: --output names a tensor of the program; to write the "
+                          f"result to the file {e.name}, use -o {e.name}") from None
     for note in built.notes:
         log(f"Note: {note}")
     return built
+
+
+def _looks_like_a_path(name: str) -> bool:
+    return "/" in name or os.path.splitext(name)[1].lower() in (".json", ".npy", ".gguf", ".txt")
 
 
 def warn_unused(inputs: Inputs) -> None:

@@ -210,3 +210,12 @@ def test_internal_error_is_one_line(run, monkeypatch):
 
 def test_success_still_works(run):
     assert ok(run("compute", "relu(a)", "--tensor", "a=[-1, 2]")) == "[0,2]\n"
+
+
+def test_an_output_name_that_looks_like_a_file_says_to_use_o(run):
+    """--output NAME picks a tensor, -o FILE writes one: mixing them up says which is which."""
+    fails(run("compute", "y = add(a, a)", "--tensor", "a=[1]", "--output", "y.npy"),
+          "unknown output 'y.npy': --output names a tensor of the program; to write the result to the file "
+          "y.npy, use -o y.npy")
+    err = fails(run("compute", "y = add(a, a)", "--tensor", "a=[1]", "--output", "yy"), "unknown output 'yy'")
+    assert "-o" not in err

@@ -7,7 +7,7 @@
 
 from .builtins import BUILTINS
 from .env import DictEnv, Env
-from .errors import DSLError, StepLimitError
+from .errors import DSLError, StepLimitError, UnknownOutputError
 from .evaluate import Built, build
 from .parser import TYPE_WORDS, parse, parse_expression
 from .printer import unparse
@@ -26,6 +26,7 @@ __all__ = [
     "DictEnv",
     "Env",
     "StepLimitError",
+    "UnknownOutputError",
     "build",
     "format_source",
     "parse",

@@ -65,6 +65,14 @@ class StepLimitError(DSLError):
     """The program ran more statements and loop iterations than its limit (build's max_steps)."""
 
 
+class UnknownOutputError(DSLError):
+    """An output asked for by name (build's outputs) that the program does not have: `name`."""
+
+    def __init__(self, message: str, name: str, **where):
+        self.name = name
+        super().__init__(message, **where)
+
+
 def suggest(name: str, candidates: Iterable[str]) -> str:
     """' (did you mean 'x'?)' or '' — the tail of an unknown-name message."""
     import difflib  # only for an error

@@ -23,7 +23,7 @@ from ..ops.base import FUNCTIONS
 from ..tensor import FLAG_PARAM, Tensor
 from .builtins import BUILTINS, BuiltinError, describe, is_number
 from .env import DictEnv, Env
-from .errors import DSLError, StepLimitError, suggest
+from .errors import DSLError, StepLimitError, UnknownOutputError, suggest
 from .limits import (
     INCLUDE_SUFFIX,
     INT64_MAX,
@@ -675,7 +675,7 @@ class Evaluator:
                 value = self.input(name)
             if value is None:
                 known = [k for k, v in self.vars.items() if isinstance(v, Tensor)]
-                raise DSLError(f"unknown output '{name}'"
-                               f"{suggest(name, [*known, *self.named, *self.env.names()])}")
+                raise UnknownOutputError(f"unknown output '{name}'"
+                                         f"{suggest(name, [*known, *self.named, *self.env.names()])}", name)
             outs.append((name, value))
         return outs
