@@ -239,13 +239,18 @@ def test_gguf_v1_is_refused_clearly(run, tmp_path):
     assert r.exit_code == 1 and "GGUF version 1 is not supported" in r.stderr
 
 
-def test_compare_reports_non_finite_values_never_nmse_0(run, tmp_path):
-    # what ggtool quantize wrote before it checked f16 overflow: 70000 became inf
+def _overflowed_pair(tmp_path):
+    """(a, b): what ggtool quantize wrote before it checked f16 overflow: 70000 in 'w' became inf."""
     x = np.ones((2, 33), np.float32)
     x[1, 5] = 70000
     a = write_gguf(tmp_path / "a.gguf", {"w": x, "v": np.ones(32, np.float32)})
     with np.errstate(over="ignore"):
         b = write_gguf(tmp_path / "b.gguf", {"w": x.astype(np.float16), "v": np.ones(32, np.float32)})
+    return a, b
+
+
+def test_compare_reports_non_finite_values_never_nmse_0(run, tmp_path):
+    a, b = _overflowed_pair(tmp_path)
     out = run("compare", a, b).stdout
     assert "overall: nmse inf, max abs error inf, rel rms inf" in out
     assert "non-finite values: 0 in A, 1 in B (w)" in out
@@ -295,11 +300,7 @@ def test_compare_max_nmse_is_a_quality_gate(run, tmp_path):
 
 
 def test_compare_max_nmse_counts_non_finite_and_mismatched_shapes_as_worse(run, tmp_path):
-    x = np.ones((2, 33), np.float32)
-    x[1, 5] = 70000
-    a = write_gguf(tmp_path / "a.gguf", {"w": x, "v": np.ones(32, np.float32)})
-    with np.errstate(over="ignore"):
-        b = write_gguf(tmp_path / "b.gguf", {"w": x.astype(np.float16), "v": np.ones(32, np.float32)})
+    a, b = _overflowed_pair(tmp_path)
     r = run("compare", a, b, "--max-nmse", "1e30")
     assert r.exit_code == 1 and "1 of 2 tensors fail --max-nmse 1e+30 (worst: 'w', nmse inf)" in r.stderr
     c = write_gguf(tmp_path / "c.gguf", {"w": np.ones((3, 33), np.float32), "v": np.ones(32, np.float32)})
