@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import click
@@ -38,11 +39,17 @@ Examples:
 """
 
 
+def _not_nan(ctx, param, value):
+    if value is not None and math.isnan(value):
+        raise click.BadParameter("a bound of NaN would pass every tensor: give a number", ctx=ctx, param=param)
+    return value
+
+
 @click.command("compare", help=HELP, short_help="Per-tensor NMSE / max error between two GGUF files or tensors.")
 @click.argument("a", metavar="A")
 @click.argument("b", metavar="B")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
-@click.option("--max-nmse", type=click.FloatRange(min=0), default=None, metavar="X",
+@click.option("--max-nmse", type=click.FloatRange(min=0), default=None, metavar="X", callback=_not_nan,
               help="Exit 1 if any tensor's NMSE exceeds X, is inf or NaN, or its shapes differ (the report "
                    "is printed either way): a quality gate for scripts and CI.")
 def command(a, b, as_json, max_nmse):

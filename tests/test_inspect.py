@@ -297,6 +297,8 @@ def test_compare_max_nmse_is_a_quality_gate(run, tmp_path):
     assert failed.stderr.splitlines() == [
         "Error: 31 of 48 tensors fail --max-nmse 0.001 (worst: 'blk.0.attn_v.weight', nmse 0.00922038)"]
     assert run("compare", STORIES, STORIES, "--max-nmse", "0").exit_code == 0   # identical files
+    nan = run("compare", STORIES, q, "--max-nmse", "nan")    # would pass everything
+    assert nan.exit_code == 2 and "a bound of NaN would pass every tensor" in nan.stderr
 
 
 def test_compare_max_nmse_counts_non_finite_and_mismatched_shapes_as_worse(run, tmp_path):
