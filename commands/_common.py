@@ -14,7 +14,7 @@ import click
 
 from ggtool.context import Context
 from ggtool.errors import GGToolError
-from ggtool.tensor_io import Inputs, SourceSyntaxError, parse_tensor_option
+from ggtool.tensor_io import Inputs, SourceSyntaxError, format_for_path, parse_tensor_option
 
 THREADS_ENV = "GGTOOL_THREADS"
 UNUSED_SHOWN = 5   # unused GGUF tensors a warning names
@@ -176,7 +176,7 @@ def build_graph(source: str, filename: str, inputs: Inputs, ctx: Context, output
 
 
 def _looks_like_a_path(name: str) -> bool:
-    return "/" in name or os.path.splitext(name)[1].lower() in (".json", ".npy", ".gguf", ".txt")
+    return "/" in name or format_for_path(name) is not None
 
 
 def warn_unused(inputs: Inputs) -> None:
