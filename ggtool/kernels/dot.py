@@ -1,7 +1,8 @@
 """Quantized dot products: weights of a block type x their vec_dot_type activations (Q8_0 or Q8_1
 here, Q8_K in ``dot_k``), GGML's integer block dot.
 
-Each weight type registers a ``DotKernel``: ``pack`` (rows of GGML blocks -> an interleaved layout
+Each weight type registers a ``DotKernel`` (``dot_base``, the registry this module, ``dot_k`` and
+``dot_bf16`` share; importing this module loads all three): ``pack`` (rows of GGML blocks -> an interleaved layout
 where the codes of 16 rows sit side by side in groups of ``GROUP`` rows, as ``simd``'s vector tiles
 read them; GGML's CPU backend repacks Q4_0 for the same reason) and ``dot`` (packed weights x
 activation rows -> float32: the activations prepared as ``simd``'s int16 pairs, then per row group
@@ -19,33 +20,15 @@ for 1..N of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import numpy as np
 
 from .. import types as T
-from . import simd
+from . import dot_bf16, dot_k, simd  # noqa: F401 - the BF16 and K-quant dots register themselves
+from .dot_base import DOTS, GROUP, register, store_group
 from .jit import njit
 from .tables import F16_TO_F32
 
-GROUP = simd.GROUP   # weight rows per interleaved group (128)
 Q4_0_BYTES, Q8_0_BYTES, QK = 18, 34, 32
-
-
-@dataclass(frozen=True)
-class DotKernel:
-    type: T.GGMLType
-    block_bytes: int
-    pack: Callable        # (w uint8 (n, row_bytes), f16 table) -> packed arrays (a tuple)
-    dot: Callable         # (*packed, act uint8 (M, row_bytes of Q8_0), f16 table, out f32 (M, n)) -> None
-
-
-DOTS: dict[T.GGMLType, DotKernel] = {}
-
-
-def register(type_, block_bytes: int, pack, dot) -> None:
-    DOTS[type_] = DotKernel(type_, block_bytes, pack, dot)
 
 
 def pack(type_, w: np.ndarray) -> tuple:
@@ -59,19 +42,6 @@ def dot(type_, packed: tuple, act: np.ndarray, out: np.ndarray) -> None:
 
 
 # -- shared by the 32-value block types ------------------------------------------------------------
-# U: unsigned indices for numba loops over rows (dot_bf16): numba wraps negative indices, and that
-# select per lane would turn every contiguous load into a gather.
-U = np.uint64
-
-
-@njit
-def store_group(acc, out, g, n):
-    """The results of row group g (acc: (M, GROUP)) into out (M, n), leaving out the padding rows."""
-    for m in range(acc.shape[0]):
-        for r in range(min(GROUP, n - g * GROUP)):
-            out[m, g * GROUP + r] = acc[m, r]
-
-
 @njit
 def _at(g, nb, b, r, byte, quads):
     """Index of byte `byte` of row g*GROUP + r's block b in ``simd``'s layout: quads of 4 bytes per
@@ -278,5 +248,3 @@ register(T.Q8_0, Q8_0_BYTES, _pack_q8_0, _dot_q8_0)
 register(T.GGMLType.Q5_0, 22, _pack_q5_0, _dot_q8_0)
 register(T.GGMLType.Q4_1, 20, _pack_q4_1, _dot_q8_1)
 register(T.GGMLType.Q5_1, 24, _pack_q5_1, _dot_q8_1)
-
-from . import dot_bf16, dot_k  # noqa: E402,F401 - the BF16 and K-quant dots register themselves

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from .dot import GROUP, U, register
+from .dot_base import GROUP, U, register
 from .jit import njit
 
 KB = 256      # k values per slice of widened weights (KB x GROUP float32: 128 KiB, in L2)

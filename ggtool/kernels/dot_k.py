@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import types as T
 from . import simd
-from .dot import GROUP, register, store_group
+from .dot_base import GROUP, register, store_group
 from .jit import njit
 
 Q8_K_BYTES = 292

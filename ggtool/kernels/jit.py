@@ -31,8 +31,8 @@ def cache_dir() -> str:
 
 
 # Modules whose compiled functions other kernel modules compile into theirs: simd's vector tiles
-# (into dot and dot_k), dot's store_group (into dot_k), dot_k's scale decoding (into x86).
-SHARED = ("simd.py", "dot.py", "dot_k.py")
+# (into dot and dot_k), dot_base's store_group (into dot and dot_k), dot_k's scale decoding (into x86).
+SHARED = ("simd.py", "dot_base.py", "dot_k.py")
 
 
 def _tiles_key() -> str:

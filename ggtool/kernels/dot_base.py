@@ -1,0 +1,46 @@
+"""What every weight type's dot product shares: the registry (``DotKernel``, ``register``) and the
+interleaved row groups (``GROUP`` rows side by side, ``store_group``).
+
+It sits below the modules that register types (``dot``: the 32-value block types, ``dot_k``: the
+K-quants, ``dot_bf16``), so each of them imports it and none imports another; ``dot`` loads all
+three and dispatches (``dot.pack``, ``dot.dot``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import types as T
+from . import simd
+from .jit import njit
+
+GROUP = simd.GROUP   # weight rows per interleaved group (128)
+
+# U: unsigned indices for numba loops over rows (dot_bf16): numba wraps negative indices, and that
+# select per lane would turn every contiguous load into a gather.
+U = np.uint64
+
+
+@dataclass(frozen=True)
+class DotKernel:
+    type: T.GGMLType
+    block_bytes: int
+    pack: Callable        # (w uint8 (n, row_bytes), f16 table) -> packed arrays (a tuple)
+    dot: Callable         # (*packed, act uint8 (M, row_bytes of Q8_0), f16 table, out f32 (M, n)) -> None
+
+
+DOTS: dict[T.GGMLType, DotKernel] = {}
+
+
+def register(type_, block_bytes: int, pack, dot) -> None:
+    DOTS[type_] = DotKernel(type_, block_bytes, pack, dot)
+
+
+@njit
+def store_group(acc, out, g, n):
+    """The results of row group g (acc: (M, GROUP)) into out (M, n), leaving out the padding rows."""
+    for m in range(acc.shape[0]):
+        for r in range(min(GROUP, n - g * GROUP)):
+            out[m, g * GROUP + r] = acc[m, r]
