@@ -238,18 +238,18 @@ def overhead(n: int = 1000, runs: int = 9) -> None:
         g, y, _ = add_chain(n)
         graphs[alloc] = (g, y)
         if alloc == "in-process":
-            plans[alloc] = g.compute(1)
+            plans[alloc] = ggtool.graph_compute(g, 1)
         else:
-            plans[alloc] = g.compute(2, pool=pool, alloc=alloc, outputs=[y])   # warm: segment, graph sent
+            plans[alloc] = ggtool.graph_compute(g, 2, pool=pool, alloc=alloc, outputs=[y])   # warm: segment, graph sent
         assert np.array_equal(y.numpy().reshape(-1), want), alloc
 
     def on_pool(alloc):
         g, y = graphs[alloc]
-        return lambda: g.compute(2, pool=pool, plan=plans[alloc], alloc=alloc, outputs=[y])
+        return lambda: ggtool.graph_compute(g, 2, pool=pool, plan=plans[alloc], alloc=alloc, outputs=[y])
 
     wait_idle()
     g1 = graphs["in-process"][0]
-    tc, tg, t1 = timed(on_pool("context"), on_pool("graph"), lambda: g1.compute(1, plan=plans["in-process"]),
+    tc, tg, t1 = timed(on_pool("context"), on_pool("graph"), lambda: ggtool.graph_compute(g1, 1, plan=plans["in-process"]),
                        runs=runs)
     us = 1e6 / n
     print(f"\n== per-node overhead: a chain of {n} adds on 16 floats, median of {runs} "

@@ -132,12 +132,12 @@ def llama(runs: int) -> None:
                       Inputs([parse_source("tokens", tokens)], [model]))
         logits = built.outputs[0][1]
         g = built.graph
-        plan = g.compute(1)
+        plan = ggtool.graph_compute(g, 1)
         same = bool((logits.numpy().reshape(len(z["tokens_1"]), -1).argmax(1) == z["logits_1"].argmax(1)).all())
         best = float("inf")
         for _ in range(runs):
             t0 = time.perf_counter()
-            g.compute(1, plan=plan)
+            ggtool.graph_compute(g, 1, plan=plan)
             best = min(best, time.perf_counter() - t0)
     print(f"\n== llama pass, stories260K as Q4_0, {len(z['tokens_1'])} tokens, in-process compute, 1 thread, best of "
           f"{runs}: {best * 1e3:.2f} ms (argmax as llama.cpp's f32 logits: {same}; code from {ggtool.__file__})")

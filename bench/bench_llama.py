@@ -156,19 +156,19 @@ def main() -> None:
 
     built = fresh()
     logits = built.outputs[0][1]
-    built.graph.compute(1)
+    ggtool.graph_compute(built.graph, 1)
     check(logits.numpy().reshape(T, -1), ref, "engine, 1 thread")
     pool = WorkerPool(2)
     try:
-        built.graph.compute(2, pool=pool)
+        ggtool.graph_compute(built.graph, 2, pool=pool)
         check(logits.numpy().reshape(T, -1), ref, "engine, 2 threads (pool)")
 
         runs = args.runs
         t = interleaved({"np": lambda: numpy_forward(hp, w, tokens),
-                         "c1": lambda: built.graph.compute(1),
-                         "c2": lambda: built.graph.compute(2, pool=pool),
-                         "b1": lambda: fresh().graph.compute(1),
-                         "b2": lambda: fresh().graph.compute(2, pool=pool)}, runs)
+                         "c1": lambda: ggtool.graph_compute(built.graph, 1),
+                         "c2": lambda: ggtool.graph_compute(built.graph, 2, pool=pool),
+                         "b1": lambda: ggtool.graph_compute(fresh().graph, 1),
+                         "b2": lambda: ggtool.graph_compute(fresh().graph, 2, pool=pool)}, runs)
         t_np, t_c1, t_c2, t_b1, t_b2 = t["np"], t["c1"], t["c2"], t["b1"], t["b2"]
     finally:
         pool.close()

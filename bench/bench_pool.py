@@ -93,13 +93,13 @@ def startup() -> None:
     for _ in range(3):
         ctx = ggtool.Context()
         a = ctx.new_tensor("f32", [16])
-        g = ctx.new_graph()
+        g = ggtool.Graph(ctx)
         g.expand(FUNCTIONS["add"](ctx, a, a))
         t0 = time.perf_counter()
         with WorkerPool(2) as pool:
             pool._ensure(2)
             t1 = time.perf_counter()
-            g.compute(2, pool=pool)
+            ggtool.graph_compute(g, 2, pool=pool)
             t2 = time.perf_counter()
         times.append(t1 - t0)
         first.append(t2 - t1)
@@ -123,7 +123,7 @@ def add_chain(n: int):
     y = x
     for _ in range(n):
         y = FUNCTIONS["add"](ctx, y, b)
-    g = ctx.new_graph(2 * n)
+    g = ggtool.Graph(ctx, 2 * n)
     g.expand(y)
     return g, y, x
 
@@ -141,21 +141,21 @@ def overhead(n: int = 1000) -> None:
     e = x
     for _ in range(n):
         e = new_op(ctx, "BENCH_EMPTY", e.type, e.ne, (e,))
-    ge = ctx.new_graph(2 * n)
+    ge = ggtool.Graph(ctx, 2 * n)
     ge.expand(e)
 
-    p1 = g.compute(1)
+    p1 = ggtool.graph_compute(g, 1)
     want = y.numpy()
-    pe1 = ge.compute(1)
+    pe1 = ggtool.graph_compute(ge, 1)
     with WorkerPool(2) as pool:
-        p2 = g.compute(2, pool=pool)
+        p2 = ggtool.graph_compute(g, 2, pool=pool)
         assert np.array_equal(y.numpy(), want)
-        pe = ge.compute(2, pool=pool)
+        pe = ggtool.graph_compute(ge, 2, pool=pool)
         # the kernels alone, as participant 0 of 2 runs them (the split has its own cost in the kernel)
         work = Work(work_view(g, p2))
-        t2, t1, tk, te, te1 = timed(lambda: g.compute(2, pool=pool, plan=p2), lambda: g.compute(1, plan=p1),
+        t2, t1, tk, te, te1 = timed(lambda: ggtool.graph_compute(g, 2, pool=pool, plan=p2), lambda: ggtool.graph_compute(g, 1, plan=p1),
                                     lambda: [run_node(i, node, 0, 2, work) for i, node in enumerate(g.nodes)],
-                                    lambda: ge.compute(2, pool=pool, plan=pe), lambda: ge.compute(1, plan=pe1),
+                                    lambda: ggtool.graph_compute(ge, 2, pool=pool, plan=pe), lambda: ggtool.graph_compute(ge, 1, plan=pe1),
                                     runs=9)
     us = 1e6 / n
     print(f"add chain, {n} nodes of 16 floats: 2 participants {t2 * us:5.1f} us/node (target <= 20; GGML 0.4); "
@@ -214,7 +214,7 @@ def mul_mat_graph(K: int, N: int, M: int, wtype: str):
     a = ctx.new_tensor_from(w, type=wtype, name="w")
     b = ctx.new_tensor_from(x, name="x")
     out = FUNCTIONS["mul_mat"](ctx, a, b)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(out)
     return g, out, w, x
 
@@ -224,23 +224,23 @@ def one_vs_pool(g, pool) -> tuple[float, float]:
     the pool with 2 participants, runs interleaved."""
     from ggtool.compute import single_threaded
 
-    p1 = g.compute(1)
-    p2 = g.compute(2, pool=pool)
+    p1 = ggtool.graph_compute(g, 1)
+    p2 = ggtool.graph_compute(g, 2, pool=pool)
 
     def one():
         with single_threaded():
-            g.compute(1, plan=p1)
+            ggtool.graph_compute(g, 1, plan=p1)
 
-    return tuple(timed(one, lambda: g.compute(2, pool=pool, plan=p2), settle=0.2))
+    return tuple(timed(one, lambda: ggtool.graph_compute(g, 2, pool=pool, plan=p2), settle=0.2))
 
 
 def f32(pool, shapes=((2048, 2048, 512), (4096, 4096, 64))) -> None:
     for K, N, M in shapes:
         g, out, w, x = mul_mat_graph(K, N, M, "f32")
-        plan = g.compute(2, pool=pool)
+        plan = ggtool.graph_compute(g, 2, pool=pool)
         assert np.allclose(out.numpy()[0, 0], x @ w.T, rtol=1e-3, atol=1e-2)
         numpy2 = NumpyTimer(K, N, M, threads=2)
-        t, tn = timed(lambda: g.compute(2, pool=pool, plan=plan), numpy2, runs=15, settle=0.2)  # noqa: B023
+        t, tn = timed(lambda: ggtool.graph_compute(g, 2, pool=pool, plan=plan), numpy2, runs=15, settle=0.2)  # noqa: B023
         numpy2.close()
         fl = 2 * K * N * M
         print(f"f32 mul_mat K={K} N={N} M={M}: pool(2) {fl / t / 1e9:6.1f} GFLOP/s, numpy @ with 2 BLAS threads "
@@ -253,14 +253,14 @@ def scaling(pool, K: int = 2048, N: int = 2048, M: int = 512) -> None:
     from ggtool.compute import single_threaded
 
     g = mul_mat_graph(K, N, M, "f32")[0]
-    p1, p2 = g.compute(1), g.compute(2, pool=pool)
+    p1, p2 = ggtool.graph_compute(g, 1), ggtool.graph_compute(g, 2, pool=pool)
     np1, np2 = NumpyTimer(K, N, M, threads=1), NumpyTimer(K, N, M, threads=2)
 
     def one():
         with single_threaded():
-            g.compute(1, plan=p1)
+            ggtool.graph_compute(g, 1, plan=p1)
 
-    t1, t2, tn1, tn2 = timed(one, lambda: g.compute(2, pool=pool, plan=p2), np1, np2, runs=15, settle=0.2)
+    t1, t2, tn1, tn2 = timed(one, lambda: ggtool.graph_compute(g, 2, pool=pool, plan=p2), np1, np2, runs=15, settle=0.2)
     np1.close()
     np2.close()
     fl = 2 * K * N * M
@@ -288,7 +288,7 @@ def quantized_graph(K: int, N: int, M: int, wtype: str):
     ctx = ggtool.Context()
     a = ctx.new_tensor(wtype, [K, N]).set_data(w.reshape(N, -1))
     b = ctx.new_tensor_from(rng.standard_normal((M, K), dtype=np.float32), name="x")
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(FUNCTIONS["mul_mat"](ctx, a, b))
     return g
 
@@ -302,10 +302,10 @@ def q4_0(pool, shapes=((4096, 4096, 1), (4096, 4096, 64), (2048, 2048, 512)), wt
 
     for K, N, M in shapes:
         g = quantized_graph(K, N, M, wtype)
-        p1, p2 = g.compute(1), g.compute(2, pool=pool)
+        p1, p2 = ggtool.graph_compute(g, 1), ggtool.graph_compute(g, 2, pool=pool)
         numpy2 = NumpyTimer(K, N, M, threads=2)
         t0 = time.perf_counter()
-        g.compute(2, pool=pool, plan=p2)
+        ggtool.graph_compute(g, 2, pool=pool, plan=p2)
         reps = max(1, int(0.2 / (time.perf_counter() - t0)))
 
         def many(fn, reps=reps):
@@ -316,9 +316,9 @@ def q4_0(pool, shapes=((4096, 4096, 1), (4096, 4096, 64), (2048, 2048, 512)), wt
 
         def one(g=g, p1=p1):
             with single_threaded():
-                return many(lambda: g.compute(1, plan=p1))
+                return many(lambda: ggtool.graph_compute(g, 1, plan=p1))
 
-        t1, t, tn = timed(one, lambda g=g, p2=p2: many(lambda: g.compute(2, pool=pool, plan=p2)),
+        t1, t, tn = timed(one, lambda g=g, p2=p2: many(lambda: ggtool.graph_compute(g, 2, pool=pool, plan=p2)),
                           lambda n=numpy2, r=reps: n(r), runs=9, settle=0.05)
         numpy2.close()
         fl = 2 * K * N * M

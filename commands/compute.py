@@ -128,9 +128,11 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
 
     n_threads = compute_threads(n_threads, built.graph)
     pool = open_pool(n_threads)
+    from ggtool.compute import graph_compute
+
     with compute_progress(built.graph.n_nodes) as progress:
-        plan = built.graph.compute(n_threads, pool=pool, progress=progress, alloc=alloc,
-                                   outputs=[t for _, t in outputs], numerics=numerics)
+        plan = graph_compute(built.graph, n_threads, pool=pool, progress=progress, alloc=alloc,
+                             outputs=[t for _, t in outputs], numerics=numerics)
     timer.mark("compute")
     if verbose:
         buffer = "" if plan.allocation is None else f", compute buffer {plan.allocation.size} bytes"

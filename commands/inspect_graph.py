@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ggtool.alloc import allocate
 from ggtool.context import Context
 from ggtool.inspect_graph import graph_dot, graph_json, graph_table, json_text, select
 
@@ -70,7 +71,7 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
     warn_unused(inputs)
     sel = select(built.graph, only)
     if as_json:
-        alloc = built.graph.allocate([t for _, t in built.outputs])
+        alloc = allocate(built.graph, [t for _, t in built.outputs])
         write_text(line + "\n" for line in json_text(graph_json(sel, alloc)))
     elif as_dot:
         write_text(line + "\n" for line in graph_dot(sel))

@@ -2,8 +2,12 @@
 
     import ggtool
     ctx = ggtool.Context()                       # ggml_init
-    g = ctx.new_graph().expand(tensor)           # ggml_build_forward_expand
-    g.compute(2, pool=ggtool.get_pool(2))        # ggml_graph_compute on 2 participants
+    g = ggtool.Graph(ctx).expand(tensor)         # ggml_new_graph + ggml_build_forward_expand
+    plan = ggtool.make_plan(g, 2)                # ggml_graph_plan
+    ggtool.graph_compute(g, 2, pool=ggtool.get_pool(2))   # ggml_graph_compute on 2 participants
+
+Each name is a function or class of the layer it belongs to (docs/engine.md, "Layers"): a graph
+does not plan or compute itself, the layers above it do.
 
 The worker pool, the quantizers and the DSL load on first use (`ggtool.WorkerPool`,
 `ggtool.quantize_q4_0`, `ggtool.dsl`), so a small compute does not pay for their imports.
@@ -25,6 +29,7 @@ __version__ = "0.1.0"
 # small compute does not pay for the pool's, the quantizers' or the DSL's imports.
 _LAZY = {
     "Context": "context", "Graph": "graph", "graph_overhead": "graph", "Plan": "plan", "make_plan": "plan",
+    "allocate": "alloc", "graph_compute": "compute",
     "Tensor": "tensor", "GGMLType": "types",
     "WorkerPool": "pool", "get_pool": "pool", "close_pool": "pool",
     "quantize_q4_0": "quant", "dequantize_q4_0": "quant", "quantize_q8_0": "quant",

@@ -210,10 +210,6 @@ class Context:
         """ggml_get_tensor: the first tensor with this name."""
         return next((t for t in self.tensors if t.name == name), None)
 
-    def new_graph(self, size: int = 2048, grads: bool = False):
-        from .graph import Graph
-        return Graph(self, size, grads)
-
 
 def _check_view(type, ne, nb, data_size: int, offs: int, root: Tensor) -> None:
     """A view of `root` at byte `offs` with strides `nb`: GGML's own assert (the packed size fits

@@ -34,7 +34,10 @@ def graph_overhead(size: int = DEFAULT_GRAPH_SIZE, grads: bool = False) -> int:
 
 
 class Graph:
-    """A forward graph allocated in `ctx` (`ggml_new_graph_custom`)."""
+    """A forward graph allocated in `ctx`: `Graph(ctx)` is `ggml_new_graph(ctx)`, `Graph(ctx, size,
+    grads)` `ggml_new_graph_custom`. Planning and computing it are functions of the layers above
+    (`ggtool.make_plan(graph, n)`, `ggtool.allocate(graph, outputs)`, `ggtool.graph_compute(graph, n)`):
+    a graph knows its context and tensors, nothing that runs it."""
 
     def __init__(self, ctx: Context, size: int = DEFAULT_GRAPH_SIZE, grads: bool = False):
         if size < 1:
@@ -130,27 +133,6 @@ class Graph:
     def node(self, i: int) -> Tensor:
         """ggml_graph_node: negative i counts from the end."""
         return self.nodes[i]
-
-    def plan(self, n_threads: int = 0):
-        from .plan import make_plan
-        return make_plan(self, n_threads)
-
-    def allocate(self, outputs=()):
-        """The compute buffer ggml_gallocr would plan for this graph (ggtool.alloc.allocate):
-        an Allocation with the buffer `size` and each node's offset. `outputs` are kept to the end."""
-        from .alloc import allocate
-        return allocate(self, outputs)
-
-    def compute(self, n_threads: int = 1, pool=None, plan=None, progress=None, alloc: str = "context", outputs=(),
-                numerics: str | None = None):
-        """Plan (unless given) and run the graph; `pool` runs it on a WorkerPool; `progress` (a
-        ggtool.compute.Progress) follows the node being computed. alloc "graph" computes in a
-        compute buffer planned as ggml_gallocr does, where only `outputs` keep their values;
-        "context" (the default) gives every node its own memory. numerics "x86" sums as
-        llama.cpp's x86-64 build (ggtool.kernels.x86); the default "ggml" as GGML's reference."""
-        from .compute import compute
-        return compute(self, n_threads=n_threads, pool=pool, plan=plan, progress=progress, alloc=alloc,
-                       outputs=outputs, numerics=numerics)
 
     def __repr__(self) -> str:
         return f"<Graph {self.n_nodes} nodes, {self.n_leafs} leafs, size {self.size}>"

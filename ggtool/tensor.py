@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from . import types as T
 from .errors import GGToolError, InputError, ShapeError
-
-if TYPE_CHECKING:
-    from .context import Context
 
 MAX_DIMS, MAX_SRC, MAX_NAME, MAX_OP_PARAMS = 4, 10, 64, 64
 INT64_MAX, INT32_MIN, INT32_MAX = 2**63 - 1, -(2**31), 2**31 - 1
@@ -33,6 +30,16 @@ def byte_extent(type, ne, nb) -> int:
             + (ne[3] - 1) * nb[3])
 
 
+class Owner(Protocol):
+    """What a tensor needs of the context that made it: the pool's bytes, and a way to copy a
+    memory-mapped tensor into them (`set_data`). ggtool.context.Context is one; a pool worker's
+    stand-in has the bytes alone. The context imports this module, never the other way round."""
+
+    buffer: np.ndarray
+
+    def materialize(self, t: Tensor) -> None: ...
+
+
 class Tensor:
     """One tensor of a Context. `ne[0]` is the innermost dimension; `nb` are byte strides.
 
@@ -43,7 +50,7 @@ class Tensor:
     __slots__ = ("ctx", "type", "ne", "nb", "op", "op_params", "flags", "src", "view_src",
                  "view_offs", "_name", "struct_offset", "data_offset", "storage", "_view", "__weakref__")
 
-    def __init__(self, ctx: Context, type: T.GGMLType, ne, nb, struct_offset: int,
+    def __init__(self, ctx: Owner, type: T.GGMLType, ne, nb, struct_offset: int,
                  data_offset: int | None, storage=None):
         self.ctx = ctx
         self.type = type

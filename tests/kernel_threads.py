@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 
+import ggtool
 from ggtool.compute import Work, run_node
 
 POISON = np.uint32(0x7FC0DEAD)  # a NaN payload no kernel produces
@@ -19,7 +20,7 @@ POISON = np.uint32(0x7FC0DEAD)  # a NaN payload no kernel produces
 
 def compute_threaded(graph, n_threads: int, force: bool = False, numerics: str = "ggml") -> int:
     """Compute `graph` on n threads (the plan's n_threads unless `force`); returns nth used."""
-    plan = graph.plan(n_threads)
+    plan = ggtool.make_plan(graph, n_threads)
     nth = n_threads if force else plan.n_threads
     wdata = np.zeros(max(plan.work_size, 1), np.uint8)
     barrier = threading.Barrier(nth, timeout=60)

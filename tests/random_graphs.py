@@ -93,7 +93,7 @@ def graphs(draw, max_steps: int = 24):
         results.append(F["relu"](ctx, pool[0]))
     picks = [*draw(st.lists(st.sampled_from(results), max_size=2)), results[-1]]
     roots = list({id(t): t for t in picks}.values())       # distinct, in order
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     for r in roots:
         g.expand(r)
     extra = draw(st.lists(st.sampled_from(results), max_size=2))

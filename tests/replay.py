@@ -64,12 +64,12 @@ class Replay:
             self.ids[step["id"]] = t
         elif "new_graph" in step:
             g = step["new_graph"]
-            self.graph = ctx.new_graph(g.get("size", 2048), g.get("grads", False))
+            self.graph = ggtool.Graph(ctx, g.get("size", 2048), g.get("grads", False))
             rec["graph_offset"] = self.graph.offset
         elif "expand" in step:
             self.graph.expand(self.ids[step["expand"]])
         elif "compute" in step:
-            self.plan = self.graph.compute(step["compute"]["n_threads"])
+            self.plan = ggtool.graph_compute(self.graph, step["compute"]["n_threads"])
             rec["status"] = 0  # GGML_STATUS_SUCCESS: failures raise instead
             rec["plan"] = {"n_threads": self.plan.n_threads, "work_size": self.plan.work_size}
             rec["work_buffer_offset"] = self.plan.work_offset

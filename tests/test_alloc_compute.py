@@ -40,7 +40,7 @@ def run_graph_mode(graph, outputs, nth: int) -> None:
     plan = prepare(graph, 1, alloc="graph", outputs=outputs)
     poison(graph)
     if nth == 1:
-        graph.compute(1, plan=plan, alloc="graph", outputs=outputs)
+        ggtool.graph_compute(graph, 1, plan=plan, alloc="graph", outputs=outputs)
     else:
         compute_threaded(graph, nth, force=True)   # GGML's loop on threads, in the bound buffer
 
@@ -49,7 +49,7 @@ def run_graph_mode(graph, outputs, nth: int) -> None:
 @pytest.mark.parametrize("g", GRAPHS, ids=lambda g: g["name"])
 def test_golden_graphs(g, nth):
     ref = Replay(g["steps"], GRAPHS_NPZ)
-    ref.graph.compute(1)
+    ggtool.graph_compute(ref.graph, 1)
     r = Replay(g["steps"], GRAPHS_NPZ)
     outs = [r.ids[tid] for tid in g["compute"]["results"]]
     run_graph_mode(r.graph, outs, nth)
@@ -66,10 +66,10 @@ def test_golden_ops(case, nth):
     def build():
         r = Replay(case["steps"], OPS_NPZ)
         out = r.ids[case["output"]]
-        return r, r.ctx.new_graph().expand(out), out
+        return r, ggtool.Graph(r.ctx).expand(out), out
 
     ref, g0, out0 = build()
-    g0.compute(1)
+    ggtool.graph_compute(g0, 1)
     r, g, out = build()
     run_graph_mode(g, [out], nth)
     assert raw(out) == raw(out0)
@@ -105,12 +105,12 @@ def test_in_place_ops(name, nth):
         y = ctx.new_tensor_from(rng.uniform(0.5, 2.0, (8, 8)).astype(np.float32), name="y")
         h = F["cont"](ctx, x)                        # a node: its memory can be taken over
         out = F["neg"](ctx, INPLACE_CASES[name](ctx, h, y))
-        return ctx.new_graph().expand(out), out
+        return ggtool.Graph(ctx).expand(out), out
 
     g0, out0 = build()
-    g0.compute(1)
+    ggtool.graph_compute(g0, 1)
     g, out = build()
-    assert g.allocate([out]).inplace, "the case must compute in place"
+    assert ggtool.allocate(g, [out]).inplace, "the case must compute in place"
     run_graph_mode(g, [out], nth)
     assert raw(out) == raw(out0)
 
@@ -121,7 +121,7 @@ def test_random_graphs_byte_identical(case):
     ctx, g, roots, outputs = case
     leafs = [(t, np.array(t.data)) for t in g.leafs]   # cpy and clamp write into their sources, leafs too
     try:
-        g.compute(1)
+        ggtool.graph_compute(g, 1)
     except ggtool.ComputeError:        # a graph GGML's kernels refuse too (e.g. add of a transposed a)
         reject()
     want = [raw(t) for t in outputs]
@@ -142,15 +142,15 @@ def test_worker_pool_on_the_compute_buffer():
         h = x
         for _ in range(4):
             h = F["silu"](ctx, F["rms_norm"](ctx, F["mul_mat"](ctx, w, h), 1e-5))
-        return ctx.new_graph().expand(h), h
+        return ggtool.Graph(ctx).expand(h), h
 
     g0, out0 = build()
-    g0.compute(1)
+    ggtool.graph_compute(g0, 1)
     g, out = build()
     pool = get_pool(2)
     plan = prepare(g, 2, alloc="graph", outputs=[out])
     poison(g)
-    g.compute(2, pool=pool, plan=plan, alloc="graph", outputs=[out])
+    ggtool.graph_compute(g, 2, pool=pool, plan=plan, alloc="graph", outputs=[out])
     assert raw(out) == raw(out0)
 
 
@@ -161,18 +161,18 @@ def test_bind_places_nodes_and_unbind_gives_their_memory_back():
     r = F["relu"](ctx, h)
     t = F["transpose"](ctx, r)
     out = F["cont"](ctx, t)
-    g = ctx.new_graph().expand(out)
-    mem = g.plan(1).mem_size(g)
+    g = ggtool.Graph(ctx).expand(out)
+    mem = ggtool.make_plan(g, 1).mem_size(g)
     own = {id(n): n.data_offset for n in g.nodes}
     a = bind(g, [out])
     base = g.compute_buffer[0]
     assert h.data_offset == base + a.offsets[id(h)] and r.data_offset == h.data_offset   # relu in place
     assert t.data_offset == r.data_offset                                             # a view follows
     assert bind(g, [out]) is a                                # same outputs: same placement, same buffer
-    g.compute(1, alloc="graph", outputs=[out])
-    assert g.plan(1).mem_size(g) == mem + 32                  # the new work buffer; the compute buffer not counted
+    ggtool.graph_compute(g, 1, alloc="graph", outputs=[out])
+    assert ggtool.make_plan(g, 1).mem_size(g) == mem + 32                  # the new work buffer; the compute buffer not counted
     got = np.array(out.data)
-    g.compute(1)                                              # context mode: every node its own memory again
+    ggtool.graph_compute(g, 1)                                              # context mode: every node its own memory again
     assert {id(n): n.data_offset for n in g.nodes} == own and g.binding is None
     xs = np.arange(64, dtype=np.float32).reshape(8, 8)
     assert np.array_equal(out.data, got) and np.array_equal(h.data.reshape(8, 8), xs @ xs.T)
@@ -187,9 +187,9 @@ def test_bind_places_nodes_and_unbind_gives_their_memory_back():
 
 def test_bad_alloc_mode():
     ctx = ggtool.Context()
-    g = ctx.new_graph().expand(F["relu"](ctx, ctx.new_tensor_from(np.ones(4, np.float32))))
+    g = ggtool.Graph(ctx).expand(F["relu"](ctx, ctx.new_tensor_from(np.ones(4, np.float32))))
     with pytest.raises(ggtool.GGToolError, match="alloc must be one of context, graph"):
-        g.compute(1, alloc="gallocr")
+        ggtool.graph_compute(g, 1, alloc="gallocr")
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])

@@ -188,9 +188,9 @@ def test_default_threads_compute_small_graphs_in_process(monkeypatch):
 
     monkeypatch.setattr(_common, "default_threads", lambda: 2)
     ctx = ggtool.Context(no_alloc=True)
-    small = ctx.new_graph().expand(FUNCTIONS["add"](ctx, ctx.new_tensor("f32", [16]), ctx.new_tensor("f32", [16])))
+    small = ggtool.Graph(ctx).expand(FUNCTIONS["add"](ctx, ctx.new_tensor("f32", [16]), ctx.new_tensor("f32", [16])))
     w, x = ctx.new_tensor("f32", [4096, 4096]), ctx.new_tensor("f32", [4096, 512])
-    big = ctx.new_graph().expand(FUNCTIONS["mul_mat"](ctx, w, x))   # 2*4096*4096*512 = 17 GFLOP
+    big = ggtool.Graph(ctx).expand(FUNCTIONS["mul_mat"](ctx, w, x))   # 2*4096*4096*512 = 17 GFLOP
     assert _common.compute_threads(None, small) == 1
     assert _common.compute_threads(None, big) == 2
     assert _common.compute_threads(3, small) == 3                  # an explicit --threads is obeyed

@@ -71,13 +71,13 @@ def test_stories260k_logits_match_llama_cpp(seq):
     (name, logits), = built.outputs
     assert name == "logits" and logits.ne == (512, len(tokens), 1, 1)
     assert built.graph.size == 2048 and built.tensors["x-4"].op == "ADD"
-    built.graph.compute(2)
+    ggtool.graph_compute(built.graph, 2)
     np.testing.assert_allclose(logits.numpy().reshape(len(tokens), 512), ref[f"logits_{seq}"], atol=1e-4, rtol=0)
 
 
 def test_f16_model_builds_and_computes():
     built = build(parse(LLAMA), ggtool.Context(), gguf_env(TINY, [1, 100, 2000]))
-    built.graph.compute(1)
+    ggtool.graph_compute(built.graph, 1)
     logits = built.outputs[0][1].numpy()
     assert logits.shape == (1, 1, 3, 32000) and np.isfinite(logits).all()
 

@@ -8,6 +8,8 @@ import pytest
 from kernel_threads import compute_threaded, thread_writes
 from replay import Replay, load_json, load_npz, nmse
 
+import ggtool
+
 OPS = load_json("ops.json")
 CASES = OPS["cases"]
 NPZ = load_npz("ops.npz")
@@ -38,7 +40,7 @@ def assert_result(got: np.ndarray, ref: np.ndarray, tol: float, what: str) -> No
 
 def build(case):
     r = Replay(case["steps"], NPZ)
-    graph = r.ctx.new_graph()
+    graph = ggtool.Graph(r.ctx)
     graph.expand(r.ids[case["output"]])
     return r, graph
 
@@ -53,7 +55,7 @@ def test_records_order_and_plan(case):
     r, graph = build(case)
     assert [r.id_of(t) for t in graph.nodes] == case["graph_nodes"]
     assert [r.id_of(t) for t in graph.leafs] == case["graph_leafs"]
-    plan = graph.plan(case["n_threads"])
+    plan = ggtool.make_plan(graph, case["n_threads"])
     assert {"n_threads": plan.n_threads, "work_size": plan.work_size} == case["plan"]
     for tid, want in case["tensors"].items():
         got = r.record(r.ids[tid])
@@ -65,7 +67,7 @@ def test_records_order_and_plan(case):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
 def test_result_in_process(case, n_threads):
     r, graph = build(case)
-    graph.compute(n_threads)
+    ggtool.graph_compute(graph, n_threads)
     check_result(r, case, f"compute({n_threads})")
 
 
@@ -85,7 +87,7 @@ def test_every_element_written_by_exactly_one_thread(case, nth):
     """Each thread's slice, run alone on a poisoned output: together they cover it once.
     (clamp writes into its input; diag_mask_inf's thread 0 copies everything before masking.)"""
     _, graph = build(case)
-    plan = graph.plan(nth)
+    plan = ggtool.make_plan(graph, nth)
     for i, node in enumerate(graph.nodes):
         if node.op in ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"):
             continue

@@ -3,6 +3,7 @@
 import pytest
 from replay import Replay, load_json, load_npz
 
+import ggtool
 from ggtool.graph import graph_overhead
 
 GRAPHS = load_json("graphs.json")["graphs"]
@@ -20,7 +21,7 @@ def test_graph_nodes_leafs_and_plans(g):
                for t in getattr(r.graph, kind)]
         assert got == want[kind]
     for p in g["plans"]:
-        plan = r.graph.plan(p["requested"])
+        plan = ggtool.make_plan(r.graph, p["requested"])
         assert (plan.n_threads, plan.work_size) == (p["n_threads"], p["work_size"])
 
 

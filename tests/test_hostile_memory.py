@@ -134,17 +134,17 @@ _TRUNCATE = textwrap.dedent("""
     ctx = ggtool.Context()
     w = ctx.new_tensor(info.type, info.ne, storage=g.storage(), data_offset=info.offset)
     w.name = "w"
-    graph = ctx.new_graph().expand(FUNCTIONS["scale"](ctx, w, 2.0))
+    graph = ggtool.Graph(ctx).expand(FUNCTIONS["scale"](ctx, w, 2.0))
     pool = ggtool.get_pool(n) if n > 1 else None
     if when == "before-map":
         os.truncate(path, 4096)
     else:
-        graph.compute(n, pool=pool)       # every participant has mapped the file
+        ggtool.graph_compute(graph, n, pool=pool)       # every participant has mapped the file
         os.truncate(path, 4096)
     if when == "during":                  # as if it shrank between the check and the reads
         ggtool.compute.verify_maps = lambda graph: None
     try:
-        graph.compute(n, pool=pool)
+        ggtool.graph_compute(graph, n, pool=pool)
     except ggtool.GGToolError as e:
         print("Error:", e, file=sys.stderr)
         sys.exit(1)
@@ -207,7 +207,7 @@ def test_random_views_never_reach_outside_their_tensor():
                 outcomes["refused"] += 1
                 continue
             try:
-                ctx.new_graph().expand(op).compute(1)
+                ggtool.graph_compute(ggtool.Graph(ctx).expand(op), 1)
             except ComputeError as e:
                 assert "reaches byte" in str(e) or "GGML computes it" in str(e), str(e)
                 outcomes["refused at compute"] += 1

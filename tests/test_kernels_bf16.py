@@ -143,7 +143,7 @@ def _mul_mat(w_bits, x, b_type="f32"):
     w = ctx.new_tensor("bf16", [k, n]).set_data(w_bits)
     b = ctx.new_tensor(b_type, [k, x.shape[0]]).set_data(x)
     y = F["mul_mat"](ctx, w, b)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(y)
     return g, y
 
@@ -194,7 +194,7 @@ def test_mul_mat_node_against_float64_reference(m):
     w = _gguf_bf16(rng.standard_normal((n, k)))
     x = rng.standard_normal((m, k)).astype(np.float32)
     g, y = _mul_mat(w, x)
-    g.compute(1)
+    ggtool.graph_compute(g, 1)
     got = y.data.reshape(m, n)
     assert got.tobytes() == mul_mat_bf16(w, _gguf_bf16(x)).tobytes()
     prods = _widen(_gguf_bf16(x)).astype(np.float64)[:, None, :] * _widen(w).astype(np.float64)[None]
@@ -210,9 +210,9 @@ def test_mul_mat_node_bit_identical_for_1_to_4_participants(m):
     w = _gguf_bf16(rng.standard_normal((n, k)))
     x = rng.standard_normal((m, k)).astype(np.float32)
     g, y = _mul_mat(w, x)
-    plan = g.plan(2)
+    plan = ggtool.make_plan(g, 2)
     assert plan.nodes[0].work_size == T.row_size(T.BF16, k * m) == 2 * k * m
-    g.compute(1)
+    ggtool.graph_compute(g, 1)
     one = y.data.copy()
     assert one.reshape(m, n).tobytes() == mul_mat_bf16(w, _gguf_bf16(x)).tobytes()
     for nth in (2, 3, 4):
@@ -226,8 +226,8 @@ def test_mul_mat_with_bf16_activations_converts_nothing():
     w = _gguf_bf16(rng.standard_normal((50, 64)))
     xb = _gguf_bf16(rng.standard_normal((4, 64)))
     g, y = _mul_mat(w, xb, b_type="bf16")
-    assert g.plan(2).work_size == 0                     # b is already the vec_dot_type
-    g.compute(1)
+    assert ggtool.make_plan(g, 2).work_size == 0                     # b is already the vec_dot_type
+    ggtool.graph_compute(g, 1)
     assert y.type == T.F32 and y.data.reshape(4, 50).tobytes() == mul_mat_bf16(w, xb).tobytes()
 
 
@@ -250,7 +250,7 @@ def test_get_rows_widens_to_f32_on_any_number_of_threads():
     a = ctx.new_tensor("bf16", [40, 6]).set_data(bits)
     idx = ctx.new_tensor("i32", [5]).set_data(np.array([5, 1, 0, 1, 3], np.int32))
     y = F["get_rows"](ctx, a, idx)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(y)
     want = np.asarray(gguf.quants.dequantize(bits[[5, 1, 0, 1, 3]].view(np.uint8), T.BF16), np.float32)
     for nth in (1, 3):
@@ -266,9 +266,9 @@ def _copy(src_type, dst_type, values, op="cpy"):
         y = F["cpy"](ctx, a, ctx.new_tensor(dst_type, list(a.ne)))
     else:
         y = F["cont"](ctx, F["transpose"](ctx, a))
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(y)
-    g.compute(1)
+    ggtool.graph_compute(g, 1)
     return g, y
 
 
@@ -300,9 +300,9 @@ def test_cpy_work_size_follows_ggml_graph_plan():
                            ("bf16", "f32", 0), ("bf16", "q8_0", 4 * 64 * 3)):
         ctx = ggtool.Context()
         a = ctx.new_tensor(src, [64, 10])
-        g = ctx.new_graph()
+        g = ggtool.Graph(ctx)
         g.expand(F["cpy"](ctx, a, ctx.new_tensor(dst, [64, 10])))
-        assert g.plan(3).nodes[0].work_size == want, (src, dst)
+        assert ggtool.make_plan(g, 3).nodes[0].work_size == want, (src, dst)
 
 
 def test_cont_of_a_transposed_bf16_tensor_repeat_and_concat():
@@ -312,24 +312,24 @@ def test_cont_of_a_transposed_bf16_tensor_repeat_and_concat():
     ctx = ggtool.Context()
     a = ctx.new_tensor("bf16", [4, 3]).set_data(bits)
     r = F["repeat"](ctx, a, ctx.new_tensor("f32", [8, 6]))
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(r)
-    g.compute(1)
+    ggtool.graph_compute(g, 1)
     assert r.type == T.BF16 and np.array_equal(r.data.reshape(6, 8), np.tile(bits, (2, 2)))
     c = F["concat"](ctx, a, a, 0)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(c)
-    g.compute(1)
+    ggtool.graph_compute(g, 1)
     assert c.type == T.BF16 and np.array_equal(c.data.reshape(3, 8), np.concatenate([bits, bits], axis=1))
 
 
 def test_ops_without_a_bf16_kernel_refuse_it():
     ctx = ggtool.Context()
     a = ctx.new_tensor("bf16", [4, 3])
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(F["soft_max"](ctx, a))
     with pytest.raises(ggtool.GGToolError, match="soft_max: a '.*' is bf16; GGML computes it for f32 only"):
-        g.compute(1)
+        ggtool.graph_compute(g, 1)
 
 
 # -- sources, outputs ------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ def _mul_mat(t, w, x):
     a = ctx.new_tensor(t, [x.shape[1], w.shape[0]]).set_data(w)
     b = ctx.new_tensor("f32", [x.shape[1], x.shape[0]]).set_data(x)
     y = F["mul_mat"](ctx, a, b)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(y)
     return g, y
 
@@ -41,10 +41,10 @@ def test_quantized_mul_mat_is_the_oracle_bit_for_bit(t, m):
     w = random_blocks(t, n, k, m)
     x = np.random.default_rng(m).standard_normal((m, k)).astype(f32)
     g, y = _mul_mat(t, w, x)
-    g.compute(1, numerics="x86")
+    ggtool.graph_compute(g, 1, numerics="x86")
     got = y.numpy().reshape(m, n)
     assert got.tobytes() == oracle.mul_mat(t.upper(), w, x).tobytes()
-    g.compute(1)                                       # the default order differs somewhere
+    ggtool.graph_compute(g, 1)                                       # the default order differs somewhere
     assert y.numpy().tobytes() != got.tobytes() or (t, m) in {("q8_0", 1), ("q5_0", 1)}
     for nth in (2, 3):
         y.data[...] = 0
@@ -57,7 +57,7 @@ def test_q4_0_weights_llama_cpp_does_not_repack_sum_in_tinyblas_lanes():
     w = random_blocks("q4_0", 1070, 256, 7)
     x = np.random.default_rng(7).standard_normal((3, 256)).astype(f32)
     g, y = _mul_mat("q4_0", w, x)
-    g.compute(1, numerics="x86")
+    ggtool.graph_compute(g, 1, numerics="x86")
     assert y.numpy().reshape(3, 1070).tobytes() == oracle.mul_mat("Q4_0", w, x, repacked=False).tobytes()
     assert oracle.mul_mat("Q4_0", w, x, repacked=False).tobytes() != oracle.mul_mat("Q4_0", w, x).tobytes()
 
@@ -72,9 +72,9 @@ def test_q4_k_weights_llama_cpp_does_not_repack_have_no_x86_order_here():
     assert without_x86_order(g.nodes) == []
     g, y = _mul_mat("q4_K", random_blocks("q4_K", 12, 256, 8), x)
     assert without_x86_order(g.nodes) == [g.nodes[0]]
-    g.compute(1, numerics="x86")
+    ggtool.graph_compute(g, 1, numerics="x86")
     got = y.numpy().tobytes()
-    g.compute(1)
+    ggtool.graph_compute(g, 1)
     assert y.numpy().tobytes() == got
 
 
@@ -85,7 +85,7 @@ def test_q4_k_gemm_rows_follow_the_whole_matrix_across_row_tiles():
     w = random_blocks("q4_K", n, k, 5)
     x = np.random.default_rng(5).standard_normal((m, k)).astype(f32)
     g, y = _mul_mat("q4_K", w, x)
-    g.compute(1, numerics="x86")
+    ggtool.graph_compute(g, 1, numerics="x86")
     assert y.numpy().reshape(m, n).tobytes() == oracle.mul_mat("Q4_K", w, x).tobytes()
 
 
@@ -100,10 +100,10 @@ def test_f32_mul_mat_tinyblas_when_b_is_contiguous_vec_dot_when_not(k):
     packed = ctx.new_tensor("f32", [k, 5]).set_data(np.ascontiguousarray(X[:, :k]))
     strided = F["view_2d"](ctx, full, k, 5, full.nb[1], 0)          # rows k + 3 apart: not contiguous
     y1, y2 = F["mul_mat"](ctx, a, packed), F["mul_mat"](ctx, a, strided)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(y1)
     g.expand(y2)
-    g.compute(1, numerics="x86")
+    ggtool.graph_compute(g, 1, numerics="x86")
     B = np.ascontiguousarray(X[:, :k])
     assert y1.numpy().tobytes() == oracle.sgemm_f32(A, B).tobytes()
     assert y2.numpy().tobytes() == oracle.vec_dot_f32(A, B).tobytes()
@@ -119,9 +119,9 @@ def test_soft_max_is_ggml_v_expf_in_chunks_of_16():
     a = ctx.new_tensor("f32", [n, rows]).set_data(x)
     mk = ctx.new_tensor("f32", [n, rows]).set_data(mask)
     y = F["soft_max_ext"](ctx, a, mk, 0.125, 0.0)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(y)
-    g.compute(1, numerics="x86")
+    ggtool.graph_compute(g, 1, numerics="x86")
     want = oracle.soft_max_rows(((x * f32(0.125)).astype(f32) + mask).astype(f32))
     assert y.numpy().tobytes() == want.tobytes()
 
@@ -138,9 +138,9 @@ def test_rope_is_the_c_librarys_cosf_and_two_fmas(mode):
     a = ctx.new_tensor("f32", [ne0, heads, toks]).set_data(x)
     p = ctx.new_tensor("i32", [toks]).set_data(pos)
     y = F["rope_ext"](ctx, a, p, None, n_dims, mode, 0, 10000.0, 0.5, 0.0, 1.0, 0.0, 0.0)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(y)
-    g.compute(1, numerics="x86")
+    ggtool.graph_compute(g, 1, numerics="x86")
     cos, sin = oracle.rope_cache(pos, ne0, n_dims, 10000.0, 0.5, 1.0)
     half = n_dims // 2
     c, s = cos[:, None, :half], sin[:, None, :half]
@@ -160,20 +160,20 @@ def test_the_pool_computes_in_the_plans_numerics():
     g, y = _mul_mat("q6_K", w, x)
     want = {}
     for numerics in ("x86", "ggml"):
-        g.compute(1, numerics=numerics)
+        ggtool.graph_compute(g, 1, numerics=numerics)
         want[numerics] = y.numpy().tobytes()
     assert want["x86"] != want["ggml"]
     with ggtool.WorkerPool(2) as pool:
         for numerics in ("ggml", "x86", "ggml", "x86"):
             y.data[...] = 0
-            g.compute(2, pool=pool, numerics=numerics)
+            ggtool.graph_compute(g, 2, pool=pool, numerics=numerics)
             assert y.numpy().tobytes() == want[numerics], numerics
 
 
 def test_unknown_numerics_is_one_clear_error():
     g, _ = _mul_mat("q8_0", random_blocks("q8_0", 4, 32, 0), np.ones((1, 32), f32))
     with pytest.raises(GGToolError, match="numerics must be one of ggml, x86, not 'avx'"):
-        g.compute(1, numerics="avx")
+        ggtool.graph_compute(g, 1, numerics="avx")
 
 
 def test_cli_numerics_x86_same_bytes_on_1_and_2_threads(run, npy, tmp_path):
@@ -218,13 +218,13 @@ def test_gelu_uses_the_x86_builds_table():
     ctx = ggtool.Context()
     a = ctx.new_tensor("f32", [len(x)]).set_data(x)
     y = F["gelu"](ctx, a)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(y)
     table = oracle.gelu_table()
     want = np.where(x >= 10, x, np.where(x <= -10, f32(0), table[x.astype(np.float16).view(np.uint16)]))
-    g.compute(1, numerics="x86")
+    ggtool.graph_compute(g, 1, numerics="x86")
     assert y.numpy().tobytes() == want.astype(f32).tobytes()
-    g.compute(1)
+    ggtool.graph_compute(g, 1)
     got = y.numpy().reshape(-1)
     assert got[0] != want[0] and got[1:].tobytes() == want[1:].astype(f32).tobytes()
     ref = unary._table("gelu", unary._gelu_f32)
@@ -241,9 +241,9 @@ def test_soft_max_alibi_mask_is_one_fma():
     a = ctx.new_tensor("f32", [n, rows, heads]).set_data(x)
     mk = ctx.new_tensor("f32", [n, rows]).set_data(mask)
     y = F["soft_max_ext"](ctx, a, mk, 0.3, 8.0)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(y)
-    g.compute(1, numerics="x86")
+    ggtool.graph_compute(g, 1, numerics="x86")
     from ggtool.ops.softmax import _alibi_slopes
 
     slope = _alibi_slopes(np.arange(rows * heads), rows, heads, f32(8.0)).reshape(heads, rows, 1)

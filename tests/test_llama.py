@@ -96,7 +96,7 @@ def test_worker_pool_two_processes():
     (_, logits), = built.outputs
     with WorkerPool(2) as pool:
         for _ in range(2):
-            plan = built.graph.compute(2, pool=pool)
+            plan = ggtool.graph_compute(built.graph, 2, pool=pool)
             assert plan.n_threads == 2
             check_against_llama_cpp(logits.numpy().reshape(len(tokens), -1).copy(), 1)
 

@@ -23,10 +23,10 @@ def ggml_order(a: np.ndarray) -> np.ndarray:
 
 
 def run(ctx, out, nth):
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(out)
     if nth == 1:
-        g.compute(1)
+        ggtool.graph_compute(g, 1)
     else:
         compute_threaded(g, nth, force=True)
     return np.array(out.data)

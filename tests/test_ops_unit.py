@@ -23,9 +23,9 @@ def t(ctx, typ, *ne, name=""):
 
 
 def compute(ctx, out):
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(out)
-    g.compute(1)
+    ggtool.graph_compute(g, 1)
     return out
 
 

@@ -108,7 +108,7 @@ def chain(ctx, n: int, width: int = 16, rows: int = 1):
     y = x
     for _ in range(n):
         y = FUNCTIONS["add"](ctx, y, b)
-    g = ctx.new_graph(max(2048, 2 * n))
+    g = ggtool.Graph(ctx, max(2048, 2 * n))
     g.expand(y)
     return g, y
 
@@ -119,12 +119,12 @@ def _replay_op(case, nth, pool=None, serial=False):
     (ith, nth) kernel calls made by threads of this process (what the pool must reproduce exactly)."""
     r = Replay(case["steps"], load_npz("ops.npz"))
     out = r.ids[case["output"]]
-    g = r.ctx.new_graph()
+    g = ggtool.Graph(r.ctx)
     g.expand(out)
     if serial:
         compute_threaded(g, nth)
     else:
-        g.compute(nth, pool=pool)
+        ggtool.graph_compute(g, nth, pool=pool)
     return out.data.copy(), out
 
 
@@ -153,7 +153,7 @@ def test_golden_graph_same_with_n_participants(gcase, nth, pool):
     results = {}
     for n, p in ((1, None), (nth, pool)):
         r = Replay(gcase["steps"], load_npz("graphs.npz"))
-        r.graph.compute(n, pool=p)
+        ggtool.graph_compute(r.graph, n, pool=p)
         results[n] = {tid: r.ids[tid].data.copy() for tid in gcase["compute"]["results"]}
     npz = load_npz("graphs.npz")
     for tid, meta in gcase["compute"]["results"].items():
@@ -166,14 +166,14 @@ def test_golden_graph_same_with_n_participants(gcase, nth, pool):
 def test_long_chain_bitwise_and_cached(pool):
     ctx = ggtool.Context()
     g, y = chain(ctx, 300, width=40, rows=7)
-    plan = g.compute(1)
+    plan = ggtool.graph_compute(g, 1)
     want = y.numpy()
     for nth in (2, 3, 4):
         y.data[...] = 0
-        p = g.compute(nth, pool=pool)
+        p = ggtool.graph_compute(g, nth, pool=pool)
         assert np.array_equal(y.numpy(), want)
         sent = pool.stats["graphs_sent"]
-        g.compute(nth, pool=pool, plan=p)
+        ggtool.graph_compute(g, nth, pool=pool, plan=p)
         assert pool.stats["graphs_sent"] == sent  # the same graph again: only "run #k"
     assert plan.n_threads == 1
 
@@ -185,7 +185,7 @@ def test_progress_follows_participant_0(pool):
     g, y = chain(ctx, 50)
     for nth, p in ((1, None), (2, pool)):
         progress = Progress()
-        g.compute(nth, pool=p, progress=progress)
+        ggtool.graph_compute(g, nth, pool=p, progress=progress)
         assert progress.node == g.n_nodes - 1
 
 
@@ -194,10 +194,10 @@ def test_plan_of_one_runs_in_process(pool):
     a = ctx.new_tensor("f32", [8, 3])
     a.data[...] = 2
     out = FUNCTIONS["sub"](ctx, a, a)  # SUB has n_tasks 1: the plan has one thread
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(out)
     runs = pool.stats["runs"]
-    plan = g.compute(4, pool=pool)
+    plan = ggtool.graph_compute(g, 4, pool=pool)
     assert plan.n_threads == 1 and pool.stats["runs"] == runs
     assert np.all(out.numpy() == 0)
 
@@ -208,12 +208,12 @@ def test_changed_node_is_sent_again(pool):
     a = ctx.new_tensor("f32", [16, 8])
     a.data[...] = 1
     s = FUNCTIONS["scale"](ctx, FUNCTIONS["add"](ctx, a, a), 3.0)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(s)
-    plan = g.compute(2, pool=pool)
+    plan = ggtool.graph_compute(g, 2, pool=pool)
     assert np.all(s.numpy() == 6)
     s.set_params(5.0)
-    g.compute(2, pool=pool, plan=plan)
+    ggtool.graph_compute(g, 2, pool=pool, plan=plan)
     assert np.all(s.numpy() == 10)
 
 
@@ -232,9 +232,9 @@ def test_file_storage_and_second_context(pool, tmp_path):
     x = ctx.new_tensor("f32", [64, 6])
     x.data[...] = 1
     out = FUNCTIONS["add"](ctx, FUNCTIONS["add"](ctx, x, w), bias)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(out)
-    g.compute(3, pool=pool)
+    ggtool.graph_compute(g, 3, pool=pool)
     assert np.array_equal(out.numpy()[0, 0], vals + 1.25)
 
 
@@ -255,15 +255,15 @@ def test_segment_fill():
 def test_context_that_grows_moves_again(pool, shm_clean):
     ctx = ggtool.Context()
     g, y = chain(ctx, 3)
-    g.compute(2, pool=pool)
+    ggtool.graph_compute(g, 2, pool=pool)
     first = ctx.buffer
     big = ctx.new_tensor("f32", [1 << 20])  # grows the pool out of its segment
     assert ctx.buffer is not first
     big.data[...] = 1
     out = FUNCTIONS["add"](ctx, big, big)
-    g2 = ctx.new_graph()
+    g2 = ggtool.Graph(ctx)
     g2.expand(out)
-    g2.compute(2, pool=pool)
+    ggtool.graph_compute(g2, 2, pool=pool)
     assert np.all(out.numpy() == 2)
     del ctx, g, y, g2, out, big, first
 
@@ -296,7 +296,7 @@ def _add_chain(ctx, n: int, width: int):
     y = x
     for _ in range(n):
         y = FUNCTIONS["add"](ctx, y, b)
-    return ctx.new_graph().expand(y), y
+    return ggtool.Graph(ctx).expand(y), y
 
 
 def _allocated(seg) -> int:
@@ -315,7 +315,7 @@ def test_pool_moves_only_what_tensors_read_into_shared_memory(pool, shm_clean, a
     want = np.arange(width, dtype=np.float32) + 0.5 * n
     ctx = ggtool.Context()
     g, y = _add_chain(ctx, n, width)
-    g.compute(2, pool=pool, alloc=alloc, outputs=[y])
+    ggtool.graph_compute(g, 2, pool=pool, alloc=alloc, outputs=[y])
     seg = share_context(ctx)                      # the segment the compute used
     assert ctx.buffer is seg.array
     mib = 1 << 20
@@ -377,16 +377,16 @@ def test_stale_own_memory_is_not_moved_and_not_needed(pool, shm_clean):
     want = np.arange(width, dtype=np.float32) + 0.5 * n
     ctx = ggtool.Context()
     g, y = _add_chain(ctx, n, width)
-    g.compute(1)
+    ggtool.graph_compute(g, 1)
     first = g.nodes[0]
     assert np.array_equal(first.numpy().reshape(-1), np.arange(width, dtype=np.float32) + 0.5)
-    g.compute(2, pool=pool, alloc="graph", outputs=[y])
+    ggtool.graph_compute(g, 2, pool=pool, alloc="graph", outputs=[y])
     assert np.array_equal(y.numpy().reshape(-1), want)
     from ggtool.compute import unbind
     unbind(g)
     assert not first.data.reshape(-1)[width // 4:].any()   # its own memory was not moved (but for the
     #                                                  page it shares with b): zero in the segment
-    g.compute(2, pool=pool, alloc="context")
+    ggtool.graph_compute(g, 2, pool=pool, alloc="context")
     assert np.array_equal(y.numpy().reshape(-1), want)
     assert np.array_equal(first.numpy().reshape(-1), np.arange(width, dtype=np.float32) + 0.5)
     del ctx, g, y, first
@@ -401,15 +401,15 @@ def test_kernel_error_names_node_and_pool_survives(pool, registered_test_kernels
     h = FUNCTIONS["add"](ctx, a, a)
     bad = custom(ctx, "TEST_POOL_FAIL", h, failing).set_name("the_bad_one")
     out = FUNCTIONS["add"](ctx, bad, a)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(out)
     pids = pool.pids
     with pytest.raises(ComputeError) as e:
-        g.compute(4, pool=pool)
+        ggtool.graph_compute(g, 4, pool=pool)
     assert str(e.value) == f"node 1 'the_bad_one' (TEST_POOL_FAIL) failed: ValueError: boom in participant {failing}"
     assert pool.pids == pids  # the same workers, still usable
     g2, y = chain(ggtool.Context(), 5)
-    g2.compute(4, pool=pool)
+    ggtool.graph_compute(g2, 4, pool=pool)
     assert np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2.5)
 
 
@@ -419,13 +419,13 @@ def test_kernel_workers_cannot_import_is_a_clear_error(pool):
     try:
         ctx = ggtool.Context()
         a = ctx.new_tensor("f32", [16, 8])
-        g = ctx.new_graph()
+        g = ggtool.Graph(ctx)
         g.expand(custom(ctx, "TEST_POOL_LOCAL", a))
         with pytest.raises(ComputeError, match=r"worker 1 \(pid \d+\) could not run the graph: the kernel of op "
                                                r"TEST_POOL_LOCAL \(test_pool\..*<lambda>\) is not registered in the worker"):
-            g.compute(2, pool=pool)
+            ggtool.graph_compute(g, 2, pool=pool)
         g2, y = chain(ggtool.Context(), 2)
-        g2.compute(2, pool=pool)  # the pool is fine afterwards
+        ggtool.graph_compute(g2, 2, pool=pool)  # the pool is fine afterwards
         assert np.all(y.numpy()[0, 0, 0] == np.arange(16) + 1)
     finally:
         KERNELS.pop("TEST_POOL_LOCAL")
@@ -434,12 +434,12 @@ def test_kernel_workers_cannot_import_is_a_clear_error(pool):
 def test_worker_killed_between_graphs_is_replaced(shm_clean):
     with WorkerPool(2) as p:
         g, y = chain(ggtool.Context(), 4)
-        g.compute(2, pool=p)
+        ggtool.graph_compute(g, 2, pool=p)
         (pid,) = p.pids
         os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
         y.data[...] = 0
-        g.compute(2, pool=p)  # rebuilt transparently
+        ggtool.graph_compute(g, 2, pool=p)  # rebuilt transparently
         assert p.pids != [pid] and np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
 
 
@@ -450,7 +450,7 @@ def test_hundred_computes_leave_nothing():
         for i in range(100):
             ctx = ggtool.Context()
             g, y = chain(ctx, 3, rows=2)
-            g.compute(2, pool=p)
+            ggtool.graph_compute(g, 2, pool=p)
             assert y.numpy()[0, 0, 1, 0] == 16 + 1.5
             if i % 10 == 9:
                 gc.collect()
@@ -458,9 +458,9 @@ def test_hundred_computes_leave_nothing():
         assert p.stats["runs"] == 100 and p.stats["restarts"] == 0
         ctx2 = ggtool.Context()
         g, y = chain(ctx2, 3)
-        plan = g.compute(2, pool=p)
+        plan = ggtool.graph_compute(g, 2, pool=p)
         for _ in range(100):
-            g.compute(2, pool=p, plan=plan)
+            ggtool.graph_compute(g, 2, pool=p, plan=plan)
     gc.collect()
     assert segments_of(os.getpid()) - before == set()
 
@@ -475,10 +475,10 @@ def _affinities(pool, nth: int) -> np.ndarray:
     """(CPU count, lowest CPU) of each participant's mask while computing on `pool`."""
     ctx = ggtool.Context()
     out = custom(ctx, "TEST_POOL_AFFINITY", ctx.new_tensor("f32", [2, nth]))
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(out)
     out.data[...] = -1
-    assert g.compute(nth, pool=pool).n_threads == nth
+    assert ggtool.graph_compute(g, nth, pool=pool).n_threads == nth
     return out.numpy().reshape(nth, 2).astype(int)
 
 
@@ -562,12 +562,12 @@ def test_pool_without_eventfd(monkeypatch, shm_clean):
     monkeypatch.delattr(os, "eventfd")
     ctx = ggtool.Context()
     g, y = chain(ctx, 20)
-    g.compute(1)
+    ggtool.graph_compute(g, 1)
     want = y.numpy()
     with WorkerPool(2) as p:
         assert [w.bell for w in p._state.workers] == [-1]
         y.data[...] = 0
-        g.compute(2, pool=p)
+        ggtool.graph_compute(g, 2, pool=p)
         assert np.array_equal(y.numpy(), want) and p.map(abs, [-1, -2]) == [1, 2]
 
 
@@ -633,14 +633,14 @@ def main():
     a = ctx.new_tensor("f32", [1024, 64])
     a.data[...] = 1
     h = FUNCTIONS["add"](ctx, a, a)
-    g0 = ctx.new_graph()
+    g0 = ggtool.Graph(ctx)
     g0.expand(test_pool.custom(ctx, "TEST_POOL_SLEEP", h, 0, 0))
-    g0.compute({nth}, pool=pool)      # starts the workers (and has them import this module)
+    ggtool.graph_compute(g0, {nth}, pool=pool)      # starts the workers (and has them import this module)
     print("pids", *pool.pids, flush=True)
     {body}
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(out)
-    g.compute({nth}, pool=pool)
+    ggtool.graph_compute(g, {nth}, pool=pool)
     print("done", float(out.numpy().sum()), flush=True)
 
 try:
@@ -757,7 +757,7 @@ ctx = ggtool.Context()
 a = ctx.new_tensor("f32", [1024, 64])
 a.data[...] = 1
 out = FUNCTIONS["add"](ctx, a, a)
-ctx.new_graph().expand(out).compute(2, pool=get_pool(2))
+ggtool.graph_compute(ggtool.Graph(ctx).expand(out), 2, pool=get_pool(2))
 print("done", float(out.numpy().sum()), *get_pool(2).pids, flush=True)
 """
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -824,13 +824,13 @@ def test_a_weight_the_graph_writes_into_is_repacked_on_every_compute_in_the_work
         src = ctx.new_tensor("f32", [K, N])
         x = ctx.new_tensor("f32", [K, M]).set_data(xs)
         y = F["mul_mat"](ctx, F["cpy"](ctx, src, w), x)
-        g = ctx.new_graph()
+        g = ggtool.Graph(ctx)
         g.expand(y)
         plan, out[threads] = None, []
         with ggtool.WorkerPool(threads) as pool:
             for seed in (1, 2):
                 src.set_data(np.random.default_rng(seed).standard_normal((N, K)).astype(np.float32))
-                plan = g.compute(threads, pool=pool, plan=plan)
+                plan = ggtool.graph_compute(g, threads, pool=pool, plan=plan)
                 out[threads].append(y.numpy().tobytes())
     assert out[1][0] != out[1][1]
     assert out[2] == out[1]

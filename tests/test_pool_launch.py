@@ -109,7 +109,7 @@ with ggtool.WorkerPool(3) as pool:
     a = ctx.new_tensor("f32", [64, 48]).set_data(w)
     b = ctx.new_tensor("f32", [64, 32]).set_data(np.ones((32, 64), np.float32))
     y = ggtool.ops.FUNCTIONS["mul_mat"](ctx, a, b)
-    ctx.new_graph().expand(y).compute(3, pool=pool)
+    ggtool.graph_compute(ggtool.Graph(ctx).expand(y), 3, pool=pool)
     print(np.array_equal(y.numpy().reshape(32, 48), np.ones((32, 64), np.float32) @ w.T))
 """)
     assert out.split() == ["True"]

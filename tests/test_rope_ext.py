@@ -27,7 +27,7 @@ def test_rope_ext_matches_the_formula(base, scale, attn):
     ctx = ggtool.Context()
     a, b = ctx.new_tensor_from(x), ctx.new_tensor_from(pos)
     r = F["rope_ext"](ctx, a, b, None, 6, 0, 0, base, scale, 0.0, attn, 0.0, 0.0)
-    ctx.new_graph().expand(r).compute()
+    ggtool.graph_compute(ggtool.Graph(ctx).expand(r))
     want = _rope_ref(x, pos.astype(np.float64), 6, base, scale, attn)
     np.testing.assert_allclose(r.data[0], want, rtol=2e-5, atol=2e-5)
     assert r.param_f32(5) == np.float32(base) and r.op_params[1] == 6
@@ -40,10 +40,10 @@ def test_rope_ext_with_default_base_is_rope():
     b = ctx.new_tensor_from(np.arange(4, dtype=np.int32))
     r1 = F["rope"](ctx, a, b, 16, 0)
     r2 = F["rope_ext"](ctx, a, b, None, 16, 0, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
-    g = ctx.new_graph()
+    g = ggtool.Graph(ctx)
     g.expand(r1)
     g.expand(r2)
-    g.compute()
+    ggtool.graph_compute(g)
     assert list(r1.op_params) == list(r2.op_params)
     assert np.array_equal(r1.data, r2.data)
 

@@ -2,7 +2,7 @@
 
     program = parse(source, filename="model.gg")
     built = build(program, ctx, env)        # env: input tensors and GGUF metadata (Env)
-    built.graph.compute(1)
+    ggtool.graph_compute(built.graph, 1)
 """
 
 from .builtins import BUILTINS

@@ -92,7 +92,7 @@ def build(program: Program | str, ctx: Context, env: Env | None = None, outputs=
     ev.run()
     outs = ev.resolve_outputs(outputs)
     size, notes = _graph_size(outs, graph_size)
-    graph = ctx.new_graph(size)
+    graph = Graph(ctx, size)
     for _, t in outs:
         graph.expand(t)
     return Built(graph, outs, {**ev.inputs, **ev.named}, dict(ev.vars), notes)

@@ -43,7 +43,7 @@ class WorkerPool:
     """N participants for GGML-style compute: the caller plus N-1 worker processes.
 
         with WorkerPool(4) as pool:
-            graph.compute(4, pool=pool)        # or ggtool.compute.compute(graph, 4, pool=pool)
+            ggtool.graph_compute(graph, 4, pool=pool)
             squares = pool.map(math.sqrt, range(100))
 
     A plan of more threads than the pool has starts more workers; a plan of 1 runs in-process.
