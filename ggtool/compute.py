@@ -251,7 +251,7 @@ def single_threaded():
     """A participant is one thread: BLAS and ggtool.quant's array functions on one thread
     meanwhile. Parallelism is the pool's job, and the same thread counts give the same bits."""
     quant = sys.modules.get("ggtool.quant")
-    saved = getattr(quant, "_threads", None)
+    saved = None if quant is None else quant.threads_setting()
     with blas.limit(1):
         if quant is not None:
             quant.set_threads(1)

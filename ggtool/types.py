@@ -31,8 +31,8 @@ GGMLType.__doc__ = "enum ggml_type (the members and values of gguf-py's GGMLQuan
 F32, F16, Q4_0, Q8_0, I32 = GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.I32
 BF16 = GGMLType.BF16
 
-# numpy dtype of one element for the unquantized types
-_NP_DTYPES = {
+# numpy dtype of one element for the unquantized types (BF16 has none: see np_dtype)
+NP_DTYPES = {
     GGMLType.F32: np.dtype(np.float32),
     GGMLType.F16: np.dtype(np.float16),
     GGMLType.I8: np.dtype(np.int8),
@@ -106,12 +106,12 @@ def np_dtype(t: GGMLType) -> np.dtype:
     viewed as raw bytes (uint8)."""
     if t == BF16:
         return np.dtype(np.uint16)
-    return _NP_DTYPES.get(t, np.dtype(np.uint8))
+    return NP_DTYPES.get(t, np.dtype(np.uint8))
 
 
 def from_np_dtype(dt: np.dtype) -> GGMLType:
     dt = np.dtype(dt)
-    for t, d in _NP_DTYPES.items():
+    for t, d in NP_DTYPES.items():
         if d == dt:
             return t
     raise GGToolError(f"no GGML type for numpy dtype {dt} (use float32, float16 or int32)")

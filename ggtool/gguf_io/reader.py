@@ -342,7 +342,7 @@ class _CheckedReader(GGUFReader):
     def _view(self, t: T.GGMLType, ne: list[int], start: int, n_el: int, n_bytes: int) -> np.ndarray:
         """The tensor's data as gguf-py maps it: its numpy dtype, or bytes (..., row bytes)."""
         shape = tuple(reversed(ne))
-        dtype = T._NP_DTYPES.get(t)
+        dtype = T.NP_DTYPES.get(t)
         if dtype is not None:
             return self.data[start:start + n_bytes].view(dtype).reshape(shape)
         if shape:

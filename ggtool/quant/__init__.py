@@ -61,12 +61,11 @@ __all__ = [
     "quantize_q8_1_cpu",
     "quantize_q8_k",
     "set_threads",
+    "threads_setting",
 ]
 
 
-def __getattr__(name: str):
-    # `_threads` (the set_threads value, read by quantize_model and pool to restore it) lives in
-    # .threads; forward reads so they see the current value, not a copy taken at import
-    if name == "_threads":
-        return _threads_mod._threads
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def threads_setting() -> int | None:
+    """What `set_threads` was last given (None: the default rule), so that a caller who sets the
+    threads for a while can give the setting back as it was."""
+    return _threads_mod._threads

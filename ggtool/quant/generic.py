@@ -4,6 +4,8 @@ integer types checked for range and integrality."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import types as T
@@ -26,25 +28,29 @@ def can_quantize(t) -> bool:
     t = T.parse_type(t)
     if t in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q8_0):
         return True
-    gq = _gguf_quants()
-    q = gq._type_traits.get(t)
-    return q is not None and "quantize_blocks" in _own_methods(q)
+    return _gguf_can(t, "quantize")
 
 
 def can_dequantize(t) -> bool:
     t = T.parse_type(t)
-    if t in T._NP_DTYPES or t in (T.Q4_0, T.Q8_0, T.BF16):
+    if t in T.NP_DTYPES or t in (T.Q4_0, T.Q8_0, T.BF16):
         return True
-    return t in _gguf_quants()._type_traits
+    return _gguf_can(t, "dequantize")
 
 
-def _own_methods(cls) -> set[str]:
-    names = set()
-    for c in cls.__mro__:
-        if c.__name__.endswith("__Quant") or c is object:
-            break
-        names |= set(vars(c))
-    return names
+@functools.lru_cache(maxsize=None)
+def _gguf_can(t: T.GGMLType, way: str) -> bool:
+    """Whether gguf-py's public quantize / dequantize takes type t, asked of one block of zeros:
+    gguf-py says NotImplementedError for a type it lacks, or whose way it has not written."""
+    gq = _gguf_quants()
+    block = (np.zeros((1, T.block_size(t)), _F32) if way == "quantize"
+             else np.zeros((1, T.type_size(t)), np.uint8))
+    try:
+        with np.errstate(all="ignore"):
+            getattr(gq, way)(block, t)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def quantize(x, ggml_type, name: str = "tensor") -> np.ndarray:
@@ -63,7 +69,7 @@ def quantize(x, ggml_type, name: str = "tensor") -> np.ndarray:
     if t == T.BF16:
         bits = fp32_to_bf16(x.reshape(1) if x.ndim == 0 else x)
         return bits.view(np.uint8)
-    if t in T._NP_DTYPES:
+    if t in T.NP_DTYPES:
         return _to_int(x, t, name)
     if not can_quantize(t):
         raise QuantizationError(f"tensor '{name}': cannot quantize to {T.type_name(t)} (not implemented)")
@@ -84,7 +90,7 @@ def dequantize(raw, ggml_type) -> np.ndarray:
     if t == T.Q8_0:
         return dequantize_q8_0(raw)
     raw = np.asarray(raw)
-    if t in T._NP_DTYPES:
+    if t in T.NP_DTYPES:
         dt = T.np_dtype(t)
         if raw.dtype != dt:
             raw = raw.view(dt) if raw.dtype == np.uint8 else raw.astype(dt)
@@ -135,9 +141,9 @@ def convert(array, src_type, dst_type, name: str = "tensor") -> np.ndarray:
         if T.is_quantized(src) or src == T.BF16:
             return a if a.dtype == np.uint8 else a.view(np.uint8)
         return a.astype(T.np_dtype(src), copy=False)
-    if src in T._NP_DTYPES and dst in T._NP_DTYPES and T.np_dtype(dst).kind in "iu":
+    if src in T.NP_DTYPES and dst in T.NP_DTYPES and T.np_dtype(dst).kind in "iu":
         return _to_int(a.astype(T.np_dtype(src), copy=False), dst, name)
-    if src in T._NP_DTYPES and T.np_dtype(src).kind in "iu":
+    if src in T.NP_DTYPES and T.np_dtype(src).kind in "iu":
         vals = a.astype(T.np_dtype(src), copy=False).astype(_F32)
     else:
         vals = dequantize(a, src)

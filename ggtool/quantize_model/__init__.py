@@ -129,7 +129,7 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
     check_paths(plan.sources or plan.input, outputs, force)
     t0 = time.perf_counter()
     threads = max(1, int(plan.options.threads))
-    saved_threads = Q._threads
+    saved_threads = Q.threads_setting()
     executor = ThreadPoolExecutor(threads, thread_name_prefix="ggtool-quantize") if threads > 1 else None
 
     def convert(it: _Item) -> bytes:
