@@ -57,6 +57,12 @@ def _table(name: str, fn: Callable) -> np.ndarray:
     return _TABLES[name]
 
 
+def gelu_table(numerics: str = "ggml") -> np.ndarray:
+    """GGML's fp16 GELU table (ggml_cpu_init), as the reference computes it or ("x86") as
+    llama.cpp's x86-64 build does: the values gelu reads."""
+    return _table("gelu_x86", _gelu_f32_x86) if numerics == "x86" else _table("gelu", _gelu_f32)
+
+
 def _fp16_bits(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).view(np.uint16)  # RNE, like GGML_FP32_TO_FP16
 
