@@ -207,7 +207,7 @@ def open_pool(n_threads: int):
 @contextlib.contextmanager
 def compute_progress(total: int, delay: float = 1.0, interval: float = 0.1, file=None):
     """A progress bar in nodes on stderr (a terminal only) for a compute that lasts over `delay`
-    seconds; yields the ggtool.compute.Progress to pass to Graph.compute (or None: no bar). A
+    seconds; yields the ggtool.compute.Progress to pass to graph_compute (or None: no bar). A
     thread reads which node participant 0 is at, so the compute itself pays nothing."""
     file = sys.stderr if file is None else file
     if not file.isatty():
