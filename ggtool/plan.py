@@ -58,6 +58,7 @@ class Plan:
 
 
 def make_plan(graph, n_threads: int = 0) -> Plan:
+    """ggml_graph_plan: each node's n_tasks and work size from its op, for n_threads (<= 0: 4)."""
     from .ops import kernel_for
 
     if n_threads <= 0:
