@@ -23,8 +23,8 @@ import time
 import pytest
 from conftest import ROOT, STORIES
 
-from ggtool import shm
 from ggtool.interrupts import ENDING_SIGNALS
+from ggtool.pool import shm
 from ggtool.pool.worker import NAME
 
 PY = [sys.executable, "-m", "ggtool"]

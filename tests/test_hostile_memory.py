@@ -25,7 +25,7 @@ from conftest import STORIES, fails, ok
 import ggtool
 from ggtool.errors import ComputeError, ShapeError
 from ggtool.ops import FUNCTIONS
-from ggtool.shm import list_segments
+from ggtool.pool.shm import list_segments
 
 try:
     from numpy.lib.array_utils import byte_bounds

@@ -142,7 +142,7 @@ def guard_sigbus() -> None:
             return
         why = "; ".join(shrunk()) or "a memory-mapped input could not be read (bus error: a file truncated while in use?)"
         os.write(2, f"Error: {why}\n".encode("utf-8", "replace"))
-        shm = sys.modules.get("ggtool.shm")
+        shm = sys.modules.get("ggtool.pool.shm")
         if shm is not None:     # the pool's segments: its workers, left without a caller, then end
             shm.remove_orphans(owner)
         os._exit(1)

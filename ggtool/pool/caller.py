@@ -18,14 +18,16 @@ import weakref
 from collections import OrderedDict
 from multiprocessing.connection import wait as _wait
 
-from .. import shm
+from .. import role
 from ..compute import Work, run_in_process, single_threaded, work_view
 from ..errors import ComputeError, GGToolError
-from . import procs, wire
+from ..interrupts import signals_held
+from ..threads import default_threads
+from . import shm, wire
 from .barrier import ABORT, CHECK_EVERY, CTL_SIZE, MAX_PARTICIPANTS, Aborted, Barrier, participate, programs, slot
+from .placement import placement, wake_on
 from .procs import State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
 from .segments import live_segments, segment_size
-from .threads import default_threads, placement, wake_on
 
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
 
@@ -49,14 +51,14 @@ class WorkerPool:
     A plan of more threads than the pool has starts more workers; a plan of 1 runs in-process.
     Workers start in the background when the pool is created; the first compute waits for them.
     With `place` (and GGTOOL_PLACE not 0), each worker wakes up for a compute on a CPU of its own, when
-    there are enough (see threads.wake_on).
+    there are enough (see placement.wake_on).
     """
 
     def __init__(self, n_threads: int | None = None, place: bool = True):
         n = default_threads() if n_threads is None else int(n_threads)
         if not 1 <= n <= MAX_PARTICIPANTS:
             raise GGToolError(f"a worker pool has 1 to {MAX_PARTICIPANTS} participants, not {n}")
-        if procs.IN_WORKER:
+        if role.POOL_WORKER:
             n = 1
         self.n_threads = n
         self.place = place
@@ -115,10 +117,10 @@ class WorkerPool:
         # that teardown finds it
         if st.ctl is None:
             shm.remove_dead_owners()   # what pools killed with their workers left in /dev/shm
-            with shm.signals_held():
+            with signals_held():
                 st.ctl = shm.Segment(CTL_SIZE)
         while len(st.workers) < n - 1:
-            with shm.signals_held():
+            with signals_held():
                 st.workers.append(spawn(st.ctl))
 
     def _ensure(self, n: int, wait: bool = True) -> list[Worker]:
@@ -187,7 +189,7 @@ class WorkerPool:
         """Compute `graph` with `plan` (work buffer already allocated, see compute.prepare);
         `progress` (a ggtool.compute.Progress) follows participant 0."""
         nth = plan.n_threads
-        if nth <= 1 or procs.IN_WORKER:
+        if nth <= 1 or role.POOL_WORKER:
             run_in_process(graph, plan, progress)
             return
         self._enter()
@@ -327,7 +329,7 @@ class WorkerPool:
         """
         items = list(items)
         n = min(self.n_threads if n_threads is None else int(n_threads), len(items))
-        if n <= 1 or procs.IN_WORKER or self._owner == threading.get_ident():
+        if n <= 1 or role.POOL_WORKER or self._owner == threading.get_ident():
             return [fn(x) for x in items]
         self._enter()
         try:

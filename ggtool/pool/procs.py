@@ -20,16 +20,15 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as _wait_ready
 from multiprocessing.reduction import ForkingPickler
 
-from .. import shm
 from ..errors import GGToolError
+from ..interrupts import signals_held
+from . import shm
 from .launch import launch, take
 from .segments import release_segments
 
 _START_TIMEOUT = 120.0
 # A message at most this long fits in the socket's buffer whole: it is sent before the bell rings.
 _SMALL_MESSAGE = 16 * 1024
-# set in the workers' environment: a pool made there (by a module a worker imports) stays in-process
-IN_WORKER = bool(os.environ.get("GGTOOL_POOL_WORKER"))
 
 
 def _process_start_time() -> float | None:
@@ -190,7 +189,7 @@ class State:
         once) and unlink the segments. A SIGINT, SIGTERM or SIGHUP meanwhile is held until it is done."""
         if os.getpid() != self.pid:
             return  # a forked copy of the caller: the workers and segments are the parent's
-        with shm.signals_held():
+        with signals_held():
             self._teardown(graceful)
 
     def _teardown(self, graceful: bool) -> None:

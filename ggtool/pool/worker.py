@@ -23,11 +23,11 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from .. import shm
 from ..compute import Work, forget_packs
 from ..errors import GGToolError
+from . import shm
 from .barrier import ABORT, Aborted, Barrier, participate
-from .threads import Release
+from .placement import Release
 from .wire import WorkerGraph, install
 
 # Seconds a worker waits, after a SIGTERM or SIGHUP, for its caller to stop it before it exits by itself.

@@ -1,5 +1,6 @@
-"""How many participants by default, and which CPU each one computes on. (A participant computes on
-one thread: see ggtool.compute.single_threaded; workers get the same through their environment.)"""
+"""Which CPU each participant of a compute wakes up on. (How many participants by default is
+ggtool.threads' rule; a participant computes on one thread: see ggtool.compute.single_threaded,
+and workers get the same through their environment.)"""
 
 from __future__ import annotations
 
@@ -7,24 +8,6 @@ import ctypes
 import functools
 import os
 
-from ..errors import GGToolError
-
-
-def default_threads() -> int:
-    """GGTOOL_THREADS if set, else the cores this process may run on."""
-    v = os.environ.get("GGTOOL_THREADS", "").strip()
-    if v:
-        try:
-            n = int(v)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise GGToolError(f"GGTOOL_THREADS must be a positive integer, got {v!r}")
-        return n
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
 
 
 def placement(nth: int) -> list[int] | None:

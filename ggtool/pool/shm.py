@@ -19,8 +19,8 @@ import os
 
 import numpy as np
 
-from .errors import GGToolError
-from .pool.launch import process_alive, signals_held
+from ..errors import GGToolError
+from ..interrupts import process_alive, signals_held
 
 try:
     import _posixshmem
