@@ -62,7 +62,7 @@ class Interrupted(KeyboardInterrupt):
 
 def install(phase: str = RUNNING) -> None:
     """Handle SIGINT, SIGTERM and SIGHUP from now on (those not ignored), in `phase`; once per
-    process (ggtool.__main__ installs them starting, ggtool.commands.main then finds them)."""
+    process (ggtool.commands.console installs them starting, ggtool.commands.main then finds them)."""
     global _phase
     if _phase is not None:
         return

@@ -1,14 +1,14 @@
 """Starting worker processes, and readying the command line for them before it has loaded.
 
 A worker started as a fresh interpreter spends ~0.15 s importing numpy and ggtool before it can
-compute. `prestart` looks at the arguments of `ggtool compute` first thing (before numpy loads) and
-puts the command line's BLAS on one thread, as a participant computes anyway: the process then
-stays single-threaded, and its pool forks its workers from it, with everything loaded (pool.fork).
-Where that is not possible (not Linux), an explicit `--threads N` (or GGTOOL_THREADS) above 1
+compute. The command line, about to compute, calls `prestart` first thing (before numpy loads) with
+the thread count it was given: it puts the process's BLAS on one thread, as a participant computes
+anyway, so the process stays single-threaded, and its pool forks its workers from it, with
+everything loaded (pool.fork). Where that is not possible (not Linux), an explicit count N above 1
 launches the N-1 workers at once, so that they import side by side with the command line; the pool
-adopts them (`take`). This module imports nothing heavy: it runs in every command (socket and
-subprocess load only when a worker is launched). A launched worker that is never adopted exits with
-the process (its life pipe closes).
+adopts them (`take`). This module imports nothing heavy (socket and subprocess load only when a
+worker is launched). A launched worker that is never adopted exits with the process (its life pipe
+closes).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import sys
 
 from .. import role
 from ..interrupts import at_exit_now, signals_blocked, signals_held
+from ..threads import available_cpus
 from . import fork
 from ..blas import THREAD_VARS
 
@@ -116,36 +117,17 @@ def discard() -> None:
         _PRESTARTED.pop().close()
 
 
-def threads_asked(argv: list[str]) -> int:
-    """The --threads of a `compute` command line (or GGTOOL_THREADS), else 0. Only a clear case
-    counts: anything odd is left for click to judge."""
-    if not argv or argv[0] != "compute" or "--help" in argv or "-h" in argv:
-        return 0
-    value = os.environ.get("GGTOOL_THREADS", "")
-    args = iter(argv[1:])
-    for a in args:
-        if a == "--":
-            break
-        if a in ("--threads", "-t"):
-            value = next(args, "")
-        elif a.startswith("--threads="):
-            value = a[len("--threads="):]
-        elif a.startswith("-t") and a[2:].isdigit():
-            value = a[2:]
-    return int(value) if value.isdigit() else 0
-
-
-def prestart(argv: list[str]) -> None:
-    """Ready the process of a `ggtool compute` command line for its workers, before its imports:
-    BLAS on one thread, and workers forked from it; or, where it cannot fork, the workers of an
-    explicit --threads N launched now (N-1 of them, at most one per CPU). The pool adopts them."""
-    if not argv or argv[0] != "compute" or role.POOL_WORKER:
+def prestart(n_threads: int = 0) -> None:
+    """Ready this process, a command line about to compute with `n_threads` participants (0: not
+    decided yet), for its workers, before its own imports: BLAS on one thread, and workers forked
+    from it later; or, where it cannot fork, the n_threads-1 workers launched now (at most one per
+    CPU). The pool adopts them. The command line calls it; a library's process never does."""
+    if role.POOL_WORKER:
         return
     os.environ.update({k: "1" for k in THREAD_VARS})
     if fork.allow():
         return
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n = min(threads_asked(argv), cpus)
+    n = min(n_threads, available_cpus())
     at_exit_now(discard)   # a signal while the command line still starts: they stop with it
     try:
         for _ in range(n - 1):

@@ -22,6 +22,7 @@ from ..context import OBJ_WORK_BUFFER
 from ..errors import GGToolError
 from ..interrupts import signals_held
 from . import shm
+from .shm import SharedMemoryError
 
 _SEGMENTS: dict[int, tuple] = {}   # id(ctx) -> (weakref to ctx, Segment)
 _SEG_LOCK = threading.RLock()
@@ -59,9 +60,7 @@ def share_context(ctx) -> shm.Segment:
         except OSError:  # pragma: no cover
             free = None
         if free is not None and moved > free:
-            raise GGToolError(
-                f"not enough shared memory for the worker pool: the context needs {moved} bytes, "
-                f"/dev/shm has {free} free (enlarge /dev/shm or use --threads 1)")
+            raise SharedMemoryError(moved, free)
         # The new segment is unlinked unless it ends up in the registry, with the context moved
         # into it: a Ctrl-C or SIGTERM during the copy (seconds for a large context) stops it there,
         # and one during the two steps that must go together is held until they are done.
