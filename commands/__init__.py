@@ -20,8 +20,9 @@ import os
 import sys
 
 from ggtool import interrupts  # light: signal, os, threading, time
+from ggtool.threads import THREADS_ENV  # light: os
 
-THREADS_OPTION, THREADS_SHORT, THREADS_ENV = "--threads", "-t", "GGTOOL_THREADS"
+THREADS_OPTION, THREADS_SHORT = "--threads", "-t"   # _common.threads_option's names
 
 
 def console() -> None:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import itertools
 import sys
-from contextlib import contextmanager
 
 import numpy as np
 
-from . import blas
 from .context import OBJECT_SIZE, pad
 from .errors import ComputeError, GGToolError, OutOfMemoryError, memory_limit
 from .ops.base import kernel_for
 from .plan import Plan, make_plan
+from .threads import single_threaded
 
 NUMERICS = ("ggml", "x86")
 
@@ -238,19 +237,3 @@ def run_in_process(graph, plan: Plan, progress: Progress | None = None) -> None:
             if progress is not None:
                 progress.node = i
             run_node(i, node, 0, 1, work)
-
-
-@contextmanager
-def single_threaded():
-    """A participant is one thread: BLAS and ggtool.quant's array functions on one thread
-    meanwhile. Parallelism is the pool's job, and the same thread counts give the same bits."""
-    quant = sys.modules.get("ggtool.quant")
-    saved = getattr(quant, "_threads", None)
-    with blas.limit(1):
-        if quant is not None:
-            quant.set_threads(1)
-        try:
-            yield
-        finally:
-            if quant is not None:
-                quant.set_threads(saved)

@@ -1,13 +1,18 @@
-"""The one default-thread rule, for every layer (the pool, the quantizers, the command line).
+"""The thread policy, one home for every layer (the pool, the quantizers, the command line): the
+default-thread rule (`default_threads`), and a participant of a compute on one thread
+(`single_threaded`).
 
-Light (os only): the command line asks it before numpy loads. A count given explicitly (a
-`--threads`, `WorkerPool(n)`, `quant.set_threads(n)`) always wins over it.
+Light (os; ctypes only when BLAS is limited): the command line asks it before numpy loads. A
+count given explicitly (the command line's option, `WorkerPool(n)`, `quant.set_threads(n)`)
+always wins over the default.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
+from . import blas
 from .errors import GGToolError
 
 THREADS_ENV = "GGTOOL_THREADS"
@@ -38,3 +43,24 @@ def default_threads(flops: int | None = None) -> int:
     if flops is not None and flops < AUTO_POOL_MIN_FLOPS:
         return 1
     return available_cpus()
+
+
+_single = 0   # how many single_threaded blocks are running (ggtool.quant asks `one_thread`)
+
+
+@contextmanager
+def single_threaded():
+    """A participant is one thread: BLAS and ggtool.quant's array functions on one thread
+    meanwhile. Parallelism is the pool's job, and the same thread counts give the same bits."""
+    global _single
+    with blas.limit(1):
+        _single += 1
+        try:
+            yield
+        finally:
+            _single -= 1
+
+
+def one_thread() -> bool:
+    """Whether a participant computes now (inside `single_threaded`): the quantizers then use one thread."""
+    return _single > 0

@@ -1,5 +1,5 @@
 """Which CPU each participant of a compute wakes up on. (How many participants by default is
-ggtool.threads' rule; a participant computes on one thread: see ggtool.compute.single_threaded,
+ggtool.threads' rule; a participant computes on one thread: see ggtool.threads.single_threaded,
 and workers get the same through their environment.)"""
 
 from __future__ import annotations
