@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 _DEFAULT: WorkerPool | None = None
 _DEFAULT_LOCK = threading.Lock()
 # loaded on first use: `ggtool.pool.launch` must stay light (it runs before numpy loads)
-_LAZY = {"WorkerPool": "caller", "MAX_PARTICIPANTS": "barrier", "share_context": "segments"}
+_LAZY = {"WorkerPool": "caller", "MAX_PARTICIPANTS": "wire", "share_context": "segments"}
 
 
 def __getattr__(name: str):

@@ -12,6 +12,7 @@ propagates.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -24,10 +25,24 @@ from ..errors import ComputeError, GGToolError
 from ..interrupts import signals_held
 from ..threads import default_threads
 from . import shm, wire
-from .barrier import ABORT, CHECK_EVERY, CTL_SIZE, MAX_PARTICIPANTS, Aborted, Barrier, participate, programs, slot
+from .barrier import CHECK_EVERY, Aborted, Barrier, participate, programs
 from .placement import placement, wake_on
 from .procs import State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
 from .segments import live_segments, segment_size
+from .wire import (
+    ABORT,
+    CTL_SIZE,
+    MAX_PARTICIPANTS,
+    Error,
+    Failed,
+    Map,
+    Preload,
+    Raised,
+    Results,
+    Run,
+    arrivals,
+    at_node,
+)
 
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
 
@@ -180,7 +195,7 @@ class WorkerPool:
         try:
             for w in self._state.workers:
                 if w.proc.poll() is None:
-                    w.send(("preload",))
+                    w.send(Preload())
         finally:
             self._leave()
 
@@ -229,70 +244,20 @@ class WorkerPool:
 
     def _run(self, graph, plan, nth: int, workers: list[Worker], entry: _Entry, cpus: list[int] | None,
              progress) -> None:
-        st = self._state
-        st.used |= entry.segs
-        live = live_segments()
-        for fp, e in list(self._entries.items()):  # forget graphs whose segments are gone
-            if not e.segs <= live:
-                del self._entries[fp]
-                self._keys.pop(e.key, None)
-        mv = memoryview(st.ctl.array).cast("q")
-        g0 = max(mv[slot(i)] for i in range(len(st.workers) + 1))
-        mv[ABORT] = 0
-        for i in range(nth):
-            mv[slot(i) + 1] = -1
+        """Participant 0's part of a compute: the workers told to run `entry`, this process's own
+        program, then every worker's answer. Raises the ComputeError of the first failing node, or
+        of a worker that died; any other exception (Ctrl-C) breaks the pool, leaving nothing behind."""
+        live = self._forget_stale(entry)
+        mv = memoryview(self._state.ctl.array).cast("q")
+        g0 = self._reset_control(mv, nth)
         try:
             for ith, w in enumerate(workers, 1):
-                drop_graphs = [k for k in w.graphs if k not in self._keys]
-                w.graphs.difference_update(drop_graphs)
-                drop_segs = [n for n in w.segs if n not in live]
-                for n in drop_segs:
-                    del w.segs[n]
-                attach = [(n, segment_size(n)) for n in entry.segs if n not in w.segs]
-                blob = None
-                if entry.key not in w.graphs:
-                    blob = entry.blob
-                    self.stats["graphs_sent"] += 1
-                if cpus:
-                    wake_on(w.pid, cpus[ith])
-                try:
-                    w.send(("run", entry.key, ith, nth, g0, cpus is not None, blob, attach, drop_segs, drop_graphs))
-                except OSError:
-                    raise WorkerDied(ith, w) from None
-                w.graphs.add(entry.key)
-                w.segs.update(attach)
+                self._send_run(ith, w, entry, nth, g0, cpus, live)
             self.stats["runs"] += 1
-
-            def check():
-                for i, w in enumerate(workers, 1):
-                    if w.proc.poll() is not None:
-                        raise WorkerDied(i, w)
-
-            work = Work(work_view(graph, plan), Barrier(mv, 0, nth, g0, check), plan.numerics)
-            failures = []
-            try:
-                failed = participate(graph.nodes, entry.prog0, 0, work, mv, progress)
-                if failed:
-                    failures.append(failed)
-            except Aborted:
-                pass
-            for ith, reply in self._replies(workers):
-                if reply[0] == "failed":
-                    failures.append((reply[1], reply[2]))
-                elif reply[0] == "error":
-                    w = workers[ith - 1]
-                    w.graphs.clear()
-                    w.segs.clear()
-                    failures.append((-1, f"worker {ith} (pid {w.pid}) could not run the graph: {reply[1]}"))
+            failures = self._take_part(graph, plan, entry, nth, g0, workers, mv, progress)
+            failures += self._failures(workers)
         except WorkerDied as d:
-            how = death(d.w)
-            self._broken()
-            i = mv[slot(d.ith) + 1]
-            at = "before starting the graph"
-            if i >= 0:
-                node = graph.nodes[i]
-                at = f"while computing node {i} '{node.name}' ({node.op_desc})"
-            raise ComputeError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) {at}{_why(how)}") from None
+            raise self._died(d, mv, graph) from None
         except BaseException:
             # KeyboardInterrupt, or a failure of the pool itself: nothing may be left behind
             mv[ABORT] = 1
@@ -302,6 +267,86 @@ class WorkerPool:
             raise ComputeError(min(failures)[1])
         if mv[ABORT]:  # pragma: no cover (a participant stopped without saying why)
             raise ComputeError("the compute was aborted by a worker")
+
+    def _forget_stale(self, entry: _Entry) -> set[str]:
+        """Record `entry`'s segments as used by the pool, and forget the graphs whose segments are
+        gone; returns the segments still live."""
+        self._state.used |= entry.segs
+        live = live_segments()
+        for fp, e in list(self._entries.items()):
+            if not e.segs <= live:
+                del self._entries[fp]
+                self._keys.pop(e.key, None)
+        return live
+
+    def _reset_control(self, mv: memoryview, nth: int) -> int:
+        """Clear the abort flag and each participant's node; returns the barrier generation the
+        compute starts from (every counter is at or below it)."""
+        g0 = max(mv[arrivals(i)] for i in range(len(self._state.workers) + 1))
+        mv[ABORT] = 0
+        for i in range(nth):
+            mv[at_node(i)] = -1
+        return g0
+
+    def _send_run(self, ith: int, w: Worker, entry: _Entry, nth: int, g0: int, cpus: list[int] | None,
+                  live: set[str]) -> None:
+        """Tell worker ith to run `entry`, with what it lacks (the graph, segments to attach) and
+        what it may drop; wake it on its CPU if the compute is placed."""
+        drop_graphs = [k for k in w.graphs if k not in self._keys]
+        w.graphs.difference_update(drop_graphs)
+        drop_segs = [n for n in w.segs if n not in live]
+        for n in drop_segs:
+            del w.segs[n]
+        attach = [(n, segment_size(n)) for n in entry.segs if n not in w.segs]
+        blob = None
+        if entry.key not in w.graphs:
+            blob = entry.blob
+            self.stats["graphs_sent"] += 1
+        if cpus:
+            wake_on(w.pid, cpus[ith])
+        try:
+            w.send(Run(entry.key, ith, nth, g0, cpus is not None, blob, attach, drop_segs, drop_graphs))
+        except OSError:
+            raise WorkerDied(ith, w) from None
+        w.graphs.add(entry.key)
+        w.segs.update(attach)
+
+    def _take_part(self, graph, plan, entry: _Entry, nth: int, g0: int, workers: list[Worker], mv: memoryview,
+                   progress) -> list[tuple[int, str]]:
+        """This process's own program, as participant 0 (checking its workers are alive while it
+        waits at a barrier); its failure, if any, as [(node, message)]."""
+        work = Work(work_view(graph, plan), Barrier(mv, 0, nth, g0, functools.partial(_check_alive, workers)),
+                    plan.numerics)
+        try:
+            failed = participate(graph.nodes, entry.prog0, 0, work, mv, progress)
+        except Aborted:
+            return []
+        return [failed] if failed else []
+
+    def _failures(self, workers: list[Worker]) -> list[tuple[int, str]]:
+        """Every worker's answer to its Run: the (node, message) of each failure (-1: a worker that
+        could not run the graph, which then has to be sent everything again)."""
+        failures = []
+        for ith, reply in self._replies(workers):
+            if isinstance(reply, Failed):
+                failures.append((reply.node, reply.message))
+            elif isinstance(reply, Error):
+                w = workers[ith - 1]
+                w.graphs.clear()
+                w.segs.clear()
+                failures.append((-1, f"worker {ith} (pid {w.pid}) could not run the graph: {reply.message}"))
+        return failures
+
+    def _died(self, d: WorkerDied, mv: memoryview, graph) -> ComputeError:
+        """The error of a worker that died mid-compute, naming the node it was at; the pool is broken."""
+        how = death(d.w)
+        self._broken()
+        i = mv[at_node(d.ith)]
+        at = "before starting the graph"
+        if i >= 0:
+            node = graph.nodes[i]
+            at = f"while computing node {i} '{node.name}' ({node.op_desc})"
+        return ComputeError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) {at}{_why(how)}")
 
     def _replies(self, workers: list[Worker]):
         """One reply per worker, in any order; a closed connection or a dead process raises."""
@@ -338,7 +383,7 @@ class WorkerPool:
             try:
                 for k, w in enumerate(workers, 1):
                     try:
-                        w.send(("map", fn, items[bounds[k]: bounds[k + 1]]))
+                        w.send(Map(fn, items[bounds[k]: bounds[k + 1]]))
                     except OSError:
                         raise WorkerDied(k, w) from None
                 results: list = [None] * n
@@ -349,15 +394,15 @@ class WorkerPool:
                     except Exception as e:
                         errors.append((0, e))
                 for k, reply in self._replies(workers):
-                    if reply[0] == "ok":
-                        results[k] = reply[1]
-                    elif reply[0] == "exc":
-                        errors.append((k, reply[1]))
+                    if isinstance(reply, Results):
+                        results[k] = reply.values
+                    elif isinstance(reply, Raised):
+                        errors.append((k, reply.exception))
                     else:
                         w = workers[k - 1]
                         w.graphs.clear()
                         w.segs.clear()
-                        errors.append((k, GGToolError(f"worker {k} (pid {w.pid}): {reply[1]}")))
+                        errors.append((k, GGToolError(f"worker {k} (pid {w.pid}): {reply.message}")))
             except WorkerDied as d:
                 how = death(d.w)
                 self._broken()
@@ -374,6 +419,13 @@ class WorkerPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._state.workers)} workers"
         return f"<WorkerPool {self.n_threads} participants, {state}>"
+
+
+def _check_alive(workers: list[Worker]) -> None:
+    """Participant 0's check while it waits at a barrier: a worker that died raises WorkerDied."""
+    for i, w in enumerate(workers, 1):
+        if w.proc.poll() is not None:
+            raise WorkerDied(i, w)
 
 
 def _why(how: str) -> str:

@@ -25,6 +25,7 @@ from ..interrupts import signals_held
 from . import shm
 from .launch import launch, take
 from .segments import release_segments
+from .wire import Exit, Init, Ready
 
 _START_TIMEOUT = 120.0
 # A message at most this long fits in the socket's buffer whole: it is sent before the bell rings.
@@ -121,7 +122,7 @@ def spawn(ctl: shm.Segment) -> Worker:
     conn = Connection(started.sock.detach())
     w = Worker(started.proc, conn, started.life, started.bell)
     try:
-        w.send(("init", ctl.name, ctl.size))
+        w.send(Init(ctl.name, ctl.size))
     except BaseException:
         kill(w)
         raise
@@ -170,8 +171,8 @@ def wait_ready(workers) -> None:
                 msg = c.recv()
             except (EOFError, OSError):
                 raise GGToolError(f"a worker process (pid {w.pid}) failed to start ({death(w)})") from None
-            if msg[0] != "ready":
-                raise GGToolError(f"a worker process (pid {w.pid}) failed to start: {msg[1]}")
+            if not isinstance(msg, Ready):
+                raise GGToolError(f"a worker process (pid {w.pid}) failed to start: {msg.message}")
             w.ready = True
 
 
@@ -197,7 +198,7 @@ class State:
         if graceful:
             for w in workers:
                 try:
-                    w.send(("exit",))
+                    w.send(Exit())
                 except Exception:
                     pass
             deadline = time.monotonic() + 2.0
