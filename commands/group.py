@@ -92,18 +92,6 @@ def _end_broken_pipe(e: OSError) -> click.exceptions.Exit | None:
     return click.exceptions.Exit(BROKEN_PIPE_STATUS)
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that are the user's input being wrong (reported as `Error: ...`, exit 1)."""
-    types: list[type[BaseException]] = [GGToolError]
-    try:
-        from ggtool.dsl import DSLError
-    except ImportError:
-        pass
-    else:
-        types.append(DSLError)
-    return tuple(types)
-
-
 def one_line(e: Exception) -> str:
     """The error as one line. A DSL error's first line already says where (line, column); the
     source line and caret under it are dropped. Other multi-line messages are joined."""
@@ -151,7 +139,7 @@ class GGToolGroup(click.Group):
             raise
         except KeyboardInterrupt as e:   # Ctrl-C, SIGTERM, SIGHUP (Interrupted)
             raise _end_interrupted(e) from None
-        except _user_errors() as e:
+        except GGToolError as e:   # the user's input is wrong (a DSLError is one too)
             raise click.ClickException(one_line(e)) from None
         except OSError as e:
             end = _end_broken_pipe(e)   # `ggtool ... | head`
