@@ -29,7 +29,7 @@ from ggtool.interrupts import signals_held
 from ggtool.ops import FUNCTIONS, KERNELS, Kernel
 from ggtool.ops.base import ALL, new_op
 from ggtool.pool import WorkerPool, get_pool, shm
-from ggtool.pool.placement import placement, wake_on
+from ggtool.pool.placement import placement, spread, wake_on
 from ggtool.threads import default_threads
 
 TESTS = Path(__file__).resolve().parent
@@ -494,18 +494,16 @@ def test_placement(monkeypatch):
     assert placement(1) is None
 
 
-def test_placement_spreads_over_cores_first(monkeypatch):
+def test_placement_spreads_over_cores_first():
     """With SMT, a worker on the caller's sibling would share its core: siblings come last."""
-    import ggtool.pool.placement as placement_module
+    cpus = [0, 1, 2, 3, 4, 5]
 
-    monkeypatch.delenv("GGTOOL_PLACE", raising=False)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
-    monkeypatch.setattr(placement_module, "_core", lambda cpu: f"{cpu - cpu % 2}-{cpu - cpu % 2 + 1}")  # pairs 0-1, 2-3, 4-5
-    monkeypatch.setattr(placement_module, "_current_cpu", lambda: 3)
-    assert placement(3) == [3, 4, 0]
-    assert placement(6) == [3, 4, 0, 5, 1, 2]
-    monkeypatch.setattr(placement_module, "_current_cpu", lambda: None)   # unknown: from the first allowed CPU
-    assert placement(2) == [0, 2]
+    def pairs(cpu):   # cores 0-1, 2-3, 4-5
+        return f"{cpu - cpu % 2}-{cpu - cpu % 2 + 1}"
+
+    assert spread(3, cpus, 3, pairs) == [3, 4, 0]
+    assert spread(6, cpus, 3, pairs) == [3, 4, 0, 5, 1, 2]
+    assert spread(2, cpus, None, pairs) == [0, 2]   # the caller's CPU unknown: from the first allowed CPU
 
 
 def test_wake_on_pins_a_sleeping_process_until_it_releases():

@@ -9,7 +9,6 @@ import functools
 import os
 
 
-
 def placement(nth: int) -> list[int] | None:
     """A distinct CPU for each participant of a compute, on distinct cores while there are enough
     (SMT siblings last), starting with the caller's current CPU; None when there are more
@@ -22,12 +21,18 @@ def placement(nth: int) -> list[int] | None:
         return None
     if nth > len(allowed):
         return None
-    here = _current_cpu()
+    return spread(nth, allowed, _current_cpu(), _core)
+
+
+def spread(nth: int, allowed: list[int], here: int | None, core_of) -> list[int]:
+    """`nth` of the CPUs `allowed` (sorted), from `here` (the caller's CPU; None or a CPU not
+    allowed: from the first) on: one CPU per core first (`core_of(cpu)` names its core), then the
+    SMT siblings."""
     start = allowed.index(here) if here in allowed else 0
     rotated = allowed[start:] + allowed[:start]
     firsts, seconds, cores = [], [], set()
-    for cpu in rotated:   # one CPU per core first, in order from the caller's: then the siblings
-        core = _core(cpu)
+    for cpu in rotated:
+        core = core_of(cpu)
         (seconds if core in cores else firsts).append(cpu)
         cores.add(core)
     return (firsts + seconds)[:nth]
