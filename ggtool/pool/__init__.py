@@ -25,13 +25,13 @@ as GGML's main thread does. For each graph:
   other workers are killed and the pool is rebuilt on its next use. KeyboardInterrupt (or any other
   exception in the caller) kills the workers, unlinks the segments and propagates.
 
-The modules, each importing only those below it: `caller` (WorkerPool), `procs` (the worker
-processes as the caller holds them), `launch` (starting one, and readying the command line's
-process for them), `fork` (a worker forked from the command line), `worker` (the worker process's
-main loop), `wire` (the graph description and the messages), `segments` (contexts in shared
-memory), `barrier` (the barrier and the per-participant loop), `placement` (which CPU a worker
-wakes on), `shm` (POSIX shared-memory segments). This module holds the process-wide pool
-(`get_pool`, `close_pool`).
+The modules, each importing only those below it (tests/test_pool_layers.py): `caller`
+(WorkerPool), `procs` (the worker processes as the caller holds them), `launch` (starting one, and
+readying the command line's process for them), `fork` (a worker forked from the command line),
+`worker` (the worker process's main loop), `barrier` (the barrier and the per-participant loop),
+`wire` (the messages, the control segment's slots, the graph description), `segments` (contexts in
+shared memory), `shm` (POSIX shared-memory segments), `placement` (which CPU a worker wakes on).
+This module holds the process-wide pool (`get_pool`, `close_pool`).
 """
 
 from __future__ import annotations
