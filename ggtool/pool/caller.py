@@ -42,6 +42,7 @@ from .wire import (
     Run,
     arrivals,
     at_node,
+    decode,
 )
 
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
@@ -356,7 +357,7 @@ class WorkerPool:
             for c in ready:
                 i, w = pending.pop(c)
                 try:
-                    reply = c.recv()
+                    reply = decode(c.recv())
                 except (EOFError, OSError):
                     raise WorkerDied(i, w) from None
                 yield i, reply

@@ -25,7 +25,7 @@ from ..interrupts import signals_held
 from . import shm
 from .launch import launch, take
 from .segments import release_segments
-from .wire import Exit, Init, Ready
+from .wire import Exit, Init, Ready, decode, encode
 
 _START_TIMEOUT = 120.0
 # A message at most this long fits in the socket's buffer whole: it is sent before the bell rings.
@@ -85,7 +85,7 @@ class Worker:
         idle CPU. A large one (a graph's description) may not fit in the socket's buffer, so the
         worker is woken first to read it as it is written (the other order would wait forever on a
         worker that waits for its bell)."""
-        buf = ForkingPickler.dumps(msg)
+        buf = ForkingPickler.dumps(encode(msg))
         if self.bell < 0:
             self.conn.send_bytes(buf)
         elif len(buf) <= _SMALL_MESSAGE:
@@ -168,7 +168,7 @@ def wait_ready(workers) -> None:
         for c in _wait_ready(list(pending), timeout=min(left, 1.0)):
             w = pending.pop(c)
             try:
-                msg = c.recv()
+                msg = decode(c.recv())
             except (EOFError, OSError):
                 raise GGToolError(f"a worker process (pid {w.pid}) failed to start ({death(w)})") from None
             if not isinstance(msg, Ready):

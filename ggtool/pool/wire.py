@@ -1,7 +1,7 @@
 """What passes between the caller and its workers: the messages, the control segment's layout,
 and the graph as the workers see it.
 
-- Messages are small named tuples (pickled over each worker's socket): the caller sends `Init`,
+- Messages are small named tuples (`encode`d as plain tuples over each worker's socket): the caller sends `Init`,
   then `Run`, `Map`, `Preload` or `Exit`; a worker answers `Init` with `Ready` (or `Error`), `Run`
   with `Done`, `Failed` (a kernel's error), `Stopped` (another participant stopped the graph) or
   `Error` (it could not run it), and `Map` with `Results`, `Raised` or `Error`.
@@ -95,6 +95,22 @@ class Results(NamedTuple):
 class Raised(NamedTuple):
     """fn raised this (picklable) exception."""
     exception: BaseException
+
+
+MESSAGES = (Init, Run, Map, Preload, Exit, Ready, Done, Failed, Stopped, Error, Results, Raised)
+_KINDS = {cls: kind for kind, cls in enumerate(MESSAGES)}
+
+
+def encode(msg: tuple) -> tuple:
+    """A message as it travels: a plain tuple, its kind's number then its fields. (A named tuple
+    pickles as its class, which both sides would look up at every message: several times slower,
+    and a compute sends two per worker.)"""
+    return (_KINDS[type(msg)], *msg)
+
+
+def decode(raw: tuple):
+    """The message `encode` made `raw` from."""
+    return MESSAGES[raw[0]]._make(raw[1:])
 
 
 # -- the control segment: int64 slots, a 64-byte line each ------------------------------------------

@@ -29,7 +29,24 @@ from ..ops.base import KERNELS, Kernel
 from . import shm
 from .barrier import Aborted, Barrier, participate
 from .placement import Release
-from .wire import ABORT, Done, Error, Exit, Failed, Map, Preload, Raised, Ready, Results, Run, Stopped, WorkerGraph, install
+from .wire import (
+    ABORT,
+    Done,
+    Error,
+    Exit,
+    Failed,
+    Map,
+    Preload,
+    Raised,
+    Ready,
+    Results,
+    Run,
+    Stopped,
+    WorkerGraph,
+    decode,
+    encode,
+    install,
+)
 
 # Seconds a worker waits, after a SIGTERM or SIGHUP, for its caller to stop it before it exits by itself.
 TERM_GRACE = 2.0
@@ -143,7 +160,7 @@ class _Worker:
     def receive(self):
         if self.bell >= 0:
             os.eventfd_read(self.bell)   # one ring per message (EFD_SEMAPHORE)
-        return self.conn.recv()
+        return decode(self.conn.recv())
 
     def start(self) -> None:
         """Attach the control segment the caller names in its first message and say we are ready."""
@@ -154,10 +171,10 @@ class _Worker:
         try:
             self.ctl = memoryview(shm.attach(init.ctl_name, init.ctl_size)).cast("q")
             self.release = Release()   # our mask, read before Ready: after it the caller may pin us (wake_on)
-            self.conn.send(Ready(os.getpid()))
+            self.conn.send(encode(Ready(os.getpid())))
         except BaseException as e:
             try:
-                self.conn.send(Error(f"{type(e).__name__}: {e}"))
+                self.conn.send(encode(Error(f"{type(e).__name__}: {e}")))
             finally:
                 os._exit(1)
 
@@ -186,12 +203,13 @@ class _Worker:
     def answer(self, reply) -> bool:
         """Send the reply (pickled whole before anything is written); False once the caller is gone."""
         try:
-            self.conn.send(reply)
+            self.conn.send(encode(reply))
         except (OSError, ValueError):
             return False
         except Exception as e:   # a map result that cannot travel: its error, not our death
             try:
-                self.conn.send(Raised(GGToolError(f"a result cannot be sent back from a worker ({type(e).__name__}: {e})")))
+                self.conn.send(encode(Raised(GGToolError(f"a result cannot be sent back from a worker "
+                                                         f"({type(e).__name__}: {e})"))))
             except (OSError, ValueError):
                 return False
         return True
