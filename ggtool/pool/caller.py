@@ -381,29 +381,15 @@ class WorkerPool:
         try:
             workers = self._ensure(n)
             bounds = [len(items) * k // n for k in range(n + 1)]
+            blocks = [items[bounds[k]: bounds[k + 1]] for k in range(n)]
             try:
                 for k, w in enumerate(workers, 1):
                     try:
-                        w.send(Map(fn, items[bounds[k]: bounds[k + 1]]))
+                        w.send(Map(fn, blocks[k]))
                     except OSError:
                         raise WorkerDied(k, w) from None
-                results: list = [None] * n
-                errors = []
-                with single_threaded():
-                    try:
-                        results[0] = [fn(x) for x in items[: bounds[1]]]
-                    except Exception as e:
-                        errors.append((0, e))
-                for k, reply in self._replies(workers):
-                    if isinstance(reply, Results):
-                        results[k] = reply.values
-                    elif isinstance(reply, Raised):
-                        errors.append((k, reply.exception))
-                    else:
-                        w = workers[k - 1]
-                        w.graphs.clear()
-                        w.segs.clear()
-                        errors.append((k, GGToolError(f"worker {k} (pid {w.pid}): {reply.message}")))
+                results, errors = self._map_block(fn, blocks[0], n)
+                self._map_replies(workers, results, errors)
             except WorkerDied as d:
                 how = death(d.w)
                 self._broken()
@@ -416,6 +402,32 @@ class WorkerPool:
             return [r for block in results for r in block]
         finally:
             self._leave()
+
+    @staticmethod
+    def _map_block(fn, block: list, n: int) -> tuple[list, list]:
+        """Participant 0's block of a map, on one thread: the results of all n blocks (its own
+        filled in) and the errors so far, as (participant, exception)."""
+        results: list = [None] * n
+        errors = []
+        with single_threaded():
+            try:
+                results[0] = [fn(x) for x in block]
+            except Exception as e:
+                errors.append((0, e))
+        return results, errors
+
+    def _map_replies(self, workers: list[Worker], results: list, errors: list) -> None:
+        """Each worker's answer to its Map, into `results` or `errors`."""
+        for k, reply in self._replies(workers):
+            if isinstance(reply, Results):
+                results[k] = reply.values
+            elif isinstance(reply, Raised):
+                errors.append((k, reply.exception))
+            else:
+                w = workers[k - 1]
+                w.graphs.clear()
+                w.segs.clear()
+                errors.append((k, GGToolError(f"worker {k} (pid {w.pid}): {reply.message}")))
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._state.workers)} workers"
