@@ -222,7 +222,7 @@ def mul_mat_graph(K: int, N: int, M: int, wtype: str):
 def one_vs_pool(g, pool) -> tuple[float, float]:
     """Seconds for `g` in-process on one thread (one BLAS thread, one ggtool.quant thread) and on
     the pool with 2 participants, runs interleaved."""
-    from ggtool.compute import single_threaded
+    from ggtool.threads import single_threaded
 
     p1 = ggtool.graph_compute(g, 1)
     p2 = ggtool.graph_compute(g, 2, pool=pool)
@@ -250,7 +250,7 @@ def f32(pool, shapes=((2048, 2048, 512), (4096, 4096, 64))) -> None:
 def scaling(pool, K: int = 2048, N: int = 2048, M: int = 512) -> None:
     """1 -> 2 participants, next to numpy's own 1 -> 2 BLAS threads on the same product, all four
     interleaved: how far two cores of this machine scale at all."""
-    from ggtool.compute import single_threaded
+    from ggtool.threads import single_threaded
 
     g = mul_mat_graph(K, N, M, "f32")[0]
     p1, p2 = ggtool.graph_compute(g, 1), ggtool.graph_compute(g, 2, pool=pool)
@@ -298,7 +298,7 @@ def q4_0(pool, shapes=((4096, 4096, 1), (4096, 4096, 64), (2048, 2048, 512)), wt
     on the same shape with 2 BLAS threads, interleaved in the same run (issues 9 and 10). As in the
     peer baselines, a fast product is repeated back to back for ~0.2 s and timed per product (a
     single product after an idle pause mostly measures waking up)."""
-    from ggtool.compute import single_threaded
+    from ggtool.threads import single_threaded
 
     for K, N, M in shapes:
         g = quantized_graph(K, N, M, wtype)

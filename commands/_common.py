@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import sys
 import threading
 import time
@@ -15,8 +14,8 @@ import click
 from ggtool.context import Context
 from ggtool.errors import GGToolError
 from ggtool.tensor_io import Inputs, SourceSyntaxError, format_for_path, parse_tensor_option
+from ggtool.threads import THREADS_ENV
 
-THREADS_ENV = "GGTOOL_THREADS"
 UNUSED_SHOWN = 5   # unused GGUF tensors a warning names
 
 NUMPY_ORDER_HELP = """\
@@ -81,35 +80,13 @@ def input_options(f):
                         help="An input tensor (repeatable); SOURCE forms are listed below.")(f)
 
 
-def default_threads() -> int:
-    """The cores this process may run on (os.cpu_count() where affinity is unknown)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def threads_option(f=None, *, help: str = "Threads (GGML's n_threads): participants in the compute, "
                    "this process and N-1 worker processes; by default a small graph computes in this process."):
-    """--threads N; None when neither it nor GGTOOL_THREADS is given (see compute_threads)."""
+    """--threads N; None when neither it nor GGTOOL_THREADS is given (then ggtool.threads.default_threads)."""
     option = click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=None,
                           envvar=THREADS_ENV, show_envvar=True, show_default="the number of CPU cores",
                           metavar="N", help=help)
     return option(f) if f is not None else option
-
-
-# Below this much arithmetic, starting worker processes (~0.3 s) costs more than it saves.
-AUTO_POOL_MIN_FLOPS = 10**10
-
-
-def compute_threads(n_threads: int | None, graph) -> int:
-    """The participants to compute `graph` with: --threads N exactly as given; by default the
-    machine's cores, or 1 (this process alone) when the graph is too small to gain from them."""
-    if n_threads is not None:
-        return n_threads
-    from ggtool.plan import estimate_flops
-
-    return default_threads() if estimate_flops(graph) >= AUTO_POOL_MIN_FLOPS else 1
 
 
 # -- the program and its inputs ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import os
 import click
 
 from ggtool.context import Context
+from ggtool.plan import estimate_flops
 from ggtool.tensor_io import (
     FORMATS,
     copy_gguf,
@@ -18,6 +19,7 @@ from ggtool.tensor_io import (
     write_npy_atomic,
     write_text_atomic,
 )
+from ggtool.threads import default_threads
 
 from ._common import (
     NUMPY_ORDER_HELP,
@@ -26,7 +28,6 @@ from ._common import (
     binary_stdout,
     build_graph,
     compute_progress,
-    compute_threads,
     input_options,
     log,
     make_inputs,
@@ -126,7 +127,8 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
         warn_x86_gaps(built.graph)
     timer.mark("build")
 
-    n_threads = compute_threads(n_threads, built.graph)
+    if n_threads is None:   # not given: the engine's default for a graph of this size
+        n_threads = default_threads(estimate_flops(built.graph))
     pool = open_pool(n_threads)
     from ggtool.compute import graph_compute
 

@@ -8,12 +8,12 @@ import click
 from ggtool.context import Context
 from ggtool.inspect_graph import json_text, plan_json, plan_table
 from ggtool.plan import make_plan
+from ggtool.threads import default_threads
 
 from ._common import (
     NUMPY_ORDER_HELP,
     SOURCES_HELP,
     build_graph,
-    default_threads,
     input_options,
     make_inputs,
     program_options,

@@ -9,8 +9,9 @@ import click
 from ggtool import quantize_model as QM
 from ggtool import types as T
 from ggtool.errors import GGToolError
+from ggtool.threads import default_threads
 
-from ._common import NUMPY_ORDER_HELP, default_threads, log
+from ._common import NUMPY_ORDER_HELP, log
 
 HELP = f"""Quantize a GGUF model (or a .npy array) to a Q4_0 or Q8_0 GGUF file, as llama-quantize does.
 

@@ -1,4 +1,7 @@
-"""BLAS thread control for the worker pool, without threadpoolctl.
+"""BLAS thread control for a participant of a compute (ggtool.threads.single_threaded), without threadpoolctl.
+
+It stays beside ggtool/threads.py rather than in pool/: a compute in one process (ggtool.compute,
+below the pool) keeps BLAS on one thread too.
 
 Worker processes get `OPENBLAS_NUM_THREADS=1` (and friends, THREAD_VARS) in their environment before
 numpy loads (pool.launch), and so does `ggtool compute`'s own process (launch.prestart). Any other

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import itertools
 import sys
-from contextlib import contextmanager
 
 import numpy as np
 
-from . import blas
 from .context import OBJECT_SIZE, pad
 from .errors import ComputeError, GGToolError, OutOfMemoryError, memory_limit
 from .ops.base import kernel_for
 from .plan import Plan, make_plan
+from .threads import single_threaded
 
 NUMERICS = ("ggml", "x86")
 
@@ -220,14 +219,8 @@ def check_memory(graph, plan: Plan, limit: int | None = None, allocation=None) -
         raise OutOfMemoryError(f"computing the graph (inputs {inputs}, {what} {own}, work buffer {work})", total)
 
 
-def graph_compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None, progress: Progress | None = None,
-                  alloc: str = "context", outputs=(), numerics: str | None = None) -> Plan:
-    """ggml_graph_compute (with ggml_graph_plan unless `plan` is given): run the graph, return the plan.
-
-    `pool` runs it on a WorkerPool; `progress` (a Progress) follows the node being computed. alloc
-    "graph" computes in a compute buffer planned as ggml_gallocr does, where only `outputs` keep
-    their values; "context" (the default) gives every node its own memory. numerics "x86" sums as
-    llama.cpp's x86-64 build (ggtool.kernels.x86); the default "ggml" as GGML's reference."""
+def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None, progress: Progress | None = None,
+            alloc: str = "context", outputs=(), numerics: str | None = None) -> Plan:
     plan = prepare(graph, n_threads, plan, alloc, outputs, numerics)
     if pool is not None and plan.n_threads > 1:
         pool.run(graph, plan, progress)
@@ -244,19 +237,3 @@ def run_in_process(graph, plan: Plan, progress: Progress | None = None) -> None:
             if progress is not None:
                 progress.node = i
             run_node(i, node, 0, 1, work)
-
-
-@contextmanager
-def single_threaded():
-    """A participant is one thread: BLAS and ggtool.quant's array functions on one thread
-    meanwhile. Parallelism is the pool's job, and the same thread counts give the same bits."""
-    quant = sys.modules.get("ggtool.quant")
-    saved = None if quant is None else quant.threads_setting()
-    with blas.limit(1):
-        if quant is not None:
-            quant.set_threads(1)
-        try:
-            yield
-        finally:
-            if quant is not None:
-                quant.set_threads(saved)

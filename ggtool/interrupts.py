@@ -2,12 +2,12 @@
 line on stderr (`Interrupted.`, `Terminated.`, `Hangup.`) and exit status 128 + the signal (130,
 143, 129), never a traceback, nothing left behind.
 
-Light (os, signal, sys, time, nothing of ggtool's): ggtool.__main__ installs the handlers before numpy, click and the
-commands load. What a signal does depends on how far the command has got:
+Light (os, signal, sys, threading, time, nothing of ggtool's): the command line installs the handlers before numpy,
+click and the commands load. What a signal does depends on how far the command has got:
 
 - starting (imports, the group's arguments; until GGToolGroup.invoke runs the command): there is
-  nothing to clean up but the workers launch.prestart may have started, so the line is said, they
-  are stopped, and the process exits at once. (A KeyboardInterrupt raised in the middle of an
+  nothing to clean up but what `at_exit_now` was given (the workers pool.launch.prestart may have
+  started), so the line is said, that is stopped, and the process exits at once. (A KeyboardInterrupt raised in the middle of an
   import would unwind through code never written for it, and print a traceback.)
 - running: `Interrupted`, a KeyboardInterrupt, is raised in the main thread, so that every
   clean-up written for Ctrl-C runs (workers stopped, shared memory unlinked, temporary files
@@ -17,7 +17,12 @@ commands load. What a signal does depends on how far the command has got:
   remembered, and `exit_status` makes it the exit status at the very end, with its line.
 
 A signal the process was started with ignored (`nohup`) stays ignored. Only the command line
-installs these handlers (ggtool.__main__, ggtool.commands.main); a library user's are left alone.
+installs these handlers (ggtool.commands); a library user's are left alone.
+
+Any layer may hold the ending signals around a step that must complete as a whole (`signals_held`:
+a shared-memory segment made and recorded, a worker started and known, an output renamed), or
+block them while it starts a process (`signals_blocked`); `process_alive` tells what a dead
+process left behind (segments and temporary files named after its pid).
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 # The signals that end a process (Ctrl-C, `kill`/`timeout`, a closed terminal).
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -40,6 +47,7 @@ _signum: int | None = None      # the signal that ends the command
 _said = False                   # its line is on stderr
 _raised_at: float | None = None
 _default_unraisable: list = []  # sys.unraisablehook as it was
+_exit_now_hooks: list = []      # what a signal while starting stops before the process exits (at_exit_now)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -54,7 +62,7 @@ class Interrupted(KeyboardInterrupt):
 
 def install(phase: str = RUNNING) -> None:
     """Handle SIGINT, SIGTERM and SIGHUP from now on (those not ignored), in `phase`; once per
-    process (ggtool.__main__ installs them starting, ggtool.commands.main then finds them)."""
+    process (ggtool.commands.console installs them starting, ggtool.commands.main then finds them)."""
     global _phase
     if _phase is not None:
         return
@@ -96,13 +104,18 @@ def _handle(signum: int, frame) -> None:
         _signum = signum
 
 
+def at_exit_now(fn) -> None:
+    """Have a signal while the command is starting call `fn()` before the process exits at once
+    (pool.launch.prestart: the workers it started, still importing, must not outlive it)."""
+    if fn not in _exit_now_hooks:
+        _exit_now_hooks.append(fn)
+
+
 def _exit_at_once(signum: int) -> None:
     try:
         os.write(2, (MESSAGES[signum] + "\n").encode())
-        # the workers prestarted for --threads N (none while that module is still loading)
-        discard = getattr(sys.modules.get("ggtool.pool.launch"), "discard", None)
-        if discard is not None:
-            discard()
+        for fn in list(_exit_now_hooks):
+            fn()
     finally:
         os._exit(128 + signum)
 
@@ -168,3 +181,57 @@ def say(message: str) -> None:
         sys.stdout.flush()
     except (OSError, ValueError):
         silence(1)
+
+
+# -- holding the ending signals, in any process ---------------------------------------------------
+@contextmanager
+def signals_held():
+    """Hold SIGINT, SIGTERM and SIGHUP (their Python handlers) until the block is over, so that it
+    completes or fails as a whole; a signal that came meanwhile is raised again afterwards.
+
+    (Masking the signal would not do: any other thread of the process, a BLAS thread say, may take
+    it, and Python runs the handler in the main thread at its next bytecode.) Signals whose
+    disposition is not a Python handler (default, ignored) are left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python runs signal handlers in the main thread only
+        return
+    held: list[int] = []
+    saved = {}
+    for sig in ENDING_SIGNALS:
+        h = signal.getsignal(sig)
+        if callable(h):
+            saved[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, h in saved.items():
+            signal.signal(sig, h)
+        for sig in dict.fromkeys(held):
+            signal.raise_signal(sig)
+
+
+@contextmanager
+def signals_blocked():
+    """Block the ending signals in this thread for the block: a process started meanwhile inherits
+    the mask, and so is safe from a signal to the whole process group (a terminal's Ctrl-C or
+    hangup, `timeout`) until it unblocks them or handles them itself."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user counts), for what a dead process left
+    behind: shared-memory segments and temporary files named after their creator's pid. Anything
+    that is not a pid (0, -1: os.kill would signal a group) counts as alive: nothing is removed."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):   # another user's process; a number too large to be one
+        return True
+    return True

@@ -179,23 +179,6 @@ def test_unused_tensor_warns(run):
     assert r.stderr == "Warning: --tensor spare is not used by the program\n"
 
 
-def test_default_threads_compute_small_graphs_in_process(monkeypatch):
-    """No --threads: the machine's cores, unless the graph is too small to gain from workers."""
-    from ggtool.commands import _common
-
-    import ggtool
-    from ggtool.ops import FUNCTIONS
-
-    monkeypatch.setattr(_common, "default_threads", lambda: 2)
-    ctx = ggtool.Context(no_alloc=True)
-    small = ggtool.Graph(ctx).expand(FUNCTIONS["add"](ctx, ctx.new_tensor("f32", [16]), ctx.new_tensor("f32", [16])))
-    w, x = ctx.new_tensor("f32", [4096, 4096]), ctx.new_tensor("f32", [4096, 512])
-    big = ggtool.Graph(ctx).expand(FUNCTIONS["mul_mat"](ctx, w, x))   # 2*4096*4096*512 = 17 GFLOP
-    assert _common.compute_threads(None, small) == 1
-    assert _common.compute_threads(None, big) == 2
-    assert _common.compute_threads(3, small) == 3                  # an explicit --threads is obeyed
-
-
 @pytest.mark.parametrize("source,printed", [("f32[0,3]", "[[],[],[]]"), ("f32[3,0]", "[]"), ("[[],[]]", "[[],[]]")])
 def test_empty_tensors_print_as_empty_json(run, source, printed):
     r = run("compute", "relu(x)", "--tensor", f"x={source}")

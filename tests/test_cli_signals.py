@@ -23,8 +23,8 @@ import time
 import pytest
 from conftest import ROOT, STORIES
 
-from ggtool import shm
 from ggtool.interrupts import ENDING_SIGNALS
+from ggtool.pool import shm
 from ggtool.pool.worker import NAME
 
 PY = [sys.executable, "-m", "ggtool"]
@@ -359,7 +359,7 @@ AT_SPAWN = """
 import os, signal, sys, time
 if {forked}:                      # as `ggtool` does, first thing: workers forked from this process
     from ggtool.pool import launch
-    launch.prestart(["compute", *sys.argv[1:]])
+    launch.prestart(3)
 import ggtool.pool.caller as C
 from ggtool.pool.fork import ForkedProcess
 real = C.spawn
@@ -496,12 +496,12 @@ AT_FIRST_LINE = """
 import os, sys
 import ggtool.pool.launch as L
 fd, real = int(sys.argv.pop(1)), L.prestart
-def prestart(argv):
+def prestart(n_threads):
     os.write(fd, b".")
-    real(argv)
+    real(n_threads)
 L.prestart = prestart
-from ggtool.__main__ import main
-main()
+from ggtool.commands import console
+console()
 """
 
 

@@ -25,7 +25,7 @@ from conftest import STORIES, fails, ok
 import ggtool
 from ggtool.errors import ComputeError, ShapeError
 from ggtool.ops import FUNCTIONS
-from ggtool.shm import list_segments
+from ggtool.pool.shm import list_segments
 
 try:
     from numpy.lib.array_utils import byte_bounds
@@ -125,9 +125,10 @@ def test_cpy_within_one_tensor_without_overlap_is_the_same_for_any_thread_count(
 _TRUNCATE = textwrap.dedent("""
     import os, sys
     import ggtool, ggtool.compute
-    from ggtool.gguf_io import open_gguf, storage
+    from ggtool import role
+    from ggtool.gguf_io import open_gguf
     from ggtool.ops import FUNCTIONS
-    storage.GUARD_SIGBUS = True           # as the command line sets it
+    role.COMMAND_LINE = True              # as the command line sets it
     path, n, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     g = open_gguf(path)
     info = g.tensors["token_embd.weight"]

@@ -252,9 +252,9 @@ def test_import_does_not_load_numba():
 
 
 def test_in_ggtools_own_process_numba_loads_without_its_optional_packages():
-    """The command line sets ggtool.kernels.OWN_PROCESS: numba then loads without scipy, yaml and
+    """The command line sets ggtool.role.COMMAND_LINE: numba then loads without scipy, yaml and
     cffi's parser (jit.OPTIONAL), which ggtool's kernels never use; they stay importable after."""
-    code = ("import sys, ggtool.kernels as k; k.OWN_PROCESS = True\n"
+    code = ("import sys, ggtool.role; ggtool.role.COMMAND_LINE = True\n"
             "from ggtool import quant as Q; import numpy as np\n"
             "Q.quantize_q4_0(np.ones((1, 32), np.float32))\n"
             "assert 'numba' in sys.modules\n"

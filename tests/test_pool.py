@@ -23,13 +23,14 @@ from kernel_threads import compute_threaded
 from replay import Replay, load_json, load_npz, nmse
 
 import ggtool
-from ggtool import shm
 from ggtool import types as T
 from ggtool.errors import ComputeError, GGToolError
+from ggtool.interrupts import signals_held
 from ggtool.ops import FUNCTIONS, KERNELS, Kernel
 from ggtool.ops.base import ALL, new_op
-from ggtool.pool import WorkerPool, default_threads, get_pool
-from ggtool.pool.threads import placement, wake_on
+from ggtool.pool import WorkerPool, get_pool, shm
+from ggtool.pool.placement import placement, spread, wake_on
+from ggtool.threads import default_threads
 
 TESTS = Path(__file__).resolve().parent
 OPS = load_json("ops.json")["cases"]
@@ -493,23 +494,21 @@ def test_placement(monkeypatch):
     assert placement(1) is None
 
 
-def test_placement_spreads_over_cores_first(monkeypatch):
+def test_placement_spreads_over_cores_first():
     """With SMT, a worker on the caller's sibling would share its core: siblings come last."""
-    import ggtool.pool.threads as threads
+    cpus = [0, 1, 2, 3, 4, 5]
 
-    monkeypatch.delenv("GGTOOL_PLACE", raising=False)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
-    monkeypatch.setattr(threads, "_core", lambda cpu: f"{cpu - cpu % 2}-{cpu - cpu % 2 + 1}")  # pairs 0-1, 2-3, 4-5
-    monkeypatch.setattr(threads, "_current_cpu", lambda: 3)
-    assert placement(3) == [3, 4, 0]
-    assert placement(6) == [3, 4, 0, 5, 1, 2]
-    monkeypatch.setattr(threads, "_current_cpu", lambda: None)   # unknown: from the first allowed CPU
-    assert placement(2) == [0, 2]
+    def pairs(cpu):   # cores 0-1, 2-3, 4-5
+        return f"{cpu - cpu % 2}-{cpu - cpu % 2 + 1}"
+
+    assert spread(3, cpus, 3, pairs) == [3, 4, 0]
+    assert spread(6, cpus, 3, pairs) == [3, 4, 0, 5, 1, 2]
+    assert spread(2, cpus, None, pairs) == [0, 2]   # the caller's CPU unknown: from the first allowed CPU
 
 
 def test_wake_on_pins_a_sleeping_process_until_it_releases():
     cpu = max(os.sched_getaffinity(0))
-    child = subprocess.Popen([sys.executable, "-c", "import sys; from ggtool.pool.threads import Release; "
+    child = subprocess.Popen([sys.executable, "-c", "import sys; from ggtool.pool.placement import Release; "
                               "r = Release(); print('ready', flush=True); sys.stdin.readline(); r(); print(sorted(r.home)); "
                               "sys.stdin.readline()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -787,7 +786,7 @@ def test_segment_creation_is_not_cut_by_ctrl_c():
     """A Ctrl-C while a segment is being created and mapped is held until that is done, so the
     segment is never left behind half-known (it is raised right after, and the segment cleaned up)."""
     reached = []
-    with pytest.raises(KeyboardInterrupt), shm.signals_held():
+    with pytest.raises(KeyboardInterrupt), signals_held():
         seg = shm.Segment(4096)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)   # the handler runs here: held

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ggtool.pool.launch import threads_asked
+from ggtool.commands import threads_asked
 
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="prestart launches at most one worker per CPU")
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
@@ -24,13 +24,15 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers
     (["compute", "x"], "2", 2),                         # GGTOOL_THREADS
     (["compute", "x", "-t", "3"], "2", 3),              # the option wins, as in click
     (["compute", "x"], None, 0),                        # the default is decided by the graph's size
-    (["plan", "x", "-t", "2"], None, 0),                # plan computes nothing
+    (["plan", "x", "-t", "2"], None, None),             # plan computes nothing: no prestart
     (["compute", "--help", "-t", "2"], None, 0),
     (["compute", "x", "-t", "two"], None, 0),           # click's to judge
     (["compute", "--", "-t", "2"], None, 0),
-    ([], None, 0),
+    ([], None, None),
 ])
 def test_which_command_lines_launch_workers(monkeypatch, argv, env, n):
+    """The command line's look-ahead (before click loads) gives prestart the thread count of a
+    `compute` (0: none given), and nothing for another command."""
     if env is None:
         monkeypatch.delenv("GGTOOL_THREADS", raising=False)
     else:
@@ -60,7 +62,7 @@ def fds(pid):
 def test_the_pool_adopts_the_prestarted_worker():
     """GGTOOL_FORK=0 (or no fork on this system): an explicit --threads launches fresh interpreters
     first thing, the pool adopts them, and the command line's BLAS is on one thread all the same."""
-    out = _run(NO_FORK + "launch.prestart(['compute', '-t', '2']); "
+    out = _run(NO_FORK + "launch.prestart(2); "
                "pid = launch._PRESTARTED[0].proc.pid; import ggtool; pool = ggtool.get_pool(2); "
                "print(pool.map(abs, [-1, -2]), pool.pids == [pid], launch._PRESTARTED, os.environ['OPENBLAS_NUM_THREADS'])")
     assert out.split() == ["[1,", "2]", "True", "[]", "1"]
@@ -68,7 +70,7 @@ def test_the_pool_adopts_the_prestarted_worker():
 
 @needs_two_cpus
 def test_a_worker_nobody_adopts_ends_with_its_process():
-    pid = int(_run(NO_FORK + "launch.prestart(['compute', '-t', '2']); print(launch._PRESTARTED[0].proc.pid)"))
+    pid = int(_run(NO_FORK + "launch.prestart(2); print(launch._PRESTARTED[0].proc.pid)"))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
@@ -90,7 +92,7 @@ def test_the_command_line_forks_its_workers_with_nothing_of_its_own():
     the other worker's ends)."""
     out = _run("import os, sys\n" + WORKER_INFO + """
 from ggtool.pool import launch
-launch.prestart(["compute", "x"])
+launch.prestart(0)
 assert launch._PRESTARTED == [] and os.environ["OPENBLAS_NUM_THREADS"] == "1"
 import numpy as np
 import ggtool
@@ -121,7 +123,7 @@ def test_a_forked_worker_that_dies_is_reported_and_replaced():
     (its exit status, reaped through a pidfd), and the next use forks a new one."""
     out = _run("import os, signal, threading, time\n" + WORKER_INFO + """
 from ggtool.pool import launch
-launch.prestart(["compute", "x"])
+launch.prestart(0)
 import ggtool
 pool = ggtool.WorkerPool(2)
 assert pool.map(abs, [-1, -2]) == [1, 2]
@@ -153,7 +155,7 @@ with ggtool.WorkerPool(2) as pool:
     assert out.split() == ["False", "True"]
     out = _run("import os, threading, time\n" + WORKER_INFO + """
 from ggtool.pool import launch
-launch.prestart(["compute", "x"])
+launch.prestart(0)
 import ggtool
 stop = threading.Event()
 t = threading.Thread(target=stop.wait)

@@ -12,12 +12,10 @@ import sys
 
 import numpy as np
 
+from .. import role
 from ..errors import InputError
 
 _MAPS: dict[str, tuple[int, np.ndarray, dict]] = {}  # per process: path -> (mtime_ns, map, derived), newest only
-
-# Set by the command line: its first map installs `guard_sigbus` (a library's process keeps its signals).
-GUARD_SIGBUS = False
 
 
 class FileStorage:
@@ -32,7 +30,7 @@ class FileStorage:
             mtime = os.stat(self.path).st_mtime_ns
             cached = _MAPS.get(self.path)
             if cached is None or cached[0] != mtime:
-                if GUARD_SIGBUS:
+                if role.COMMAND_LINE:   # a library's process keeps its signals
                     guard_sigbus()
                 cached = _MAPS[self.path] = (mtime, np.memmap(self.path, dtype=np.uint8, mode="r"), {})
             self._map = cached
@@ -142,7 +140,7 @@ def guard_sigbus() -> None:
             return
         why = "; ".join(shrunk()) or "a memory-mapped input could not be read (bus error: a file truncated while in use?)"
         os.write(2, f"Error: {why}\n".encode("utf-8", "replace"))
-        shm = sys.modules.get("ggtool.shm")
+        shm = sys.modules.get("ggtool.pool.shm")
         if shm is not None:     # the pool's segments: its workers, left without a caller, then end
             shm.remove_orphans(owner)
         os._exit(1)

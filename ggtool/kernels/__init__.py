@@ -15,7 +15,3 @@ from ..errors import GGToolError
 class KernelError(GGToolError):
     """The compiled kernels cannot be loaded (numba missing or broken)."""
 
-
-# True in ggtool's command line, set before numba is loaded: numba then loads without the optional
-# packages ggtool has no use for (jit.OPTIONAL).
-OWN_PROCESS = False

@@ -50,19 +50,19 @@ def _tiles_key() -> str:
 
 # Optional packages numba imports with itself for integrations ggtool's kernels never use: scipy
 # (a version check), yaml (a .numba_config.yaml in the current folder) and cffi (typing cffi
-# functions). In ggtool's own command line (it sets ggtool.kernels.OWN_PROCESS) they are held off
+# functions). In ggtool's own command line (ggtool.role.COMMAND_LINE) they are held off
 # while numba loads, ~35 ms of every quantized command's start where they are installed; numba in
 # a library user's process, or in a pool worker (which may run a user's functions), keeps them.
 OPTIONAL = ("scipy", "yaml", "cffi")
 
 
 def _load_numba():
-    from . import OWN_PROCESS
+    from .. import role
 
     held = []
     if "numba" not in sys.modules:
         os.environ.setdefault("NUMBA_CACHE_DIR", cache_dir())   # read once, when numba is imported
-        if OWN_PROCESS:
+        if role.COMMAND_LINE:
             held = [m for m in OPTIONAL if m not in sys.modules]
     for m in held:
         sys.modules[m] = None      # `import m` raises ImportError meanwhile: numba goes without it

@@ -25,10 +25,13 @@ as GGML's main thread does. For each graph:
   other workers are killed and the pool is rebuilt on its next use. KeyboardInterrupt (or any other
   exception in the caller) kills the workers, unlinks the segments and propagates.
 
-The modules: `caller` (WorkerPool), `procs` (starting and stopping worker processes), `wire` (the
-graph description), `barrier` (the barrier and the per-participant loop), `segments` (contexts in
-shared memory), `threads` (thread counts), `worker` (the worker process's main loop). This module
-holds the process-wide pool (`get_pool`, `close_pool`).
+The modules, each importing only those below it (tests/test_pool_layers.py): `caller`
+(WorkerPool), `procs` (the worker processes as the caller holds them), `launch` (starting one, and
+readying the command line's process for them), `fork` (a worker forked from the command line),
+`worker` (the worker process's main loop), `barrier` (the barrier and the per-participant loop),
+`wire` (the messages, the control segment's slots, the graph description), `segments` (contexts in
+shared memory), `shm` (POSIX shared-memory segments), `placement` (which CPU a worker wakes on).
+This module holds the process-wide pool (`get_pool`, `close_pool`).
 """
 
 from __future__ import annotations
@@ -44,8 +47,7 @@ if TYPE_CHECKING:
 _DEFAULT: WorkerPool | None = None
 _DEFAULT_LOCK = threading.Lock()
 # loaded on first use: `ggtool.pool.launch` must stay light (it runs before numpy loads)
-_LAZY = {"WorkerPool": "caller", "MAX_PARTICIPANTS": "barrier", "share_context": "segments",
-         "default_threads": "threads"}
+_LAZY = {"WorkerPool": "caller", "MAX_PARTICIPANTS": "wire", "share_context": "segments"}
 
 
 def __getattr__(name: str):
@@ -60,14 +62,14 @@ def __getattr__(name: str):
 def get_pool(n_threads: int | None = None) -> WorkerPool:
     """The process's shared pool (created on first use, grown on demand, closed at exit)."""
     global _DEFAULT
-    from .. import shm
+    from ..interrupts import signals_held
+    from ..threads import default_threads
     from .caller import WorkerPool
-    from .threads import default_threads
 
     n = default_threads() if n_threads is None else int(n_threads)
     with _DEFAULT_LOCK:
         if _DEFAULT is None or _DEFAULT.closed or _DEFAULT._state.pid != os.getpid():
-            with shm.signals_held():   # made and known together: close_pool must find it
+            with signals_held():   # made and known together: close_pool must find it
                 _DEFAULT = WorkerPool(n)
             _close_at_exit()
         # a larger n is not started here: WorkerPool._ensure grows the pool, under its lock, when a

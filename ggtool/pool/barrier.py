@@ -1,8 +1,8 @@
 """The barrier between nodes and the per-participant loop: the same code in the caller and the workers.
 
-The pool's control segment holds one 64-byte line for the abort flag, then one line per participant
-(`slot`): [arrival counter, index of the node it is computing (-1: none yet)]. `programs` turns a plan
-into what each participant runs; `participate` runs it, with a `Barrier` between segments of nodes.
+They meet in the pool's control segment (its layout: wire.ABORT, wire.arrivals, wire.at_node).
+`programs` turns a plan into what each participant runs; `participate` runs it, with a `Barrier`
+between segments of nodes.
 """
 
 from __future__ import annotations
@@ -14,12 +14,7 @@ import numpy as np
 
 from ..compute import Work, run_node
 from ..errors import ComputeError
-
-MAX_PARTICIPANTS = 256
-_LINE = 8                                   # int64 slots per 64-byte cache line
-ABORT = 0                                   # slot: non-zero once a participant stopped the graph
-# participant i owns line 1+i: [arrival counter, index of the node it is computing (-1: none yet)]
-CTL_SIZE = (1 + MAX_PARTICIPANTS) * 64
+from .wire import ABORT, arrivals, at_node
 
 _SPIN = 50             # barrier: busy polls before yielding the CPU (short: with more participants than
                        # free cores, spinning only delays the participant we wait for)
@@ -28,10 +23,6 @@ _MAX_SLEEP = 0.001     # longest sleep between polls
 CHECK_EVERY = 0.005    # seconds between liveness checks while waiting
 
 _BARRIER = (-1, 0)
-
-
-def slot(ith: int) -> int:
-    return (1 + ith) * _LINE
 
 
 class Aborted(BaseException):
@@ -47,8 +38,8 @@ class Barrier:
 
     def __init__(self, mv: memoryview, ith: int, nth: int, gen: int, check):
         self.mv, self.gen, self.check = mv, gen, check
-        self.mine = slot(ith)
-        self.others = [slot(j) for j in range(nth) if j != ith]
+        self.mine = arrivals(ith)
+        self.others = [arrivals(j) for j in range(nth) if j != ith]
 
     def __call__(self) -> None:
         g = self.gen = self.gen + 1
@@ -84,7 +75,7 @@ def participate(nodes, prog, ith: int, work: Work, mv: memoryview, progress=None
     """Run this participant's program; returns None, or (node index, message) if a kernel failed.
     `progress` (a ggtool.compute.Progress, participant 0's) follows the node being computed."""
     i = -1
-    at = slot(ith) + 1
+    at = at_node(ith)
     try:
         with np.errstate(all="ignore"):  # inf and NaN are results, as in GGML
             for i, n in prog:

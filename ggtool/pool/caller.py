@@ -12,20 +12,38 @@ propagates.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
 from collections import OrderedDict
 from multiprocessing.connection import wait as _wait
 
-from .. import shm
+from .. import role
 from ..compute import Work, run_in_process, single_threaded, work_view
 from ..errors import ComputeError, GGToolError
-from . import procs, wire
-from .barrier import ABORT, CHECK_EVERY, CTL_SIZE, MAX_PARTICIPANTS, Aborted, Barrier, participate, programs, slot
+from ..interrupts import signals_held
+from ..threads import default_threads
+from . import shm, wire
+from .barrier import CHECK_EVERY, Aborted, Barrier, participate, programs
+from .placement import placement, wake_on
 from .procs import State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
 from .segments import live_segments, segment_size
-from .threads import default_threads, placement, wake_on
+from .wire import (
+    ABORT,
+    CTL_SIZE,
+    MAX_PARTICIPANTS,
+    Error,
+    Failed,
+    Map,
+    Preload,
+    Raised,
+    Results,
+    Run,
+    arrivals,
+    at_node,
+    decode,
+)
 
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
 
@@ -49,14 +67,14 @@ class WorkerPool:
     A plan of more threads than the pool has starts more workers; a plan of 1 runs in-process.
     Workers start in the background when the pool is created; the first compute waits for them.
     With `place` (and GGTOOL_PLACE not 0), each worker wakes up for a compute on a CPU of its own, when
-    there are enough (see threads.wake_on).
+    there are enough (see placement.wake_on).
     """
 
     def __init__(self, n_threads: int | None = None, place: bool = True):
         n = default_threads() if n_threads is None else int(n_threads)
         if not 1 <= n <= MAX_PARTICIPANTS:
             raise GGToolError(f"a worker pool has 1 to {MAX_PARTICIPANTS} participants, not {n}")
-        if procs.IN_WORKER:
+        if role.POOL_WORKER:
             n = 1
         self.n_threads = n
         self.place = place
@@ -115,10 +133,10 @@ class WorkerPool:
         # that teardown finds it
         if st.ctl is None:
             shm.remove_dead_owners()   # what pools killed with their workers left in /dev/shm
-            with shm.signals_held():
+            with signals_held():
                 st.ctl = shm.Segment(CTL_SIZE)
         while len(st.workers) < n - 1:
-            with shm.signals_held():
+            with signals_held():
                 st.workers.append(spawn(st.ctl))
 
     def _ensure(self, n: int, wait: bool = True) -> list[Worker]:
@@ -178,7 +196,7 @@ class WorkerPool:
         try:
             for w in self._state.workers:
                 if w.proc.poll() is None:
-                    w.send(("preload",))
+                    w.send(Preload())
         finally:
             self._leave()
 
@@ -187,7 +205,7 @@ class WorkerPool:
         """Compute `graph` with `plan` (work buffer already allocated, see compute.prepare);
         `progress` (a ggtool.compute.Progress) follows participant 0."""
         nth = plan.n_threads
-        if nth <= 1 or procs.IN_WORKER:
+        if nth <= 1 or role.POOL_WORKER:
             run_in_process(graph, plan, progress)
             return
         self._enter()
@@ -227,70 +245,20 @@ class WorkerPool:
 
     def _run(self, graph, plan, nth: int, workers: list[Worker], entry: _Entry, cpus: list[int] | None,
              progress) -> None:
-        st = self._state
-        st.used |= entry.segs
-        live = live_segments()
-        for fp, e in list(self._entries.items()):  # forget graphs whose segments are gone
-            if not e.segs <= live:
-                del self._entries[fp]
-                self._keys.pop(e.key, None)
-        mv = memoryview(st.ctl.array).cast("q")
-        g0 = max(mv[slot(i)] for i in range(len(st.workers) + 1))
-        mv[ABORT] = 0
-        for i in range(nth):
-            mv[slot(i) + 1] = -1
+        """Participant 0's part of a compute: the workers told to run `entry`, this process's own
+        program, then every worker's answer. Raises the ComputeError of the first failing node, or
+        of a worker that died; any other exception (Ctrl-C) breaks the pool, leaving nothing behind."""
+        live = self._forget_stale(entry)
+        mv = memoryview(self._state.ctl.array).cast("q")
+        g0 = self._reset_control(mv, nth)
         try:
             for ith, w in enumerate(workers, 1):
-                drop_graphs = [k for k in w.graphs if k not in self._keys]
-                w.graphs.difference_update(drop_graphs)
-                drop_segs = [n for n in w.segs if n not in live]
-                for n in drop_segs:
-                    del w.segs[n]
-                attach = [(n, segment_size(n)) for n in entry.segs if n not in w.segs]
-                blob = None
-                if entry.key not in w.graphs:
-                    blob = entry.blob
-                    self.stats["graphs_sent"] += 1
-                if cpus:
-                    wake_on(w.pid, cpus[ith])
-                try:
-                    w.send(("run", entry.key, ith, nth, g0, cpus is not None, blob, attach, drop_segs, drop_graphs))
-                except OSError:
-                    raise WorkerDied(ith, w) from None
-                w.graphs.add(entry.key)
-                w.segs.update(attach)
+                self._send_run(ith, w, entry, nth, g0, cpus, live)
             self.stats["runs"] += 1
-
-            def check():
-                for i, w in enumerate(workers, 1):
-                    if w.proc.poll() is not None:
-                        raise WorkerDied(i, w)
-
-            work = Work(work_view(graph, plan), Barrier(mv, 0, nth, g0, check), plan.numerics)
-            failures = []
-            try:
-                failed = participate(graph.nodes, entry.prog0, 0, work, mv, progress)
-                if failed:
-                    failures.append(failed)
-            except Aborted:
-                pass
-            for ith, reply in self._replies(workers):
-                if reply[0] == "failed":
-                    failures.append((reply[1], reply[2]))
-                elif reply[0] == "error":
-                    w = workers[ith - 1]
-                    w.graphs.clear()
-                    w.segs.clear()
-                    failures.append((-1, f"worker {ith} (pid {w.pid}) could not run the graph: {reply[1]}"))
+            failures = self._take_part(graph, plan, entry, nth, g0, workers, mv, progress)
+            failures += self._failures(workers)
         except WorkerDied as d:
-            how = death(d.w)
-            self._broken()
-            i = mv[slot(d.ith) + 1]
-            at = "before starting the graph"
-            if i >= 0:
-                node = graph.nodes[i]
-                at = f"while computing node {i} '{node.name}' ({node.op_desc})"
-            raise ComputeError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) {at}{_why(how)}") from None
+            raise self._died(d, mv, graph) from None
         except BaseException:
             # KeyboardInterrupt, or a failure of the pool itself: nothing may be left behind
             mv[ABORT] = 1
@@ -301,6 +269,86 @@ class WorkerPool:
         if mv[ABORT]:  # pragma: no cover (a participant stopped without saying why)
             raise ComputeError("the compute was aborted by a worker")
 
+    def _forget_stale(self, entry: _Entry) -> set[str]:
+        """Record `entry`'s segments as used by the pool, and forget the graphs whose segments are
+        gone; returns the segments still live."""
+        self._state.used |= entry.segs
+        live = live_segments()
+        for fp, e in list(self._entries.items()):
+            if not e.segs <= live:
+                del self._entries[fp]
+                self._keys.pop(e.key, None)
+        return live
+
+    def _reset_control(self, mv: memoryview, nth: int) -> int:
+        """Clear the abort flag and each participant's node; returns the barrier generation the
+        compute starts from (every counter is at or below it)."""
+        g0 = max(mv[arrivals(i)] for i in range(len(self._state.workers) + 1))
+        mv[ABORT] = 0
+        for i in range(nth):
+            mv[at_node(i)] = -1
+        return g0
+
+    def _send_run(self, ith: int, w: Worker, entry: _Entry, nth: int, g0: int, cpus: list[int] | None,
+                  live: set[str]) -> None:
+        """Tell worker ith to run `entry`, with what it lacks (the graph, segments to attach) and
+        what it may drop; wake it on its CPU if the compute is placed."""
+        drop_graphs = [k for k in w.graphs if k not in self._keys]
+        w.graphs.difference_update(drop_graphs)
+        drop_segs = [n for n in w.segs if n not in live]
+        for n in drop_segs:
+            del w.segs[n]
+        attach = [(n, segment_size(n)) for n in entry.segs if n not in w.segs]
+        blob = None
+        if entry.key not in w.graphs:
+            blob = entry.blob
+            self.stats["graphs_sent"] += 1
+        if cpus:
+            wake_on(w.pid, cpus[ith])
+        try:
+            w.send(Run(entry.key, ith, nth, g0, cpus is not None, blob, attach, drop_segs, drop_graphs))
+        except OSError:
+            raise WorkerDied(ith, w) from None
+        w.graphs.add(entry.key)
+        w.segs.update(attach)
+
+    def _take_part(self, graph, plan, entry: _Entry, nth: int, g0: int, workers: list[Worker], mv: memoryview,
+                   progress) -> list[tuple[int, str]]:
+        """This process's own program, as participant 0 (checking its workers are alive while it
+        waits at a barrier); its failure, if any, as [(node, message)]."""
+        work = Work(work_view(graph, plan), Barrier(mv, 0, nth, g0, functools.partial(_check_alive, workers)),
+                    plan.numerics)
+        try:
+            failed = participate(graph.nodes, entry.prog0, 0, work, mv, progress)
+        except Aborted:
+            return []
+        return [failed] if failed else []
+
+    def _failures(self, workers: list[Worker]) -> list[tuple[int, str]]:
+        """Every worker's answer to its Run: the (node, message) of each failure (-1: a worker that
+        could not run the graph, which then has to be sent everything again)."""
+        failures = []
+        for ith, reply in self._replies(workers):
+            if isinstance(reply, Failed):
+                failures.append((reply.node, reply.message))
+            elif isinstance(reply, Error):
+                w = workers[ith - 1]
+                w.graphs.clear()
+                w.segs.clear()
+                failures.append((-1, f"worker {ith} (pid {w.pid}) could not run the graph: {reply.message}"))
+        return failures
+
+    def _died(self, d: WorkerDied, mv: memoryview, graph) -> ComputeError:
+        """The error of a worker that died mid-compute, naming the node it was at; the pool is broken."""
+        how = death(d.w)
+        self._broken()
+        i = mv[at_node(d.ith)]
+        at = "before starting the graph"
+        if i >= 0:
+            node = graph.nodes[i]
+            at = f"while computing node {i} '{node.name}' ({node.op_desc})"
+        return ComputeError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) {at}{_why(how)}")
+
     def _replies(self, workers: list[Worker]):
         """One reply per worker, in any order; a closed connection or a dead process raises."""
         pending = {w.conn: (i, w) for i, w in enumerate(workers, 1)}
@@ -309,7 +357,7 @@ class WorkerPool:
             for c in ready:
                 i, w = pending.pop(c)
                 try:
-                    reply = c.recv()
+                    reply = decode(c.recv())
                 except (EOFError, OSError):
                     raise WorkerDied(i, w) from None
                 yield i, reply
@@ -327,35 +375,21 @@ class WorkerPool:
         """
         items = list(items)
         n = min(self.n_threads if n_threads is None else int(n_threads), len(items))
-        if n <= 1 or procs.IN_WORKER or self._owner == threading.get_ident():
+        if n <= 1 or role.POOL_WORKER or self._owner == threading.get_ident():
             return [fn(x) for x in items]
         self._enter()
         try:
             workers = self._ensure(n)
             bounds = [len(items) * k // n for k in range(n + 1)]
+            blocks = [items[bounds[k]: bounds[k + 1]] for k in range(n)]
             try:
                 for k, w in enumerate(workers, 1):
                     try:
-                        w.send(("map", fn, items[bounds[k]: bounds[k + 1]]))
+                        w.send(Map(fn, blocks[k]))
                     except OSError:
                         raise WorkerDied(k, w) from None
-                results: list = [None] * n
-                errors = []
-                with single_threaded():
-                    try:
-                        results[0] = [fn(x) for x in items[: bounds[1]]]
-                    except Exception as e:
-                        errors.append((0, e))
-                for k, reply in self._replies(workers):
-                    if reply[0] == "ok":
-                        results[k] = reply[1]
-                    elif reply[0] == "exc":
-                        errors.append((k, reply[1]))
-                    else:
-                        w = workers[k - 1]
-                        w.graphs.clear()
-                        w.segs.clear()
-                        errors.append((k, GGToolError(f"worker {k} (pid {w.pid}): {reply[1]}")))
+                results, errors = self._map_block(fn, blocks[0], n)
+                self._map_replies(workers, results, errors)
             except WorkerDied as d:
                 how = death(d.w)
                 self._broken()
@@ -369,9 +403,42 @@ class WorkerPool:
         finally:
             self._leave()
 
+    @staticmethod
+    def _map_block(fn, block: list, n: int) -> tuple[list, list]:
+        """Participant 0's block of a map, on one thread: the results of all n blocks (its own
+        filled in) and the errors so far, as (participant, exception)."""
+        results: list = [None] * n
+        errors = []
+        with single_threaded():
+            try:
+                results[0] = [fn(x) for x in block]
+            except Exception as e:
+                errors.append((0, e))
+        return results, errors
+
+    def _map_replies(self, workers: list[Worker], results: list, errors: list) -> None:
+        """Each worker's answer to its Map, into `results` or `errors`."""
+        for k, reply in self._replies(workers):
+            if isinstance(reply, Results):
+                results[k] = reply.values
+            elif isinstance(reply, Raised):
+                errors.append((k, reply.exception))
+            else:
+                w = workers[k - 1]
+                w.graphs.clear()
+                w.segs.clear()
+                errors.append((k, GGToolError(f"worker {k} (pid {w.pid}): {reply.message}")))
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._state.workers)} workers"
         return f"<WorkerPool {self.n_threads} participants, {state}>"
+
+
+def _check_alive(workers: list[Worker]) -> None:
+    """Participant 0's check while it waits at a barrier: a worker that died raises WorkerDied."""
+    for i, w in enumerate(workers, 1):
+        if w.proc.poll() is not None:
+            raise WorkerDied(i, w)
 
 
 def _why(how: str) -> str:

@@ -102,7 +102,7 @@ def _sleep_until_exit(pid: int, timeout: float | None, exited) -> None:
 def fork_worker(sock: int, life: int, bell: int, env: dict[str, str]) -> ForkedProcess:
     """Fork a worker that runs ggtool.pool.worker.main on these descriptors (the child's ends:
     every other descriptor is closed in it) with `env` added to its environment. The caller's
-    ending signals must be blocked (launch.signals_blocked): the child inherits the mask."""
+    ending signals must be blocked (interrupts.signals_blocked): the child inherits the mask."""
     from . import worker  # loaded here, so the child has it
 
     for stream in (sys.stdout, sys.stderr):   # nothing buffered here is written twice
@@ -118,9 +118,9 @@ def fork_worker(sock: int, life: int, bell: int, env: dict[str, str]) -> ForkedP
         gc.freeze()   # the caller's objects: never traversed here (no copy-on-write for nothing)
         _descriptors(keep=(sock, life, bell))
         os.environ.update(env)
-        from . import procs
+        from .. import role
 
-        procs.IN_WORKER = True
+        role.POOL_WORKER = True
         worker.main(sock, life, bell)
         code = 0
     except SystemExit as e:

@@ -1,27 +1,26 @@
 """Starting worker processes, and readying the command line for them before it has loaded.
 
 A worker started as a fresh interpreter spends ~0.15 s importing numpy and ggtool before it can
-compute. `prestart` looks at the arguments of `ggtool compute` first thing (before numpy loads) and
-puts the command line's BLAS on one thread, as a participant computes anyway: the process then
-stays single-threaded, and its pool forks its workers from it, with everything loaded (pool.fork).
-Where that is not possible (not Linux), an explicit `--threads N` (or GGTOOL_THREADS) above 1
+compute. The command line, about to compute, calls `prestart` first thing (before numpy loads) with
+the thread count it was given: it puts the process's BLAS on one thread, as a participant computes
+anyway, so the process stays single-threaded, and its pool forks its workers from it, with
+everything loaded (pool.fork). Where that is not possible (not Linux), an explicit count N above 1
 launches the N-1 workers at once, so that they import side by side with the command line; the pool
-adopts them (`take`). This module imports nothing heavy: it runs in every command (socket and
-subprocess load only when a worker is launched). A launched worker that is never adopted exits with
-the process (its life pipe closes).
+adopts them (`take`). This module imports nothing heavy (socket and subprocess load only when a
+worker is launched). A launched worker that is never adopted exits with the process (its life pipe
+closes).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
-from contextlib import contextmanager
 
-from ..blas import THREAD_VARS
-from ..interrupts import ENDING_SIGNALS
+from .. import role
+from ..interrupts import at_exit_now, signals_blocked, signals_held
+from ..threads import available_cpus
 from . import fork
+from ..blas import THREAD_VARS
 
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PRESTARTED: list[Launched] = []
@@ -49,59 +48,6 @@ class Launched:
         for fd in (self.life, self.bell):
             if fd >= 0:
                 os.close(fd)
-
-
-@contextmanager
-def signals_held():
-    """Hold SIGINT, SIGTERM and SIGHUP (their Python handlers) until the block is over, so that it
-    completes or fails as a whole; a signal that came meanwhile is raised again afterwards.
-
-    (Masking the signal would not do: any other thread of the process, a BLAS thread say, may take
-    it, and Python runs the handler in the main thread at its next bytecode.) Signals whose
-    disposition is not a Python handler (default, ignored) are left alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # Python runs signal handlers in the main thread only
-        return
-    held: list[int] = []
-    saved = {}
-    for sig in ENDING_SIGNALS:
-        h = signal.getsignal(sig)
-        if callable(h):
-            saved[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
-    try:
-        yield
-    finally:
-        for sig, h in saved.items():
-            signal.signal(sig, h)
-        for sig in dict.fromkeys(held):
-            signal.raise_signal(sig)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process `pid` exists (one of another user counts), for what a dead process left
-    behind: shared-memory segments and temporary files named after their creator's pid. Anything
-    that is not a pid (0, -1: os.kill would signal a group) counts as alive: nothing is removed."""
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):   # another user's process; a number too large to be one
-        return True
-    return True
-
-
-@contextmanager
-def signals_blocked():
-    """Block the ending signals in this thread for the block: a process started meanwhile inherits
-    the mask, and so is safe from a signal to the whole process group (a terminal's Ctrl-C or
-    hangup, `timeout`) until it unblocks them or handles them itself."""
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def launch() -> Launched:
@@ -171,36 +117,18 @@ def discard() -> None:
         _PRESTARTED.pop().close()
 
 
-def threads_asked(argv: list[str]) -> int:
-    """The --threads of a `compute` command line (or GGTOOL_THREADS), else 0. Only a clear case
-    counts: anything odd is left for click to judge."""
-    if not argv or argv[0] != "compute" or "--help" in argv or "-h" in argv:
-        return 0
-    value = os.environ.get("GGTOOL_THREADS", "")
-    args = iter(argv[1:])
-    for a in args:
-        if a == "--":
-            break
-        if a in ("--threads", "-t"):
-            value = next(args, "")
-        elif a.startswith("--threads="):
-            value = a[len("--threads="):]
-        elif a.startswith("-t") and a[2:].isdigit():
-            value = a[2:]
-    return int(value) if value.isdigit() else 0
-
-
-def prestart(argv: list[str]) -> None:
-    """Ready the process of a `ggtool compute` command line for its workers, before its imports:
-    BLAS on one thread, and workers forked from it; or, where it cannot fork, the workers of an
-    explicit --threads N launched now (N-1 of them, at most one per CPU). The pool adopts them."""
-    if not argv or argv[0] != "compute" or os.environ.get("GGTOOL_POOL_WORKER"):
+def prestart(n_threads: int = 0) -> None:
+    """Ready this process, a command line about to compute with `n_threads` participants (0: not
+    decided yet), for its workers, before its own imports: BLAS on one thread, and workers forked
+    from it later; or, where it cannot fork, the n_threads-1 workers launched now (at most one per
+    CPU). The pool adopts them. The command line calls it; a library's process never does."""
+    if role.POOL_WORKER:
         return
     os.environ.update({k: "1" for k in THREAD_VARS})
     if fork.allow():
         return
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n = min(threads_asked(argv), cpus)
+    n = min(n_threads, available_cpus())
+    at_exit_now(discard)   # a signal while the command line still starts: they stop with it
     try:
         for _ in range(n - 1):
             with signals_held():   # started and known together: a signal now stops it (discard)

@@ -20,16 +20,16 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as _wait_ready
 from multiprocessing.reduction import ForkingPickler
 
-from .. import shm
 from ..errors import GGToolError
+from ..interrupts import signals_held
+from . import shm
 from .launch import launch, take
 from .segments import release_segments
+from .wire import Exit, Init, Ready, decode, encode
 
 _START_TIMEOUT = 120.0
 # A message at most this long fits in the socket's buffer whole: it is sent before the bell rings.
 _SMALL_MESSAGE = 16 * 1024
-# set in the workers' environment: a pool made there (by a module a worker imports) stays in-process
-IN_WORKER = bool(os.environ.get("GGTOOL_POOL_WORKER"))
 
 
 def _process_start_time() -> float | None:
@@ -85,7 +85,7 @@ class Worker:
         idle CPU. A large one (a graph's description) may not fit in the socket's buffer, so the
         worker is woken first to read it as it is written (the other order would wait forever on a
         worker that waits for its bell)."""
-        buf = ForkingPickler.dumps(msg)
+        buf = ForkingPickler.dumps(encode(msg))
         if self.bell < 0:
             self.conn.send_bytes(buf)
         elif len(buf) <= _SMALL_MESSAGE:
@@ -122,7 +122,7 @@ def spawn(ctl: shm.Segment) -> Worker:
     conn = Connection(started.sock.detach())
     w = Worker(started.proc, conn, started.life, started.bell)
     try:
-        w.send(("init", ctl.name, ctl.size))
+        w.send(Init(ctl.name, ctl.size))
     except BaseException:
         kill(w)
         raise
@@ -168,11 +168,11 @@ def wait_ready(workers) -> None:
         for c in _wait_ready(list(pending), timeout=min(left, 1.0)):
             w = pending.pop(c)
             try:
-                msg = c.recv()
+                msg = decode(c.recv())
             except (EOFError, OSError):
                 raise GGToolError(f"a worker process (pid {w.pid}) failed to start ({death(w)})") from None
-            if msg[0] != "ready":
-                raise GGToolError(f"a worker process (pid {w.pid}) failed to start: {msg[1]}")
+            if not isinstance(msg, Ready):
+                raise GGToolError(f"a worker process (pid {w.pid}) failed to start: {msg.message}")
             w.ready = True
 
 
@@ -190,7 +190,7 @@ class State:
         once) and unlink the segments. A SIGINT, SIGTERM or SIGHUP meanwhile is held until it is done."""
         if os.getpid() != self.pid:
             return  # a forked copy of the caller: the workers and segments are the parent's
-        with shm.signals_held():
+        with signals_held():
             self._teardown(graceful)
 
     def _teardown(self, graceful: bool) -> None:
@@ -198,7 +198,7 @@ class State:
         if graceful:
             for w in workers:
                 try:
-                    w.send(("exit",))
+                    w.send(Exit())
                 except Exception:
                     pass
             deadline = time.monotonic() + 2.0

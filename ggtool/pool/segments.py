@@ -1,6 +1,6 @@
 """Shared segments for contexts (process-wide): where a context's pool goes so workers can see it.
 
-`share_context` moves a context's pool into a POSIX shared-memory segment (`ggtool.shm`) and keeps a
+`share_context` moves a context's pool into a POSIX shared-memory segment (`pool.shm`) and keeps a
 registry of those segments, so that each is unlinked exactly when nothing needs it any more: the
 context is garbage-collected, its pool grows out of it, a worker pool that used it closes, or at exit.
 
@@ -18,9 +18,11 @@ import os
 import threading
 import weakref
 
-from .. import shm
 from ..context import OBJ_WORK_BUFFER
 from ..errors import GGToolError
+from ..interrupts import signals_held
+from . import shm
+from .shm import SharedMemoryError
 
 _SEGMENTS: dict[int, tuple] = {}   # id(ctx) -> (weakref to ctx, Segment)
 _SEG_LOCK = threading.RLock()
@@ -58,18 +60,16 @@ def share_context(ctx) -> shm.Segment:
         except OSError:  # pragma: no cover
             free = None
         if free is not None and moved > free:
-            raise GGToolError(
-                f"not enough shared memory for the worker pool: the context needs {moved} bytes, "
-                f"/dev/shm has {free} free (enlarge /dev/shm or use --threads 1)")
+            raise SharedMemoryError(moved, free)
         # The new segment is unlinked unless it ends up in the registry, with the context moved
         # into it: a Ctrl-C or SIGTERM during the copy (seconds for a large context) stops it there,
         # and one during the two steps that must go together is held until they are done.
         seg, registered = None, False
         try:
-            with shm.signals_held():
+            with signals_held():
                 seg = shm.Segment(max(len(ctx.buffer), need, 1))
             seg.fill(ctx.buffer[:need], ranges)   # what tensors can read and is not zero yet: inputs, earlier results
-            with shm.signals_held():
+            with signals_held():
                 ctx.adopt(seg.array)
                 ref = weakref.ref(ctx, lambda r, k=key, s=seg: _ctx_gone(k, s, r))
                 _SEGMENTS[key] = (ref, seg)

@@ -1,15 +1,24 @@
-"""The graph as the workers see it: a compact picklable description, sent once per graph.
+"""What passes between the caller and its workers: the messages, the control segment's layout,
+and the graph as the workers see it.
 
-The caller `describe`s a graph (per tensor: type, ne, nb, op, op_params, sources, data offset,
-buffer) and `pack`s it with its kernels and the workers' program; a worker `install`s it, rebuilding
-light Tensor objects on the shared buffers, and caches the result so that computing the same graph
-again only needs "run graph #k".
+- Messages are small named tuples (`encode`d as plain tuples over each worker's socket): the caller sends `Init`,
+  then `Run`, `Map`, `Preload` or `Exit`; a worker answers `Init` with `Ready` (or `Error`), `Run`
+  with `Done`, `Failed` (a kernel's error), `Stopped` (another participant stopped the graph) or
+  `Error` (it could not run it), and `Map` with `Results`, `Raised` or `Error`.
+- The control segment is int64 slots shared by all participants, a 64-byte line each: the abort
+  flag (`ABORT`), then participant i's line, `arrivals(i)` (its barrier counter) and `at_node(i)`
+  (the node it is computing, -1: none yet).
+- The graph: the caller `describe`s it (per tensor: type, ne, nb, op, op_params, sources, data
+  offset, buffer) and `pack`s it with its kernels and the workers' program; a worker `install`s
+  it, rebuilding light Tensor objects on the shared buffers, and caches the result so that
+  computing the same graph again only needs a `Run` of its key.
 """
 
 from __future__ import annotations
 
 import operator
 import pickle
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -18,6 +27,112 @@ from ..errors import GGToolError
 from ..tensor import Tensor
 from .segments import share_context
 
+
+# -- the messages ---------------------------------------------------------------------------------
+class Init(NamedTuple):
+    """The first message: the control segment to attach."""
+    ctl_name: str
+    ctl_size: int
+
+
+class Run(NamedTuple):
+    """Compute graph `key` as participant `ith` of `nth`, from barrier generation `generation`.
+    `placed`: the caller chose the CPU this wake-up runs on (placement.wake_on). `graph`: the packed
+    description, the first time this worker gets the graph (else None); `attach`: (segment, size)
+    to map first; `drop_segments` and `drop_graphs`: what the caller no longer has."""
+    key: int
+    ith: int
+    nth: int
+    generation: int
+    placed: bool
+    graph: bytes | None
+    attach: list
+    drop_segments: list
+    drop_graphs: list
+
+
+class Map(NamedTuple):
+    """[fn(x) for x in items]."""
+    fn: Any
+    items: list
+
+
+class Preload(NamedTuple):
+    """Load the compiled kernels now, in the background (no reply)."""
+
+
+class Exit(NamedTuple):
+    """Exit now (no reply)."""
+
+
+class Ready(NamedTuple):
+    pid: int
+
+
+class Done(NamedTuple):
+    """The graph ran to its end here."""
+
+
+class Failed(NamedTuple):
+    """A kernel failed: the node and the error's message (as a single-process run says it)."""
+    node: int
+    message: str
+
+
+class Stopped(NamedTuple):
+    """Another participant stopped the graph first."""
+
+
+class Error(NamedTuple):
+    """The worker could not do what it was sent (its caches are cleared: send everything again)."""
+    message: str
+
+
+class Results(NamedTuple):
+    values: list
+
+
+class Raised(NamedTuple):
+    """fn raised this (picklable) exception."""
+    exception: BaseException
+
+
+MESSAGES = (Init, Run, Map, Preload, Exit, Ready, Done, Failed, Stopped, Error, Results, Raised)
+_KINDS = {cls: kind for kind, cls in enumerate(MESSAGES)}
+
+
+def encode(msg: tuple) -> tuple:
+    """A message as it travels: a plain tuple, its kind's number then its fields. (A named tuple
+    pickles as its class, which both sides would look up at every message: several times slower,
+    and a compute sends two per worker.)"""
+    return (_KINDS[type(msg)], *msg)
+
+
+def decode(raw: tuple):
+    """The message `encode` made `raw` from."""
+    return MESSAGES[raw[0]]._make(raw[1:])
+
+
+# -- the control segment: int64 slots, a 64-byte line each ------------------------------------------
+MAX_PARTICIPANTS = 256
+LINE = 8                 # int64 slots per 64-byte cache line
+ABORT = 0                # slot: non-zero once a participant stopped the graph
+ARRIVALS, AT_NODE = 0, 1  # in participant i's line (line 1+i): its barrier counter, the node it computes
+CTL_SIZE = (1 + MAX_PARTICIPANTS) * LINE * 8
+
+
+def arrivals(ith: int) -> int:
+    """The slot of participant ith's arrival counter: only it writes it, ever increasing."""
+    return (1 + ith) * LINE + ARRIVALS
+
+
+def at_node(ith: int) -> int:
+    """The slot of the node participant ith is computing (-1: none yet), for the caller's report
+    of a worker that died."""
+    return (1 + ith) * LINE + AT_NODE
+
+
+# -- the graph --------------------------------------------------------------------------------------
 _FIELDS = operator.attrgetter("type", "ne", "nb", "op", "flags", "_name", "struct_offset", "data_offset",
                               "view_offs")
 

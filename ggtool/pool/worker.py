@@ -6,9 +6,9 @@ Ctrl-C, and takes SIGTERM and SIGHUP as notice only (they are the caller's to ha
 `timeout` signals the whole process group, and the caller then stops its workers itself); it exits
 as soon as the caller is gone (a watchdog thread reads EOF on the pipe), or TERM_GRACE seconds after
 a SIGTERM/SIGHUP the caller did not act on (one sent to this worker alone). It sleeps on the
-eventfd (its bell) between messages, and answers the caller's messages: "run" a graph as
-participant ith of nth (installing and caching the graph the first time), "map" a function over
-items, "exit".
+eventfd (its bell) between messages, and answers the caller's messages (wire): `Run` a graph as
+participant ith of nth (installing and caching the graph the first time), `Map` a function over
+items, `Preload` the compiled kernels, `Exit`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,30 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from .. import shm
 from ..compute import Work, forget_packs
 from ..errors import GGToolError
-from .barrier import ABORT, Aborted, Barrier, participate
-from .threads import Release
-from .wire import WorkerGraph, install
+from ..ops.base import KERNELS, Kernel
+from . import shm
+from .barrier import Aborted, Barrier, participate
+from .placement import Release
+from .wire import (
+    ABORT,
+    Done,
+    Error,
+    Exit,
+    Failed,
+    Map,
+    Preload,
+    Raised,
+    Ready,
+    Results,
+    Run,
+    Stopped,
+    WorkerGraph,
+    decode,
+    encode,
+    install,
+)
 
 # Seconds a worker waits, after a SIGTERM or SIGHUP, for its caller to stop it before it exits by itself.
 TERM_GRACE = 2.0
@@ -88,24 +106,36 @@ def _clean_up_after(caller: int, wait: float = 1.0) -> None:
 def main(sock: int | None = None, life: int | None = None, bell: int | None = None) -> None:
     """Entry point of a worker process: `python -c ... <socket fd> <life pipe fd> <bell fd or -1>`,
     or these descriptors as arguments (a worker forked from the caller, pool.fork)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the caller's to handle
-    # SIGTERM/SIGHUP: blocked in every thread (procs.spawn started us with them blocked) but one
-    signal.pthread_sigmask(signal.SIG_BLOCK, _TERM_SIGNALS)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    threading.Thread(target=_on_termination, name="ggtool-pool-signals", daemon=True).start()
+    _take_signals()
     if sock is None:
         sock, life, bell = (int(a) for a in sys.argv[-3:])
     _name_process()
-    conn = Connection(sock)
+    w = _Worker(Connection(sock), bell)
+    _watch_caller(life)
+    w.start()
+    try:
+        w.serve()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
 
-    def receive():
-        if bell >= 0:
-            os.eventfd_read(bell)   # one ring per message (EFD_SEMAPHORE)
-        return conn.recv()
 
+def _take_signals() -> None:
+    """Ctrl-C is the caller's to handle; SIGTERM and SIGHUP are blocked in every thread (procs.spawn
+    started us with them blocked) but the one that waits for them (`_on_termination`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _TERM_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    threading.Thread(target=_on_termination, name="ggtool-pool-signals", daemon=True).start()
+
+
+def _watch_caller(life: int) -> None:
+    """A thread that exits the process as soon as the caller is gone (or has let us go): EOF on
+    the life pipe, whose write end only the caller holds."""
     caller = os.getppid()
 
-    def watchdog():  # EOF: the caller is gone (or has let us go); nothing left to compute for
+    def watchdog():
         try:
             os.read(life, 1)
             _clean_up_after(caller)
@@ -113,100 +143,127 @@ def main(sock: int | None = None, life: int | None = None, bell: int | None = No
             os._exit(3)
 
     threading.Thread(target=watchdog, name="ggtool-pool-watchdog", daemon=True).start()
-    try:
-        _, ctl_name, ctl_size = receive()
-    except (EOFError, OSError):
-        os._exit(0)
-    try:
-        mv = memoryview(shm.attach(ctl_name, ctl_size)).cast("q")
-        release = Release()   # our mask, read before "ready": after it the caller may pin us (wake_on)
-        conn.send(("ready", os.getpid()))
-    except BaseException as e:
+
+
+class _Worker:
+    """A worker's state between messages: its connection and bell, the control segment, and the
+    segments and graphs the caller has sent it (the caller keeps the same record, see caller._send_run)."""
+
+    def __init__(self, conn: Connection, bell: int):
+        self.conn, self.bell = conn, bell
+        self.ctl: memoryview | None = None
+        self.release = None
+        self.segs: dict[str, np.ndarray] = {}
+        self.graphs: dict[int, WorkerGraph] = {}
+        self.preloading: threading.Thread | None = None
+
+    def receive(self):
+        if self.bell >= 0:
+            os.eventfd_read(self.bell)   # one ring per message (EFD_SEMAPHORE)
+        return decode(self.conn.recv())
+
+    def start(self) -> None:
+        """Attach the control segment the caller names in its first message and say we are ready."""
         try:
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-        finally:
-            os._exit(1)
+            init = self.receive()
+        except (EOFError, OSError):
+            os._exit(0)
+        try:
+            self.ctl = memoryview(shm.attach(init.ctl_name, init.ctl_size)).cast("q")
+            self.release = Release()   # our mask, read before Ready: after it the caller may pin us (wake_on)
+            self.conn.send(encode(Ready(os.getpid())))
+        except BaseException as e:
+            try:
+                self.conn.send(encode(Error(f"{type(e).__name__}: {e}")))
+            finally:
+                os._exit(1)
 
-    segs: dict[str, np.ndarray] = {}
-    graphs: dict[int, WorkerGraph] = {}
-    preloading = None
-    from ..ops.base import KERNELS, Kernel
+    def serve(self) -> None:
+        """Answer the caller's messages until it says Exit or goes away."""
+        while True:
+            try:
+                msg = self.receive()
+            except (EOFError, OSError):
+                return
+            except BaseException as e:  # a message that cannot be unpickled here (a kernel's module, say)
+                reply = self.failure(e)
+            else:
+                if isinstance(msg, Exit):
+                    return
+                if isinstance(msg, Preload):   # no reply: the caller does not wait for it
+                    self.preload()
+                    continue
+                try:
+                    reply = self.run(msg) if isinstance(msg, Run) else self.map(msg)
+                except BaseException as e:
+                    reply = self.failure(e)
+            if not self.answer(reply):
+                return
 
-    def run(msg):
-        _, key, ith, nth, g0, placed, blob, attach, drop_segs, drop_graphs = msg
-        if placed:
-            release()  # the caller chose the CPU we woke up on; from here the scheduler may move us
-        for k in drop_graphs:
-            graphs.pop(k, None)
-        for n in drop_segs:
-            segs.pop(n, None)
-            for k in [k for k, g in graphs.items() if n in g.segs]:
-                del graphs[k]
-        for n, size in attach:
-            segs[n] = shm.attach(n, size)
-        if blob is not None:
-            graphs[key] = install(blob, segs)
-        wg = graphs[key]
+    def answer(self, reply) -> bool:
+        """Send the reply (pickled whole before anything is written); False once the caller is gone."""
+        try:
+            self.conn.send(encode(reply))
+        except (OSError, ValueError):
+            return False
+        except Exception as e:   # a map result that cannot travel: its error, not our death
+            try:
+                self.conn.send(encode(Raised(GGToolError(f"a result cannot be sent back from a worker "
+                                                         f"({type(e).__name__}: {e})"))))
+            except (OSError, ValueError):
+                return False
+        return True
+
+    def preload(self) -> None:
+        if self.preloading is None:
+            self.preloading = threading.Thread(target=_preload_kernels, name="ggtool-pool-preload", daemon=True)
+            self.preloading.start()
+
+    def run(self, msg: Run):
+        if msg.placed:
+            self.release()  # the caller chose the CPU we woke up on; from here the scheduler may move us
+        wg = self.install(msg)
         forget_packs(wg.written)   # weights the graph writes into: repacked anew each run
         for op, fn in wg.kernels.items():
             k = KERNELS.get(op)
             if k is None or k.forward is not fn:
                 KERNELS[op] = Kernel(op, fn)
-        work = Work(wg.wdata, Barrier(mv, ith, nth, g0, _nothing), wg.numerics)
+        work = Work(wg.wdata, Barrier(self.ctl, msg.ith, msg.nth, msg.generation, _nothing), wg.numerics)
         try:
-            failed = participate(wg.nodes, wg.prog, ith, work, mv)
+            failed = participate(wg.nodes, wg.prog, msg.ith, work, self.ctl)
         except Aborted:
-            return ("aborted",)
-        return ("ok",) if failed is None else ("failed", *failed)
+            return Stopped()
+        return Done() if failed is None else Failed(*failed)
 
-    def run_map(msg):
-        _, fn, items = msg
+    def install(self, msg: Run) -> WorkerGraph:
+        """The graph of `msg`, after forgetting what the caller dropped and attaching what it added."""
+        graphs, segs = self.graphs, self.segs
+        for k in msg.drop_graphs:
+            graphs.pop(k, None)
+        for n in msg.drop_segments:
+            segs.pop(n, None)
+            for k in [k for k, g in graphs.items() if n in g.segs]:
+                del graphs[k]
+        for n, size in msg.attach:
+            segs[n] = shm.attach(n, size)
+        if msg.graph is not None:
+            graphs[msg.key] = install(msg.graph, segs)
+        return graphs[msg.key]
+
+    def map(self, msg: Map):
         try:
-            return ("ok", [fn(x) for x in items])
+            return Results([msg.fn(x) for x in msg.items])
         except Exception as e:
             try:
                 pickle.dumps(e)
             except Exception:
                 e = GGToolError(f"{type(e).__name__}: {e}")
-            return ("exc", e)
+            return Raised(e)
 
-    def failure(e: BaseException):
-        release()       # in case the caller placed us for a run we could not start
-        mv[ABORT] = 1   # whoever waits for us at a barrier stops
-        segs.clear()    # and the caller forgets what it sent us, as we do
-        graphs.clear()
-        return ("error", str(e) if isinstance(e, GGToolError) else f"{type(e).__name__}: {e}")
-
-    while True:
-        try:
-            msg = receive()
-        except (EOFError, OSError):
-            break
-        except BaseException as e:  # a message that cannot be unpickled here (a kernel's module, say)
-            reply = failure(e)
-        else:
-            if msg[0] == "exit":
-                break
-            if msg[0] == "preload":   # no reply: the caller does not wait for it
-                if preloading is None:
-                    preloading = threading.Thread(target=_preload_kernels, name="ggtool-pool-preload", daemon=True)
-                    preloading.start()
-                continue
-            try:
-                reply = run(msg) if msg[0] == "run" else run_map(msg)
-            except BaseException as e:
-                reply = failure(e)
-        try:
-            conn.send(reply)   # pickled whole before anything is written
-        except (OSError, ValueError):
-            break
-        except Exception as e:   # a map result that cannot travel: its error, not our death
-            try:
-                conn.send(("exc", GGToolError(f"a result cannot be sent back from a worker ({type(e).__name__}: {e})")))
-            except (OSError, ValueError):
-                break
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(0)
+    def failure(self, e: BaseException) -> Error:
+        if self.release is not None:
+            self.release()   # in case the caller placed us for a run we could not start
+        self.ctl[ABORT] = 1    # whoever waits for us at a barrier stops
+        self.segs.clear()      # and the caller forgets what it sent us, as we do
+        self.graphs.clear()
+        return Error(str(e) if isinstance(e, GGToolError) else f"{type(e).__name__}: {e}")

@@ -9,31 +9,38 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ..threads import default_threads, one_thread
+
+MAX_THREADS = 8   # the executor's size
 _threads: int | None = None
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
 
 
 def set_threads(n: int | None) -> None:
-    """Threads used by the array-level functions here (None: GGTOOL_QUANT_THREADS or cpu count)."""
+    """Threads used by the array-level functions here (None: back to the default, see get_threads)."""
     global _threads
     _threads = None if n is None else max(1, int(n))
 
 
 def get_threads() -> int:
+    """One inside a participant of a compute (ggtool.threads.single_threaded); else the count
+    set_threads gave, else GGTOOL_QUANT_THREADS, else ggtool.threads' default rule, at most MAX_THREADS."""
+    if one_thread():
+        return 1
     if _threads is not None:
         return _threads
     env = os.environ.get("GGTOOL_QUANT_THREADS")
     if env and env.isdigit() and int(env) > 0:
         return int(env)
-    return max(1, min(os.cpu_count() or 1, 8))
+    return max(1, min(default_threads(), MAX_THREADS))
 
 
 def _pool() -> ThreadPoolExecutor:
     global _executor
     with _executor_lock:
         if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ggtool-quant")
+            _executor = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="ggtool-quant")
         return _executor
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import GGToolError
-from ..pool.launch import process_alive, signals_held
+from ..interrupts import process_alive, signals_held
 from ..tensor import Tensor
 
 FORMATS = ("json", "npy", "gguf")

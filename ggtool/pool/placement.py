@@ -1,30 +1,12 @@
-"""How many participants by default, and which CPU each one computes on. (A participant computes on
-one thread: see ggtool.compute.single_threaded; workers get the same through their environment.)"""
+"""Which CPU each participant of a compute wakes up on. (How many participants by default is
+ggtool.threads' rule; a participant computes on one thread: see ggtool.threads.single_threaded,
+and workers get the same through their environment.)"""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 import os
-
-from ..errors import GGToolError
-
-
-def default_threads() -> int:
-    """GGTOOL_THREADS if set, else the cores this process may run on."""
-    v = os.environ.get("GGTOOL_THREADS", "").strip()
-    if v:
-        try:
-            n = int(v)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise GGToolError(f"GGTOOL_THREADS must be a positive integer, got {v!r}")
-        return n
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
 
 
 def placement(nth: int) -> list[int] | None:
@@ -39,12 +21,18 @@ def placement(nth: int) -> list[int] | None:
         return None
     if nth > len(allowed):
         return None
-    here = _current_cpu()
+    return spread(nth, allowed, _current_cpu(), _core)
+
+
+def spread(nth: int, allowed: list[int], here: int | None, core_of) -> list[int]:
+    """`nth` of the CPUs `allowed` (sorted), from `here` (the caller's CPU; None or a CPU not
+    allowed: from the first) on: one CPU per core first (`core_of(cpu)` names its core), then the
+    SMT siblings."""
     start = allowed.index(here) if here in allowed else 0
     rotated = allowed[start:] + allowed[:start]
     firsts, seconds, cores = [], [], set()
-    for cpu in rotated:   # one CPU per core first, in order from the caller's: then the siblings
-        core = _core(cpu)
+    for cpu in rotated:
+        core = core_of(cpu)
         (seconds if core in cores else firsts).append(cpu)
         cores.add(core)
     return (firsts + seconds)[:nth]

@@ -19,8 +19,8 @@ import os
 
 import numpy as np
 
-from .errors import GGToolError
-from .pool.launch import process_alive, signals_held
+from ..errors import GGToolError
+from ..interrupts import process_alive, signals_held
 
 try:
     import _posixshmem
@@ -30,6 +30,20 @@ except ImportError:  # pragma: no cover (not POSIX)
 PREFIX = "ggtool_"
 _SHM_DIR = "/dev/shm"   # where Linux shows POSIX shared memory
 PAGE = mmap.PAGESIZE
+
+
+class SharedMemoryError(GGToolError):
+    """The worker pool cannot have the shared memory it needs: `needed` bytes where /dev/shm has
+    `free` (None: this system has no POSIX shared memory). Computing in one process needs none."""
+
+    def __init__(self, needed: int, free: int | None):
+        self.needed, self.free = needed, free
+        if free is None:
+            super().__init__("the worker pool needs POSIX shared memory, which this system lacks "
+                             "(compute on one thread)")
+        else:
+            super().__init__(f"not enough shared memory for the worker pool: the context needs {needed} bytes, "
+                             f"/dev/shm has {free} free (enlarge /dev/shm or compute on one thread)")
 
 
 def _path(name: str) -> str:
@@ -64,7 +78,7 @@ class Segment:
 
     def __init__(self, size: int):
         if _posixshmem is None:  # pragma: no cover
-            raise GGToolError("the worker pool needs POSIX shared memory (use --threads 1)")
+            raise SharedMemoryError(size, None)
         size = max(PAGE, -(-int(size) // PAGE) * PAGE)
         self.name, self.size, self._pid = f"{PREFIX}{os.getpid()}_{os.urandom(6).hex()}", size, os.getpid()
         self.linked = False

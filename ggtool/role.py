@@ -1,0 +1,17 @@
+"""What this process is to ggtool: set once by whoever starts it, read by the layers that behave
+differently there (one home, so that no layer reads another's flag or the command line's argv).
+
+- `COMMAND_LINE`: ggtool's own command line (ggtool.commands sets it first thing). Its process is
+  ggtool's alone, so ggtool takes process-wide liberties a library must not take in its user's:
+  numba loads without the optional packages ggtool has no use for (kernels.jit), and the first
+  memory map of a file installs a SIGBUS handler (gguf_io.storage.guard_sigbus).
+- `POOL_WORKER`: a worker process of the pool (`GGTOOL_POOL_WORKER` in its environment, or forked
+  by pool.fork): a pool made there (by a module a worker imports) computes in-process.
+"""
+
+from __future__ import annotations
+
+import os
+
+COMMAND_LINE = False
+POOL_WORKER = bool(os.environ.get("GGTOOL_POOL_WORKER"))

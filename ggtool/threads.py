@@ -1,0 +1,66 @@
+"""The thread policy, one home for every layer (the pool, the quantizers, the command line): the
+default-thread rule (`default_threads`), and a participant of a compute on one thread
+(`single_threaded`).
+
+Light (os; ctypes only when BLAS is limited): the command line asks it before numpy loads. A
+count given explicitly (the command line's option, `WorkerPool(n)`, `quant.set_threads(n)`)
+always wins over the default.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+from . import blas
+from .errors import GGToolError
+
+THREADS_ENV = "GGTOOL_THREADS"
+# Below this much arithmetic, starting worker processes (~0.3 s) costs more than they save.
+AUTO_POOL_MIN_FLOPS = 10**10
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; os.cpu_count() where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover (not Linux)
+        return os.cpu_count() or 1
+
+
+def default_threads(flops: int | None = None) -> int:
+    """GGTOOL_THREADS if set, else the CPUs this process may use; but 1 (this process alone) for a
+    compute of `flops` arithmetic too small to gain from worker processes."""
+    v = os.environ.get(THREADS_ENV, "").strip()
+    if v:
+        try:
+            n = int(v)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise GGToolError(f"{THREADS_ENV} must be a positive integer, got {v!r}")
+        return n
+    if flops is not None and flops < AUTO_POOL_MIN_FLOPS:
+        return 1
+    return available_cpus()
+
+
+_single = 0   # how many single_threaded blocks are running (ggtool.quant asks `one_thread`)
+
+
+@contextmanager
+def single_threaded():
+    """A participant is one thread: BLAS and ggtool.quant's array functions on one thread
+    meanwhile. Parallelism is the pool's job, and the same thread counts give the same bits."""
+    global _single
+    with blas.limit(1):
+        _single += 1
+        try:
+            yield
+        finally:
+            _single -= 1
+
+
+def one_thread() -> bool:
+    """Whether a participant computes now (inside `single_threaded`): the quantizers then use one thread."""
+    return _single > 0
