@@ -1,4 +1,4 @@
-"""ggtool.tensor_io: parsing --tensor sources, reading .npy/JSON/GGUF/stdin, conversions, laziness."""
+"""ggtool.tensor_io: parsing tensor sources, reading .npy/JSON/GGUF/stdin, conversions, laziness."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from ggtool import Context
 from ggtool import types as T
 from ggtool.errors import InputError
 from ggtool.gguf_io import FileStorage
-from ggtool.tensor_io import Inputs, SourceSyntaxError, convert_array, parse_json_array, parse_source, parse_tensor_option
+from ggtool.tensor_io import Inputs, SourceSyntaxError, convert_array, parse_json_array, parse_named_source, parse_source
 
 
 def inputs(*options, gguf_paths=(), stdin=None, read_data=True):
-    return Inputs([parse_tensor_option(o) for o in options], list(gguf_paths), stdin=stdin, read_data=read_data)
+    return Inputs([parse_named_source(o) for o in options], list(gguf_paths), stdin=stdin, read_data=read_data)
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -65,14 +65,14 @@ def test_shape_source_is_ggml_order():
 ])
 def test_malformed_options(option, message):
     with pytest.raises(SourceSyntaxError, match=message):
-        parse_tensor_option(option)
+        parse_named_source(option)
 
 
 # -- JSON -----------------------------------------------------------------------------------------
 def test_json_arrays():
-    assert parse_json_array("[[1,2],[3,4]]", "w").shape == (2, 2)
-    assert parse_json_array("7", "w").shape == ()
-    a = parse_json_array("[1, NaN, Infinity, -Infinity]", "w")
+    assert parse_json_array("[[1,2],[3,4]]").shape == (2, 2)
+    assert parse_json_array("7").shape == ()
+    a = parse_json_array("[1, NaN, Infinity, -Infinity]")
     assert np.isnan(a[1]) and a[2] == np.inf and a[3] == -np.inf
 
 
@@ -91,24 +91,24 @@ def test_json_arrays():
 ])
 def test_bad_json(text, message):
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        parse_json_array(text, "--tensor b")
+        parse_json_array(text)
 
 
 # -- conversions ---------------------------------------------------------------------------------
 def test_convert_to_i32_needs_whole_numbers_in_range():
-    assert convert_array(np.array([1.0, -2.0]), T.I32, "w").dtype == np.int32
+    assert convert_array(np.array([1.0, -2.0]), T.I32).dtype == np.int32
     with pytest.raises(InputError, match=r"i32 needs whole numbers; element \[1\] is 2.5"):
-        convert_array(np.array([1.0, 2.5]), T.I32, "w")
+        convert_array(np.array([1.0, 2.5]), T.I32)
     with pytest.raises(InputError, match="does not fit in i32"):
-        convert_array(np.array([2**40]), T.I32, "w")
+        convert_array(np.array([2**40]), T.I32)
 
 
 def test_convert_refuses_overflow():
     with pytest.raises(InputError, match="too large for f16"):
-        convert_array(np.array([70000.0]), T.F16, "w")
+        convert_array(np.array([70000.0]), T.F16)
     with pytest.raises(InputError, match="too large for f32"):
-        convert_array(np.array([1e300]), T.F32, "w")
-    assert np.isinf(convert_array(np.array([np.inf]), T.F16, "w")[0])  # inf stays inf
+        convert_array(np.array([1e300]), T.F32)
+    assert np.isinf(convert_array(np.array([np.inf]), T.F16)[0])  # inf stays inf
 
 
 # -- .npy --------------------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ def test_stdin_npy_and_json():
 
 
 def test_one_stdin_only():
-    with pytest.raises(SourceSyntaxError, match="only one --tensor can read stdin"):
+    with pytest.raises(SourceSyntaxError, match="only one input can read stdin"):
         inputs("x=-", "y=-", stdin=io.BytesIO(b"[1]"))
 
 
@@ -249,7 +249,7 @@ def test_name_in_two_gguf_files_is_ambiguous(tmp_path):
     copy = tmp_path / "copy.gguf"
     copy.write_bytes(STORIES.read_bytes())
     env = inputs(gguf_paths=[STORIES, copy])
-    with pytest.raises(InputError, match="is in .* and .*; pick one with --tensor"):
+    with pytest.raises(InputError, match=r"is in .* and .*; pick one by naming its file: output.weight=.*:output.weight"):
         env.tensor("output.weight", Context())
 
 
@@ -307,10 +307,13 @@ def test_a_gguf_type_ggtool_does_not_compute_is_refused_unless_converted_on_requ
     for name, type_name, target in (("iq", "iq4_nl", "f32"), ("wide", "f64", "f32"), ("small", "i8", "i32")):
         with pytest.raises(InputError) as e:
             env.tensor(name, Context())
-        assert str(e.value) == (f"--gguf {path}: tensor '{name}' is {type_name}, a type ggtool does not compute "
-                                f"with; to use it converted to {target}, say so: --tensor {name}={target}:{path}:{name}")
-    with pytest.raises(InputError, match=rf"^--tensor x: {path}:iq is iq4_nl, a type ggtool does not compute with"):
+        assert str(e.value) == (f"{path}: tensor '{name}' is {type_name}, a type ggtool does not compute "
+                                f"with; to use it converted to {target}, say so: {name}={target}:{path}:{name}")
+        assert (e.value.input, e.value.file, e.value.tensor, e.value.kind) == (None, str(path), name, "needs-conversion")
+        assert e.value.details["spec"] == f"{target}:{path}:{name}"
+    with pytest.raises(InputError, match=rf"^input 'x': {path}:iq is iq4_nl, a type ggtool does not compute with") as e:
         inputs(f"x={path}:iq")
+    assert (e.value.input, e.value.file, e.value.tensor) == ("x", str(path), "iq")
     env = inputs(f"iq=f32:{path}:iq", f"wide=f32:{path}:wide", f"small=i32:{path}:small")
     t = env.tensor("iq", Context())
     assert (t.type, t.ne) == (T.F32, (64, 2, 1, 1))
