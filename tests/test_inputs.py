@@ -437,3 +437,65 @@ def test_set_data_on_a_mapped_tensor_copies_it_into_the_context_with_its_views(n
     t.set_data(np.full((2, 4), 7, np.float32))
     assert t.storage is None and v.storage is None and ctx.external_bytes == external - 32
     assert v.numpy().reshape(-1).tolist() == [7, 7, 7, 7] and path.read_bytes() == before
+
+
+# -- the engine's public readers, and its one FILE.gguf:TENSOR and "did you mean" rules ------------------
+def test_read_npy_refuses_pickles_and_maps_the_rest(npy):
+    from ggtool.tensor_io import read_npy
+
+    a = read_npy(str(npy(np.arange(6, dtype=np.float32).reshape(2, 3))))
+    assert isinstance(a, np.memmap) and a.shape == (2, 3) and not a.flags.writeable
+    p = npy(np.array([{"a": 1}], dtype=object), "o.npy")
+    with pytest.raises(InputError, match=r"^.*o\.npy: the \.npy holds Python objects") as e:
+        read_npy(str(p))
+    assert e.value.input is None and e.value.kind == "npy"
+
+
+def test_gguf_array_dequantizes_and_converts(tmp_path):
+    from ggtool.gguf_io import open_gguf
+    from ggtool.tensor_io import gguf_array
+
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+    path = write_gguf(tmp_path / "q.gguf", {"q": (gguf.quants.quantize(x, T.GGMLType.Q8_0), T.GGMLType.Q8_0)})
+    g = open_gguf(path)
+    a = gguf_array(g, "q")
+    assert a.shape == (2, 32) and a.dtype == np.float32
+    np.testing.assert_allclose(a, x, atol=0.01)
+    assert gguf_array(g, "q", T.F16).dtype == np.float16
+    with pytest.raises(InputError, match="has no tensor 'nope'"):
+        gguf_array(g, "nope")
+
+
+def test_readers_say_what_and_the_caller_says_where():
+    """Errors of the readers have no location; InputError.at adds the input (once) and a file."""
+    with pytest.raises(InputError) as e:
+        convert_array(np.array([70000.0]), T.F16)
+    assert str(e.value) == "element [0] = 70000.0 is too large for f16" and e.value.input is None
+    located = e.value.at("w", within="w.npy")
+    assert (str(located), located.input, located.kind) == ("input 'w': w.npy: element [0] = 70000.0 is too large for f16",
+                                                           "w", "conversion")
+    assert located.at("other") is located
+    assert located.worded(lambda n: f"<{n}>", str, hint=" (!)") == "<w>: w.npy: element [0] = 70000.0 is too large for f16 (!)"
+
+
+def test_split_gguf_tensor_takes_the_first_split_whose_file_exists(tmp_path):
+    from ggtool.gguf_io.spec import split_gguf_tensor
+
+    assert split_gguf_tensor("m.gguf:blk.0.w") == ("m.gguf", "blk.0.w")
+    assert split_gguf_tensor("m.gguf:") == ("m.gguf", "")
+    assert split_gguf_tensor("w.npy") is None and split_gguf_tensor("m.gguf") is None
+    odd = tmp_path / "a.gguf:b.gguf"            # a path that contains '.gguf:' itself
+    odd.write_bytes(b"")
+    assert split_gguf_tensor(f"{odd}:t") == (str(odd), "t")
+    assert split_gguf_tensor(f"{tmp_path}/x.gguf:y.gguf:t") == (f"{tmp_path}/x.gguf:y.gguf", "t")  # none exists: the last
+    assert split_gguf_tensor(str(odd)) is None  # an existing file is itself
+    assert split_gguf_tensor("m.gguf:a:b") == ("m.gguf", "a:b")   # ':' in a tensor name (compare split at the last)
+
+
+def test_did_you_mean_is_one_rule():
+    from ggtool.dsl.errors import suggest
+    from ggtool.errors import did_you_mean
+
+    assert did_you_mean("wieght", ["weight", "bias", "weight"]) == "did you mean 'weight'?"
+    assert did_you_mean("zzz", ["weight"]) == ""
+    assert suggest("wieght", ["weight"]) == " (did you mean 'weight'?)"
