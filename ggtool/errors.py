@@ -8,7 +8,8 @@ tensor). The command line words them with its flags (ggtool/commands/wording.py)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 
 class GGToolError(Exception):
@@ -18,7 +19,7 @@ class GGToolError(Exception):
     and `details` what a front end needs to word a hint for it; both are empty for most errors."""
 
     kind: str | None = None
-    details: dict = {}  # never mutated: errors that have details get their own
+    details: Mapping = MappingProxyType({})  # errors that have details get their own
 
 
 class ShapeError(GGToolError):
