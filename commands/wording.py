@@ -9,16 +9,17 @@ kind of problem gets the flag that fixes it.
 
 from __future__ import annotations
 
+import sys
+
 from ggtool.errors import GGToolError, InputError
 
 
 def cli_message(e: BaseException) -> str:
     """`e`'s message as the command line says it (its str() for errors nothing here words)."""
-    from ggtool.dsl import DSLError  # the DSL is loaded once a program runs (or failed)
-
     if isinstance(e, InputError):
         return input_message(e)
-    if isinstance(e, DSLError):
+    dsl_errors = sys.modules.get("ggtool.dsl.errors")  # never imported: no DSLError to word (nor the DSL to load)
+    if dsl_errors is not None and isinstance(e, dsl_errors.DSLError):
         return dsl_message(e)
     return str(e)
 
