@@ -13,8 +13,10 @@ import click
 
 from ggtool.context import Context
 from ggtool.errors import GGToolError
-from ggtool.tensor_io import Inputs, SourceSyntaxError, format_for_path, parse_tensor_option
+from ggtool.tensor_io import Inputs, SourceSyntaxError, parse_named_source
 from ggtool.threads import THREADS_ENV
+
+from .wording import cli_message
 
 UNUSED_SHOWN = 5   # unused GGUF tensors a warning names
 
@@ -46,11 +48,11 @@ does not compute with (iq*, ...) is an error unless a prefix asks for the conver
 
 
 # -- options ----------------------------------------------------------------------------------------
-def _parse_tensor_options(ctx, param, values):
+def _parse_named_sources(ctx, param, values):
     try:
-        return [parse_tensor_option(v) for v in values]
+        return [parse_named_source(v) for v in values]
     except SourceSyntaxError as e:
-        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+        raise click.BadParameter(cli_message(e), ctx=ctx, param=param) from None
 
 
 def program_options(f):
@@ -76,7 +78,7 @@ def input_options(f):
                      type=click.Path(exists=True, dir_okay=False),
                      help="Make every tensor of this GGUF file available by its name (repeatable).")(f)
     return click.option("--tensor", "tensor_sources", multiple=True, metavar="NAME=SOURCE",
-                        callback=_parse_tensor_options,
+                        callback=_parse_named_sources,
                         help="An input tensor (repeatable); SOURCE forms are listed below.")(f)
 
 
@@ -125,35 +127,23 @@ def make_inputs(tensor_sources, gguf_files, program_file=None, read_data: bool =
     try:
         return Inputs(tensor_sources, gguf_files, stdin=stdin, read_data=read_data, on_load=on_load)
     except SourceSyntaxError as e:
-        raise click.UsageError(str(e)) from None
+        raise click.UsageError(cli_message(e)) from None
 
 
 def build_graph(source: str, filename: str, inputs: Inputs, ctx: Context, output_names=(),
                 graph_size: int | None = None, max_steps: int | None = None):
     """Parse and build the program in `ctx`; returns the DSL's Built (graph, outputs, tensors).
-    max_steps None is the DSL's own limit (ggtool.dsl.limits.MAX_STEPS)."""
-    from ggtool.dsl import StepLimitError, UnknownOutputError, build, parse
+    max_steps None is the DSL's own limit (ggtool.dsl.limits.MAX_STEPS). Its errors reach the
+    user through wording.cli_message, which adds the flags that fix them."""
+    from ggtool.dsl import build, parse
     from ggtool.dsl.limits import MAX_STEPS
 
     program = parse(source, filename=filename)
-    try:
-        built = build(program, ctx, inputs, outputs=list(output_names) or None, graph_size=graph_size,
-                      max_steps=MAX_STEPS if max_steps is None else max_steps)
-    except StepLimitError as e:
-        first = str(e).splitlines()[0]
-        raise GGToolError(f"{first} (--max-steps N raises the limit)") from None
-    except UnknownOutputError as e:
-        if not _looks_like_a_path(e.name):
-            raise
-        raise GGToolError(f"{str(e).splitlines()[0]}: --output names a tensor of the program; to write the "
-                          f"result to the file {e.name}, use -o {e.name}") from None
+    built = build(program, ctx, inputs, outputs=list(output_names) or None, graph_size=graph_size,
+                  max_steps=MAX_STEPS if max_steps is None else max_steps)
     for note in built.notes:
         log(f"Note: {note}")
     return built
-
-
-def _looks_like_a_path(name: str) -> bool:
-    return "/" in name or format_for_path(name) is not None
 
 
 def warn_unused(inputs: Inputs) -> None:

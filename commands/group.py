@@ -94,8 +94,11 @@ def _end_broken_pipe(e: OSError) -> click.exceptions.Exit | None:
 
 def one_line(e: Exception) -> str:
     """The error as one line. A DSL error's first line already says where (line, column); the
-    source line and caret under it are dropped. Other multi-line messages are joined."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    source line and caret under it are dropped. Other multi-line messages are joined. Engine
+    errors are worded with the command line's flags (wording.cli_message)."""
+    from .wording import cli_message
+
+    lines = [ln.strip() for ln in cli_message(e).splitlines() if ln.strip()]
     if type(e).__name__ == "DSLError":
         return lines[0] if lines else type(e).__name__
     return " ".join(lines) or type(e).__name__

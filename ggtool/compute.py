@@ -219,8 +219,14 @@ def check_memory(graph, plan: Plan, limit: int | None = None, allocation=None) -
         raise OutOfMemoryError(f"computing the graph (inputs {inputs}, {what} {own}, work buffer {work})", total)
 
 
-def compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None, progress: Progress | None = None,
-            alloc: str = "context", outputs=(), numerics: str | None = None) -> Plan:
+def graph_compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None, progress: Progress | None = None,
+                  alloc: str = "context", outputs=(), numerics: str | None = None) -> Plan:
+    """ggml_graph_compute (with ggml_graph_plan unless `plan` is given): run the graph, return the plan.
+
+    `pool` runs it on a WorkerPool; `progress` (a Progress) follows the node being computed. alloc
+    "graph" computes in a compute buffer planned as ggml_gallocr does, where only `outputs` keep
+    their values; "context" (the default) gives every node its own memory. numerics "x86" sums as
+    llama.cpp's x86-64 build (ggtool.kernels.x86); the default "ggml" as GGML's reference."""
     plan = prepare(graph, n_threads, plan, alloc, outputs, numerics)
     if pool is not None and plan.n_threads > 1:
         pool.run(graph, plan, progress)

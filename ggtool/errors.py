@@ -1,8 +1,25 @@
-"""Exceptions the engine raises. The CLI turns every GGToolError into one `Error: ...` line."""
+"""Exceptions the engine raises, and the one "did you mean" rule their messages use.
+
+Every GGToolError's str() names what and where in the engine's own words (never a command-line
+option); a front end that wants its own wording reads the fields: `kind` names the problem for a
+machine (None for most), and subclasses carry what and where (InputError: the input, file and
+tensor). The command line words them with its flags (ggtool/commands/wording.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 
 class GGToolError(Exception):
-    """Base class: a user-facing problem with a message that names what and where."""
+    """Base class: a user-facing problem with a message that names what and where.
+
+    `kind` is a machine-readable name for the problem ("missing-input", "ambiguous-tensor", ...)
+    and `details` what a front end needs to word a hint for it; both are empty for most errors."""
+
+    kind: str | None = None
+    details: Mapping = MappingProxyType({})  # errors that have details get their own
 
 
 class ShapeError(GGToolError):
@@ -86,7 +103,52 @@ class ComputeError(GGToolError):
 
 
 class InputError(GGToolError):
-    """A tensor source (file, JSON, GGUF) could not be loaded."""
+    """A tensor source (file, JSON, GGUF) could not be loaded.
+
+    What: `message`, then `hint` (advice in the engine's words, "; did you mean 'x'?", which a front
+    end may replace with its own). Where: `input` is the name of the named input it came from,
+    `file` the file involved (with no `input`: a GGUF file given whole, its tensors offered by
+    name), `tensor` a tensor of that file. str() is "input 'x': MESSAGE HINT", "FILE: MESSAGE
+    HINT" or "MESSAGE HINT". `kind` and `details` as for every GGToolError.
+    """
+
+    def __init__(self, message: str, *, hint: str = "", input: str | None = None, file: str | None = None,
+                 tensor: str | None = None, kind: str | None = None, **details):
+        self.message, self.hint = message, hint
+        self.input, self.file, self.tensor = input, file, tensor
+        self.kind, self.details = kind, details
+        super().__init__(self.worded())
+
+    def worded(self, input_label=lambda name: f"input '{name}'", file_label=str, hint: str | None = None) -> str:
+        """The message with its location worded by the caller (`input_label(name)` for a named
+        input, `file_label(path)` for a file given whole) and `hint` in place of the engine's."""
+        text = self.message + (self.hint if hint is None else hint)
+        if self.input is not None:
+            return f"{input_label(self.input)}: {text}"
+        if self.file is not None:
+            return f"{file_label(self.file)}: {text}"
+        return text
+
+    def at(self, input: str | None = None, within: str | None = None, file: str | None = None,
+           tensor: str | None = None) -> InputError:
+        """This error located at the named input `input` (unless it has one already), its message
+        prefixed with `within` (a file, "stdin"): what a reader that knows no names raised, as its
+        caller reports it. `file` and `tensor` fill those fields where they are empty."""
+        if self.input is not None:
+            return self
+        message = f"{within}: {self.message}" if within else self.message
+        return type(self)(message, hint=self.hint, input=input, file=self.file or file, tensor=self.tensor or tensor,
+                          kind=self.kind, **self.details)
+
+
+def did_you_mean(name: str, candidates: Iterable[str], most: int = 3) -> str:
+    """"did you mean 'x' or 'y'?" for the candidates close to `name` (difflib's ratio, 0.6), or ''."""
+    import difflib  # only for an error
+
+    close = difflib.get_close_matches(name, sorted(set(candidates)), n=most, cutoff=0.6)
+    if not close:
+        return ""
+    return "did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
 
 
 class QuantizationError(GGToolError):

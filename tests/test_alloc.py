@@ -241,13 +241,13 @@ def _golden_cases():
 @pytest.mark.parametrize("case", _golden_cases(), ids=lambda c: f"{c['program'][:12]}-{c['tensors'][0]}")
 def test_offsets_equal_ggml_gallocr(case, monkeypatch):
     from ggtool.dsl import build, parse
-    from ggtool.tensor_io import Inputs, parse_tensor_option
+    from ggtool.tensor_io import Inputs, parse_named_source
 
     monkeypatch.chdir(ROOT)
     src = case["program"]
     if src.startswith("@"):
         src = (ROOT / src[1:]).read_text()
-    env = Inputs([parse_tensor_option(o) for o in case["tensors"]], case["gguf"], read_data=False)
+    env = Inputs([parse_named_source(o) for o in case["tensors"]], case["gguf"], read_data=False)
     built = build(parse(src), ggtool.Context(), env, outputs=case["outputs"] or None)
     g = built.graph
     a = allocate(g, [t for _, t in built.outputs])

@@ -9,14 +9,14 @@ from conftest import ROOT, STORIES, ok
 from ggtool import Context
 from ggtool.dsl import build, parse
 from ggtool.plan import make_plan
-from ggtool.tensor_io import Inputs, parse_tensor_option
+from ggtool.tensor_io import Inputs, parse_named_source
 
 ARGS = ("mul_mat(w, x)", "--tensor", "w=q4_0[64,8]", "--tensor", "x=f32[64,3]")
 
 
 def expected(threads: int):
     ctx = Context()
-    env = Inputs([parse_tensor_option(o) for o in ("w=q4_0[64,8]", "x=f32[64,3]")], read_data=False)
+    env = Inputs([parse_named_source(o) for o in ("w=q4_0[64,8]", "x=f32[64,3]")], read_data=False)
     built = build(parse("mul_mat(w, x)"), ctx, env)
     return built.graph, make_plan(built.graph, threads)
 
@@ -94,7 +94,7 @@ def test_plan_of_a_terabyte_allocates_nothing(run):
 def test_measuring_context_counts_what_a_real_one_lays_out():
     """Context(measure=True): the same objects at the same offsets, with no bytes behind them."""
     prog = 'x = input("x", f32, 64, 8)\nh = mul_mat(w, x)\nm = causal_mask(8)\np = arange_i32(8)\ny = relu(h)'
-    env = Inputs([parse_tensor_option("w=f32[64,64]"), parse_tensor_option("x=f32[64,8]")], read_data=False)
+    env = Inputs([parse_named_source("w=f32[64,64]"), parse_named_source("x=f32[64,8]")], read_data=False)
     real, measured = Context(), Context(measure=True)
     a, b = build(parse(prog), real, env), build(parse(prog), measured, env)
     assert measured.objects == real.objects and measured.ggml_mem_size == real.ggml_mem_size

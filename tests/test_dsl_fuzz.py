@@ -21,7 +21,7 @@ import ggtool
 from ggtool.dsl import BUILTINS, DictEnv, DSLError, build, parse
 from ggtool.dsl.lexer import KEYWORDS, OPERATORS
 from ggtool.ops.base import FUNCTIONS
-from ggtool.tensor_io import Inputs, parse_tensor_option
+from ggtool.tensor_io import Inputs, parse_named_source
 
 SEED = 19
 N_RANDOM, N_CALLS, N_MUTANTS = 200, 300, 300
@@ -43,7 +43,7 @@ class _Gemma3Env:
     read_data = False
 
     def __init__(self):
-        self.inner = Inputs([parse_tensor_option("tokens=i32[3]")], [STORIES], read_data=False)
+        self.inner = Inputs([parse_named_source("tokens=i32[3]")], [STORIES], read_data=False)
         self.extra = {f"blk.{il}.{n}.weight": ne for il in range(5)
                       for n, ne in (("attn_q_norm", 8), ("attn_k_norm", 8), ("post_attention_norm", 64),
                                     ("post_ffw_norm", 64))}
@@ -169,7 +169,7 @@ def fuzz() -> Counter:
     for _ in range(N_CALLS):
         outcomes["calls: " + _outcome(_call_program(rng), "<program>", small)] += 1
     programs = {name: (ROOT / "fixtures" / name).read_text() for name in ("llama.gg", "gemma3.gg", "transformer.gg")}
-    envs = {"llama.gg": Inputs([parse_tensor_option("tokens=i32[3]")], [STORIES], read_data=False),
+    envs = {"llama.gg": Inputs([parse_named_source("tokens=i32[3]")], [STORIES], read_data=False),
             "gemma3.gg": _Gemma3Env()}
     envs["transformer.gg"] = envs["llama.gg"]
     for k in range(N_MUTANTS):

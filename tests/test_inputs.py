@@ -1,4 +1,4 @@
-"""ggtool.tensor_io: parsing --tensor sources, reading .npy/JSON/GGUF/stdin, conversions, laziness."""
+"""ggtool.tensor_io: parsing tensor sources, reading .npy/JSON/GGUF/stdin, conversions, laziness."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from ggtool import Context
 from ggtool import types as T
 from ggtool.errors import InputError
 from ggtool.gguf_io import FileStorage
-from ggtool.tensor_io import Inputs, SourceSyntaxError, convert_array, parse_json_array, parse_source, parse_tensor_option
+from ggtool.tensor_io import Inputs, SourceSyntaxError, convert_array, parse_json_array, parse_named_source, parse_source
 
 
 def inputs(*options, gguf_paths=(), stdin=None, read_data=True):
-    return Inputs([parse_tensor_option(o) for o in options], list(gguf_paths), stdin=stdin, read_data=read_data)
+    return Inputs([parse_named_source(o) for o in options], list(gguf_paths), stdin=stdin, read_data=read_data)
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -66,14 +66,14 @@ def test_shape_source_is_ggml_order():
 ])
 def test_malformed_options(option, message):
     with pytest.raises(SourceSyntaxError, match=message):
-        parse_tensor_option(option)
+        parse_named_source(option)
 
 
 # -- JSON -----------------------------------------------------------------------------------------
 def test_json_arrays():
-    assert parse_json_array("[[1,2],[3,4]]", "w").shape == (2, 2)
-    assert parse_json_array("7", "w").shape == ()
-    a = parse_json_array("[1, NaN, Infinity, -Infinity]", "w")
+    assert parse_json_array("[[1,2],[3,4]]").shape == (2, 2)
+    assert parse_json_array("7").shape == ()
+    a = parse_json_array("[1, NaN, Infinity, -Infinity]")
     assert np.isnan(a[1]) and a[2] == np.inf and a[3] == -np.inf
 
 
@@ -92,24 +92,24 @@ def test_json_arrays():
 ])
 def test_bad_json(text, message):
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        parse_json_array(text, "--tensor b")
+        parse_json_array(text)
 
 
 # -- conversions ---------------------------------------------------------------------------------
 def test_convert_to_i32_needs_whole_numbers_in_range():
-    assert convert_array(np.array([1.0, -2.0]), T.I32, "w").dtype == np.int32
+    assert convert_array(np.array([1.0, -2.0]), T.I32).dtype == np.int32
     with pytest.raises(InputError, match=r"i32 needs whole numbers; element \[1\] is 2.5"):
-        convert_array(np.array([1.0, 2.5]), T.I32, "w")
+        convert_array(np.array([1.0, 2.5]), T.I32)
     with pytest.raises(InputError, match="does not fit in i32"):
-        convert_array(np.array([2**40]), T.I32, "w")
+        convert_array(np.array([2**40]), T.I32)
 
 
 def test_convert_refuses_overflow():
     with pytest.raises(InputError, match="too large for f16"):
-        convert_array(np.array([70000.0]), T.F16, "w")
+        convert_array(np.array([70000.0]), T.F16)
     with pytest.raises(InputError, match="too large for f32"):
-        convert_array(np.array([1e300]), T.F32, "w")
-    assert np.isinf(convert_array(np.array([np.inf]), T.F16, "w")[0])  # inf stays inf
+        convert_array(np.array([1e300]), T.F32)
+    assert np.isinf(convert_array(np.array([np.inf]), T.F16)[0])  # inf stays inf
 
 
 # -- .npy --------------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def test_stdin_npy_and_json():
 
 
 def test_one_stdin_only():
-    with pytest.raises(SourceSyntaxError, match="only one --tensor can read stdin"):
+    with pytest.raises(SourceSyntaxError, match="only one input can read stdin"):
         inputs("x=-", "y=-", stdin=io.BytesIO(b"[1]"))
 
 
@@ -250,7 +250,7 @@ def test_name_in_two_gguf_files_is_ambiguous(tmp_path):
     copy = tmp_path / "copy.gguf"
     copy.write_bytes(STORIES.read_bytes())
     env = inputs(gguf_paths=[STORIES, copy])
-    with pytest.raises(InputError, match="is in .* and .*; pick one with --tensor"):
+    with pytest.raises(InputError, match=r"is in .* and .*; pick one by naming its file: output.weight=.*:output.weight"):
         env.tensor("output.weight", Context())
 
 
@@ -308,10 +308,13 @@ def test_a_gguf_type_ggtool_does_not_compute_is_refused_unless_converted_on_requ
     for name, type_name, target in (("iq", "iq4_nl", "f32"), ("wide", "f64", "f32"), ("small", "i8", "i32")):
         with pytest.raises(InputError) as e:
             env.tensor(name, Context())
-        assert str(e.value) == (f"--gguf {path}: tensor '{name}' is {type_name}, a type ggtool does not compute "
-                                f"with; to use it converted to {target}, say so: --tensor {name}={target}:{path}:{name}")
-    with pytest.raises(InputError, match=rf"^--tensor x: {path}:iq is iq4_nl, a type ggtool does not compute with"):
+        assert str(e.value) == (f"{path}: tensor '{name}' is {type_name}, a type ggtool does not compute "
+                                f"with; to use it converted to {target}, say so: {name}={target}:{path}:{name}")
+        assert (e.value.input, e.value.file, e.value.tensor, e.value.kind) == (None, str(path), name, "needs-conversion")
+        assert e.value.details["spec"] == f"{target}:{path}:{name}"
+    with pytest.raises(InputError, match=rf"^input 'x': {path}:iq is iq4_nl, a type ggtool does not compute with") as e:
         inputs(f"x={path}:iq")
+    assert (e.value.input, e.value.file, e.value.tensor) == ("x", str(path), "iq")
     env = inputs(f"iq=f32:{path}:iq", f"wide=f32:{path}:wide", f"small=i32:{path}:small")
     t = env.tensor("iq", Context())
     assert (t.type, t.ne) == (T.F32, (64, 2, 1, 1))
@@ -435,3 +438,65 @@ def test_set_data_on_a_mapped_tensor_copies_it_into_the_context_with_its_views(n
     t.set_data(np.full((2, 4), 7, np.float32))
     assert t.storage is None and v.storage is None and ctx.external_bytes == external - 32
     assert v.numpy().reshape(-1).tolist() == [7, 7, 7, 7] and path.read_bytes() == before
+
+
+# -- the engine's public readers, and its one FILE.gguf:TENSOR and "did you mean" rules ------------------
+def test_read_npy_refuses_pickles_and_maps_the_rest(npy):
+    from ggtool.tensor_io import read_npy
+
+    a = read_npy(str(npy(np.arange(6, dtype=np.float32).reshape(2, 3))))
+    assert isinstance(a, np.memmap) and a.shape == (2, 3) and not a.flags.writeable
+    p = npy(np.array([{"a": 1}], dtype=object), "o.npy")
+    with pytest.raises(InputError, match=r"^.*o\.npy: the \.npy holds Python objects") as e:
+        read_npy(str(p))
+    assert e.value.input is None and e.value.kind == "npy"
+
+
+def test_gguf_array_dequantizes_and_converts(tmp_path):
+    from ggtool.gguf_io import open_gguf
+    from ggtool.tensor_io import gguf_array
+
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+    path = write_gguf(tmp_path / "q.gguf", {"q": (gguf.quants.quantize(x, T.GGMLType.Q8_0), T.GGMLType.Q8_0)})
+    g = open_gguf(path)
+    a = gguf_array(g, "q")
+    assert a.shape == (2, 32) and a.dtype == np.float32
+    np.testing.assert_allclose(a, x, atol=0.01)
+    assert gguf_array(g, "q", T.F16).dtype == np.float16
+    with pytest.raises(InputError, match="has no tensor 'nope'"):
+        gguf_array(g, "nope")
+
+
+def test_readers_say_what_and_the_caller_says_where():
+    """Errors of the readers have no location; InputError.at adds the input (once) and a file."""
+    with pytest.raises(InputError) as e:
+        convert_array(np.array([70000.0]), T.F16)
+    assert str(e.value) == "element [0] = 70000.0 is too large for f16" and e.value.input is None
+    located = e.value.at("w", within="w.npy")
+    assert (str(located), located.input, located.kind) == ("input 'w': w.npy: element [0] = 70000.0 is too large for f16",
+                                                           "w", "conversion")
+    assert located.at("other") is located
+    assert located.worded(lambda n: f"<{n}>", str, hint=" (!)") == "<w>: w.npy: element [0] = 70000.0 is too large for f16 (!)"
+
+
+def test_split_gguf_tensor_takes_the_first_split_whose_file_exists(tmp_path):
+    from ggtool.gguf_io.spec import split_gguf_tensor
+
+    assert split_gguf_tensor("m.gguf:blk.0.w") == ("m.gguf", "blk.0.w")
+    assert split_gguf_tensor("m.gguf:") == ("m.gguf", "")
+    assert split_gguf_tensor("w.npy") is None and split_gguf_tensor("m.gguf") is None
+    odd = tmp_path / "a.gguf:b.gguf"            # a path that contains '.gguf:' itself
+    odd.write_bytes(b"")
+    assert split_gguf_tensor(f"{odd}:t") == (str(odd), "t")
+    assert split_gguf_tensor(f"{tmp_path}/x.gguf:y.gguf:t") == (f"{tmp_path}/x.gguf:y.gguf", "t")  # none exists: the last
+    assert split_gguf_tensor(str(odd)) is None  # an existing file is itself
+    assert split_gguf_tensor("m.gguf:a:b") == ("m.gguf", "a:b")   # ':' in a tensor name (compare split at the last)
+
+
+def test_did_you_mean_is_one_rule():
+    from ggtool.dsl.errors import suggest
+    from ggtool.errors import did_you_mean
+
+    assert did_you_mean("wieght", ["weight", "bias", "weight"]) == "did you mean 'weight'?"
+    assert did_you_mean("zzz", ["weight"]) == ""
+    assert suggest("wieght", ["weight"]) == " (did you mean 'weight'?)"

@@ -21,7 +21,7 @@ from ggtool import types as T
 from ggtool.context import Context
 from ggtool.kernels import dot
 from ggtool.tensor_io.inputs import Inputs
-from ggtool.tensor_io.sources import parse_tensor_option
+from ggtool.tensor_io.sources import parse_named_source
 
 F = ggtool.ops.FUNCTIONS
 
@@ -337,7 +337,7 @@ def test_bf16_sources_from_json_npy_gguf_and_shape(tmp_path, npy):
     path, bits = _bf16_gguf(tmp_path)
     x = np.array([[1.0, 1.00390625, -2.5], [1e-40, 3.3895314e38, -0.0]], np.float32)
     p = npy(x)
-    env = Inputs([parse_tensor_option(o) for o in (f"j=bf16:{json.dumps(x.tolist())}", f"n=bf16:{p}",
+    env = Inputs([parse_named_source(o) for o in (f"j=bf16:{json.dumps(x.tolist())}", f"n=bf16:{p}",
                                                    f"g=bf16:{path}:wf", "z=bf16[3,2]", f"f=f32:{path}:w")], [])
     ctx = Context()
     for name, want in (("j", _gguf_bf16(x)), ("n", _gguf_bf16(x)), ("g", bits), ("z", np.zeros((2, 3), np.uint16))):

@@ -23,11 +23,12 @@ _MISSING = object()
 
 
 class BuiltinError(Exception):
-    """A bad argument to a builtin; `arg` is the index of the culprit, if one is to blame."""
+    """A bad argument to a builtin; `arg` is the index of the culprit, if one is to blame. `hint`,
+    `kind` and `details` go on to the DSLError (see there)."""
 
-    def __init__(self, message: str, arg: int | None = None):
+    def __init__(self, message: str, arg: int | None = None, *, hint: str = "", kind: str | None = None, **details):
         super().__init__(message)
-        self.arg = arg
+        self.arg, self.hint, self.kind, self.details = arg, hint, kind, details
 
 
 @dataclass
@@ -222,7 +223,7 @@ def _row_size(ev, type, n):
     return T.row_size(ty, n)
 
 
-@builtin("has_tensor(name)", "1 if an input tensor `name` exists (--tensor, or a tensor of a --gguf file), else 0")
+@builtin("has_tensor(name)", "1 if an input tensor `name` exists (a named input, or a tensor of a GGUF file), else 0")
 def _has_tensor(ev, name):
     if not isinstance(name, str):
         raise BuiltinError(f"has_tensor() needs the tensor's name as a string, got {describe(name)}", 0)
@@ -244,14 +245,15 @@ def _input(ev, name, type, *ne):
     t = ev.input(name)
     if t is not None:
         if t.type != ty:
-            raise BuiltinError(f"input '{name}' is {T.type_name(t.type)}, the program needs "
-                               f"{T.type_name(ty)} (e.g. --tensor {name}={T.type_name(ty)}:...)", 0)
+            want = T.type_name(ty)
+            raise BuiltinError(f"input '{name}' is {T.type_name(t.type)}, the program needs {want}", 0,
+                               hint=f" (e.g. {name}={want}:...)", kind="input-type", name=name, type=want)
         return t
     if getattr(ev.env, "read_data", True):
-        raise BuiltinError(f"no input '{name}' was given (give it with --tensor {name}=...)", 0)
+        raise BuiltinError(f"no input '{name}' was given", 0, kind="missing-input", name=name)
     if not 1 <= len(ne) <= 4:
-        raise BuiltinError(f"no input '{name}' was given and input() has no placeholder shape "
-                           f"(give --tensor {name}=...)", 0)
+        raise BuiltinError(f"no input '{name}' was given and input() has no placeholder shape", 0,
+                           kind="missing-placeholder", name=name)
     dims = [_integer(n, i + 2, "input") for i, n in enumerate(ne)]
     placeholder = ev.ctx.new_tensor(ty, dims)
     placeholder.name = name

@@ -1,5 +1,5 @@
-"""Where a program's input tensors and metadata come from. The CLI implements `Env` over --tensor
-files and GGUFs (ggtool/inputs.py); `DictEnv` serves tests and library users."""
+"""Where a program's input tensors and metadata come from: `Env`. `ggtool.tensor_io.Inputs`
+implements it over tensor sources and GGUF files; `DictEnv` serves tests and library users."""
 
 from __future__ import annotations
 

@@ -4,23 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import GGToolError
+from ..errors import GGToolError, did_you_mean
 
 
 class DSLError(GGToolError):
     """A parse or build error. `str()` is the full report: position, message, source line, caret.
 
-    The parts stay available (`message`, `line`, `column`, `filename`, `loop`, `context`) for
-    callers that want to present them differently: `loop` is the innermost loop iterations
-    ("il=3"), `context` what encloses them, innermost first ("in attention() called at
-    llama.gg line 58", "in loop iteration il=3").
+    The parts stay available (`message`, `hint`, `line`, `column`, `filename`, `loop`, `context`,
+    and `kind`/`details` as for every GGToolError) for callers that want to present them
+    differently: `hint` is advice in the DSL's words that follows the message (a front end may
+    replace it: `with_hint`), `loop` the innermost loop iterations ("il=3"), `context` what
+    encloses them, innermost first ("in attention() called at llama.gg line 58", "in loop
+    iteration il=3"). An error that an engine error caused (`__cause__`) ends its message with
+    that error's str().
     """
 
     def __init__(self, message: str, line: int | None = None, column: int | None = None,
                  source: str | None = None, filename: str | None = None, loop: str | None = None,
-                 context: list[str] | None = None):
-        self.message, self.line, self.column = message, line, column
+                 context: list[str] | None = None, *, hint: str = "", kind: str | None = None, **details):
+        self.message, self.hint, self.line, self.column = message, hint, line, column
         self.filename, self.loop, self.context = filename, loop, list(context or [])
+        self.kind, self.details = kind or type(self).kind, details
         self.source_line = None
         if source is not None and line is not None:
             lines = source.split("\n")
@@ -37,13 +41,28 @@ class DSLError(GGToolError):
         if self.loop:
             where.append(f"in loop iteration {self.loop}")
         where.extend(_condensed(self.context))
-        head = (", ".join(where) + ": " if where else "") + self.message
+        head = (", ".join(where) + ": " if where else "") + self.message + self.hint
         if self.source_line is None or self.column is None:
             return head
         text = self.source_line.lstrip()  # shown dedented; the caret follows
         indent = len(self.source_line) - len(text)
         caret = max(0, self.column - 1 - indent)
         return f"{head}\n  {text}\n  {' ' * caret}^"
+
+    def with_message(self, message: str, hint: str | None = None) -> DSLError:
+        """The same error (class, position, context) with another message and hint (None: its
+        own): how a front end words it its way."""
+        e = type(self).__new__(type(self))
+        e.__dict__.update(self.__dict__)
+        e.__cause__ = self.__cause__
+        e.message = message
+        if hint is not None:
+            e.hint = hint
+        e.args = (e._format(),)
+        return e
+
+    def with_hint(self, hint: str) -> DSLError:
+        return self.with_message(self.message, hint)
 
 
 def _condensed(context: list[str], most: int = 8) -> list[str]:
@@ -64,9 +83,13 @@ def _condensed(context: list[str], most: int = 8) -> list[str]:
 class StepLimitError(DSLError):
     """The program ran more statements and loop iterations than its limit (build's max_steps)."""
 
+    kind = "step-limit"
+
 
 class UnknownOutputError(DSLError):
     """An output asked for by name (build's outputs) that the program does not have: `name`."""
+
+    kind = "unknown-output"
 
     def __init__(self, message: str, name: str, **where):
         self.name = name
@@ -75,9 +98,5 @@ class UnknownOutputError(DSLError):
 
 def suggest(name: str, candidates: Iterable[str]) -> str:
     """' (did you mean 'x'?)' or '' — the tail of an unknown-name message."""
-    import difflib  # only for an error
-
-    close = difflib.get_close_matches(name, sorted(set(candidates)), n=3, cutoff=0.6)
-    if not close:
-        return ""
-    return " (did you mean " + " or ".join(f"'{c}'" for c in close) + "?)"
+    close = did_you_mean(name, candidates)
+    return f" ({close})" if close else ""

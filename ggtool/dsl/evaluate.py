@@ -202,7 +202,8 @@ class Evaluator:
                 return f.scope
         return self.vars
 
-    def error(self, msg: str, node, cls: type[DSLError] = DSLError) -> DSLError:
+    def error(self, msg: str, node, cls: type[DSLError] = DSLError, **fields) -> DSLError:
+        """`cls` at `node`'s position, in its loops and calls; `fields` (hint, kind, details) as DSLError takes them."""
         line, col = getattr(node, "pos", (0, 0)) or (0, 0)
         loop, context, hi = None, [], len(self.loops)
         for f in reversed(self.frames):
@@ -223,8 +224,8 @@ class Evaluator:
             else:
                 context.append(f"in loop iteration {text}")
         if not line:
-            return cls(msg, loop=loop, filename=self.program.filename, context=context)
-        return cls(msg, line, col, self.program.source, self.program.filename, loop, context)
+            return cls(msg, loop=loop, filename=self.program.filename, context=context, **fields)
+        return cls(msg, line, col, self.program.source, self.program.filename, loop, context, **fields)
 
     def site(self, node) -> str:
         """'llama.gg line 58' (or 'line 58') for the statement or call `node` of the current program."""
@@ -506,8 +507,9 @@ class Evaluator:
             t = self.env.tensor(name, self.ctx)
         except DSLError:
             raise
-        except GGToolError as exc:
-            raise self.error(f"input '{name}': {exc}", node) from exc
+        except GGToolError as exc:   # an InputError located at this input says so itself
+            prefix = "" if getattr(exc, "input", None) == name else f"input '{name}': "
+            raise self.error(f"{prefix}{exc}", node) from exc
         if t is not None:
             self.inputs[name] = t
         return t
@@ -552,7 +554,7 @@ class Evaluator:
                 return b.fn(self, *args, **kwargs)
             except BuiltinError as exc:
                 at = c.args[exc.arg] if exc.arg is not None and exc.arg < len(c.args) else c
-                raise self.error(str(exc), at) from None
+                raise self.error(str(exc), at, hint=exc.hint, kind=exc.kind, **exc.details) from None
             except DSLError:
                 raise
             except GGToolError as exc:

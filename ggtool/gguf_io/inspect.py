@@ -20,6 +20,7 @@ from .. import types as T
 from ..errors import GGToolError, InputError
 from .format import cut_text, quote_text
 from .reader import GGUFFile
+from .spec import split_gguf_tensor
 
 SHORT_STR = 60          # characters of a string value shown unless full
 SHORT_ITEMS = 8         # items of an array value shown unless full
@@ -325,9 +326,7 @@ class Source:
 
 def open_source(spec: str) -> Source:
     """`FILE.gguf`, `FILE.gguf:TENSOR` or `FILE.npy`."""
-    path, tensor = spec, None
-    if not os.path.exists(spec) and ":" in spec:
-        path, tensor = spec.rsplit(":", 1)
+    path, tensor = split_gguf_tensor(spec) or (spec, None)
     if not os.path.exists(path):
         raise InputError(f"{spec}: no such file")
     with open(path, "rb") as f:

@@ -1,15 +1,18 @@
-"""Tensors in and out of the command line: `--tensor` sources, the DSL's environment, written results.
+"""Tensors in and out: user data as checked arrays, the DSL's environment, written results.
 
-A package of its own because it is the one place where user data meets the engine: `sources` parses
-`--tensor NAME=SOURCE` and turns JSON text and .npy files into checked arrays (no context needed);
-`inputs` builds `Inputs`, the DSL's lazy environment over those sources and `--gguf` files (GGUF
-tensors join a context memory-mapped, in GGML's own type); `outputs` writes results as JSON, .npy
-or .gguf, through `atomic_path` so that no output file is ever half-written (and a FIFO or a device
-is written in place, never replaced).
+A package of its own because it is the one place where user data meets the engine: `arrays` turns
+JSON text, .npy files and GGUF tensors into checked numpy arrays and converts them to a tensor type
+(no context needed); `sources` is the little language naming where an input comes from
+(`x=w.npy`, `f32[4,3]`, `i32:[1,2]`, `model.gguf:TENSOR`, `-`); `inputs` builds `Inputs`, the DSL's
+lazy environment over those sources and whole GGUF files (GGUF tensors join a context
+memory-mapped, in GGML's own type); `outputs` writes results as JSON, .npy or .gguf, through
+`atomic_path` so that no output file is ever half-written (and a FIFO or a device is written in
+place, never replaced).
 """
 
 from __future__ import annotations
 
+from .arrays import convert_array, default_type, gguf_array, parse_json_array, read_npy, read_npy_header
 from .inputs import MMAP_TYPES, NO_DATA, Inputs
 from .outputs import (
     FORMATS,
@@ -27,11 +30,11 @@ from .outputs import (
     write_npy_atomic,
     write_text_atomic,
 )
-from .sources import Source, SourceSyntaxError, convert_array, parse_json_array, parse_source, parse_tensor_option
+from .sources import Source, SourceSyntaxError, parse_named_source, parse_source
 
 __all__ = [
     "FORMATS", "MMAP_TYPES", "NO_DATA", "Inputs", "Source", "SourceSyntaxError", "atomic_path", "convert_array",
-    "copy_gguf", "destination", "format_for_path", "json_document", "named_write_errors", "parse_json_array", "parse_source",
-    "parse_tensor_option", "remove_stale_temporaries", "tensor_array", "write_gguf", "write_gguf_atomic", "write_npy", "write_npy_atomic",
-    "write_text_atomic",
+    "copy_gguf", "default_type", "destination", "format_for_path", "gguf_array", "json_document", "named_write_errors",
+    "parse_json_array", "parse_named_source", "parse_source", "read_npy", "read_npy_header", "remove_stale_temporaries",
+    "tensor_array", "write_gguf", "write_gguf_atomic", "write_npy", "write_npy_atomic", "write_text_atomic",
 ]

@@ -1,10 +1,12 @@
-"""The tensors a program may use, by name: `Inputs`, the DSL's environment over `--tensor` sources and `--gguf` files.
+"""The tensors a program may use, by name: `Inputs`, the DSL's environment over named sources and
+GGUF files offered whole.
 
-Every `--tensor NAME=SOURCE` is parsed and checked up front (a typo or a bad file is reported
-before anything runs), but a tensor is only created, and its data only read, when a program uses
-its name: `Inputs.tensor(name, ctx)` is what the DSL calls. So `--gguf model.gguf` costs one
-header parse however large the model is. The source syntax and the array readers live in
-`ggtool.tensor_io.sources`; their names are re-exported here.
+Every source is parsed and checked up front (a typo or a bad file is reported before anything
+runs), but a tensor is only created, and its data only read, when a program uses its name:
+`Inputs.tensor(name, ctx)` is what the DSL calls. So a whole GGUF model costs one header parse
+however large it is. The source language is `ggtool.tensor_io.sources`, the array readers
+`ggtool.tensor_io.arrays`. Errors are InputErrors located at the input (`input`) or at the GGUF
+file given whole (`file`, `tensor`).
 """
 
 from __future__ import annotations
@@ -21,34 +23,19 @@ import numpy as np
 
 from .. import types as T
 from ..context import Context
-from ..errors import GGToolError, InputError, QuantizationError
+from ..errors import GGToolError, InputError, did_you_mean
 from ..tensor import Tensor
-from .sources import (
-    NPY_MAGIC,
-    TARGET_TYPES,
-    Source,
-    SourceSyntaxError,
-    convert_array,
-    default_type,
-    parse_json_array,
-    parse_source,
-    parse_tensor_option,
-    read_npy_header,
-)
+from .arrays import NPY_MAGIC, convert_array, default_type, gguf_array, open_npy, os_message, parse_json_array, read_npy_header
+from .sources import Source, SourceSyntaxError
 
 if TYPE_CHECKING:
     from ..gguf_io import GGUFFile, TensorInfo
 
-__all__ = [
-    "MMAP_TYPES", "NO_DATA", "NPY_MAGIC", "PLAIN_GGUF_TYPES", "TARGET_TYPES", "Inputs", "Source", "SourceSyntaxError",
-    "convert_array", "default_type", "parse_json_array", "parse_source", "parse_tensor_option", "read_npy_header",
-]
+__all__ = ["MMAP_TYPES", "NO_DATA", "Inputs"]
 
 # Types a GGUF tensor keeps when loaded (memory-mapped, zero-copy, GGML's type, ne, nb and row size):
 # those ggtool computes with, mul_mat's compiled dots included; the rest only through a type prefix.
 MMAP_TYPES = (T.F32, T.F16, T.I32, *T.DOT_TYPES)
-# GGUF types gguf-py maps as typed numpy arrays; the others are dequantized with gguf.quants.
-PLAIN_GGUF_TYPES = (T.F32, T.F16, T.I32, T.GGMLType.I8, T.GGMLType.I16, T.GGMLType.I64, T.GGMLType.F64)
 
 
 class _NoData:
@@ -56,7 +43,7 @@ class _NoData:
 
     @property
     def array(self):
-        raise InputError("this tensor's data was not loaded (inspect-graph and plan read no data)")
+        raise InputError("this tensor's data was not loaded (the inputs were opened without reading data)")
 
 
 NO_DATA = _NoData()
@@ -69,24 +56,32 @@ class _Prepared:
     source: Source
     type: T.GGMLType
     ne: tuple[int, ...]
-    where: str                               # for messages: "--tensor x" or "--gguf FILE: tensor 'x'"
+    whole_file: bool = False                 # a tensor of a GGUF file given whole, not a named source
     array: np.ndarray | None = None          # json/stdin: parsed; npy: loaded lazily
     gguf: GGUFFile | None = None
     info: TensorInfo | None = None
     npy: bool = False                        # data in the .npy file at source.path
     npy_layout: tuple | None = None          # npy: (dtype, Fortran order, data offset) from its header
 
+    def located(self, e: InputError) -> InputError:
+        """`e` as raised while loading this input, located at it."""
+        s = self.source
+        if self.whole_file:
+            return InputError(f"tensor '{s.name}': {e}", file=s.path, tensor=s.name, kind=e.kind, **e.details)
+        return e.at(input=s.name)
+
 
 class Inputs:
-    """The tensors a program may use, by name: `--tensor` sources, then every tensor of `--gguf` files.
+    """The tensors a program may use, by name: named sources, then every tensor of GGUF files
+    given whole.
 
     This is the DSL's environment: `tensor(name, ctx)` creates the tensor in `ctx` on first use
     (cached per context), `names()` lists what exists (for "did you mean"), `metadata(key)` reads
-    GGUF metadata. With `read_data=False` (inspect-graph, plan) no tensor data is ever read: tensors
-    get their type and shape only, and GGUF weights are memory-mapped but not touched.
+    GGUF metadata. With `read_data=False` (to inspect or plan a graph) no tensor data is ever
+    read: tensors get their type and shape only, and GGUF weights are memory-mapped but not touched.
 
-    A `--tensor` name shadows a `--gguf` tensor of the same name (to substitute one weight); a name
-    found in two `--gguf` files is ambiguous and an error when used.
+    A named source shadows a GGUF tensor of the same name (to substitute one weight); a name found
+    in two of the GGUF files is ambiguous and an error when used.
     """
 
     def __init__(self, sources: list[Source] = (), gguf_paths: list[str] = (), stdin=None,
@@ -97,17 +92,18 @@ class Inputs:
         stdin_users = [s for s in sources if s.kind == "stdin"]
         for s in sources:
             if s.name in seen:
-                raise SourceSyntaxError(f"--tensor {s.name} is given twice")
+                raise SourceSyntaxError("given twice", input=s.name, kind="duplicate-input")
             seen[s.name] = s
         if len(stdin_users) > 1:
-            names = ", ".join(s.name for s in stdin_users)
-            raise SourceSyntaxError(f"only one --tensor can read stdin ('-'); {names} all do")
+            names = [s.name for s in stdin_users]
+            raise SourceSyntaxError(f"only one input can read stdin ('-'); {', '.join(names)} all do",
+                                    kind="stdin-shared", names=names)
         self.ggufs: list[GGUFFile] = []
         for p in gguf_paths:
             try:
                 self.ggufs.append(_open_gguf(p))
             except InputError as e:
-                raise InputError(f"--gguf {p}: {_strip_path(e, p)}") from None
+                raise InputError(_strip_path(e, p), file=p, kind=e.kind, **e.details) from None
         self._gguf_names: dict[str, list[GGUFFile]] = {}
         for g in self.ggufs:
             for n in g.tensors:
@@ -117,7 +113,12 @@ class Inputs:
         stdin_bytes = None
         if stdin_users:
             stdin_bytes = stdin.read() if stdin is not None else b""
-        self._prepared = {s.name: self._prepare(s, stdin_bytes) for s in sources}
+        self._prepared = {}
+        for s in sources:
+            try:
+                self._prepared[s.name] = self._prepare(s, stdin_bytes)
+            except InputError as e:
+                raise e.at(input=s.name) from None
         self._used: set[str] = set()
         self._cache: weakref.WeakKeyDictionary[Context, dict[str, Tensor]] = weakref.WeakKeyDictionary()
 
@@ -126,7 +127,7 @@ class Inputs:
         return list(self._prepared) + [n for n in self._gguf_names if n not in self._prepared]
 
     def metadata(self, key: str):
-        """GGUF metadata from the --gguf files (in order), then files named in --tensor sources."""
+        """GGUF metadata from the GGUF files given whole (in order), then from files named in sources."""
         files = self.ggufs + [p.gguf for p in self._prepared.values() if p.gguf is not None]
         for g in files:
             try:
@@ -146,31 +147,33 @@ class Inputs:
             if not owners:
                 return None
             if len(owners) > 1:
-                files = " and ".join(g.path for g in owners)
-                raise InputError(f"tensor '{name}' is in {files}; "
-                                 f"pick one with --tensor {name}={owners[0].path}:{name}")
+                files = [g.path for g in owners]
+                raise InputError(f"tensor '{name}' is in {' and '.join(files)}",
+                                 hint=f"; pick one by naming its file: {name}={files[0]}:{name}", tensor=name,
+                                 kind="ambiguous-tensor", files=files)
             g, info = owners[0], owners[0].tensors[name]
-            src, where = Source(name, "gguf", path=g.path, tensor=name), f"--gguf {g.path}: tensor '{name}'"
-            p = _Prepared(src, _gguf_load_type(info, None, src, where), info.ne, where, gguf=g, info=info)
+            src = Source(name, "gguf", path=g.path, tensor=name)
+            p = _Prepared(src, _gguf_load_type(info, None, src, whole_file=True), info.ne, whole_file=True, gguf=g,
+                          info=info)
         try:
             t = self._create(p, ctx)
-        except InputError:
-            raise
+        except InputError as e:
+            raise p.located(e) from None
         except GGToolError as e:
-            raise InputError(f"{p.where}: {e}") from None
+            raise p.located(InputError(str(e))) from None
         t.name = name
         cache[name] = t
         self._used.add(name)
         return t
 
     def unused(self) -> list[str]:
-        """--tensor names the program never asked for (worth a warning)."""
+        """Names of sources the program never asked for (worth a warning)."""
         return [n for n in self._prepared if n not in self._used]
 
     def unused_weights(self) -> list[tuple[str, str]]:
-        """(name, file) of every tensor of the GGUF files the program never asked for, in file
-        order; a --tensor of the same name replaces one and is not listed. A program meant for
-        another model leaves some (llama.gg on qwen2 leaves the q/k/v biases)."""
+        """(name, file) of every tensor of the GGUF files given whole that the program never asked
+        for, in file order; a named source of the same name replaces one and is not listed. A
+        program meant for another model leaves some (llama.gg on qwen2 leaves the q/k/v biases)."""
         seen, out = set(self._prepared) | self._used, []
         for g in self.ggufs:
             for n in g.tensors:
@@ -186,82 +189,78 @@ class Inputs:
         return [os.path.realpath(p) for p in paths]
 
     def quantized(self) -> bool:
-        """Whether a quantized tensor may be used: one of a `--gguf` file's, or a `--tensor` (a GGUF
+        """Whether a quantized tensor may be used: one of a GGUF file's, or a named source's (a GGUF
         tensor, or a conversion such as q4_0:w.npy). Known before any data is read, so that the
         worker pool can load its compiled kernels while the graph is built."""
         if any(T.is_quantized(p.type) for p in self._prepared.values()):
             return True
         return any(T.is_quantized(i.type) for g in self.ggufs for i in g.tensors.values())
 
-    # -- up-front checks ---------------------------------------------------------------------------
+    # -- up-front checks (errors located at the input by __init__) -------------------------------------
     def _prepare(self, s: Source, stdin_bytes: bytes | None) -> _Prepared:
-        where = s.where
         if s.kind == "shape":
             ne = s.ne
             blck = T.block_size(s.type)
             if ne[0] % blck:
-                raise InputError(f"{where}: {T.type_name(s.type)} rows hold blocks of {blck}: ne0={ne[0]} is not a "
-                                 f"multiple of {blck}")
-            return _Prepared(s, s.type, ne, where)
+                raise InputError(f"{T.type_name(s.type)} rows hold blocks of {blck}: ne0={ne[0]} is not a multiple "
+                                 f"of {blck}", kind="block-size")
+            return _Prepared(s, s.type, ne)
         if s.kind == "json":
             if s.path is not None:
                 try:
                     with open(s.path, encoding="utf-8") as f:
                         text = f.read()
                 except (OSError, UnicodeDecodeError) as e:
-                    raise InputError(f"{where}: {s.path}: {_os_message(e)}") from None
+                    raise InputError(f"{s.path}: {os_message(e)}", kind="os") from None
             else:
                 text = s.json
-            return self._from_array(s, parse_json_array(text, where), json_source=True)
+            return self._from_array(s, parse_json_array(text), json_source=True)
         if s.kind == "stdin":
-            if not stdin_bytes:
-                raise InputError(f"{where}: stdin is empty")
-            if stdin_bytes.startswith(NPY_MAGIC):
-                read_npy_header(io.BytesIO(stdin_bytes), f"{where} (stdin)", len(stdin_bytes))
-                try:
-                    arr = np.load(io.BytesIO(stdin_bytes), allow_pickle=False)
-                except (ValueError, EOFError, OSError) as e:
-                    raise InputError(f"{where}: stdin is not a valid .npy stream ({e})") from None
-                return self._from_array(s, arr)
-            if stdin_bytes.startswith(b"GGUF"):
-                raise InputError(f"{where}: stdin is a GGUF file; save it and use --gguf FILE or FILE.gguf:TENSOR")
-            try:
-                text = stdin_bytes.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InputError(f"{where}: stdin is neither a .npy stream nor JSON text") from None
-            return self._from_array(s, parse_json_array(text, f"{where} (stdin)"), json_source=True)
+            return self._from_stdin(s, stdin_bytes)
         if s.kind == "npy":
-            try:
-                size = os.path.getsize(s.path)
-                with open(s.path, "rb") as f:
-                    magic = f.read(len(NPY_MAGIC))
-                    f.seek(0)
-                    if magic != NPY_MAGIC:
-                        hint = " (a .npz archive: save one array with np.save)" if magic[:2] == b"PK" else ""
-                        raise InputError(f"{where}: {s.path} is not a .npy file{hint}")
-                    shape, dtype, fortran, offset = read_npy_header(f, f"{where}: {s.path}", size)
-            except OSError as e:
-                raise InputError(f"{where}: {s.path}: {_os_message(e)}") from None
-            return _Prepared(s, s.type or default_type(dtype, where), shape[::-1] or (1,), where, npy=True,
+            shape, dtype, fortran, offset = open_npy(s.path)
+            return _Prepared(s, s.type or default_type(dtype), shape[::-1] or (1,), npy=True,
                              npy_layout=(dtype, fortran, offset))
         # gguf
-        try:
-            g = _open_gguf(s.path)
-        except InputError as e:
-            raise InputError(f"{where}: {e}") from None
+        g = _open_gguf(s.path)
         info = g.tensors.get(s.tensor)
         if info is None:
-            close = _close_matches(s.tensor, list(g.tensors))
-            hint = f"; did you mean {close}?" if close else f" (it has {len(g.tensors)} tensors)"
-            raise InputError(f"{where}: {s.path} has no tensor '{s.tensor}'{hint}")
-        return _Prepared(s, _gguf_load_type(info, s.type, s, f"{where}: {s.path}:{s.tensor}"), info.ne, where,
-                         gguf=g, info=info)
+            close = did_you_mean(s.tensor, g.tensors)
+            hint = f"; {close}" if close else f" (it has {len(g.tensors)} tensors)"
+            raise InputError(f"{s.path} has no tensor '{s.tensor}'", hint=hint, kind="no-such-tensor").at(
+                s.name, file=s.path, tensor=s.tensor)
+        return _Prepared(s, _gguf_load_type(info, s.type, s), info.ne, gguf=g, info=info)
+
+    def _from_stdin(self, s: Source, stdin_bytes: bytes | None) -> _Prepared:
+        if not stdin_bytes:
+            raise InputError("stdin is empty", kind="stdin")
+        if stdin_bytes.startswith(NPY_MAGIC):
+            try:
+                read_npy_header(io.BytesIO(stdin_bytes), len(stdin_bytes))
+            except InputError as e:
+                raise e.at(within="stdin") from None
+            try:
+                arr = np.load(io.BytesIO(stdin_bytes), allow_pickle=False)
+            except (ValueError, EOFError, OSError) as e:
+                raise InputError(f"stdin is not a valid .npy stream ({e})", kind="stdin") from None
+            return self._from_array(s, arr)
+        if stdin_bytes.startswith(b"GGUF"):
+            raise InputError("stdin is a GGUF file", hint="; save it and read it from the file", kind="stdin-gguf")
+        try:
+            text = stdin_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError("stdin is neither a .npy stream nor JSON text", kind="stdin") from None
+        try:
+            arr = parse_json_array(text)
+        except InputError as e:
+            raise e.at(within="stdin") from None
+        return self._from_array(s, arr, json_source=True)
 
     def _from_array(self, s: Source, arr: np.ndarray, json_source: bool = False) -> _Prepared:
-        where = s.where  # at most MAX_DIMS dimensions: parse_json_array and read_npy_header checked
-        type_ = s.type or (T.F32 if json_source else default_type(arr.dtype, where))
-        arr = convert_array(arr, type_, where)
-        return _Prepared(s, type_, tuple(arr.shape[::-1]) or (1,), where, array=arr)
+        # at most MAX_DIMS dimensions: parse_json_array and read_npy_header checked
+        type_ = s.type or (T.F32 if json_source else default_type(arr.dtype))
+        arr = convert_array(arr, type_)
+        return _Prepared(s, type_, tuple(arr.shape[::-1]) or (1,), array=arr)
 
     # -- creating tensors --------------------------------------------------------------------------
     def _create(self, p: _Prepared, ctx: Context) -> Tensor:
@@ -302,25 +301,17 @@ class Inputs:
         return ctx.new_tensor(p.type, p.ne, storage=FileStorage(s.path), data_offset=offset)
 
     def _read(self, p: _Prepared) -> np.ndarray:
-        s, where = p.source, p.where
+        s = p.source
         if p.npy:
             try:
                 arr = np.load(s.path, mmap_mode="r", allow_pickle=False)
             except (ValueError, OSError, EOFError) as e:
-                raise InputError(f"{where}: {s.path}: cannot read the .npy data ({e})") from None
+                raise InputError(f"{s.path}: cannot read the .npy data ({e})", kind="npy") from None
             self._log(s.name, f"{s.path} ({arr.dtype}{list(arr.shape)} -> {T.type_name(p.type)})")
-            return convert_array(arr, p.type, where)
-        info = p.info
-        raw = np.asarray(p.gguf.array(info.name))
-        if info.type not in PLAIN_GGUF_TYPES:
-            from ..quant import dequantize  # compiled where ggtool has a kernel, else gguf-py's
-            try:
-                raw = dequantize(raw, info.type)
-            except QuantizationError as e:
-                raise InputError(f"{where}: {e}") from None
-        arr = raw.reshape(info.ne[::-1])
-        self._log(s.name, f"{s.path}:{s.tensor} ({T.type_name(info.type)} -> {T.type_name(p.type)})")
-        return convert_array(arr, p.type, where)
+            return convert_array(arr, p.type)
+        arr = gguf_array(p.gguf, p.info.name, p.type)
+        self._log(s.name, f"{s.path}:{s.tensor} ({T.type_name(p.info.type)} -> {T.type_name(p.type)})")
+        return arr
 
     def _log(self, name: str, what: str) -> None:
         if self.on_load is not None:
@@ -333,31 +324,24 @@ def _open_gguf(path) -> GGUFFile:
     return open_gguf(path)
 
 
-def _gguf_load_type(info: TensorInfo, prefix: T.GGMLType | None, s: Source, where: str) -> T.GGMLType:
+def _gguf_load_type(info: TensorInfo, prefix: T.GGMLType | None, s: Source, whole_file: bool = False) -> T.GGMLType:
     """What a GGUF tensor becomes: the prefix's type, else its own if ggtool computes with it. Any
-    other type is refused (InputError): a conversion, lossy or not, is the user's to ask for."""
+    other type is refused (InputError): a conversion, lossy or not, is the user's to ask for, with
+    a type prefix (`details["spec"]`, the source that asks)."""
     if prefix is not None:
         return prefix
     if info.type in MMAP_TYPES:
         return info.type
     integer = info.type in (T.GGMLType.I8, T.GGMLType.I16, T.GGMLType.I64)
     target = "i32" if integer else "f32"
-    raise InputError(
-        f"{where} is {T.type_name(info.type)}, a type ggtool does not compute with; to use it converted to "
-        f"{target}, say so: --tensor {s.name}={target}:{s.path}:{s.tensor}")
+    spec = f"{target}:{s.path}:{s.tensor}"
+    what = f"tensor '{s.tensor}'" if whole_file else f"{s.path}:{s.tensor}"
+    error = InputError(f"{what} is {T.type_name(info.type)}, a type ggtool does not compute with",
+                       hint=f"; to use it converted to {target}, say so: {s.name}={spec}", kind="needs-conversion",
+                       name=s.name, target=target, spec=spec)
+    raise error.at(None if whole_file else s.name, file=s.path, tensor=s.tensor)
 
 
 def _strip_path(e: Exception, path: str) -> str:
     msg = str(e)
     return msg[len(path) + 2:] if msg.startswith(f"{path}: ") else msg
-
-
-def _os_message(e: Exception) -> str:
-    return getattr(e, "strerror", None) or str(e)
-
-
-def _close_matches(name: str, names: list[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-    return ", ".join(f"'{c}'" for c in close)

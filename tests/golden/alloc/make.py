@@ -19,7 +19,7 @@ import sys
 from ggtool import Context
 from ggtool.dsl import build, parse
 from ggtool.tensor import FLAG_OUTPUT
-from ggtool.tensor_io import Inputs, parse_tensor_option
+from ggtool.tensor_io import Inputs, parse_named_source
 
 CASES = [
     {"program": "@tests/golden/alloc/llama.gg", "gguf": ["fixtures/stories260K.gguf"], "tensors": ["tokens=i32[1]"], "outputs": []},
@@ -50,7 +50,7 @@ def load(case):
     if src.startswith("@"):
         with open(src[1:], encoding="utf-8") as f:
             src = f.read()
-    env = Inputs([parse_tensor_option(o) for o in case["tensors"]], case["gguf"], read_data=False)
+    env = Inputs([parse_named_source(o) for o in case["tensors"]], case["gguf"], read_data=False)
     built = build(parse(src), Context(), env, outputs=case["outputs"] or None)
     return built.graph, [t for _, t in built.outputs]
 

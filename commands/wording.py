@@ -1,0 +1,71 @@
+"""Engine errors in the command line's words: the one place that knows which option a problem
+came from and says which flag fixes it.
+
+The engine's messages name what and where in its own terms ("input 'x'", "FILE: tensor 'w'") and
+carry the parts as fields (`InputError.input/file/tensor`, `kind`, `details`, a `hint` a front end
+may replace). Here an input is `--tensor NAME`, a GGUF file given whole `--gguf FILE`, and each
+kind of problem gets the flag that fixes it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ggtool.errors import GGToolError, InputError
+
+
+def cli_message(e: BaseException) -> str:
+    """`e`'s message as the command line says it (its str() for errors nothing here words)."""
+    if isinstance(e, InputError):
+        return input_message(e)
+    dsl_errors = sys.modules.get("ggtool.dsl.errors")  # never imported: no DSLError to word (nor the DSL to load)
+    if dsl_errors is not None and isinstance(e, dsl_errors.DSLError):
+        return dsl_message(e)
+    return str(e)
+
+
+def input_message(e: InputError) -> str:
+    """An InputError (SourceSyntaxError included) with --tensor and --gguf."""
+    d = e.details
+    if e.kind == "duplicate-input":
+        return f"--tensor {e.input} is given twice"
+    if e.kind == "stdin-shared":
+        return f"only one --tensor can read stdin ('-'); {', '.join(d['names'])} all do"
+    if e.input is None and e.file is None and "text" in d:   # NAME=SOURCE without a usable NAME
+        return f"--tensor {e.message}"
+    hint = {
+        "whole-gguf": lambda: f" (or use --gguf {e.file} to make all of its tensors available)",
+        "needs-conversion": lambda: f"; to use it converted to {d['target']}, say so: --tensor {d['name']}={d['spec']}",
+        "ambiguous-tensor": lambda: f"; pick one with --tensor {e.tensor}={d['files'][0]}:{e.tensor}",
+        "stdin-gguf": lambda: "; save it and use --gguf FILE or FILE.gguf:TENSOR",
+    }.get(e.kind)
+    return e.worded(input_label=lambda name: f"--tensor {name}", file_label=lambda path: f"--gguf {path}",
+                    hint=hint() if hint else None)
+
+
+def dsl_message(e) -> str:
+    """A DSLError's first line (where, what), with flags in its hint and in the engine error that
+    caused it, if any."""
+    d, cause = e.details, e.__cause__
+    if e.kind == "step-limit":
+        e = e.with_hint(" (--max-steps N raises the limit)")
+    elif e.kind == "unknown-output" and _looks_like_a_path(e.name):
+        e = e.with_hint(f": --output names a tensor of the program; to write the result to the file {e.name}, "
+                        f"use -o {e.name}")
+    elif e.kind == "missing-input":
+        e = e.with_hint(f" (give it with --tensor {d['name']}=...)")
+    elif e.kind == "missing-placeholder":
+        e = e.with_hint(f" (give --tensor {d['name']}=...)")
+    elif e.kind == "input-type":
+        e = e.with_hint(f" (e.g. --tensor {d['name']}={d['type']}:...)")
+    if isinstance(cause, GGToolError) and not isinstance(cause, type(e)) and e.message.endswith(str(cause)):
+        worded = cli_message(cause)
+        if worded != str(cause):
+            e = e.with_message(e.message[: len(e.message) - len(str(cause))] + worded)
+    return str(e).splitlines()[0]
+
+
+def _looks_like_a_path(name: str) -> bool:
+    from ggtool.tensor_io import format_for_path
+
+    return "/" in name or format_for_path(name) is not None
