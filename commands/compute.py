@@ -11,7 +11,6 @@ from ggtool.tensor_io import (
     FORMATS,
     copy_gguf,
     format_for_path,
-    json_document,
     tensor_array,
     write_gguf_atomic,
     write_npy,
@@ -25,7 +24,6 @@ from ._common import (
     Timer,
     binary_stdout,
     build_graph,
-    compute_progress,
     compute_threads,
     input_options,
     log,
@@ -38,6 +36,8 @@ from ._common import (
     warn_unused,
     write_text,
 )
+from ._json import arrays_document
+from ._progress import compute_progress
 
 HELP = f"""Compute PROGRAM and print its outputs (JSON in numpy order by default).
 
@@ -198,6 +198,6 @@ def write_outputs(outputs, fmt: str, path: str | None, source: str) -> None:
             out.flush()
         return
     if path is not None:
-        write_text_atomic(path, json_document(named))
+        write_text_atomic(path, arrays_document(named))
     else:
-        write_text(json_document(named))
+        write_text(arrays_document(named))

@@ -211,7 +211,7 @@ class _Terminal(io.StringIO):
 def test_progress_bar_on_a_terminal_only():
     import time
 
-    from ggtool.commands._common import compute_progress
+    from ggtool.commands._progress import compute_progress
 
     term = _Terminal()
     with compute_progress(5, delay=0, interval=0.005, file=term) as progress:

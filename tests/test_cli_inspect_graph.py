@@ -85,9 +85,9 @@ def test_dot(run):
 
 
 def test_dot_escapes_record_characters():
-    from ggtool.inspect_graph import _dot_escape
+    from ggtool.commands.inspect_graph import dot_escape
 
-    assert _dot_escape('a|b<c>{d}"e\\ (view)') == 'a\\|b\\<c\\>\\{d\\}\\"e\\\\ (view)'
+    assert dot_escape('a|b<c>{d}"e\\ (view)') == 'a\\|b\\<c\\>\\{d\\}\\"e\\\\ (view)'
 
 
 def test_only_selects_a_subgraph(run):
