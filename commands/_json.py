@@ -1,4 +1,11 @@
-"""The one JSON writer of the command line.
+"""The one JSON writer of the command line, and its one policy for numbers JSON has no word for.
+
+JSON (RFC 8259) has no NaN or infinity. ggtool writes them as the strings "NaN", "Infinity" and
+"-Infinity" wherever it writes JSON (compute's arrays, inspect's stats, compare's errors): its output
+is then strict JSON that jq, JavaScript and every other JSON parser read, no value is lost, and the
+spellings are those `float()` in Python, `Number()` in JavaScript and numpy's float conversion
+read. ggtool's own JSON input (`--tensor NAME=-`, inline JSON) reads them back, so compute's JSON
+round-trips. docs/cli.md (Output formats) says the same for users.
 
 Array numbers are the shortest text that reads back to the same float32 (or float16) value, with
 integral values written as integers (`60`, not `60.0`), so the seed example prints
@@ -32,7 +39,7 @@ def plain(o):
     if isinstance(o, np.generic):
         o = o.item()
     if isinstance(o, float) and not math.isfinite(o):
-        return "nan" if math.isnan(o) else ("inf" if o > 0 else "-inf")
+        return nonfinite_text(o)
     if isinstance(o, bytes):
         return o.hex()
     return o
@@ -81,7 +88,7 @@ def format_numbers(flat: np.ndarray) -> list[str]:
     for v in flat:  # numpy scalars: str() is the shortest round-trip repr of the dtype
         s = str(v)
         if s in NONFINITE:
-            out.append(NONFINITE[s])
+            out.append(f'"{NONFINITE[s]}"')
         else:
             out.append(s[:-2] if s.endswith(".0") else s)
     return out

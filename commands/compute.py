@@ -61,9 +61,9 @@ Outputs: one output prints as a bare array; several as {{"name": array, ...}}. -
 its format from the extension (.json, .npy for one output, .gguf for all outputs as named
 tensors) and is replaced atomically: a failed run leaves no file (a symlink's target is replaced,
 the link kept; a FIFO or a device such as /dev/null is written in place). --format npy|gguf to stdout
-is refused when stdout is a terminal. JSON writes NaN, Infinity and -Infinity as Python's json
-module does. A compute that runs over a second shows a progress bar in nodes on stderr when
-stderr is a terminal.
+is refused when stdout is a terminal. JSON writes NaN and infinities as the strings "NaN",
+"Infinity" and "-Infinity" (strict JSON; --tensor reads them back). A compute that runs over a
+second shows a progress bar in nodes on stderr when stderr is a terminal.
 
 --alloc graph (the default) computes as GGML programs that use its graph allocator do: the
 intermediates share one compute buffer (ggml_gallocr's plan, the size `ggtool plan` reports),

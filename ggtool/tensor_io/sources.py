@@ -31,6 +31,8 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
 _PREFIX_RE = re.compile(r"([A-Za-z][A-Za-z0-9_]*):(.*)\Z", re.S)
 _SHAPE_RE = re.compile(r"([A-Za-z][A-Za-z0-9_]*)\[([^\]]*)\]\Z")
 _NUMBER_RE = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|-?Infinity|NaN")
+# Non-finite numbers as strict JSON spells them (the strings ggtool's JSON output writes), read as numbers.
+JSON_NONFINITE = ("NaN", "Infinity", "-Infinity")
 
 
 class SourceSyntaxError(GGToolError):
@@ -132,7 +134,8 @@ def parse_source(name: str, text: str) -> Source:
 
 # -- reading arrays ---------------------------------------------------------------------------
 def parse_json_array(text: str, where: str) -> np.ndarray:
-    """Nested JSON lists of numbers -> a float64 (or int64, if all are integers) array."""
+    """Nested JSON lists of numbers -> a float64 (or int64, if all are integers) array. NaN and
+    infinities may be bare (`NaN`, `Infinity`, `-Infinity`, as Python writes them) or strings."""
     import json  # not for .npy or GGUF inputs
 
     try:
@@ -165,6 +168,8 @@ def _json_shape(value, where: str, path: tuple[int, ...]) -> tuple[int, ...]:
             if s != shapes[0]:
                 raise InputError(f"{where}: JSON is not rectangular: {_describe(value, path, i, shapes)}")
         return (len(value), *shapes[0])
+    if isinstance(value, str) and value in JSON_NONFINITE:
+        return ()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         kinds = {bool: "a boolean", str: "a string", dict: "an object", type(None): "null"}
         kind = kinds.get(type(value), "not a number")
