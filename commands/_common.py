@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import sys
-import threading
 import time
 from collections.abc import Iterable
 
@@ -169,39 +167,6 @@ def open_pool(n_threads: int):
     from ggtool.pool import get_pool
 
     return get_pool(n_threads)
-
-
-@contextlib.contextmanager
-def compute_progress(total: int, delay: float = 1.0, interval: float = 0.1, file=None):
-    """A progress bar in nodes on stderr (a terminal only) for a compute that lasts over `delay`
-    seconds; yields the ggtool.compute.Progress to pass to graph_compute (or None: no bar). A
-    thread reads which node participant 0 is at, so the compute itself pays nothing."""
-    file = sys.stderr if file is None else file
-    if not file.isatty():
-        yield None
-        return
-    from tqdm import tqdm
-
-    from ggtool.compute import Progress
-
-    progress = Progress()
-    bar = tqdm(total=total, unit=" nodes", desc="compute", file=file, leave=False, dynamic_ncols=True, delay=delay,
-               mininterval=interval)
-    stop = threading.Event()
-
-    def watch():
-        while not stop.wait(interval):
-            if progress.node > bar.n:
-                bar.update(progress.node - bar.n)   # nodes before the current one are done
-
-    watcher = threading.Thread(target=watch, name="ggtool-progress", daemon=True)
-    watcher.start()
-    try:
-        yield progress
-    finally:
-        stop.set()
-        watcher.join()
-        bar.close()
 
 
 # -- streams ------------------------------------------------------------------------------------------------

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import click
 
 from ggtool.errors import GGToolError
 from ggtool.gguf_io import inspect as I
 
-from ._common import NUMPY_ORDER_HELP
+from ._common import NUMPY_ORDER_HELP, write_text
+from ._json import document
+from ._progress import progress_bar
+from ._table import bracketed, table
 
 HELP = f"""Compare the tensors of A and B after dequantizing both to f32: what quantization cost.
 
@@ -54,19 +56,9 @@ def _not_nan(ctx, param, value):
                    "is printed either way): a quality gate for scripts and CI.")
 def command(a, b, as_json, max_nmse):
     sa, sb = I.open_source(a), I.open_source(b)
-    bar = None
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-        bar = tqdm(total=I.compare_values(sa, sb), unit=" values", unit_scale=True, file=sys.stderr,
-                   desc="compare", leave=False, dynamic_ncols=True)
-    try:
+    with progress_bar(I.compare_values(sa, sb), "compare", " values", scale=1000) as bar:
         res = I.compare(sa, sb, on_bytes=bar.update if bar else None)
-    finally:
-        if bar is not None:
-            bar.close()
-    out = sys.stdout
-    out.write(I.json_text(res) if as_json else I.format_compare(res))
-    out.flush()
+    write_text([document(res) if as_json else compare_text(res)])
     if max_nmse is not None:
         worse = I.worse_than(res, max_nmse)
         if worse:
@@ -74,3 +66,48 @@ def command(a, b, as_json, max_nmse):
             why = "shapes differ" if w.get("nmse") is None else f"nmse {w['nmse']:.6g}"
             raise GGToolError(f"{len(worse)} of {len(res['tensors'])} tensors fail --max-nmse {max_nmse:g} "
                               f"(worst: '{w['name']}', {why})")
+
+
+# -- the text report ---------------------------------------------------------------------------------
+def _e(v: float) -> str:
+    if v is None:
+        return "-"
+    if v == 0:
+        return "0"
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.3e}"
+
+
+def compare_text(res: dict) -> str:
+    """`compare`'s report of a compare() record: a row per tensor, then the summary."""
+    lines = [f"A: {res['a']}", f"B: {res['b']}", ""]
+    rows = [["name", "type A", "type B", "ne", "nmse", "max_abs_err", "rel_rms"]]
+    for r in res["tensors"]:
+        ne = bracketed(r["ne"])
+        if "error" in r:
+            rows.append([r["name"], r["type_a"], r["type_b"], ne, r["error"], "", ""])
+        elif r["identical"]:
+            rows.append([r["name"], r["type_a"], r["type_b"], ne, "identical", "0", "0"])
+        else:
+            rows.append([r["name"], r["type_a"], r["type_b"], ne, _e(r["nmse"]), _e(r["max_abs_error"]),
+                         _e(r["rel_rms"])])
+    if len(rows) > 1:
+        lines += table(rows, {4, 5, 6})
+        lines.append("")
+    s = res["summary"]
+    lines.append(f"{s['compared']} tensors compared ({s['identical']} identical), "
+                 f"{len(res['only_in_a'])} only in A, {len(res['only_in_b'])} only in B"
+                 + (f", {s['shape_mismatch']} with different shapes" if s["shape_mismatch"] else ""))
+    if s["compared"]:
+        lines.append(f"overall: nmse {_e(s['nmse'])}, max abs error {_e(s['max_abs_error'])}, "
+                     f"rel rms {_e(s['rel_rms'])}")
+    if s.get("nonfinite"):
+        bad = [r["name"] for r in res["tensors"] if r.get("nonfinite")]
+        lines.append(f"non-finite values: {s['nonfinite_a']} in A, {s['nonfinite_b']} in B ({', '.join(bad[:4])}"
+                     f"{', ...' if len(bad) > 4 else ''}); where A and B differ there, the error is infinite")
+    for n in res["only_in_a"]:
+        lines.append(f"only in A: {n}")
+    for n in res["only_in_b"]:
+        lines.append(f"only in B: {n}")
+    return "\n".join(lines) + "\n"

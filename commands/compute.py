@@ -12,7 +12,6 @@ from ggtool.tensor_io import (
     FORMATS,
     copy_gguf,
     format_for_path,
-    json_document,
     tensor_array,
     write_gguf_atomic,
     write_npy,
@@ -27,7 +26,6 @@ from ._common import (
     Timer,
     binary_stdout,
     build_graph,
-    compute_progress,
     input_options,
     log,
     make_inputs,
@@ -39,6 +37,8 @@ from ._common import (
     warn_unused,
     write_text,
 )
+from ._json import arrays_document
+from ._progress import compute_progress
 
 HELP = f"""Compute PROGRAM and print its outputs (JSON in numpy order by default).
 
@@ -62,9 +62,9 @@ Outputs: one output prints as a bare array; several as {{"name": array, ...}}. -
 its format from the extension (.json, .npy for one output, .gguf for all outputs as named
 tensors) and is replaced atomically: a failed run leaves no file (a symlink's target is replaced,
 the link kept; a FIFO or a device such as /dev/null is written in place). --format npy|gguf to stdout
-is refused when stdout is a terminal. JSON writes NaN, Infinity and -Infinity as Python's json
-module does. A compute that runs over a second shows a progress bar in nodes on stderr when
-stderr is a terminal.
+is refused when stdout is a terminal. JSON writes NaN and infinities as the strings "NaN",
+"Infinity" and "-Infinity" (strict JSON; --tensor reads them back). A compute that runs over a
+second shows a progress bar in nodes on stderr when stderr is a terminal.
 
 --alloc graph (the default) computes as GGML programs that use its graph allocator do: the
 intermediates share one compute buffer (ggml_gallocr's plan, the size `ggtool plan` reports),
@@ -202,6 +202,6 @@ def write_outputs(outputs, fmt: str, path: str | None, source: str) -> None:
             out.flush()
         return
     if path is not None:
-        write_text_atomic(path, json_document(named))
+        write_text_atomic(path, arrays_document(named))
     else:
-        write_text(json_document(named))
+        write_text(arrays_document(named))

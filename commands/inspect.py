@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import re
-import sys
 
 import click
+import numpy as np
 
 from ggtool.gguf_io import GGUFFile
 from ggtool.gguf_io import inspect as I
+from ggtool.gguf_io.format import quote_text
 
-from ._common import NUMPY_ORDER_HELP
+from ._common import NUMPY_ORDER_HELP, write_text
+from ._json import document
+from ._progress import progress_bar
+from ._table import bracketed, table
 
 HELP = f"""Describe a GGUF file: header, metadata key/values, tensor table and totals.
 
@@ -67,19 +71,91 @@ def command(path, as_json, diffable, full, stats, only):
     st = None
     if stats:
         st = {}
-        bar = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-            bar = tqdm(total=d["totals"]["bytes"], unit="B", unit_scale=True, unit_divisor=1024,
-                       file=sys.stderr, desc="stats", leave=False, dynamic_ncols=True)
-        try:
+        with progress_bar(d["totals"]["bytes"], "stats", "B", scale=1024) as bar:
             for t in d["tensors"]:
                 st[t["name"]] = I.tensor_stats(g, t["name"], on_bytes=bar.update if bar else None)
-        finally:
-            if bar is not None:
-                bar.close()
         for t in d["tensors"]:
             t["stats"] = st[t["name"]]
-    out = sys.stdout
-    out.write(I.json_text(d) if as_json else I.format_describe(d, st))
-    out.flush()
+    write_text([document(d) if as_json else describe_text(d, st)])
+
+
+# -- the text report ---------------------------------------------------------------------------------
+def _fmt_scalar(v, vtype: str) -> str:
+    if isinstance(v, str):
+        return quote_text(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return str(np.float32(v)) if "FLOAT32" in vtype else repr(v)
+    return str(v)
+
+
+def _value_text(item: dict) -> str:
+    """A metadata value as the report shows it: arrays and long strings with what was left out."""
+    vtype = item["type"]
+    if "count" in item:
+        inner = ", ".join(_fmt_scalar(x, vtype) for x in item["value"])
+        more = f", ... ({item['count']} items)" if item.get("truncated") else ""
+        return f"[{inner}{more}]"
+    s = _fmt_scalar(item["value"], vtype)
+    if item.get("truncated"):
+        s = s[:-1] + f'..." ({item["length"]} chars)'
+    return s
+
+
+def _of(shown: int, total: int) -> str:
+    return str(total) if shown == total else f"{shown} of {total}"
+
+
+def describe_text(d: dict, stats: dict | None = None) -> str:
+    """`inspect`'s report of a describe() record (and tensor_stats per tensor name)."""
+    head = (f"{d['file']}: GGUF v{d['version']}, {d['n_kv']} metadata keys, {d['n_tensors']} tensors, "
+            f"alignment {d['alignment']}")
+    lines = [head]
+    if "data_offset" in d:
+        lines.append(f"data offset {d['data_offset']:,}, file size {d['file_size']:,} bytes")
+    if "shards" in d:
+        lines.append(f"split model, {len(d['shards'])} shards: " +
+                     ", ".join(f"{s['file']} ({s['tensors']} tensors)" for s in d["shards"]))
+    lines.append("")
+    lines.append(f"metadata ({_of(len(d['metadata']), d['n_kv'])}):")
+    lines += ["  " + ln for ln in table([[m["key"], m["type"], _value_text(m)] for m in d["metadata"]])]
+    lines.append("")
+    lines.append(f"tensors ({_of(len(d['tensors']), d['n_tensors'])}):")
+    if d["tensors"]:
+        head = ["#", "name", "type", "ne", "bytes", "bpw"] + (["offset"] if "offset" in d["tensors"][0] else [])
+        head += ["shard"] if "shard" in d["tensors"][0] else []
+        nonfinite = stats is not None and any(s["nonfinite"] for s in stats.values())
+        if stats is not None:
+            head += ["min", "max", "mean", "std"] + (["nonfinite"] if nonfinite else [])
+        rows = [head]
+        for i, t in enumerate(d["tensors"]):
+            r = [str(i), t["name"], t["type"], bracketed(t["ne"]),
+                 f"{t['bytes']:,}", f"{t['bpw']:.2f}"]
+            if "offset" in t:
+                r.append(f"{t['offset']:,}")
+            if "shard" in t:
+                r.append(str(t["shard"]))
+            if stats is not None:
+                s = stats[t["name"]]
+                r += [_g(s["min"]), _g(s["max"]), _g(s["mean"]), _g(s["std"])]
+                r += [f"{s['nonfinite']:,}"] if nonfinite else []
+            rows.append(r)
+        right = {i for i, h in enumerate(head) if h not in ("name", "type", "ne")}
+        lines += ["  " + ln for ln in table(rows, right)]
+    tot = d["totals"]
+    lines.append("")
+    lines.append(f"total: {tot['tensors']} tensors, {tot['elements']:,} elements, {tot['bytes']:,} bytes "
+                 f"({tot['bytes'] / 1048576:.2f} MiB), {tot['bpw']:.2f} bits per weight")
+    for name, bt in tot["by_type"].items():
+        lines.append(f"  {name:<6} {bt['tensors']:5d} tensors  {bt['elements']:>14,} elements  {bt['bytes']:>14,} bytes")
+    if stats is not None and any(s["nonfinite"] for s in stats.values()):
+        n = sum(s["nonfinite"] for s in stats.values())
+        lines.append(f"non-finite values (inf, NaN): {n:,}, left out of min/max/mean/std")
+    return "\n".join(lines) + "\n"
+
+
+def _g(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.6g}"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from ._common import write_text
+from ._json import document
+from ._table import table
 
 HELP = """List the ops a program can call: the DSL name, GGML's C signature and a one-line description.
 
@@ -32,19 +32,19 @@ PATTERN keeps the ops whose name contains it. --builtins lists the DSL's own fun
               help='JSON: [{"name", "signature", "description", "params"}, ...].')
 def command(pattern, builtins, as_json):
     if builtins:
-        from ggtool.dsl import BUILTINS as table
+        from ggtool.dsl import BUILTINS as registry
     else:
-        from ggtool.ops import FUNCTIONS as table
+        from ggtool.ops import FUNCTIONS as registry
 
-    funcs = [f for f in table.values() if pattern is None or pattern.lower() in f.name.lower()]
+    funcs = [f for f in registry.values() if pattern is None or pattern.lower() in f.name.lower()]
     if as_json:
         records = [{"name": f.name, "signature": f.signature, "description": f.doc, "params": list(f.params)}
                    for f in funcs]
-        write_text([json.dumps(records, indent=2), "\n"])
+        write_text([document(records)])
         return
     if not funcs:
         what = "builtin" if builtins else "op"
         raise click.ClickException(f"no {what} name contains {pattern!r}; see ggtool ops{' --builtins' * builtins}")
-    w0 = max(len(f.name) for f in funcs)
-    w1 = min(max(len(f.signature) for f in funcs), 48)  # a few very long signatures overflow their column
-    write_text(f"{f.name.ljust(w0)}  {f.signature.ljust(w1)}  {f.doc}\n" for f in funcs)
+    rows = [[f.name, f.signature, f.doc] for f in funcs]
+    # a few very long signatures overflow their column
+    write_text(line + "\n" for line in table(rows, max_width={1: 48}))

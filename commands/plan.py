@@ -3,11 +3,13 @@ and the compute buffer ggml_gallocr would plan."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import click
 
 from ggtool.context import Context
-from ggtool.inspect_graph import json_text, plan_json, plan_table
-from ggtool.plan import make_plan
+from ggtool.inspect_graph import describe_plan
+from ggtool.plan import Plan, make_plan
 from ggtool.threads import default_threads
 
 from ._common import (
@@ -22,6 +24,8 @@ from ._common import (
     warn_unused,
     write_text,
 )
+from ._json import record_lines
+from ._table import ggml_listing
 
 HELP = f"""Plan PROGRAM as ggml_graph_plan would, without computing it or reading tensor data.
 
@@ -75,6 +79,25 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
     plan = make_plan(built.graph, n_threads or default_threads())
     plan.allocate(built.graph, [t for _, t in built.outputs])
     if as_json:
-        write_text(line + "\n" for line in json_text(plan_json(built.graph, plan)))
+        write_text(line + "\n" for line in record_lines(describe_plan(built.graph, plan)))
     else:
         write_text(line + "\n" for line in plan_table(built.graph, plan))
+
+
+def plan_table(graph, plan: Plan) -> Iterator[str]:
+    """Per node n_tasks and work bytes, then the plan's totals and the GGML context size."""
+    rows = [[str(i), p.node.op_desc, p.node.name, str(p.n_tasks), str(p.work_size)]
+            for i, p in enumerate(plan.nodes)]
+    yield "=== PLAN ==="
+    yield f"n_nodes = {len(plan.nodes)}"
+    if rows:
+        yield from ggml_listing([["index", "op", "name", "n_tasks", "work_size"], *rows], right={0, 3, 4})
+    yield f"n_threads = {plan.n_threads} (requested {plan.requested})"
+    yield f"work_size = {plan.work_size}"
+    yield f"mem_size  = {plan.mem_size(graph)} (GGML context size: tensors, graph and work buffer)"
+    a = plan.allocation
+    if a is not None:
+        n = a.n_intermediates
+        yield (f"compute_buffer_size = {a.size} ({a.size / 1024 / 1024:.2f} MiB; ggml_gallocr's buffer for "
+               f"{n} intermediate tensor{'' if n == 1 else 's'} of {a.intermediates_size} bytes in all)")
+    yield "=" * 40

@@ -12,6 +12,7 @@ from ggtool.errors import GGToolError
 from ggtool.threads import default_threads
 
 from ._common import NUMPY_ORDER_HELP, log
+from ._progress import progress_bar
 
 HELP = f"""Quantize a GGUF model (or a .npy array) to a Q4_0 or Q8_0 GGUF file, as llama-quantize does.
 
@@ -140,13 +141,7 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
     for w in plan.warnings:
         if not quiet:
             log(f"Warning: {w}")
-    bar = None
-    if not quiet and sys.stderr.isatty():
-        from tqdm import tqdm
-        bar = tqdm(total=plan.src_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-                   desc="quantize", leave=False, dynamic_ncols=True)
-
-    def emit(line: str) -> None:
+    def emit(line: str) -> None:   # `bar` is bound by the `with` below, before any line is emitted
         if bar is not None:
             bar.write(line, file=sys.stderr)
         else:
@@ -156,12 +151,9 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
         if not quiet:
             emit(tensor_line(t, n))
 
-    try:
+    with progress_bar(plan.src_bytes, "quantize", "B", scale=1024, quiet=quiet) as bar:
         result = QM.run_quantization(plan, output_path, force=force, on_start=on_start,
                                      on_bytes=(bar.update if bar is not None else None))
-    finally:
-        if bar is not None:
-            bar.close()
     if not quiet:
         for line in summary_lines(plan):
             log(line)

@@ -1,12 +1,12 @@
-"""Describing a graph and its plan: a table modelled on ggml_graph_print, JSON, and graphviz DOT
-modelled on ggml_graph_dump_dot. Nothing here reads tensor data.
+"""A graph and its plan as plain records: per node and leaf its index, op, name, type, ne, nb,
+sources, view and flags (and where it lies in the compute buffer); per planned node its n_tasks
+and work. What a library user, or a renderer (the command line's tables, JSON and DOT), needs;
+nothing here reads tensor data or formats text.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import types as T
@@ -32,9 +32,21 @@ class Entry:
         return f"{self.kind}s[{self.index}]"
 
 
+class SelectionError(GGToolError):
+    """A pattern that picks no part of the graph: not a regular expression (`problem` says why),
+    or matching no tensor name (`problem` is None; the graph has `n_nodes` and `n_leafs`)."""
+
+    def __init__(self, pattern: str, problem: str | None, n_nodes: int, n_leafs: int):
+        self.pattern, self.problem, self.n_nodes, self.n_leafs = pattern, problem, n_nodes, n_leafs
+        if problem is not None:
+            super().__init__(f"{pattern!r} is not a valid regular expression: {problem}")
+        else:
+            super().__init__(f"{pattern!r} matches no tensor name of the graph ({n_nodes} nodes, {n_leafs} leafs)")
+
+
 @dataclass
 class Selection:
-    """The part of a graph to show: all of it, or what `--only` picked (indices stay the graph's)."""
+    """The part of a graph to show: all of it, or what a pattern picked (indices stay the graph's)."""
 
     graph: Graph
     nodes: list[Entry]
@@ -56,20 +68,21 @@ def select(graph: Graph, only: str | None = None) -> Selection:
     try:
         pattern = re.compile(only)
     except re.error as e:
-        raise GGToolError(f"--only {only!r} is not a valid regular expression: {e}") from None
+        raise SelectionError(only, str(e), graph.n_nodes, graph.n_leafs) from None
     keep: set[int] = set()
     for e in nodes + leafs:
         if pattern.search(e.tensor.name):
             keep.add(id(e.tensor))
             keep.update(id(s) for s in e.tensor.src if s is not None)
     if not keep:
-        raise GGToolError(f"--only {only!r} matches no tensor name of the graph "
-                          f"({graph.n_nodes} nodes, {graph.n_leafs} leafs)")
+        raise SelectionError(only, None, graph.n_nodes, graph.n_leafs)
     return Selection(graph, [e for e in nodes if id(e.tensor) in keep], [e for e in leafs if id(e.tensor) in keep])
 
 
-# -- JSON -----------------------------------------------------------------------------------------
+# -- records ----------------------------------------------------------------------------------------
 def tensor_record(entry: Entry, refs: dict[int, Entry], alloc: Allocation | None = None) -> dict:
+    """index, op, op_desc, name, type, ne, nb, src (names), src_refs ("nodes[i]"), view_src, view_offs,
+    flags; with `alloc`, buffer_offset (None: not in the compute buffer)."""
     t = entry.tensor
     srcs = list(t.src)
     while srcs and srcs[-1] is None:
@@ -91,7 +104,7 @@ def tensor_record(entry: Entry, refs: dict[int, Entry], alloc: Allocation | None
     } | ({} if alloc is None else {"buffer_offset": alloc.offset(t)})
 
 
-def graph_json(sel: Selection, alloc: Allocation | None = None) -> dict:
+def describe_graph(sel: Selection, alloc: Allocation | None = None) -> dict:
     """`{"nodes": [...], "leafs": [...]}`; each with op (GGML's name, e.g. MUL_MAT), name, type, ne, nb, src.
     With `alloc` (the graph's Allocation) also `compute_buffer_size` and each record's
     `buffer_offset`: where its data starts in the compute buffer (null: not in it)."""
@@ -103,116 +116,10 @@ def graph_json(sel: Selection, alloc: Allocation | None = None) -> dict:
     return doc
 
 
-def json_text(doc: dict) -> Iterator[str]:
-    """A JSON object with one line per record of its lists (readable, and still one document)."""
-    items = list(doc.items())
-    yield "{"
-    for i, (key, value) in enumerate(items):
-        tail = "," if i < len(items) - 1 else ""
-        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            yield f"{json.dumps(key)}: ["
-            for j, v in enumerate(value):
-                yield "  " + json.dumps(v) + ("," if j < len(value) - 1 else "")
-            yield "]" + tail
-        else:
-            yield f"{json.dumps(key)}: {json.dumps(value)}{tail}"
-    yield "}"
-
-
-# -- the text table -----------------------------------------------------------------------------------
-def _table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> Iterator[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells):
-        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
-        return (" - " + "  ".join(parts)).rstrip()
-
-    yield line(header).replace(" - ", "   ", 1)
-    for r in rows:
-        yield line(r)
-
-
-def _fmt_list(values) -> str:
-    return "[" + ", ".join(str(v) for v in values) + "]"
-
-
-def graph_table(sel: Selection) -> Iterator[str]:
-    """Lines of the graph, headed like ggml_graph_print: nodes, then leafs, in GGML order."""
-    refs = sel.refs()
-    header = ["index", "op", "name", "type", "ne", "nb", "src", "view_src"]
-    g = sel.graph
-    shown = "" if len(sel.nodes) == g.n_nodes and len(sel.leafs) == g.n_leafs else \
-        f" (showing {len(sel.nodes)} nodes, {len(sel.leafs)} leafs)"
-    yield "=== GRAPH ===" + shown
-    for kind, entries, total in (("nodes", sel.nodes, g.n_nodes), ("leafs", sel.leafs, g.n_leafs)):
-        yield f"n_{kind} = {total}"
-        rows = []
-        for e in entries:
-            r = tensor_record(e, refs)
-            srcs = ", ".join("-" if s is None else s for s in r["src"])
-            view = "" if r["view_src"] is None else f"{r['view_src']} +{r['view_offs']}"
-            rows.append([str(e.index), r["op_desc"], r["name"], r["type"], _fmt_list(r["ne"]),
-                         _fmt_list(r["nb"]), srcs, view])
-        if rows:
-            n_cols = len(header) if kind == "nodes" else 6  # leafs have no sources
-            yield from _table(header[:n_cols], [r[:n_cols] for r in rows], right={0})
-    yield "=" * 40
-
-
-# -- DOT -------------------------------------------------------------------------------------------
-_DOT_SPECIAL = re.compile(r'([\\"{}|<>])')
-
-
-def _dot_escape(s: str) -> str:
-    """Text inside a record label: escape the characters the record syntax gives meaning to."""
-    return _DOT_SPECIAL.sub(r"\\\1", s)
-
-
-def _dot_ne(t: Tensor) -> str:
-    ne = t.ne[:2] if t.is_matrix() else t.ne
-    return "[" + ", ".join(str(n) for n in ne) + "]"
-
-
-def _edge_label(j: int) -> str:
-    return {0: "x", 1: "y"}.get(j, f"src {j}")
-
-
-def graph_dot(sel: Selection) -> Iterator[str]:
-    """graphviz DOT after ggml_graph_dump_dot: records for nodes (white; params yellow), pink leafs,
-    edges from each source to its node labelled x (src0), y (src1), src 2, ...
-    """
-    refs = sel.refs()
-    shown = {id(e.tensor) for e in sel.nodes + sel.leafs}
-
-    def ident(t: Tensor) -> str:
-        e = refs[id(t)]
-        return f'"{e.kind}_{e.index}"'
-
-    yield "digraph G {"
-    yield "  newrank = true;"
-    yield "  rankdir = TB;"
-    for e in sel.nodes:
-        t = e.tensor
-        color = "yellow" if t.flags & FLAG_PARAM else "white"
-        name = f"{_dot_escape(t.name)} ({T.type_name(t.type)})" if t.name else f"({T.type_name(t.type)})"
-        label = f"{name}|{e.index} {_dot_escape(_dot_ne(t))} | <x>{_dot_escape(t.op_desc)}"
-        yield f'  {ident(t)} [ style = filled; fillcolor = {color}; shape = record; label="{label}"; ]'
-    for e in sel.leafs:
-        t = e.tensor
-        name = f"{_dot_escape(t.name)} ({T.type_name(t.type)})" if t.name else f"({T.type_name(t.type)})"
-        label = f"<x>{name}|CONST {e.index} {_dot_escape(_dot_ne(t))}"
-        yield f'  {ident(t)} [ style = filled; fillcolor = pink; shape = record; label="{label}"; ]'
-    for e in sel.nodes:
-        for j, s in enumerate(e.tensor.src):
-            if s is None or id(s) not in shown:
-                continue
-            style = "arrowhead = vee; style = solid; " if refs[id(s)].kind == "node" else ""
-            yield f'  {ident(s)}:x -> {ident(e.tensor)}:x [ {style}label = "{_edge_label(j)}"; ]'
-    yield "}"
-
-
-# -- plans -----------------------------------------------------------------------------------------
-def plan_json(graph: Graph, plan: Plan) -> dict:
+# -- plans -------------------------------------------------------------------------------------------
+def describe_plan(graph: Graph, plan: Plan) -> dict:
+    """n_threads, work_size, mem_size (the GGML context size), compute_buffer_size and
+    intermediates_size (when the plan has an allocation), requested, and per node n_tasks and work."""
     doc = {
         "n_threads": plan.n_threads,
         "work_size": plan.work_size,
@@ -226,22 +133,3 @@ def plan_json(graph: Graph, plan: Plan) -> dict:
                      "n_tasks": p.n_tasks, "work_size": p.work_size}
                     for i, p in enumerate(plan.nodes)]
     return doc
-
-
-def plan_table(graph: Graph, plan: Plan) -> Iterator[str]:
-    """Per node n_tasks and work bytes, then the plan's totals and the GGML context size."""
-    rows = [[str(i), p.node.op_desc, p.node.name, str(p.n_tasks), str(p.work_size)]
-            for i, p in enumerate(plan.nodes)]
-    yield "=== PLAN ==="
-    yield f"n_nodes = {len(plan.nodes)}"
-    if rows:
-        yield from _table(["index", "op", "name", "n_tasks", "work_size"], rows, right={0, 3, 4})
-    yield f"n_threads = {plan.n_threads} (requested {plan.requested})"
-    yield f"work_size = {plan.work_size}"
-    yield f"mem_size  = {plan.mem_size(graph)} (GGML context size: tensors, graph and work buffer)"
-    a = plan.allocation
-    if a is not None:
-        n = a.n_intermediates
-        yield (f"compute_buffer_size = {a.size} ({a.size / 1024 / 1024:.2f} MiB; ggml_gallocr's buffer for "
-               f"{n} intermediate tensor{'' if n == 1 else 's'} of {a.intermediates_size} bytes in all)")
-    yield "=" * 40

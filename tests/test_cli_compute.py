@@ -37,9 +37,9 @@ def test_threads_do_not_change_the_result(run, threads):
 
 def test_json_numbers_are_shortest_float32_text(run):
     out = ok(run("compute", "scale(x, 1.0)", "--tensor", "x=[0.1, -0.0, 1e30, 3, NaN, Infinity, -Infinity, 1e-8]"))
-    assert out == "[0.1,-0,1e+30,3,NaN,Infinity,-Infinity,1e-08]\n"
+    assert out == '[0.1,-0,1e+30,3,"NaN","Infinity","-Infinity",1e-08]\n'
     values = json.loads(out)
-    assert np.float32(values[0]) == np.float32(0.1) and np.isnan(values[4])
+    assert np.float32(values[0]) == np.float32(0.1) and np.isnan(float(values[4]))
 
 
 def test_output_is_numpy_order(run):
@@ -194,7 +194,7 @@ class _Terminal(io.StringIO):
 def test_progress_bar_on_a_terminal_only():
     import time
 
-    from ggtool.commands._common import compute_progress
+    from ggtool.commands._progress import compute_progress
 
     term = _Terminal()
     with compute_progress(5, delay=0, interval=0.005, file=term) as progress:

@@ -85,9 +85,9 @@ def test_dot(run):
 
 
 def test_dot_escapes_record_characters():
-    from ggtool.inspect_graph import _dot_escape
+    from ggtool.commands.inspect_graph import dot_escape
 
-    assert _dot_escape('a|b<c>{d}"e\\ (view)') == 'a\\|b\\<c\\>\\{d\\}\\"e\\\\ (view)'
+    assert dot_escape('a|b<c>{d}"e\\ (view)') == 'a\\|b\\<c\\>\\{d\\}\\"e\\\\ (view)'
 
 
 def test_only_selects_a_subgraph(run):
@@ -102,6 +102,24 @@ def test_only_selects_a_subgraph(run):
     assert '"leaf_0":x -> "node_0":x' in dot and "node_1" not in dot
     fails(run("inspect-graph", prog, *args, "--only", "^zzz$"), "--only '^zzz$' matches no tensor name")
     fails(run("inspect-graph", prog, *args, "--only", "(("), "not a valid regular expression")
+
+
+def test_select_errors_carry_the_pattern_and_never_name_the_flag():
+    from ggtool import Context, Graph
+    from ggtool.inspect_graph import SelectionError, select
+    from ggtool.ops import FUNCTIONS as F
+
+    ctx = Context()
+    a = ctx.new_tensor_from(np.ones((2, 2), np.float32), name="a")
+    g = Graph(ctx).expand(F["relu"](ctx, a))
+    assert [e.tensor.name for e in select(g, "^a$").leafs] == ["a"]
+    with pytest.raises(SelectionError) as none:
+        select(g, "^zzz$")
+    assert (none.value.pattern, none.value.problem, none.value.n_nodes, none.value.n_leafs) == ("^zzz$", None, 1, 1)
+    with pytest.raises(SelectionError) as bad:
+        select(g, "((")
+    assert bad.value.pattern == "((" and "missing )" in bad.value.problem
+    assert "--" not in str(none.value) + str(bad.value)
 
 
 def test_json_and_dot_are_exclusive(run):

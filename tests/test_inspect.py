@@ -256,8 +256,8 @@ def test_compare_reports_non_finite_values_never_nmse_0(run, tmp_path):
     assert "non-finite values: 0 in A, 1 in B (w)" in out
     d = json.loads(run("compare", a, b, "--json").stdout)
     w = d["tensors"][0]
-    assert w["nmse"] == "inf" and w["nonfinite"] == 1 and w["nonfinite_b"] == 1 and not w["identical"]
-    assert d["summary"]["nmse"] == "inf" and d["summary"]["nonfinite"] == 1
+    assert w["nmse"] == "Infinity" and w["nonfinite"] == 1 and w["nonfinite_b"] == 1 and not w["identical"]
+    assert d["summary"]["nmse"] == "Infinity" and d["summary"]["nonfinite"] == 1
     assert d["tensors"][1]["identical"] and d["tensors"][1]["nmse"] == 0
 
 

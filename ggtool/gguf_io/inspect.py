@@ -1,13 +1,14 @@
-"""Engine of `ggtool inspect` (describe a GGUF file) and `ggtool compare` (what quantization cost).
+"""A GGUF file described (header, metadata, tensors, totals, per-tensor statistics) and two files or
+tensors compared (per-tensor error), as plain JSON-ready records; the command line renders them
+(`ggtool inspect`, `ggtool compare`).
 
-Opening is lazy (GGUFFile: header and infos parsed, data memory-mapped); metadata arrays are shown
-shortened from their first items, so a 262,144-token vocabulary is not decoded; tensor data is read
-only for --stats and compare, in row chunks (memory stays near one chunk, not the model).
+Opening is lazy (GGUFFile: header and infos parsed, data memory-mapped); metadata arrays are kept
+shortened to their first items, so a 262,144-token vocabulary is not decoded; tensor data is read
+only for statistics and comparisons, in row chunks (memory stays near one chunk, not the model).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
@@ -18,7 +19,7 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError, InputError
-from .format import cut_text, quote_text
+from .format import cut_text
 from .reader import GGUFFile
 from .spec import split_gguf_tensor
 
@@ -57,28 +58,6 @@ def _value(g: GGUFFile, key: str, full: bool) -> dict:
             v = cut
     out["value"] = v
     return out
-
-
-def _fmt_scalar(v, vtype: str) -> str:
-    if isinstance(v, str):
-        return quote_text(v)
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return str(np.float32(v)) if "FLOAT32" in vtype else repr(v)
-    return str(v)
-
-
-def format_value(item: dict) -> str:
-    vtype = item["type"]
-    if "count" in item:
-        inner = ", ".join(_fmt_scalar(x, vtype) for x in item["value"])
-        more = f", ... ({item['count']} items)" if item.get("truncated") else ""
-        return f"[{inner}{more}]"
-    s = _fmt_scalar(item["value"], vtype)
-    if item.get("truncated"):
-        s = s[:-1] + f'..." ({item["length"]} chars)'
-    return s
 
 
 # --------------------------------------------------------------------------------------- describe
@@ -136,94 +115,6 @@ def describe(g: GGUFFile, *, full: bool = False, diffable: bool = False,
               "totals": {"tensors": len(tensors), "elements": n_el, "bytes": n_bytes, "bpw": _bpw(n_bytes, n_el),
                          "by_type": dict(sorted(by_type.items()))}})
     return d
-
-
-def _of(shown: int, total: int) -> str:
-    return str(total) if shown == total else f"{shown} of {total}"
-
-
-def _jsonable(o):
-    if isinstance(o, dict):
-        return {k: _jsonable(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_jsonable(v) for v in o]
-    o = _py(o)
-    if isinstance(o, float) and not math.isfinite(o):
-        return "nan" if math.isnan(o) else ("inf" if o > 0 else "-inf")
-    if isinstance(o, bytes):
-        return o.hex()
-    return o
-
-
-def json_text(obj) -> str:
-    """JSON with stable keys (in the order built), non-finite floats as strings, trailing newline."""
-    return json.dumps(_jsonable(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def _table(rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for r in rows:
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
-        out.append("  ".join(cells).rstrip())
-    return out
-
-
-def format_describe(d: dict, stats: dict | None = None) -> str:
-    head = (f"{d['file']}: GGUF v{d['version']}, {d['n_kv']} metadata keys, {d['n_tensors']} tensors, "
-            f"alignment {d['alignment']}")
-    lines = [head]
-    if "data_offset" in d:
-        lines.append(f"data offset {d['data_offset']:,}, file size {d['file_size']:,} bytes")
-    if "shards" in d:
-        lines.append(f"split model, {len(d['shards'])} shards: " +
-                     ", ".join(f"{s['file']} ({s['tensors']} tensors)" for s in d["shards"]))
-    lines.append("")
-    lines.append(f"metadata ({_of(len(d['metadata']), d['n_kv'])}):")
-    if d["metadata"]:
-        kw = max(len(m["key"]) for m in d["metadata"])
-        tw = max(len(m["type"]) for m in d["metadata"])
-        for m in d["metadata"]:
-            lines.append(f"  {m['key']:<{kw}}  {m['type']:<{tw}}  {format_value(m)}")
-    lines.append("")
-    lines.append(f"tensors ({_of(len(d['tensors']), d['n_tensors'])}):")
-    if d["tensors"]:
-        head = ["#", "name", "type", "ne", "bytes", "bpw"] + (["offset"] if "offset" in d["tensors"][0] else [])
-        head += ["shard"] if "shard" in d["tensors"][0] else []
-        nonfinite = stats is not None and any(s["nonfinite"] for s in stats.values())
-        if stats is not None:
-            head += ["min", "max", "mean", "std"] + (["nonfinite"] if nonfinite else [])
-        rows = [head]
-        for i, t in enumerate(d["tensors"]):
-            r = [str(i), t["name"], t["type"], "[" + ", ".join(str(n) for n in t["ne"]) + "]",
-                 f"{t['bytes']:,}", f"{t['bpw']:.2f}"]
-            if "offset" in t:
-                r.append(f"{t['offset']:,}")
-            if "shard" in t:
-                r.append(str(t["shard"]))
-            if stats is not None:
-                s = stats[t["name"]]
-                r += [_g(s["min"]), _g(s["max"]), _g(s["mean"]), _g(s["std"])]
-                r += [f"{s['nonfinite']:,}"] if nonfinite else []
-            rows.append(r)
-        right = {i for i, h in enumerate(head) if h not in ("name", "type", "ne")}
-        lines += ["  " + ln for ln in _table(rows, right)]
-    tot = d["totals"]
-    lines.append("")
-    lines.append(f"total: {tot['tensors']} tensors, {tot['elements']:,} elements, {tot['bytes']:,} bytes "
-                 f"({tot['bytes'] / 1048576:.2f} MiB), {tot['bpw']:.2f} bits per weight")
-    for name, bt in tot["by_type"].items():
-        lines.append(f"  {name:<6} {bt['tensors']:5d} tensors  {bt['elements']:>14,} elements  {bt['bytes']:>14,} bytes")
-    if stats is not None and any(s["nonfinite"] for s in stats.values()):
-        n = sum(s["nonfinite"] for s in stats.values())
-        lines.append(f"non-finite values (inf, NaN): {n:,}, left out of min/max/mean/std")
-    return "\n".join(lines) + "\n"
-
-
-def _g(v) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.6g}"
 
 
 # ------------------------------------------------------------------------------------------ stats
@@ -450,46 +341,3 @@ def compare_values(a: Source, b: Source) -> int:
         if a.ne(na) == b.ne(nb):
             n += int(np.prod(a.ne(na), dtype=np.int64))
     return n
-
-
-def _e(v: float) -> str:
-    if v is None:
-        return "-"
-    if v == 0:
-        return "0"
-    if not math.isfinite(v):
-        return str(v)
-    return f"{v:.3e}"
-
-
-def format_compare(res: dict) -> str:
-    lines = [f"A: {res['a']}", f"B: {res['b']}", ""]
-    rows = [["name", "type A", "type B", "ne", "nmse", "max_abs_err", "rel_rms"]]
-    for r in res["tensors"]:
-        ne = "[" + ", ".join(str(n) for n in r["ne"]) + "]"
-        if "error" in r:
-            rows.append([r["name"], r["type_a"], r["type_b"], ne, r["error"], "", ""])
-        elif r["identical"]:
-            rows.append([r["name"], r["type_a"], r["type_b"], ne, "identical", "0", "0"])
-        else:
-            rows.append([r["name"], r["type_a"], r["type_b"], ne, _e(r["nmse"]), _e(r["max_abs_error"]),
-                         _e(r["rel_rms"])])
-    if len(rows) > 1:
-        lines += _table(rows, {4, 5, 6})
-        lines.append("")
-    s = res["summary"]
-    lines.append(f"{s['compared']} tensors compared ({s['identical']} identical), "
-                 f"{len(res['only_in_a'])} only in A, {len(res['only_in_b'])} only in B"
-                 + (f", {s['shape_mismatch']} with different shapes" if s["shape_mismatch"] else ""))
-    if s["compared"]:
-        lines.append(f"overall: nmse {_e(s['nmse'])}, max abs error {_e(s['max_abs_error'])}, "
-                     f"rel rms {_e(s['rel_rms'])}")
-    if s.get("nonfinite"):
-        bad = [r["name"] for r in res["tensors"] if r.get("nonfinite")]
-        lines.append(f"non-finite values: {s['nonfinite_a']} in A, {s['nonfinite_b']} in B ({', '.join(bad[:4])}"
-                     f"{', ...' if len(bad) > 4 else ''}); where A and B differ there, the error is infinite")
-    for n in res["only_in_a"]:
-        lines.append(f"only in A: {n}")
-    for n in res["only_in_b"]:
-        lines.append(f"only in B: {n}")
-    return "\n".join(lines) + "\n"

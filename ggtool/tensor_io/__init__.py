@@ -5,7 +5,7 @@ JSON text, .npy files and GGUF tensors into checked numpy arrays and converts th
 (no context needed); `sources` is the little language naming where an input comes from
 (`x=w.npy`, `f32[4,3]`, `i32:[1,2]`, `model.gguf:TENSOR`, `-`); `inputs` builds `Inputs`, the DSL's
 lazy environment over those sources and whole GGUF files (GGUF tensors join a context
-memory-mapped, in GGML's own type); `outputs` writes results as JSON, .npy or .gguf, through
+memory-mapped, in GGML's own type); `outputs` writes results as .npy or .gguf (the command line formats JSON text), through
 `atomic_path` so that no output file is ever half-written (and a FIFO or a device is written in
 place, never replaced).
 """
@@ -20,7 +20,6 @@ from .outputs import (
     copy_gguf,
     destination,
     format_for_path,
-    json_document,
     named_write_errors,
     remove_stale_temporaries,
     tensor_array,
@@ -34,7 +33,7 @@ from .sources import Source, SourceSyntaxError, parse_named_source, parse_source
 
 __all__ = [
     "FORMATS", "MMAP_TYPES", "NO_DATA", "Inputs", "Source", "SourceSyntaxError", "atomic_path", "convert_array",
-    "copy_gguf", "default_type", "destination", "format_for_path", "gguf_array", "json_document", "named_write_errors",
+    "copy_gguf", "default_type", "destination", "format_for_path", "gguf_array", "named_write_errors",
     "parse_json_array", "parse_named_source", "parse_source", "read_npy", "read_npy_header", "remove_stale_temporaries",
     "tensor_array", "write_gguf", "write_gguf_atomic", "write_npy", "write_npy_atomic", "write_text_atomic",
 ]

@@ -28,9 +28,14 @@ PLAIN_GGUF_TYPES = (T.F32, T.F16, T.I32, T.GGMLType.I8, T.GGMLType.I16, T.GGMLTy
 
 
 # -- JSON ---------------------------------------------------------------------------------------
+# Non-finite numbers as strict JSON spells them (the strings ggtool's JSON output writes), read as numbers.
+JSON_NONFINITE = ("NaN", "Infinity", "-Infinity")
+
+
 def parse_json_array(text: str) -> np.ndarray:
     """Nested JSON lists of numbers -> a float64 (or int64, if all are integers) array. NaN,
-    Infinity and -Infinity are accepted; booleans, strings, null and ragged lists are not."""
+    Infinity and -Infinity are accepted bare (as Python writes them) or as the strings ggtool's own
+    JSON output writes (JSON_NONFINITE); booleans, other strings, null and ragged lists are not."""
     import json  # not for .npy or GGUF inputs
 
     try:
@@ -63,6 +68,8 @@ def _json_shape(value, path: tuple[int, ...]) -> tuple[int, ...]:
             if s != shapes[0]:
                 raise InputError(f"JSON is not rectangular: {_describe(value, path, i, shapes)}", kind="json")
         return (len(value), *shapes[0])
+    if isinstance(value, str) and value in JSON_NONFINITE:
+        return ()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         kinds = {bool: "a boolean", str: "a string", dict: "an object", type(None): "null"}
         kind = kinds.get(type(value), "not a number")

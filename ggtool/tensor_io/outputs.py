@@ -1,17 +1,12 @@
-"""Writing results: compact JSON in numpy order, .npy, and .gguf; files are replaced atomically (a
-FIFO or a device is written in place, a symlink's target replaced), never left half-written.
-
-JSON numbers are the shortest text that reads back to the same float32 (or float16) value, with
-integral values written as integers (`60`, not `60.0`), so the seed example prints
-`[[60,55,50,110],...]`. JSON has no NaN or infinities; like Python's json module, ggtool writes
-`NaN`, `Infinity` and `-Infinity` (json.loads, numpy and ggtool itself read them back).
+"""Writing results: a tensor's values as an array in numpy order, .npy and .gguf files, and any
+file (text included: the command line formats its JSON itself) replaced atomically (a FIFO or a
+device is written in place, a symlink's target replaced), never left half-written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -29,9 +24,6 @@ from ..tensor import Tensor
 FORMATS = ("json", "npy", "gguf")
 GGUF_ARCH = "ggtool"
 
-_SPECIAL = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
-# Below these magnitudes every integer is exact, so an integral value prints as a plain integer.
-_EXACT_INT = {np.dtype(np.float32): 2**24, np.dtype(np.float16): 2**11}
 
 
 def format_for_path(path: str) -> str | None:
@@ -51,76 +43,6 @@ def tensor_array(t: Tensor) -> np.ndarray:
     else:
         arr = np.ascontiguousarray(t.data)   # copies only a view that is not packed
     return arr.reshape(t.ne[:n][::-1])
-
-
-# -- JSON -----------------------------------------------------------------------------------------
-def format_numbers(flat: np.ndarray) -> list[str]:
-    """Each element as the shortest JSON text that reads back to the same value of its dtype."""
-    flat = np.asarray(flat).ravel()
-    if flat.dtype.kind in "iub":
-        return [str(v) for v in flat.tolist()]
-    if flat.dtype not in _EXACT_INT:
-        flat = flat.astype(np.float32)
-    with np.errstate(invalid="ignore"):
-        integral = np.isfinite(flat) & (np.abs(flat) < _EXACT_INT[flat.dtype]) & (flat == np.round(flat))
-    if integral.all() and not (np.signbit(flat) & (flat == 0)).any():
-        return [str(v) for v in flat.astype(np.int64).tolist()]
-    out = []
-    for v in flat:  # numpy scalars: str() is the shortest round-trip repr of the dtype
-        s = str(v)
-        s = _SPECIAL.get(s, s)
-        out.append(s[:-2] if s.endswith(".0") else s)
-    return out
-
-
-def json_chunks(arr: np.ndarray) -> Iterator[str]:
-    """One array as compact nested JSON lists in numpy order, a row at a time (so `| head` stops early)."""
-    arr = np.asarray(arr)
-    if arr.ndim == 0:
-        yield format_numbers(arr.reshape(1))[0]
-        return
-    outer = arr.shape[:-1]
-    if not outer:
-        yield "[" + ",".join(format_numbers(arr)) + "]"
-        return
-    n_rows = int(np.prod(outer))
-    if n_rows == 0:
-        yield _empty_nested(outer)
-        return
-    rows = arr.reshape(n_rows, arr.shape[-1])
-    for r in range(n_rows):
-        idx = np.unravel_index(r, outer)
-        opening = 0  # how many enclosing lists open at this row (trailing zero indices)
-        for i in reversed(idx):
-            if i:
-                break
-            opening += 1
-        closing = 0
-        for i, n in zip(reversed(idx), reversed(outer)):
-            if i != n - 1:
-                break
-            closing += 1
-        sep = "" if r == 0 else ","
-        yield sep + "[" * opening + "[" + ",".join(format_numbers(rows[r])) + "]" + "]" * closing
-
-
-def _empty_nested(shape: tuple[int, ...]) -> str:
-    if not shape or shape[0] == 0:
-        return "[]"
-    inner = _empty_nested(shape[1:]) if len(shape) > 1 else "[]"
-    return "[" + ",".join([inner] * shape[0]) + "]"
-
-
-def json_document(named: list[tuple[str, np.ndarray]]) -> Iterator[str]:
-    """One output: the bare array. Several: {"name": array, ...}. Ends with a newline."""
-    if len(named) == 1:
-        yield from json_chunks(named[0][1])
-    else:
-        for i, (name, arr) in enumerate(named):
-            yield ("{" if i == 0 else ",") + json.dumps(name) + ":"
-            yield from json_chunks(arr)
-        yield "}"
-    yield "\n"
 
 
 # -- binary formats ---------------------------------------------------------------------------------
