@@ -29,7 +29,6 @@ for any type), ``matmul`` (``mul_mat_quantized``).  This package re-exports the 
 
 from __future__ import annotations
 
-from . import threads as _threads_mod
 from .bf16 import bf16_to_fp32, fp32_to_bf16
 from .blocks import CHUNK_BLOCKS, Q4_0_BYTES, Q8_0_BYTES, QK, check_finite  # noqa: F401 (constants, as before)
 from .f16 import fp16_to_fp32, fp32_to_fp16
@@ -38,7 +37,7 @@ from .kquants import quantize_q8_k
 from .matmul import mul_mat_quantized
 from .q4_0 import dequantize_q4_0, quantize_q4_0
 from .q8_0 import dequantize_q8_0, quantize_q8_0, quantize_q8_0_cpu, quantize_q8_1_cpu
-from .threads import get_threads, set_threads
+from .threads import get_threads, set_threads, threads_set_to
 
 __all__ = [
     "bf16_to_fp32",
@@ -61,12 +60,6 @@ __all__ = [
     "quantize_q8_1_cpu",
     "quantize_q8_k",
     "set_threads",
+    "threads_set_to",
 ]
 
-
-def __getattr__(name: str):
-    # `_threads` (the set_threads value, read by quantize_model and pool to restore it) lives in
-    # .threads; forward reads so they see the current value, not a copy taken at import
-    if name == "_threads":
-        return _threads_mod._threads
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
