@@ -208,6 +208,7 @@ SUBCOMMANDS = (
     "quantize",
     "inspect",
     "compare",
+    "set_metadata",
 )
 
 

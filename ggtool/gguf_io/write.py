@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import GGToolError
 from ..types import GGMLType, pad
@@ -51,6 +51,28 @@ def header_bytes(kv: Iterable[bytes], tensors: Sequence[tuple[str, Sequence[int]
         parts.append(struct.pack("<IQ", int(ttype), offset))
     head = b"".join(parts)
     return head + b"\0" * (pad(len(head), alignment) - len(head))
+
+
+def copy_file_bytes(path: str, offset: int, n_bytes: int, out_fd: int, write: Callable[[object], None],
+                    on_bytes: Callable[[int], None] | None = None) -> None:
+    """Copy n_bytes of `path` from `offset` to the current position of out_fd: copy_file_range (no
+    user-space copy), or where it is missing or refuses, `write` of the memory-mapped bytes."""
+    step = 64 << 20
+    with open(path, "rb") as src:
+        done = 0
+        while done < n_bytes:
+            n = min(step, n_bytes - done)
+            try:
+                k = os.copy_file_range(src.fileno(), out_fd, n, offset + done)
+            except (AttributeError, OSError):
+                k = 0
+            if k <= 0:   # no copy_file_range here (or it refused): through the memory map
+                from .storage import FileStorage
+                write(FileStorage(path).array[offset + done: offset + done + n])
+                k = n
+            done += k
+            if on_bytes:
+                on_bytes(k)
 
 
 class OutputPathError(GGToolError):

@@ -9,7 +9,6 @@ copying unchanged tensors.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +16,7 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import QuantizationError
+from ..gguf_io.write import copy_file_bytes
 from .rules import QuantizePlan, TensorPlan
 
 
@@ -166,20 +166,4 @@ def copy_tensor(plan: QuantizePlan, t: TensorPlan, out_fd: int, write, on_bytes)
         a = np.ascontiguousarray(plan.npy, dtype=np.float16 if t.src_type == T.F16 else np.float32)
         write(a.view(np.uint8).reshape(-1))
         return
-    step = 64 << 20
-    with open(t.src_path, "rb") as src:
-        done = 0
-        while done < t.src_bytes:
-            n = min(step, t.src_bytes - done)
-            try:
-                k = os.copy_file_range(src.fileno(), out_fd, n, t.src_offset + done)
-            except (AttributeError, OSError):
-                k = 0
-            if k <= 0:   # no copy_file_range here (or it refused): through the memory map
-                from ..gguf_io.storage import FileStorage
-                write(FileStorage(t.src_path).array[t.src_offset + done: t.src_offset + done + n])
-                k = n
-            done += k
-            if on_bytes:
-                on_bytes(k)
-
+    copy_file_bytes(t.src_path, t.src_offset, t.src_bytes, out_fd, write, on_bytes)
