@@ -30,7 +30,7 @@ from .. import types as T
 from ..errors import GGToolError
 from . import write as W
 from .format import DEFAULT_ALIGNMENT, SPLIT_KEYS, check_write_alignment, short
-from .reader import _HEADER_FIELDS, GGUFFile
+from .reader import _HEADER_FIELDS, GGUFFile, TensorInfo
 
 ALIGNMENT_KEY = "general.alignment"
 ARCHITECTURE_KEY = "general.architecture"
@@ -83,7 +83,7 @@ class EditPlan:
     source: GGUFFile
     kv: list[tuple[str, bytes]]
     alignment: int
-    tensors: list[tuple[object, int]] = field(default_factory=list)   # (TensorInfo, new offset)
+    tensors: list[tuple[TensorInfo, int]] = field(default_factory=list)   # (info as read, new data offset)
     changed: list[str] = field(default_factory=list)     # keys set that were there
     added: list[str] = field(default_factory=list)       # keys set that were not
     deleted: list[str] = field(default_factory=list)
