@@ -35,7 +35,7 @@ from .reader import _HEADER_FIELDS, GGUFFile, TensorInfo
 ALIGNMENT_KEY = "general.alignment"
 ARCHITECTURE_KEY = "general.architecture"
 
-# type names a value may be given as: llama-quantize's --override-kv names (int, float, bool, str),
+# type names a value may be given as: llama-quantize's kv-override names (int, float, bool, str),
 # GGUF's own (as inspect shows them, any case) and their short forms
 INT_TYPES = {W.UINT8: (0, 2**8 - 1), W.INT8: (-2**7, 2**7 - 1), W.UINT16: (0, 2**16 - 1),
              W.INT16: (-2**15, 2**15 - 1), W.UINT32: (0, 2**32 - 1), W.INT32: (-2**31, 2**31 - 1),
