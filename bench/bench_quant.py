@@ -130,6 +130,7 @@ def gguf_py_loop(src: str, out: str, pure: bool) -> None:
     import gguf
 
     from ggtool import quantize_model as QM
+    from ggtool import types as T
 
     t0 = time.perf_counter()
     reader = gguf.GGUFReader(src)
@@ -149,7 +150,7 @@ def gguf_py_loop(src: str, out: str, pure: bool) -> None:
                 data = gguf.quants.quantize(x, t.dst_type)
             b = np.ascontiguousarray(data).view(np.uint8).tobytes()
             f.write(b)
-            f.write(b"\0" * (QM._pad(len(b), plan.alignment) - len(b)))
+            f.write(b"\0" * (T.pad(len(b), plan.alignment) - len(b)))
     print(f"open {t_open:.3f} loop {time.perf_counter() - t0:.3f}", file=sys.stderr)
 
 

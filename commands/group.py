@@ -198,6 +198,7 @@ SUBCOMMANDS = (
     "quantize",
     "inspect",
     "compare",
+    "set_metadata",
 )
 
 

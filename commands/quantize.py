@@ -56,15 +56,20 @@ Examples:
 """
 
 
-def _type_choice(what):
-    def cb(ctx, param, value):
-        if value is None:
-            return None
-        try:
-            return QM.parse_target_type(value, what)
-        except GGToolError as e:
-            raise click.BadParameter(str(e).split(": ", 1)[-1], ctx=ctx, param=param) from None
-    return cb
+def _target_type(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return QM.parse_target_type(value)
+    except QM.TargetTypeError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
+def output_path_error(e: QM.OutputPathError) -> GGToolError:
+    """The engine's refusal of an output path, with the flag that allows replacing it."""
+    if e.reason == "exists":
+        return GGToolError(f"{e} (use --force to overwrite it)")
+    return e
 
 
 def _shape(ne) -> str:
@@ -102,9 +107,9 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
               show_default=True, help="Target type (the file type).")
 @click.option("--pure", is_flag=True, help="Every eligible weight gets --type (no output/embedding rules).")
 @click.option("--leave-output-tensor", is_flag=True, help="Copy output.weight unchanged.")
-@click.option("--output-tensor-type", metavar="TYPE", callback=_type_choice("--output-tensor-type"),
+@click.option("--output-tensor-type", metavar="TYPE", callback=_target_type,
               help="Type for output.weight (f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0).")
-@click.option("--token-embedding-type", metavar="TYPE", callback=_type_choice("--token-embedding-type"),
+@click.option("--token-embedding-type", metavar="TYPE", callback=_target_type,
               help="Type for token_embd.weight (same choices).")
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
               envvar="GGTOOL_THREADS", show_envvar=True, show_default="the number of CPU cores", metavar="N",
@@ -151,9 +156,12 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
         if not quiet:
             emit(tensor_line(t, n))
 
-    with progress_bar(plan.src_bytes, "quantize", "B", scale=1024, quiet=quiet) as bar:
-        result = QM.run_quantization(plan, output_path, force=force, on_start=on_start,
-                                     on_bytes=(bar.update if bar is not None else None))
+    try:
+        with progress_bar(plan.src_bytes, "quantize", "B", scale=1024, quiet=quiet) as bar:
+            result = QM.run_quantization(plan, output_path, force=force, on_start=on_start,
+                                         on_bytes=(bar.update if bar is not None else None))
+    except QM.OutputPathError as e:
+        raise output_path_error(e) from None
     if not quiet:
         for line in summary_lines(plan):
             log(line)

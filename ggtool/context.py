@@ -19,7 +19,7 @@ OBJ_TENSOR, OBJ_GRAPH, OBJ_WORK_BUFFER = 0, 1, 2
 
 
 def pad(x: int, n: int = MEM_ALIGN) -> int:
-    return (x + n - 1) // n * n
+    return T.pad(x, n)
 
 
 class Context:

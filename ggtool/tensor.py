@@ -119,10 +119,7 @@ class Tensor:
 
     @property
     def n_dims(self) -> int:
-        for i in range(MAX_DIMS - 1, 0, -1):
-            if self.ne[i] > 1:
-                return i + 1
-        return 1
+        return T.n_dims(self.ne)
 
     @property
     def nbytes(self) -> int:

@@ -96,6 +96,19 @@ def is_quantized(t: GGMLType) -> bool:
     return block_size(t) > 1
 
 
+def pad(n: int, align: int) -> int:
+    """GGML_PAD: n rounded up to a multiple of align (context memory, GGUF data, tensor alignment)."""
+    return (n + align - 1) // align * align
+
+
+def n_dims(ne) -> int:
+    """ggml_n_dims: the dimensions up to the last one above 1 (trailing 1s do not count), at least 1."""
+    for i in range(len(ne) - 1, 0, -1):
+        if ne[i] > 1:
+            return i + 1
+    return 1
+
+
 def row_size(t: GGMLType, n: int) -> int:
     """ggml_row_size: bytes of n elements of type t (n a multiple of the block size)."""
     return type_size(t) * n // block_size(t)

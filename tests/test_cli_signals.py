@@ -38,12 +38,11 @@ BIG = ["compute", "mul_mat(a, b)", "--tensor", "a=f32[256,1024]", "--tensor", "b
 
 # `ggtool quantize ARGS` with every piece slowed down, so that it can be caught mid-way
 SLOW_QUANTIZE = """
-import sys, time, ggtool.quantize_model as QM
-real = QM._convert_rows
+import functools, sys, time, ggtool.quantize_model as QM
 def slow(*a, **k):
     time.sleep(0.05)
-    return real(*a, **k)
-QM._convert_rows = slow
+    return QM.convert_rows(*a, **k)
+QM.run_quantization = functools.partial(QM.run_quantization, converter=slow)   # the public collaborator
 sys.argv[1:1] = ["quantize"]
 from ggtool.commands import main
 main()

@@ -190,21 +190,25 @@ def test_api_refuses_existing_output_and_same_path(tmp_path):
     """run_quantization itself checks the paths, so quantize_file (no CLI) is covered too."""
     out = tmp_path / "o.gguf"
     out.write_bytes(b"keep me")
-    with pytest.raises(Exception, match="--force"):
+    with pytest.raises(QM.OutputPathError) as e:
         QM.quantize_file(STORIES, out, QM.QuantizeOptions(threads=1))
+    assert (e.value.path, e.value.reason) == (str(out), "exists") and "--" not in str(e.value)
     assert out.read_bytes() == b"keep me"
     p = tmp_path / "m.gguf"
     p.write_bytes(STORIES.read_bytes())
-    with pytest.raises(Exception, match="same file"):
+    with pytest.raises(QM.OutputPathError, match="same file") as e:
         QM.quantize_file(p, p, QM.QuantizeOptions(threads=1), force=True)
+    assert e.value.reason == "same_as_input"
     assert p.read_bytes() == STORIES.read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["m.gguf", "o.gguf"]
 
 
 def test_paths_checked_once(run, tmp_path, monkeypatch):
+    from ggtool.quantize_model import write as QW
+
     calls = []
-    real = QM.check_paths
-    monkeypatch.setattr(QM, "check_paths", lambda *a: (calls.append(a), real(*a))[1])
+    real = QW.check_output_paths
+    monkeypatch.setattr(QW, "check_output_paths", lambda *a: (calls.append(a), real(*a))[1])
     assert run_cli(run, STORIES, tmp_path / "a.gguf", "-q", "-t", "1").exit_code == 0
     assert len(calls) == 1
     QM.quantize_file(STORIES, tmp_path / "b.gguf", QM.QuantizeOptions(threads=1))
@@ -304,7 +308,7 @@ def test_requantizing_is_refused_unless_allowed(run, tmp_path):
     assert types_of(again) == types_of(out)
 
 
-def test_error_mid_file_leaves_no_partial_output(tmp_path, monkeypatch):
+def test_error_mid_file_leaves_no_partial_output(tmp_path):
     out = tmp_path / "q.gguf"
     calls = []
 
@@ -312,24 +316,21 @@ def test_error_mid_file_leaves_no_partial_output(tmp_path, monkeypatch):
         calls.append(1)
         if len(calls) == 5:
             raise KeyboardInterrupt
-        return real(*a, **k)
+        return QM.convert_rows(*a, **k)
 
-    real = QM._convert_rows
-    monkeypatch.setattr(QM, "_convert_rows", boom)
     with pytest.raises(KeyboardInterrupt):
-        QM.quantize_file(STORIES, out, QM.QuantizeOptions(threads=1))
-    assert os.listdir(tmp_path) == []
+        QM.quantize_file(STORIES, out, QM.QuantizeOptions(threads=1), converter=boom)
+    assert len(calls) == 5 and os.listdir(tmp_path) == []
 
 
 def test_ctrl_c_exits_130_without_files(tmp_path):
     out = tmp_path / "q.gguf"
     code = (
-        "import time, ggtool.quantize_model as QM\n"
-        "real = QM._convert_rows\n"
+        "import functools, time, ggtool.quantize_model as QM\n"
         "def slow(*a, **k):\n"
         "    time.sleep(0.2)\n"
-        "    return real(*a, **k)\n"
-        "QM._convert_rows = slow\n"
+        "    return QM.convert_rows(*a, **k)\n"
+        "QM.run_quantization = functools.partial(QM.run_quantization, converter=slow)\n"
         "from ggtool.commands import main\n"
         "main()\n"
     )

@@ -29,7 +29,6 @@ for any type), ``matmul`` (``mul_mat_quantized``).  This package re-exports the 
 
 from __future__ import annotations
 
-from . import threads as _threads_mod
 from .bf16 import bf16_to_fp32, fp32_to_bf16
 from .blocks import CHUNK_BLOCKS, Q4_0_BYTES, Q8_0_BYTES, QK, check_finite  # noqa: F401 (constants, as before)
 from .f16 import fp16_to_fp32, fp32_to_fp16
@@ -38,7 +37,7 @@ from .kquants import quantize_q8_k
 from .matmul import mul_mat_quantized
 from .q4_0 import dequantize_q4_0, quantize_q4_0
 from .q8_0 import dequantize_q8_0, quantize_q8_0, quantize_q8_0_cpu, quantize_q8_1_cpu
-from .threads import get_threads, set_threads
+from .threads import get_threads, set_threads, threads_set_to
 
 __all__ = [
     "bf16_to_fp32",
@@ -61,11 +60,6 @@ __all__ = [
     "quantize_q8_1_cpu",
     "quantize_q8_k",
     "set_threads",
-    "threads_setting",
+    "threads_set_to",
 ]
 
-
-def threads_setting() -> int | None:
-    """What `set_threads` was last given (None: the default rule), so that a caller who sets the
-    threads for a while can give the setting back as it was."""
-    return _threads_mod._threads

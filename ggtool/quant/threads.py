@@ -5,8 +5,10 @@ Kept apart so every kernel module shares one executor and one thread setting (``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from ..threads import default_threads, one_thread
@@ -21,6 +23,18 @@ def set_threads(n: int | None) -> None:
     """Threads used by the array-level functions here (None: back to the default, see get_threads)."""
     global _threads
     _threads = None if n is None else max(1, int(n))
+
+
+@contextlib.contextmanager
+def threads_set_to(n: int | None) -> Iterator[None]:
+    """set_threads(n) for the duration of a block, then the setting before it (None stays None):
+    a caller that runs its own threads (whole-model quantization) keeps these to one."""
+    saved = _threads
+    set_threads(n)
+    try:
+        yield
+    finally:
+        set_threads(saved)
 
 
 def get_threads() -> int:

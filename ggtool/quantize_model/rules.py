@@ -11,7 +11,7 @@ Q4_0/Q8_0 file types) so the file behaves like one `llama-quantize` writes:
   would be Q6_K, or Q8_0 when its row is not a multiple of 256 (k-quant fallback) or the model is
   Falcon; ggtool has no Q6_K quantizer, so where llama.cpp writes Q6_K it writes Q8_0 and warns.
   MoE models with 8 experts get Q8_0 attn_v/attn_k as in llama.cpp.  ``pure`` skips all of this;
-* ``--output-tensor-type`` / ``--token-embedding-type`` override output.weight / token_embd.weight;
+* an output tensor type / token embedding type (options) override output.weight / token_embd.weight;
 * a row length that is not a multiple of the chosen type's block size falls back to F16;
 * a tensor whose chosen type equals its source type is copied byte for byte.
 
@@ -20,14 +20,13 @@ All metadata is copied verbatim (raw key/value bytes), except that ``general.qua
 split keys are dropped.  Tensors are written in llama.cpp's order (non-block tensors by name, then
 ``blk.N.*`` by layer and name).  A split input (its first shard; the reader opens the rest) gives
 one file, or with keep_split as many files as it has shards, each with its shard's tensors in file
-order and the split keys set again, as llama-quantize --keep-split writes them.
+order and the split keys set again, as llama-quantize writes them when asked to keep the split.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,29 +34,33 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError, InputError, QuantizationError
+from ..gguf_io import write as W
 from ..gguf_io.format import (
+    DEFAULT_ALIGNMENT,
     SPLIT_COUNT,
     SPLIT_KEYS,
     SPLIT_NO,
     SPLIT_TENSORS,
     check_tensor_name,
     check_write_alignment,
-    encode_text,
     output_prefix,
     shard_path,
 )
 
 GGML_QNT_VERSION = 2
-GGUF_DEFAULT_ALIGNMENT = 32
+GGUF_DEFAULT_ALIGNMENT = DEFAULT_ALIGNMENT
 FILE_TYPES = {T.Q4_0: 2, T.Q8_0: 7}          # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0
 TARGET_TYPES = (T.Q4_0, T.Q8_0)
-QK_ = 32
-_KQUANTS = {T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K,
-            T.GGMLType.IQ4_XS, T.GGMLType.IQ2_XS, T.GGMLType.IQ2_XXS, T.GGMLType.IQ2_S,
-            T.GGMLType.IQ3_XXS, T.GGMLType.IQ1_S, T.GGMLType.IQ3_S, T.GGMLType.IQ1_M}
-_KQUANT_FALLBACK = {T.GGMLType.Q4_K: T.GGMLType.Q5_0, T.GGMLType.Q5_K: T.GGMLType.Q5_1,
-                    T.GGMLType.Q6_K: T.Q8_0, T.GGMLType.Q2_K: T.GGMLType.IQ4_NL,
-                    T.GGMLType.Q3_K: T.GGMLType.IQ4_NL}
+_G = T.GGMLType
+# llama.cpp's tensor_type_fallback (llama-quant.cpp): a type whose block does not divide the row
+# gets a type of 32-element blocks; if that does not divide it either (or the type has no entry
+# here: q4_0, q8_0, ...), F16. The check is the type's block size (ggml_blck_size), so no list of
+# "k-quants" is needed: older llama.cpp tested a hand-written list against QK_K (256), which is the
+# block size of every type it held. Of this table only q6_K -> q8_0 is reachable from ggtool's targets.
+_FALLBACK = {_G.Q4_K: _G.Q5_0, _G.Q5_K: _G.Q5_1, _G.Q6_K: T.Q8_0,
+             _G.Q2_K: T.Q4_0, _G.Q3_K: T.Q4_0, _G.TQ1_0: T.Q4_0, _G.TQ2_0: T.Q4_0,
+             **{t: _G.IQ4_NL for t in (_G.IQ1_S, _G.IQ1_M, _G.IQ2_XXS, _G.IQ2_XS, _G.IQ2_S, _G.IQ3_XXS,
+                                       _G.IQ3_S, _G.IQ4_XS)}}
 # llama.cpp's llama_model_quantize: substrings / names never quantized
 _SKIP_SUBSTR = ("_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj",
                 "ssm_conv1d.weight", "shortconv.conv.weight", "time_mix_first.weight",
@@ -83,7 +86,25 @@ class QuantizeOptions:
 
 
 class RequantizeError(QuantizationError):
-    """A tensor that is already quantized would be quantized again, which was not allowed."""
+    """A tensor that is already quantized would be quantized again, which was not allowed:
+    `tensor` (the first), its `src_type`, the `dst_type` it would get, `count` such tensors."""
+
+    def __init__(self, tensor: str, src_type: T.GGMLType, dst_type: T.GGMLType, count: int):
+        self.tensor, self.src_type, self.dst_type, self.count = tensor, src_type, dst_type, count
+        super().__init__(f"tensor '{tensor}' is already quantized ({T.type_name(src_type)}): requantizing it to "
+                         f"{T.type_name(dst_type)} adds a second rounding error to the first ({count} tensor"
+                         f"{'s' if count != 1 else ''} of this model would be requantized)")
+
+
+class TargetTypeError(GGToolError):
+    """A tensor type ggtool cannot write: `name` as given, `type` if it names one, `choices`."""
+
+    CHOICES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+
+    def __init__(self, name: str, type: T.GGMLType | None, choices: tuple[str, ...] = CHOICES):
+        self.name, self.type, self.choices = name, type, choices
+        extra = " (ggtool has no Q6_K quantizer yet)" if type == T.GGMLType.Q6_K else ""
+        super().__init__(f"cannot write tensor type {name!r}{extra}; use one of {', '.join(choices)}")
 
 
 @dataclass
@@ -121,7 +142,7 @@ class OutputFile:
     alignment: int
 
     def size(self) -> int:
-        end = _pad(self.tensors[-1].dst_offset + self.tensors[-1].dst_bytes, self.alignment) if self.tensors else 0
+        end = T.pad(self.tensors[-1].dst_offset + self.tensors[-1].dst_bytes, self.alignment) if self.tensors else 0
         return len(header_bytes(self)) + end
 
 
@@ -149,7 +170,7 @@ class QuantizePlan:
         return self.files[0].alignment
 
     def output_paths(self, output: str) -> list[str]:
-        """OUTPUT itself, or the shards named after it (llama-quantize --keep-split's names)."""
+        """OUTPUT itself, or the shards named after it (llama-quantize's names for kept splits)."""
         n = len(self.files)
         if n == 1:
             return [output]
@@ -175,32 +196,11 @@ class QuantizePlan:
 
 # --------------------------------------------------------------------------------------------- GGUF bits
 
-def _gguf_str(s: str) -> bytes:
-    b = encode_text(s)           # a name read escaped is written back as its own bytes
-    return struct.pack("<Q", len(b)) + b
-
-
-def _kv_u32(key: str, value: int) -> bytes:
-    return _gguf_str(key) + struct.pack("<II", 4, value)   # GGUFValueType.UINT32 = 4
-
-
 def _split_kv(no: int, count: int, n_tensors: int) -> list[tuple[str, bytes]]:
-    """llama-quantize's split keys: split.no and split.count as UINT16 (2), split.tensors.count INT32 (5)."""
-    return [(SPLIT_NO, _gguf_str(SPLIT_NO) + struct.pack("<IH", 2, no)),
-            (SPLIT_COUNT, _gguf_str(SPLIT_COUNT) + struct.pack("<IH", 2, count)),
-            (SPLIT_TENSORS, _gguf_str(SPLIT_TENSORS) + struct.pack("<Ii", 5, n_tensors))]
-
-
-def _pad(n: int, align: int) -> int:
-    return (n + align - 1) // align * align
-
-
-def _n_dims(ne) -> int:
-    """ggml_n_dims: dimensions up to the last one that is not 1 (at least 1)."""
-    n = len(ne)
-    while n > 1 and ne[n - 1] == 1:
-        n -= 1
-    return max(n, 1)
+    """llama-quantize's split keys: split.no and split.count as UINT16, split.tensors.count INT32."""
+    return [(SPLIT_NO, W.kv_scalar(SPLIT_NO, W.UINT16, no)),
+            (SPLIT_COUNT, W.kv_scalar(SPLIT_COUNT, W.UINT16, count)),
+            (SPLIT_TENSORS, W.kv_scalar(SPLIT_TENSORS, W.INT32, n_tensors))]
 
 
 def _llama_order(name: str) -> tuple[int, str]:
@@ -210,24 +210,25 @@ def _llama_order(name: str) -> tuple[int, str]:
 
 
 def tensor_bytes(t: T.GGMLType, ne) -> int:
-    n = int(np.prod(ne, dtype=np.int64))
-    return n * T.type_size(t) // T.block_size(t)
+    """Bytes of a packed tensor of type t and shape ne (ggml_nbytes of a contiguous tensor)."""
+    return T.row_size(t, int(np.prod(ne, dtype=np.int64)))
 
 
 # ------------------------------------------------------------------------------------------- the rules
 
 def _fallback(t: T.GGMLType, ne0: int) -> T.GGMLType:
-    if t in _KQUANTS and ne0 % 256:
-        t = _KQUANT_FALLBACK.get(t, T.GGMLType.IQ4_NL)
+    """llama.cpp's tensor_type_fallback: a type whose blocks divide rows of ne0."""
     if ne0 % T.block_size(t):
-        t = T.F16
+        t = _FALLBACK.get(t, t)
+        if ne0 % T.block_size(t):
+            t = T.F16
     return t
 
 
 def choose_type(name: str, ne, src_type: T.GGMLType, opts: QuantizeOptions, *, has_output: bool,
                 arch: str = "", n_expert: int = 0) -> tuple[T.GGMLType, str | None]:
     """(type to write, warning or None) for one tensor, following llama.cpp's Q4_0/Q8_0 rules."""
-    quantize = name.endswith("weight") and _n_dims(ne) >= 2
+    quantize = name.endswith("weight") and T.n_dims(ne) >= 2
     quantize &= not any(s in name for s in _SKIP_SUBSTR) and name not in _SKIP_NAMES
     quantize &= not (opts.leave_output_tensor and name == "output.weight")
     if not quantize:
@@ -265,20 +266,24 @@ def choose_type(name: str, ne, src_type: T.GGMLType, opts: QuantizeOptions, *, h
     return new, warning
 
 
-def parse_target_type(name: str, what: str) -> T.GGMLType:
-    """A type for --output-tensor-type / --token-embedding-type: one ggtool can write."""
+def parse_target_type(name: str) -> T.GGMLType:
+    """A type for output.weight or token_embd.weight: one ggtool can write (TargetTypeError if not)."""
     try:
         t = T.parse_type(name)
     except GGToolError:
         t = None
     if t is None or not (t in (T.F32, T.F16) or Q.can_quantize(t)):
-        ok = "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0"
-        extra = " (ggtool has no Q6_K quantizer yet)" if t == T.GGMLType.Q6_K else ""
-        raise GGToolError(f"{what}: cannot write tensor type {name!r}{extra}; use one of {ok}")
+        raise TargetTypeError(name, t)
     return t
 
 
 # ------------------------------------------------------------------------------------------ the plan
+
+def _file_type_kv(opts: QuantizeOptions) -> list[tuple[str, bytes]]:
+    """general.quantization_version and general.file_type, set last as llama.cpp's gguf_set_val_u32 does."""
+    return [("general.quantization_version", W.kv_u32("general.quantization_version", GGML_QNT_VERSION)),
+            ("general.file_type", W.kv_u32("general.file_type", FILE_TYPES[opts.type]))]
+
 
 def _is_npy(path: str) -> bool:
     with open(path, "rb") as f:
@@ -289,7 +294,7 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     """Decide every tensor's type and the output layout (nothing is read but headers)."""
     path = os.fspath(input_path)
     if opts.type not in TARGET_TYPES:
-        raise GGToolError(f"--type must be q4_0 or q8_0, not {T.type_name(opts.type)}")
+        raise TargetTypeError(T.type_name(opts.type), opts.type, tuple(map(T.type_name, TARGET_TYPES)))
     try:
         npy = _is_npy(path)
     except OSError as e:
@@ -309,8 +314,7 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     drop = {"general.quantization_version", "general.file_type", *SPLIT_KEYS}
     raw = g.reader.data
     kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
-    kv.append(("general.quantization_version", _kv_u32("general.quantization_version", GGML_QNT_VERSION)))
-    kv.append(("general.file_type", _kv_u32("general.file_type", FILE_TYPES[opts.type])))
+    kv += _file_type_kv(opts)
     plans, warnings = {}, []
     for info in sorted(infos, key=lambda t: _llama_order(t.name)):
         dst, warn = choose_type(info.name, info.ne, info.type, opts, has_output=has_output, arch=arch,
@@ -324,7 +328,7 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
         plans[info.name] = TensorPlan(0, info.name, info.ne, info.type, dst, info.offset, info.n_bytes,
                                       tensor_bytes(dst, info.ne), warn, src_path=info.path)
     if opts.keep_split and len(g.shards) > 1:
-        # llama-quantize --keep-split: shard k gets shard k's tensors in file order; the first
+        # llama-quantize keeping the split: shard k gets shard k's tensors in file order; the first
         # carries the metadata, every one the split keys (later shards: the default alignment)
         n = len(g.shards)
         files = [OutputFile((kv if k == 0 else []) + _split_kv(k, n, len(plans)),
@@ -341,9 +345,7 @@ def _refuse_requantize(info, dst: T.GGMLType, infos, opts: QuantizeOptions, has_
     unless allow_requantize is set: the second rounding adds to the first, silently."""
     n = sum(1 for t in infos if T.is_quantized(t.type) and choose_type(
         t.name, t.ne, t.type, opts, has_output=has_output, arch=arch, n_expert=n_expert)[0] != t.type)
-    raise RequantizeError(f"tensor '{info.name}' is already quantized ({T.type_name(info.type)}): requantizing it "
-                          f"to {T.type_name(dst)} adds a second rounding error to the first ({n} tensor"
-                          f"{'s' if n != 1 else ''} of this model would be requantized)")
+    raise RequantizeError(info.name, info.type, dst, n)
 
 
 def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
@@ -361,13 +363,12 @@ def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
     ne = tuple(int(d) for d in arr.shape[::-1])
     dst = opts.type
     warn = None
-    if ne[0] % QK_:
+    if ne[0] % T.block_size(dst):
         dst = T.F16
-        warn = f"{name}: row length {ne[0]} is not a multiple of 32, writing f16"
+        warn = f"{name}: row length {ne[0]} is not a multiple of {T.block_size(opts.type)}, writing f16"
     src_bytes = int(arr.size) * (2 if src == T.F16 else 4)
     tp = TensorPlan(0, name, ne, src, dst, 0, src_bytes, tensor_bytes(dst, ne), warn, src_path=path)
-    kv = [("general.quantization_version", _kv_u32("general.quantization_version", GGML_QNT_VERSION)),
-          ("general.file_type", _kv_u32("general.file_type", FILE_TYPES[opts.type]))]
+    kv = _file_type_kv(opts)
     plan = QuantizePlan(path, opts, [OutputFile(kv, [tp], GGUF_DEFAULT_ALIGNMENT)], [warn] if warn else [], npy=arr,
                         sources=[path])
     return _layout(plan)
@@ -381,18 +382,12 @@ def _layout(plan: QuantizePlan) -> QuantizePlan:
         off = 0
         for t in f.tensors:
             t.dst_offset = off
-            off = _pad(off + t.dst_bytes, f.alignment)
+            off = T.pad(off + t.dst_bytes, f.alignment)
     return plan
 
 
 def header_bytes(out: OutputFile | QuantizePlan) -> bytes:
     """GGUF v3 header, metadata and tensor infos of one output file (a plan's first), padded."""
     f = out.files[0] if isinstance(out, QuantizePlan) else out
-    parts = [b"GGUF", struct.pack("<IQQ", 3, len(f.tensors), len(f.kv))]
-    parts += [raw for _, raw in f.kv]
-    for t in f.tensors:
-        parts.append(_gguf_str(t.name))
-        parts.append(struct.pack("<I", len(t.ne)) + struct.pack(f"<{len(t.ne)}Q", *t.ne))
-        parts.append(struct.pack("<IQ", int(t.dst_type), t.dst_offset))
-    head = b"".join(parts)
-    return head + b"\0" * (_pad(len(head), f.alignment) - len(head))
+    return W.header_bytes((raw for _, raw in f.kv), [(t.name, t.ne, t.dst_type, t.dst_offset) for t in f.tensors],
+                          f.alignment)

@@ -1,0 +1,138 @@
+"""Running a quantization plan: the writing loop, streaming converted pieces into the output.
+
+Streaming: header, metadata and tensor infos are written first, then each tensor's data, converted
+in row pieces on threads (the compiled kernels release the GIL); peak memory is about one window
+of pieces, not the model.  The output goes to a temporary file beside OUTPUT and is renamed at the
+end; any error or KeyboardInterrupt removes it.  A plan of several files (keep_split) writes each to
+its own temporary file, all renamed at the end.
+
+The conversion of one piece is a collaborator (`RowConverter`, `convert_rows` by default), so that
+a caller (or a test) can wrap it without patching this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+from .. import quant as Q
+from .. import types as T
+from ..errors import GGToolError
+from ..gguf_io.write import check_output_paths
+from ..tensor_io import atomic_path, named_write_errors
+from .convert import Piece, convert_rows, copy_tensor, npy_rows, pieces, source_rows, windows
+from .rules import OutputFile, QuantizeOptions, QuantizePlan, TensorPlan, header_bytes, plan_quantization
+
+PIECE_BYTES = 4 << 20                         # f32 bytes of one conversion task
+WINDOW_BYTES = 32 << 20                       # f32 bytes converted between two writes, per thread
+
+
+class RowConverter(Protocol):
+    """Converts rows r0.. of tensor `name` (numpy `shape`) from src_type to dst_type: their bytes."""
+
+    def __call__(self, x, src_type: T.GGMLType, dst_type: T.GGMLType, name: str, shape: tuple[int, ...],
+                 r0: int) -> bytes: ...
+
+
+@dataclass
+class QuantizeResult:
+    plan: QuantizePlan
+    output: str
+    file_bytes: int              # all files together
+    seconds: float
+    outputs: list[str]           # the files written: [output], or its shards
+
+
+def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = False,
+                     on_start: Callable[[TensorPlan], None] | None = None,
+                     on_done: Callable[[TensorPlan], None] | None = None,
+                     on_bytes: Callable[[int], None] | None = None,
+                     converter: RowConverter = convert_rows) -> QuantizeResult:
+    """Write the quantized model to output_path (or its shards) atomically (temporary files + renames).
+
+    Work is cut into pieces of about PIECE_BYTES of f32 (a tensor or some of its rows), converted
+    a window at a time on `threads` threads (each piece on one, by `converter`); the results are
+    written in file order, so memory stays at a window of converted bytes.  Callbacks: on_start(t)
+    before a tensor's data is written, on_done(t) after it, on_bytes(n) as source bytes are consumed."""
+    outputs = plan.output_paths(output_path)
+    # every output new (or `force`) and none an input: checked here, so every entry point is covered
+    check_output_paths(plan.sources or plan.input, outputs, force)
+    t0 = time.perf_counter()
+    threads = max(1, int(plan.options.threads))
+    executor = ThreadPoolExecutor(threads, thread_name_prefix="ggtool-quantize") if threads > 1 else None
+
+    def convert(it: Piece) -> bytes:
+        t = it.t
+        x = (npy_rows(plan, it) if plan.npy is not None else
+             source_rows(t.src_path, t.src_offset, t.src_type, t.ne[0], it.r0, it.r1))
+        return converter(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0)
+
+    def write_file(out: OutputFile, f, path: str) -> int:
+        def write(buf):
+            mv = memoryview(buf).cast("B")
+            with named_write_errors(path):
+                while len(mv):
+                    n = f.write(mv)
+                    mv = mv[n:]
+
+        head = header_bytes(out)
+        write(head)
+        pos = 0
+        for window in windows(pieces(out.tensors, PIECE_BYTES), WINDOW_BYTES * threads):
+            todo = [it for it in window if not it.t.copy]
+            results = iter(executor.map(convert, todo) if executor is not None and len(todo) > 1
+                           else map(convert, todo))
+            for it in window:
+                t = it.t
+                if it.first:
+                    if on_start:
+                        on_start(t)
+                    written = 0
+                if t.copy:
+                    copy_tensor(plan, t, f.fileno(), write, on_bytes)
+                    written = t.src_bytes
+                else:
+                    data = next(results)
+                    write(data)
+                    written += len(data)
+                    if on_bytes:
+                        on_bytes(round(len(data) * t.src_bytes / max(1, t.dst_bytes)))
+                if it.last:
+                    if written != t.dst_bytes:  # pragma: no cover - a bug, not bad input
+                        raise GGToolError(f"internal error: tensor '{t.name}' produced {written} bytes, "
+                                          f"expected {t.dst_bytes}")
+                    end = T.pad(t.dst_offset + written, out.alignment)
+                    write(b"\0" * (end - t.dst_offset - written))
+                    pos = end
+                    if on_done:
+                        on_done(t)
+        return len(head) + pos
+
+    size = 0
+    try:
+        # the parallelism is across pieces: the array-level quantizers run on one thread each;
+        # atomic_path: a temporary file beside each output, renamed over it (with the normal
+        # new-file mode) only when every file has been written, all removed on any error or Ctrl-C;
+        # a FIFO or a device output is written in place.
+        with Q.threads_set_to(1), contextlib.ExitStack() as renames:
+            for out, path in zip(plan.files, outputs):
+                tmp = renames.enter_context(atomic_path(path))
+                with open(tmp, "wb", buffering=0) as f:
+                    size += write_file(out, f, path)
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+    return QuantizeResult(plan, output_path, size, time.perf_counter() - t0, outputs)
+
+
+def quantize_file(input_path, output_path, opts: QuantizeOptions | None = None, force: bool = False,
+                  **run_options) -> QuantizeResult:
+    """plan_quantization + run_quantization (run_options: its callbacks and converter)."""
+    opts = opts or QuantizeOptions()
+    plan = plan_quantization(input_path, opts)
+    return run_quantization(plan, os.fspath(output_path), force=force, **run_options)
