@@ -208,6 +208,8 @@ SUBCOMMANDS = (
     "quantize",
     "inspect",
     "compare",
+    "tokenize",
+    "detokenize",
 )
 
 
