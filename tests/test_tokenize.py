@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT, STORIES, TINY_LLAMA, fails, ok, write_gguf
 
 from ggtool.tokenizer import Vocab, VocabError
+from ggtool.tokenizer.pretokenize import PRE_TOKENIZERS, Splitter
 from ggtool.tokenizer.vocab import _clean_spaces
 
 GOLDEN_DIR = ROOT.parent / "shared" / "golden" / "tokenize"
@@ -153,6 +154,24 @@ def test_small_bpe_merges_and_missing_pre_is_default(tmp_path):
     assert v.pre.name == "default"
     assert v.tokenize("ab", add_special=False) == [2]
     assert v.tokenize("ba", add_special=False) == [1, 0]
+
+
+@pytest.mark.parametrize("name", sorted(PRE_TOKENIZERS))
+def test_every_pre_tokenizer_cuts_without_losing_text(name):
+    """Each pre-tokenizer's patterns compile and cut a text into pieces that make it up again."""
+    text = "Hello, world!  It's 12345 cafés\u00a0\u2003x\r\n\n\t-- ok?? 你好 🚀 'S"
+    pieces = Splitter(PRE_TOKENIZERS[name].regexes).split(text)
+    assert "".join(pieces) == text and all(pieces)
+
+
+def test_pre_tokenizer_splits_as_llama_cpp():
+    """The splits behind the golden ids, spelled out: gpt2's digits run together, smollm's one by one,
+    llama3's in threes; whitespace before a word stays with it only when single."""
+    split = {n: Splitter(PRE_TOKENIZERS[n].regexes).split for n in ("gpt-2", "smollm", "llama3", "qwen2")}
+    assert split["gpt-2"]("a 12345  b") == ["a", " 12345", " ", " b"]
+    assert split["smollm"]("a 123") == ["a", " ", "1", "2", "3"]
+    assert split["llama3"]("x 12345\n\n y") == ["x", " ", "123", "45", "\n\n", " y"]
+    assert split["qwen2"]("don't 42") == ["don", "'t", " ", "4", "2"]
 
 
 def test_no_vocabulary_is_an_error(tmp_path):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from ggtool.errors import GGToolError
 
 from .bpe import BPE, BYTE_TO_CHAR, decode_text
@@ -118,21 +120,22 @@ class Vocab:
 
         tokens = list(meta.tokens)
         n = len(tokens)
-        for i, t in enumerate(tokens):
-            if not t:
-                tokens[i] = f"[EMPTY_{i}]"
-        self.tokens = tokens
         self.token_to_id = dict(zip(tokens, range(n)))
+        if "" in self.token_to_id:   # llama.cpp renames empty tokens
+            tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+            self.token_to_id = dict(zip(tokens, range(n)))
+        self.tokens = tokens
         if len(self.token_to_id) != n:
             seen: dict[str, int] = {}
             for i, t in enumerate(tokens):
                 if t in seen:
                     raise VocabError(f"duplicate token in vocabulary: {t!r} has ids {seen[t]} and {i}", path)
                 seen[t] = i
-        self.scores = [float(s) for s in meta.scores[:n]] if meta.scores is not None else [0.0] * n
+        self.scores = list(meta.scores[:n]) if meta.scores is not None else [0.0] * n
         if meta.types is not None:
-            table = TYPE_TO_ATTR
-            self.attrs = [table[t] if 0 <= t < len(table) else UNDEFINED for t in meta.types[:n]]
+            types = np.asarray(meta.types[:n], np.int64)
+            known = (types >= 0) & (types < len(TYPE_TO_ATTR))
+            self.attrs = np.asarray(TYPE_TO_ATTR)[np.where(known, types, 0)].tolist()
         else:
             self.attrs = [NORMAL] * n
 
@@ -154,8 +157,8 @@ class Vocab:
         self._mark_control_tokens(kv)
 
         # llama.cpp's cache_special_tokens: longest text first
-        self.special_ids = sorted((i for i, a in enumerate(self.attrs) if a & (CONTROL | USER_DEFINED | UNKNOWN)),
-                                  key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogatepass")))
+        special = np.flatnonzero(np.asarray(self.attrs) & (CONTROL | USER_DEFINED | UNKNOWN)).tolist()
+        self.special_ids = sorted(special, key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogatepass")))
         self._pieces: dict[int, bytes] = {}
         if self.is_spm:
             self._bpe = None
