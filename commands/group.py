@@ -199,6 +199,8 @@ SUBCOMMANDS = (
     "inspect",
     "compare",
     "set_metadata",
+    "tokenize",
+    "detokenize",
 )
 
 
