@@ -10,7 +10,7 @@ import click
 from ggtool.errors import GGToolError
 from ggtool.gguf_io import inspect as I
 
-from ._common import NUMPY_ORDER_HELP
+from ._common import NPY_ORDER_HELP
 
 HELP = f"""Compare the tensors of A and B after dequantizing both to f32: what quantization cost.
 
@@ -35,7 +35,8 @@ Examples:
   $ ggtool compare model.gguf model-q4_0.gguf
   $ ggtool compare model.gguf:output.weight out.npy --json
   $ ggtool compare model.gguf model-q4_0.gguf --max-nmse 0.01 > report.txt || echo "too lossy"
-{NUMPY_ORDER_HELP}
+
+{NPY_ORDER_HELP}
 """
 
 

@@ -10,7 +10,7 @@ import click
 from ggtool.gguf_io import GGUFFile
 from ggtool.gguf_io import inspect as I
 
-from ._common import NUMPY_ORDER_HELP
+from ._common import GGML_ORDER_HELP
 
 HELP = f"""Describe a GGUF file: header, metadata key/values, tensor table and totals.
 
@@ -39,7 +39,8 @@ Examples:
   $ diff <(ggtool inspect a.gguf --diffable) <(ggtool inspect b.gguf --diffable)
   $ ggtool inspect model-q4_0.gguf --stats
   $ ggtool inspect model.gguf --only '^blk\\.0\\.|rope'
-{NUMPY_ORDER_HELP}
+
+{GGML_ORDER_HELP}
 """
 
 
