@@ -16,12 +16,15 @@ pytestmark = pytest.mark.skipif(any(shutil.which(t) is None for t in TOOLS), rea
 
 
 def test_the_readme_has_exactly_the_two_setup_commands_the_ci_scripts_run():
+    """Each installs into the checkout's .venv, never into the Python that runs it (Debian's and
+    Ubuntu's refuse that, PEP 668), and works in a shell of its own (.ci/run runs each with bash -c)."""
     r = subprocess.run(["bash", "-c", '. .ci/readme.sh && readme_commands && printf "%s\\n" "$install_cmd" "$test_cmd"'],
                        capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert r.returncode == 0, r.stderr
     install, test = r.stdout.splitlines()
-    assert install.startswith("python3 -m pip install -e . && ggtool compute ")
-    assert test == "python3 -m pip install -e '.[test]' && python3 -m pytest -q"
+    venv = "python3 -m venv .venv && . .venv/bin/activate && "   # both make or reuse .venv: each runs alone
+    assert install.startswith(venv + "pip install -e . && ggtool compute ")
+    assert test == venv + "pip install -e '.[test]' && python -m pytest -q"
     assert (ROOT / "README.md").read_text().count("<!-- setup:") == 2
 
 
