@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,42 @@ def test_matrix_takes_the_newest_python_per_minor_version_from_pyenv_and_path(tm
     r = subprocess.run(["bash", ".ci/matrix", "--list", "3.9"], capture_output=True, text=True, cwd=ROOT, env=env,
                        timeout=60)
     assert r.returncode == 2 and r.stdout == "" and "not Python 3.10 or newer" in r.stderr
+
+
+def floor_pins(pyproject: str, leave_out=()) -> list[str]:
+    spec = importlib.util.spec_from_file_location("floor_pins", ROOT / ".ci" / "floor_pins.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.floor_pins(pyproject, leave_out)
+
+
+def test_floors_pins_each_requirement_that_holds_here_to_its_highest_floor():
+    """.ci/floors installs these: the `>=` bound of each requirement whose marker holds for this
+    Python, a name's highest (a test-extra floor above a dependency's), the left-out ones left out."""
+    pyproject = """
+[project]
+dependencies = ["a>=1.0; python_version < '3.0'", "a>=2.0; python_version >= '3.0'", "b>=0.5", "model>=1"]
+[project.optional-dependencies]
+test = ["b>=0.7", "c>=3; python_version < '3.0'"]
+"""
+    assert floor_pins(pyproject, ["model"]) == ["a==2.0", "b==0.7"]
+    with pytest.raises(SystemExit, match="no single >= floor"):
+        floor_pins('[project]\ndependencies = ["a<2"]\n')
+
+
+def test_floors_of_pyproject_are_within_its_requirements():
+    """Every dependency and test tool gets a floor on this Python, and each floor satisfies every
+    requirement of its name that holds here (no floor below another's range)."""
+    from pip._vendor.packaging.requirements import Requirement
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    text = (ROOT / "pyproject.toml").read_text()
+    project = tomllib.loads(text)["project"]
+    reqs = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]]
+    reqs = [r for r in reqs if r.marker is None or r.marker.evaluate()]
+    pins = dict(p.split("==") for p in floor_pins(text))
+    assert set(pins) == {r.name for r in reqs}
+    assert all(r.specifier.contains(pins[r.name]) for r in reqs)
