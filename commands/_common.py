@@ -24,6 +24,14 @@ numpy shape (2, 3), i.e. 2 rows of 3, and becomes a tensor with ne = [3, 2]. Sha
 (f32[3,2]) and everything ggtool prints as ne are in GGML order; JSON and .npy data are in numpy
 order."""
 
+# For the commands that read files only (no --tensor: no JSON, no shape-only sources), what they print
+# as ne; NPY_ORDER_HELP adds what a .npy file's shape means, for those that read one.
+GGML_ORDER_HELP = """\
+Shapes: numpy shape (d3, d2, d1, d0) is GGML ne = [d0, d1, d2, d3]: everything ggtool prints as ne is
+in GGML order, ne0 first."""
+NPY_ORDER_HELP = GGML_ORDER_HELP + """ A .npy array is in numpy order: shape (2, 3), 2 rows of 3, is a
+tensor with ne = [3, 2]."""
+
 SOURCES_HELP = """\
 Tensor sources (--tensor NAME=SOURCE, repeatable):
 

@@ -9,7 +9,7 @@ import click
 from ggtool.errors import GGToolError
 from ggtool.gguf_io import inspect as I
 
-from ._common import NUMPY_ORDER_HELP, write_text
+from ._common import NPY_ORDER_HELP, write_text
 from ._json import document
 from ._progress import progress_bar
 from ._table import bracketed, table
@@ -37,7 +37,8 @@ Examples:
   $ ggtool compare model.gguf model-q4_0.gguf
   $ ggtool compare model.gguf:output.weight out.npy --json
   $ ggtool compare model.gguf model-q4_0.gguf --max-nmse 0.01 > report.txt || echo "too lossy"
-{NUMPY_ORDER_HELP}
+
+{NPY_ORDER_HELP}
 """
 
 

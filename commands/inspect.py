@@ -11,7 +11,7 @@ from ggtool.gguf_io import GGUFFile
 from ggtool.gguf_io import inspect as I
 from ggtool.gguf_io.format import quote_text
 
-from ._common import NUMPY_ORDER_HELP, write_text
+from ._common import GGML_ORDER_HELP, write_text
 from ._json import document
 from ._progress import progress_bar
 from ._table import bracketed, table
@@ -43,7 +43,8 @@ Examples:
   $ diff <(ggtool inspect a.gguf --diffable) <(ggtool inspect b.gguf --diffable)
   $ ggtool inspect model-q4_0.gguf --stats
   $ ggtool inspect model.gguf --only '^blk\\.0\\.|rope'
-{NUMPY_ORDER_HELP}
+
+{GGML_ORDER_HELP}
 """
 
 

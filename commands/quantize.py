@@ -11,7 +11,7 @@ from ggtool import types as T
 from ggtool.errors import GGToolError
 from ggtool.threads import default_threads
 
-from ._common import NUMPY_ORDER_HELP, log
+from ._common import NPY_ORDER_HELP, log
 from ._progress import progress_bar
 
 HELP = f"""Quantize a GGUF model (or a .npy array) to a Q4_0 or Q8_0 GGUF file, as llama-quantize does.
@@ -52,7 +52,8 @@ Examples:
   $ ggtool quantize model-Q4_K_M.gguf model-q4_0.gguf --allow-requantize
   $ ggtool quantize model-f16-00001-of-00003.gguf model-q4_0.gguf --keep-split
   $ ggtool compare model.gguf model-q4_0.gguf     # what Q4_0 cost, per tensor
-{NUMPY_ORDER_HELP}
+
+{NPY_ORDER_HELP}
 """
 
 

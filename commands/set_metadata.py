@@ -16,14 +16,17 @@ from ._common import log
 HELP = """Write a copy of a GGUF file with metadata key/values set, added or deleted.
 
 As gguf-py's gguf-new-metadata, into a NEW file (-o): every other key/value is copied as it
-is, in its place, and the tensors are copied byte for byte at the same offsets. New keys go
-last: those of --set, then --set-typed, then --set-file, each in the order given. The
-output is written to a temporary file beside OUTPUT and renamed at the end, so an error or
-Ctrl-C leaves no partial file; an existing OUTPUT needs --force, and OUTPUT may not be INPUT.
+is, in its place, and the tensors are copied byte for byte at the same offsets. The output is
+written to a temporary file beside OUTPUT and renamed at the end, so an error or Ctrl-C leaves
+no partial file; an existing OUTPUT needs --force, and OUTPUT may not be INPUT.
+
+\b
+New keys go last, each in the order given:
+  those of --set, then of --set-typed, then of --set-file.
 
 \b
   --set KEY=VALUE           VALUE as KEY's own type (a new KEY: a string)
-  --set-typed KEY=TYPE:VALUE  TYPE as llama-quantize's --override-kv spells it:
+  --set-typed KEY=TYPE:VALUE  TYPE as llama-quantize's KEY=TYPE:VALUE spells it:
                             int (KEY's integer type, else UINT32), float (KEY's,
                             else FLOAT32), bool (true/false), str; or GGUF's own:
                             u8 i8 u16 i16 u32 i32 u64 i64 f32 f64 (uint32, ...)
@@ -46,7 +49,7 @@ Examples:
   $ ggtool set-metadata model.gguf -o out.gguf --set-typed llama.context_length=int:4096
   $ ggtool set-metadata model.gguf -o out.gguf --set-file tokenizer.chat_template=chat.jinja
   $ ggtool set-metadata model.gguf -o out.gguf --delete general.url --force
-  $ ggtool inspect out.gguf --only '^general\\.'      # what it holds now
+  $ ggtool inspect out.gguf                          # what it holds now
 """
 
 

@@ -57,3 +57,33 @@ __all__ = [
 
 def __dir__():
     return sorted(set(globals()) | set(__all__))
+
+
+def _find_commands_in_a_checkout() -> None:
+    """The click layer, `ggtool.commands`, is the repository's commands/ folder: pyproject's
+    package-dir maps it there for an install. From a plain checkout with no install, a last finder
+    on sys.meta_path maps it there too, so that `python -m ggtool` runs from the repository's root;
+    an install's own mapping, found first, always wins."""
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    commands = os.path.join(os.path.dirname(here), "commands")
+    if os.path.isdir(os.path.join(here, "commands")) or not os.path.isfile(os.path.join(commands, "__init__.py")):
+        return   # installed (ggtool/commands/ is there), or no checkout around this package
+
+    class CheckoutCommandsFinder:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name != "ggtool.commands":
+                return None
+            from importlib.util import spec_from_file_location
+
+            return spec_from_file_location(name, os.path.join(commands, "__init__.py"),
+                                           submodule_search_locations=[commands])
+
+    sys.meta_path.append(CheckoutCommandsFinder)
+
+
+_find_commands_in_a_checkout()
+del _find_commands_in_a_checkout

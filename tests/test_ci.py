@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,12 +18,15 @@ pytestmark = pytest.mark.skipif(any(shutil.which(t) is None for t in TOOLS), rea
 
 
 def test_the_readme_has_exactly_the_two_setup_commands_the_ci_scripts_run():
+    """Each installs into the checkout's .venv, never into the Python that runs it (Debian's and
+    Ubuntu's refuse that, PEP 668), and works in a shell of its own (.ci/run runs each with bash -c)."""
     r = subprocess.run(["bash", "-c", '. .ci/readme.sh && readme_commands && printf "%s\\n" "$install_cmd" "$test_cmd"'],
                        capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert r.returncode == 0, r.stderr
     install, test = r.stdout.splitlines()
-    assert install.startswith("python3 -m pip install -e . && ggtool compute ")
-    assert test == "python3 -m pip install -e '.[test]' && python3 -m pytest -q"
+    venv = "python3 -m venv .venv && . .venv/bin/activate && "   # both make or reuse .venv: each runs alone
+    assert install.startswith(venv + "pip install -e . && ggtool compute ")
+    assert test == venv + "pip install -e '.[test]' && python -m pytest -q"
     assert (ROOT / "README.md").read_text().count("<!-- setup:") == 2
 
 
@@ -64,3 +69,42 @@ def test_matrix_takes_the_newest_python_per_minor_version_from_pyenv_and_path(tm
     r = subprocess.run(["bash", ".ci/matrix", "--list", "3.9"], capture_output=True, text=True, cwd=ROOT, env=env,
                        timeout=60)
     assert r.returncode == 2 and r.stdout == "" and "not Python 3.10 or newer" in r.stderr
+
+
+def floor_pins(pyproject: str, leave_out=()) -> list[str]:
+    spec = importlib.util.spec_from_file_location("floor_pins", ROOT / ".ci" / "floor_pins.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.floor_pins(pyproject, leave_out)
+
+
+def test_floors_pins_each_requirement_that_holds_here_to_its_highest_floor():
+    """.ci/floors installs these: the `>=` bound of each requirement whose marker holds for this
+    Python, a name's highest (a test-extra floor above a dependency's), the left-out ones left out."""
+    pyproject = """
+[project]
+dependencies = ["a>=1.0; python_version < '3.0'", "a>=2.0; python_version >= '3.0'", "b>=0.5", "model>=1"]
+[project.optional-dependencies]
+test = ["b>=0.7", "c>=3; python_version < '3.0'"]
+"""
+    assert floor_pins(pyproject, ["model"]) == ["a==2.0", "b==0.7"]
+    with pytest.raises(SystemExit, match="no single >= floor"):
+        floor_pins('[project]\ndependencies = ["a<2"]\n')
+
+
+def test_floors_of_pyproject_are_within_its_requirements():
+    """Every dependency and test tool gets a floor on this Python, and each floor satisfies every
+    requirement of its name that holds here (no floor below another's range)."""
+    from pip._vendor.packaging.requirements import Requirement
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    text = (ROOT / "pyproject.toml").read_text()
+    project = tomllib.loads(text)["project"]
+    reqs = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]]
+    reqs = [r for r in reqs if r.marker is None or r.marker.evaluate()]
+    pins = dict(p.split("==") for p in floor_pins(text))
+    assert set(pins) == {r.name for r in reqs}
+    assert all(r.specifier.contains(pins[r.name]) for r in reqs)

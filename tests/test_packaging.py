@@ -1,6 +1,8 @@
 """The installed package is complete and `import ggtool` is the library, with no click in it."""
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +42,27 @@ def test_import_ggtool_loads_no_click_and_exports_the_library():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "tests")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "True"
+
+
+def test_python_dash_m_runs_from_a_plain_checkout(tmp_path):
+    """docs/cli.md: `python -m ggtool` from a checkout with the dependencies installed but not ggtool:
+    ggtool/__init__.py finds `ggtool.commands` in commands/ as an install maps it. Run with -S (no
+    site: no editable install's finder) and the dependencies' site-packages on PYTHONPATH, from a
+    copy of the checkout."""
+    checkout = tmp_path / "checkout"
+    for part in ("ggtool", "commands"):
+        shutil.copytree(ROOT / part, checkout / part, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "GGTOOL_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p.endswith("site-packages"))
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-S", *args], capture_output=True, text=True, cwd=checkout, env=env,
+                              timeout=120)
+
+    r = run("-c", "import ggtool.commands.compute as c; print(c.__file__)")
+    assert (r.returncode, r.stdout.strip()) == (0, str(checkout / "commands" / "compute.py")), r.stderr
+    r = run("-m", "ggtool", "compute", "add(a, b)", "--tensor", "a=[1,2]", "--tensor", "b=[3,4]", "--threads", "2")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "[4,6]\n", "")
 
 
 def test_engine_sources_never_import_click():

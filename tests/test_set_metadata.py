@@ -164,4 +164,4 @@ def test_engine_errors_carry_key_and_reason():
 
 def test_help_teaches_with_examples(run):
     out = ok(run("set-metadata", "--help"))
-    assert "Examples:" in out and "--set-typed llama.context_length=int:4096" in out and "--override-kv" in out
+    assert "Examples:" in out and "--set-typed llama.context_length=int:4096" in out and "llama-quantize's KEY=TYPE:VALUE" in out
