@@ -3,7 +3,6 @@ speak no CLI: the fallback follows each type's block size, as llama.cpp's tensor
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -56,13 +55,3 @@ def test_target_type_error_has_fields_and_no_flag():
     assert e.value.type is None and "q8_0" in e.value.choices
     with pytest.raises(QM.TargetTypeError):
         QM.plan_quantization(ROOT / "fixtures" / "stories260K.gguf", QM.QuantizeOptions(type=T.F16))
-
-
-def test_engine_sources_name_no_option():
-    """The engine speaks no CLI: no `--flag` in any string (or comment) of quantize_model or the
-    GGUF writers; commands/ words the flags."""
-    files = [*sorted((ROOT / "ggtool" / "quantize_model").glob("*.py")),
-             ROOT / "ggtool" / "gguf_io" / "write.py", ROOT / "ggtool" / "gguf_io" / "edit.py"]
-    found = [f"{p.name}:{n}" for p in files if p.exists()
-             for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"(?<![\w-])--[a-z]", line)]
-    assert found == []

@@ -2,7 +2,7 @@
 
 Nothing here imports numba until a kernel is first needed: ``ggtool.kernels`` itself is light, and
 each kernel module (``quantize``, ``dot``, ...) imports it through ``jit`` when it is loaded. So
-`ggtool --help`, `inspect`, `plan` and f32-only computes keep numpy + gguf's start-up.
+The command line's help, `inspect`, `plan` and f32-only computes keep numpy + gguf's start-up.
 
 Where the compiled code is cached, and how to move it: see ``jit``.
 """

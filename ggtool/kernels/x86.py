@@ -3,7 +3,7 @@ x86-64 CPU build (AVX-512, llamafile's tinyBLAS and the CPU_REPACK kernels on) a
 
 ggtool's default kernels follow GGML's scalar reference code. This build sums the same products in
 other orders, and for a model as sensitive as gemma-3 the last bits show in the logits (tenths,
-docs/gemma.md). These kernels compute what it computes, so that `--numerics x86` reproduces its
+docs/gemma.md). These kernels compute what it computes, so that the x86 numerics (`numerics="x86"`) reproduce its
 logits bit for bit. Each says which x86 code it follows; the integer parts are exact as everywhere,
 only the float32 steps (FMA, lanes, horizontal sums) are placed as the SIMD code places them:
 
