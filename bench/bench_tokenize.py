@@ -2,7 +2,7 @@
 
     python bench/bench_tokenize.py [--mb 1] [--vocab qwen25 smollm2 gemma3 ...]
 
-Vocabularies: the golden ones (../shared/golden/tokenize/vocab-*.gguf, fixtures/, the gemma-3-270m
+Vocabularies: the golden ones (tests/golden/tokenize/vocab-*.gguf, fixtures/, the gemma-3-270m
 package). Each is loaded once (load time printed), then the text is tokenized once with the default
 flags (add special, no special parsing) from a cold word cache, and once more warm. llama.cpp's own
 figures on this machine (llama-cpp-python 0.3.x, `Llama(vocab_only=True).tokenize`, measured by the
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT.parent / "shared" / "golden" / "tokenize"
+GOLDEN = ROOT / "tests" / "golden" / "tokenize"
 LLAMA_CPP_MBS = {"qwen25": 0.56, "gemma3": 0.21}   # quoted in issue 21, not measured here
 
 

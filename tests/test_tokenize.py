@@ -1,6 +1,6 @@
 """ggtool.tokenizer and `ggtool tokenize` / `ggtool detokenize` against llama.cpp.
 
-The reference is ../shared/golden/tokenize/llama-cpp-tokens.json (its README says how it was made):
+The reference is tests/golden/tokenize/llama-cpp-tokens.json (its README says how it was made):
 llama.cpp's ids for 32 strings on five vocabularies under the four combinations of llama_tokenize's
 flags, and llama-cpp-python's detokenization of the default ids. Every case must be equal. Each
 vocabulary is loaded once per module.
@@ -17,7 +17,7 @@ from ggtool.tokenizer import Vocab, VocabError
 from ggtool.tokenizer.pretokenize import PRE_TOKENIZERS, Splitter
 from ggtool.tokenizer.vocab import _clean_spaces
 
-GOLDEN_DIR = ROOT.parent / "shared" / "golden" / "tokenize"
+GOLDEN_DIR = ROOT / "tests" / "golden" / "tokenize"
 GOLDEN_FILE = GOLDEN_DIR / "llama-cpp-tokens.json"
 FLAGS = [(a, p) for a in (0, 1) for p in (0, 1)]
 
@@ -42,13 +42,7 @@ VOCAB_PATHS = {
 }
 
 
-def _golden() -> dict:
-    if not GOLDEN_FILE.exists():   # pragma: no cover - the shared golden data sits beside the repo
-        return {}
-    return json.loads(GOLDEN_FILE.read_text())
-
-
-GOLDEN = _golden()
+GOLDEN = json.loads(GOLDEN_FILE.read_text())
 CASES = [(m, i) for m in VOCAB_PATHS for i in range(len(GOLDEN.get(m, [])))]
 
 
@@ -59,8 +53,6 @@ def vocabs():
     def get(name: str) -> Vocab:
         if name not in loaded:
             path = VOCAB_PATHS[name]()
-            if not path.exists():   # pragma: no cover
-                pytest.skip(f"{path} is missing")
             loaded[name] = Vocab.from_gguf(path)
         return loaded[name]
 
