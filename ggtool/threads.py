@@ -16,8 +16,12 @@ from . import blas
 from .errors import GGToolError
 
 THREADS_ENV = "GGTOOL_THREADS"
-# Below this much arithmetic, starting worker processes (~0.3 s) costs more than they save.
-AUTO_POOL_MIN_FLOPS = 10**10
+# The arithmetic each participant must bring before a default adds it: a worker process costs
+# ~0.5 s (start, numba and the kernels loaded, its share of the weights repacked) and saves its
+# share of the compute (the quantized kernels run ~20-40 GFLOP/s a participant, whole graph). On 2
+# shared cores gemma-3-270m was faster on one thread at 13, 30, 64 and 128 tokens (7-70 GFLOP;
+# bench/bench_coldstart.py --threads 1,2): so a participant for every 40 GFLOP, at least one.
+PARTICIPANT_MIN_FLOPS = 4 * 10**10
 
 
 def available_cpus() -> int:
@@ -29,8 +33,9 @@ def available_cpus() -> int:
 
 
 def default_threads(flops: int | None = None) -> int:
-    """GGTOOL_THREADS if set, else the CPUs this process may use; but 1 (this process alone) for a
-    compute of `flops` arithmetic too small to gain from worker processes."""
+    """GGTOOL_THREADS if set, else the CPUs this process may use; but for a compute of `flops`
+    arithmetic, only as many as bring PARTICIPANT_MIN_FLOPS each (1, this process alone, below
+    that): a smaller share costs more to start than it saves."""
     v = os.environ.get(THREADS_ENV, "").strip()
     if v:
         try:
@@ -40,9 +45,10 @@ def default_threads(flops: int | None = None) -> int:
         if n < 1:
             raise GGToolError(f"{THREADS_ENV} must be a positive integer, got {v!r}")
         return n
-    if flops is not None and flops < AUTO_POOL_MIN_FLOPS:
-        return 1
-    return available_cpus()
+    cpus = available_cpus()
+    if flops is not None:
+        return max(1, min(cpus, flops // PARTICIPANT_MIN_FLOPS))
+    return cpus
 
 
 _single = 0   # how many single_threaded blocks are running (ggtool.quant asks `one_thread`)

@@ -192,6 +192,25 @@ def test_dequantize_matches_oracle(fn, oracle, nbytes):
     assert fn(rows).shape == (8, 256) and np.array_equal(fn(rows).reshape(-1, 32), got[:64])
 
 
+@pytest.mark.parametrize("name,oracle,nbytes", [("q4_0_dequantize", O.dequantize_q4_0, 18),
+                                                ("q8_0_dequantize", O.dequantize_q8_0, 34)], ids=["q4_0", "q8_0"])
+def test_a_dequantizer_and_its_numpy_twin_give_the_same_bits(name, oracle, nbytes):
+    """Up to SMALL_BLOCKS blocks a dequantizer runs its numpy twin (no compile for a few rows), past
+    it the compiled kernel: the oracle's bits on both sides, NaN/inf/subnormal scales included."""
+    from ggtool.kernels import quantize as kq
+
+    kernel = getattr(kq, name)
+    raw = _random_block_bytes(kq.SMALL_BLOCKS + 1, nbytes, 11).reshape(-1, nbytes)
+    raw[:6, :2] = [[0x00, 0x7C], [0x01, 0x7E], [0x01, 0x7C], [0x01, 0xFC], [0x01, 0x00], [0x00, 0x80]]
+    with np.errstate(invalid="ignore"):
+        want = oracle(raw).reshape(-1, 32)
+    for blocks in (raw[:kq.SMALL_BLOCKS], raw):          # the twin, then the kernel
+        got = np.full((len(blocks), 32), np.nan, F32)
+        kernel(np.ascontiguousarray(blocks), got)
+        assert np.array_equal(got.view(np.uint32), want[:len(blocks)].view(np.uint32))
+    assert len(kernel.signatures) == 1
+
+
 @pytest.mark.parametrize("fn,dq", [(Q.quantize_q4_0, Q.dequantize_q4_0), (Q.quantize_q8_0, Q.dequantize_q8_0),
                                    (Q.quantize_q8_0_cpu, Q.dequantize_q8_0)], ids=QIDS)
 def test_round_trip_is_stable(fn, dq):
@@ -202,9 +221,11 @@ def test_round_trip_is_stable(fn, dq):
 
 
 def test_one_specialization_each():
-    """Writable and read-only arrays alike run the one pinned specialization of each kernel."""
+    """Writable and read-only arrays alike run the one pinned specialization of each kernel (the
+    dequantizers' past their numpy twins' SMALL_BLOCKS)."""
     from ggtool.kernels import quantize as kq
-    writable, readonly = np.ones(64, F32), np.ones(64, F32)
+    n = (kq.SMALL_BLOCKS + 1) * 32
+    writable, readonly = np.ones(n, F32), np.ones(n, F32)
     readonly.flags.writeable = False
     for x in (writable, readonly):
         for fn, dq in ((Q.quantize_q4_0, Q.dequantize_q4_0), (Q.quantize_q8_0, Q.dequantize_q8_0)):

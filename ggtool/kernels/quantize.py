@@ -44,11 +44,11 @@ class _Pinned:
     spares it numba's dispatch, which types a read-only array (a memory-mapped .npy) in Python and
     imports numpy.ma to do it (~7 ms of a `ggtool quantize x.npy`)."""
 
-    __slots__ = ("argtypes", "dispatcher", "_fn", "_expect")
+    __slots__ = ("argtypes", "dispatcher", "small", "_fn", "_expect")
     _lock = threading.Lock()
 
-    def __init__(self, dispatcher, argtypes):
-        self.dispatcher, self.argtypes, self._fn = dispatcher, argtypes, None
+    def __init__(self, dispatcher, argtypes, small=None):
+        self.dispatcher, self.argtypes, self.small, self._fn = dispatcher, argtypes, small, None
         self._expect = tuple((np.dtype(str(t.dtype)), t.ndim, t.mutable) for t in argtypes)
 
     def _load(self):
@@ -60,7 +60,11 @@ class _Pinned:
         return self._fn
 
     def __call__(self, *args):
-        fn = self._fn or self._load()
+        if self.small is not None and len(args) == 2 and isinstance(args[0], np.ndarray) \
+                and args[0].ndim == 2 and args[0].shape[0] <= SMALL_BLOCKS:
+            fn = self.small
+        else:
+            fn = self._fn or self._load()
         if len(args) != len(self._expect):
             raise TypeError(f"{self.dispatcher.__name__} takes {len(self._expect)} arrays, not {len(args)}")
         for i, (a, (dtype, ndim, out)) in enumerate(zip(args, self._expect)):
@@ -77,8 +81,15 @@ class _Pinned:
         return self.dispatcher.signatures
 
 
-def _only(*argtypes):
-    return lambda fn: _Pinned(fn, argtypes)
+def _only(*argtypes, small=None):
+    return lambda fn: _Pinned(fn, argtypes, small)
+
+
+# A dequantizer's numpy twin runs inputs of at most this many blocks (get_rows picking a few token
+# embeddings, a copy's task): as fast there as the kernel, and a process that needs no more never
+# compiles it (~1-1.5 s of a first-ever run of the README's Q4_0 example or gemma). Same float32
+# products, so the same bits (tests/test_kernels.py checks both sides of the line).
+SMALL_BLOCKS = 4096
 
 
 _U = np.uint32
@@ -307,7 +318,25 @@ def _get_scales(blocks):
     return ds
 
 
-@_only(_U8_IN, _T.float32[:, ::1])
+def _scales_np(blocks):
+    """The fp16 scale of each block as float32 (numpy's cast: exact, as _f32_bits)."""
+    return np.ascontiguousarray(blocks[:, :2]).view(np.float16)[:, 0].astype(np.float32)[:, None]
+
+
+def _q4_0_dequantize_np(blocks, out):
+    q = blocks[:, 2:18]
+    d = _scales_np(blocks)
+    with np.errstate(all="ignore"):    # a NaN or inf scale gives NaN/inf values, as the kernel's
+        np.multiply((q & 15).astype(np.int8) - np.int8(8), d, out=out[:, :16], dtype=np.float32)
+        np.multiply((q >> 4).astype(np.int8) - np.int8(8), d, out=out[:, 16:], dtype=np.float32)
+
+
+def _q8_0_dequantize_np(blocks, out):
+    with np.errstate(all="ignore"):
+        np.multiply(blocks[:, 2:34].view(np.int8), _scales_np(blocks), out=out, dtype=np.float32)
+
+
+@_only(_U8_IN, _T.float32[:, ::1], small=_q4_0_dequantize_np)
 @njit
 def q4_0_dequantize(blocks, out):
     """(n, 18) Q4_0 blocks -> (n, 32) float32: (code - 8) * d."""
@@ -321,7 +350,7 @@ def q4_0_dequantize(blocks, out):
             out[i, j + h] = np.float32(np.int32((b >> 4) - _I8)) * d
 
 
-@_only(_U8_IN, _T.float32[:, ::1])
+@_only(_U8_IN, _T.float32[:, ::1], small=_q8_0_dequantize_np)
 @njit
 def q8_0_dequantize(blocks, out):
     """(n, 34) Q8_0 blocks -> (n, 32) float32: code * d."""
