@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import quant as Q
 from .. import types as T
+from ..quant.kquants import K_QUANTIZE
 from ..errors import GGToolError, InputError, QuantizationError
 from ..gguf_io import write as W
 from ..gguf_io.format import (
@@ -94,6 +95,12 @@ class RequantizeError(QuantizationError):
         super().__init__(f"tensor '{tensor}' is already quantized ({T.type_name(src_type)}): requantizing it to "
                          f"{T.type_name(dst_type)} adds a second rounding error to the first ({count} tensor"
                          f"{'s' if count != 1 else ''} of this model would be requantized)")
+
+
+def _writes(t: T.GGMLType) -> bool:
+    """Whether a whole-model quantization writes tensors of type t: what ggtool.quant quantizes,
+    less the K types until llama.cpp's K-quant file types (their per-tensor mixes) are built here."""
+    return t in (T.F32, T.F16) or (Q.can_quantize(t) and t not in K_QUANTIZE)
 
 
 class TargetTypeError(GGToolError):
@@ -255,7 +262,7 @@ def choose_type(name: str, ne, src_type: T.GGMLType, opts: QuantizeOptions, *, h
     if opts.output_tensor_type is not None and name == "output.weight":
         new = opts.output_tensor_type
     new = _fallback(new, ne0)
-    if new not in (T.F32, T.F16) and not Q.can_quantize(new):
+    if not _writes(new):
         if new == T.GGMLType.Q6_K:
             warning = (f"{name}: llama.cpp would write q6_K here; ggtool has no Q6_K quantizer yet, "
                        f"writing q8_0 instead")
@@ -272,7 +279,7 @@ def parse_target_type(name: str) -> T.GGMLType:
         t = T.parse_type(name)
     except GGToolError:
         t = None
-    if t is None or not (t in (T.F32, T.F16) or Q.can_quantize(t)):
+    if t is None or not _writes(t):
         raise TargetTypeError(name, t)
     return t
 
