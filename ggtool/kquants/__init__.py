@@ -11,13 +11,13 @@ from __future__ import annotations
 
 QK_K = 256
 
-# type name -> (bytes per 256-value block, kernel name in ggtool.kquants.blocks)
+# ggml type name -> (bytes per 256-value block, kernel name in ggtool.kquants.blocks)
 BLOCKS = {
-    "Q2_K": (84, "q2_k_quantize"),
-    "Q3_K": (110, "q3_k_quantize"),
-    "Q4_K": (144, "q4_k_quantize"),
-    "Q5_K": (176, "q5_k_quantize"),
-    "Q6_K": (210, "q6_k_quantize"),
+    "q2_K": (84, "q2_k_quantize"),
+    "q3_K": (110, "q3_k_quantize"),
+    "q4_K": (144, "q4_k_quantize"),
+    "q5_K": (176, "q5_k_quantize"),
+    "q6_K": (210, "q6_k_quantize"),
 }
 
 
