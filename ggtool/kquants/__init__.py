@@ -3,8 +3,8 @@
 
 Kept out of ``ggtool.kernels`` (the shared compile machinery and the matmul/Q4_0 loops) as a
 capability of its own; ``ggtool.quant.quantize`` runs these kernels over an array's blocks on its
-threads. Modules: ``search`` (nearest_int and the make_*_quants searches), ``blocks`` (one kernel
-per type). Importing this package does not load numba: ``kernel(t)`` does, at first use.
+threads. ``blocks`` holds the kernels, one per type, and the scale searches they share. Importing
+this package does not load numba: ``kernel(t)`` does, at first use.
 """
 
 from __future__ import annotations
