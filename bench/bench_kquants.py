@@ -8,7 +8,7 @@ tests/golden/kquants/make_kquants.py does (gcc -O2 -DNDEBUG, the reference build
 bytes) and called through ctypes on the same float32 array. ggtool is timed twice: its compiled
 kernel alone over the whole array (kernel), and `ggtool.quant.quantize` on one thread (api: the
 block driver, chunks and the NaN/inf check included). MB/s is float32 input per second (median of
---runs after a warm-up); the ratio is ggtool's MB/s over GGML's. The bytes are compared too.
+--runs, timed in interleaved rounds after a warm-up round); the ratio is ggtool's MB/s over GGML's. The bytes are compared too.
 """
 
 from __future__ import annotations
@@ -34,14 +34,18 @@ def _make_script():
     return mod
 
 
-def _median_seconds(fn, runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
+def _interleaved(fns, runs: int) -> list[float]:
+    """Median seconds of each of fns, timed in rounds (one call of each per round, after a warm-up
+    round), so that a change in the machine's load hits all alike."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(runs):
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
 def main() -> None:
@@ -68,10 +72,9 @@ def main() -> None:
         for t in args.types:
             k = kquants.kernel(t)
             out = np.empty((nblocks, kquants.BLOCKS[t][0]), np.uint8)
-            t_ref = _median_seconds(lambda: make.reference(lib, x, t), args.runs)
-            t_ker = _median_seconds(lambda: k(x, out), args.runs)
             with Q.threads_set_to(1):
-                t_api = _median_seconds(lambda: Q.quantize(x, t), args.runs)
+                t_ref, t_ker, t_api = _interleaved([lambda: make.reference(lib, x, t), lambda: k(x, out),
+                                                    lambda: Q.quantize(x, t)], args.runs)
                 same = np.array_equal(Q.quantize(x, t), make.reference(lib, x, t))
             print(f"{t:6} {mb / t_ref:10.1f} {mb / t_ker:12.1f} {t_ref / t_ker:6.2f} {mb / t_api:9.1f} "
                   f"{t_ref / t_api:6.2f}  {'identical' if same else 'DIFFER'}")
