@@ -30,7 +30,7 @@ llama.cpp's rules for the Q4_0 (or Q8_0) file type:
   - rows that are not a multiple of 32 become f16
   - default mode: output.weight (token_embd.weight when the output is tied to it)
     gets q8_0 where llama.cpp gives it q8_0 (row not a multiple of 256); where
-    llama.cpp writes q6_K, ggtool writes q8_0 and says so (no Q6_K yet)
+    llama.cpp writes q6_K, ggtool writes q8_0 and says so (no q6_K here yet)
   - a tensor whose chosen type is its source type is copied byte for byte
   - a tensor that is already quantized (q4_K, q5_0, ...) is not quantized again
     unless --allow-requantize (llama-quantize's rule and flag)

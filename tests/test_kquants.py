@@ -75,3 +75,20 @@ def test_k_quant_errors_name_the_tensor():
     x[2, 300] = np.nan
     with pytest.raises(QuantizationError, match=r"tensor 'w': cannot quantize NaN at index \(2, 300\)"):
         Q.quantize(x, "q6_K", name="w")
+
+
+def test_fp16_scales_round_as_ggml():
+    """The kernels' fp16 rounding (a search of the exact F16_TO_F32 table) is GGML_FP32_TO_FP16:
+    ties to even at every midpoint, subnormals, overflow to inf from 65520, signed zeros."""
+    from ggtool.kernels.tables import F16_TO_F32
+    from ggtool.kquants.blocks import _fp16_round
+
+    h = np.arange(0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    mids = ((h[:-1] + h[1:]) / 2).astype(np.float32)              # exact in float32
+    rng = np.random.default_rng(9)
+    rand = (rng.standard_normal(2000) * 10.0 ** rng.uniform(-10, 6, 2000)).astype(np.float32)
+    edge = np.array([0.0, -0.0, 65504.0, 65519.996, 65520.0, 1e30, 6.0e-8, 2.9e-8, 3.0e-8, 1e-45], np.float32)
+    for v in np.concatenate([mids[::7], -mids[::11], rand, edge, -edge]):
+        bits, val = _fp16_round(v, F16_TO_F32)
+        want = int(Q.fp32_to_fp16(np.array([v], np.float32)).view(np.uint16)[0])
+        assert (int(bits), np.float32(val).tobytes()) == (want, F16_TO_F32[want].tobytes()), float(v)

@@ -9,7 +9,8 @@ Q4_0/Q8_0 file types) so the file behaves like one `llama-quantize` writes:
   (``ffn_gate_inp``, positional embeddings, RWKV/Mamba small weights, ...); the rest is copied;
 * default mode: ``output.weight`` (or ``token_embd.weight`` when no output.weight exists, i.e. tied)
   would be Q6_K, or Q8_0 when its row is not a multiple of 256 (k-quant fallback) or the model is
-  Falcon; ggtool has no Q6_K quantizer, so where llama.cpp writes Q6_K it writes Q8_0 and warns.
+  Falcon; ggtool does not write Q6_K into these file types yet (its K-quant mixes are not built),
+  so where llama.cpp writes Q6_K it writes Q8_0 and warns.
   MoE models with 8 experts get Q8_0 attn_v/attn_k as in llama.cpp.  ``pure`` skips all of this;
 * an output tensor type / token embedding type (options) override output.weight / token_embd.weight;
 * pure Q4_K / Q5_K / Q6_K files (llama-quantize's pure mode with its Q4_K, Q5_K aliases or Q6_K): every
@@ -131,7 +132,7 @@ class TargetTypeError(GGToolError):
 
     def __init__(self, name: str, type: T.GGMLType | None, choices: tuple[str, ...] = CHOICES):
         self.name, self.type, self.choices = name, type, choices
-        extra = " (ggtool has no Q6_K quantizer yet)" if type == T.GGMLType.Q6_K else ""
+        extra = " (ggtool writes q6_K only in pure q6_K files yet)" if type == T.GGMLType.Q6_K else ""
         super().__init__(f"cannot write tensor type {name!r}{extra}; use one of {', '.join(choices)}")
 
 
@@ -286,7 +287,7 @@ def choose_type(name: str, ne, src_type: T.GGMLType, opts: QuantizeOptions, *, h
     new = _fallback(new, ne0)
     if not (new == opts.type or _writes(new)):
         if new == T.GGMLType.Q6_K:
-            warning = (f"{name}: llama.cpp would write q6_K here; ggtool has no Q6_K quantizer yet, "
+            warning = (f"{name}: llama.cpp would write q6_K here; ggtool writes q6_K only in pure q6_K files yet, "
                        f"writing q8_0 instead")
             new = _fallback(T.Q8_0, ne0)
         else:
