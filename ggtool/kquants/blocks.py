@@ -58,34 +58,36 @@ def nearest_int(fval):
 
 
 @njit
-def _amax_signed(x, o, n):
-    """(max |x|, the x that has it: the first one on ties) over x[o:o+n]."""
+def _amax_signed(x, n):
+    """(max |x|, the x that has it: the first one on ties) over x[:n]."""
     mx = _F0
     amax = _F0
     for i in range(n):
-        ax = abs(x[o + i])
+        ax = abs(x[i])
         if ax > amax:
             amax = ax
-            mx = x[o + i]
+            mx = x[i]
     return amax, mx
 
 
 @njit
-def make_qx_quants_rmse1(x, o, n, nmax, L):
+def make_qx_quants_rmse1(xo, o, n, nmax, Lo):
     """make_qx_quants(n, nmax, x+o, L+o, rmse_type=1, qw=NULL): codes L[o:o+n] in 0..2*nmax-1, scale."""
-    amax, mx = _amax_signed(x, o, n)
+    x = xo[o:o + n]          # slices: indices counted from 0 need no negative-index check (2x faster)
+    L = Lo[o:o + n]
+    amax, mx = _amax_signed(x, n)
     if amax < GROUP_MAX_EPS:
         for i in range(n):
-            L[o + i] = 0
+            L[i] = 0
         return _F0
     fn = F32(nmax)
     iscale = F32(-fn / mx)
     sumlx = _F0
     suml2 = _F0
     for i in range(n):
-        xi = x[o + i]
+        xi = x[i]
         lv = max(-nmax, min(nmax - 1, nearest_int(F32(iscale * xi))))
-        L[o + i] = lv + nmax
+        L[i] = lv + nmax
         w = F32(xi * xi)
         fl = F32(lv)
         sumlx = F32(sumlx + F32(F32(w * xi) * fl))
@@ -99,7 +101,7 @@ def make_qx_quants_rmse1(x, o, n, nmax, L):
         sumlx = _F0
         suml2 = _F0
         for i in range(n):
-            xi = x[o + i]
+            xi = x[i]
             lv = max(-nmax, min(nmax - 1, nearest_int(F32(iscale * xi))))
             w = F32(xi * xi)
             fl = F32(lv)
@@ -107,27 +109,29 @@ def make_qx_quants_rmse1(x, o, n, nmax, L):
             suml2 = F32(suml2 + F32(F32(w * fl) * fl))
         if suml2 > _F0 and F32(sumlx * sumlx) > F32(best * suml2):
             for i in range(n):
-                L[o + i] = nmax + max(-nmax, min(nmax - 1, nearest_int(F32(iscale * x[o + i]))))
+                L[i] = nmax + max(-nmax, min(nmax - 1, nearest_int(F32(iscale * x[i]))))
             scale = F32(sumlx / suml2)
             best = F32(scale * sumlx)
     return scale
 
 
 @njit
-def make_q3_quants_rmse(x, o, n, nmax, L):
+def make_q3_quants_rmse(xo, o, n, nmax, Lo):
     """make_q3_quants(n, nmax, x+o, L+o, do_rmse=true): codes L[o:o+n] in 0..2*nmax-1, scale."""
-    amax, mx = _amax_signed(x, o, n)
+    x = xo[o:o + n]
+    L = Lo[o:o + n]
+    amax, mx = _amax_signed(x, n)
     if amax < GROUP_MAX_EPS:
         for i in range(n):
-            L[o + i] = 0
+            L[i] = 0
         return _F0
     iscale = F32(-F32(nmax) / mx)
     sumlx = _F0
     suml2 = _F0
     for i in range(n):
-        xi = x[o + i]
+        xi = x[i]
         lv = max(-nmax, min(nmax - 1, nearest_int(F32(iscale * xi))))
-        L[o + i] = lv
+        L[i] = lv
         w = F32(xi * xi)
         fl = F32(lv)
         sumlx = F32(sumlx + F32(F32(w * xi) * fl))
@@ -135,39 +139,41 @@ def make_q3_quants_rmse(x, o, n, nmax, L):
     for _ in range(5):
         changed = 0
         for i in range(n):
-            xi = x[o + i]
+            xi = x[i]
             w = F32(xi * xi)
-            li = F32(L[o + i])
+            li = F32(L[i])
             slx = F32(sumlx - F32(F32(w * xi) * li))
             if slx > _F0:
                 sl2 = F32(suml2 - F32(F32(w * li) * li))
                 new_l = max(-nmax, min(nmax - 1, nearest_int(F32(F32(xi * sl2) / slx))))
-                if new_l != L[o + i]:
+                if new_l != L[i]:
                     fl = F32(new_l)
                     slx = F32(slx + F32(F32(w * xi) * fl))
                     sl2 = F32(sl2 + F32(F32(w * fl) * fl))
                     if sl2 > _F0 and F32(F32(slx * slx) * suml2) > F32(F32(sumlx * sumlx) * sl2):
-                        L[o + i] = new_l
+                        L[i] = new_l
                         sumlx = slx
                         suml2 = sl2
                         changed += 1
         if changed == 0:
             break
     for i in range(n):
-        L[o + i] += nmax
+        L[i] += nmax
     return F32(sumlx / suml2) if suml2 > _F0 else _F0
 
 
 @njit
-def make_qkx2_quants(x, o, n, nmax, w, L, Laux, rmin, rdelta, nstep, use_mad):
+def make_qkx2_quants(xo, o, n, nmax, w, Lo, Laux, rmin, rdelta, nstep, use_mad):
     """make_qkx2_quants(n, nmax, x+o, w, L+o, &the_min, Laux, rmin, rdelta, nstep, use_mad):
     codes L[o:o+n] in 0..nmax; returns (scale, the_min)."""
-    mn = x[o]
-    mx = x[o]
+    x = xo[o:o + n]
+    L = Lo[o:o + n]
+    mn = x[0]
+    mx = x[0]
     sum_w = w[0]
-    sum_x = F32(sum_w * x[o])
+    sum_x = F32(sum_w * x[0])
     for i in range(1, n):
-        xi = x[o + i]
+        xi = x[i]
         if xi < mn:
             mn = xi
         if xi > mx:
@@ -178,16 +184,16 @@ def make_qkx2_quants(x, o, n, nmax, w, L, Laux, rmin, rdelta, nstep, use_mad):
         mn = _F0
     if mx == mn:
         for i in range(n):
-            L[o + i] = 0
+            L[i] = 0
         return _F0, F32(-mn)
     fn = F32(nmax)
     iscale = F32(fn / F32(mx - mn))
     scale = F32(_F1 / iscale)
     best_error = _F0
     for i in range(n):
-        xi = x[o + i]
+        xi = x[i]
         lv = max(0, min(nmax, nearest_int(F32(iscale * F32(xi - mn)))))
-        L[o + i] = lv
+        L[i] = lv
         diff = F32(F32(F32(scale * F32(lv)) + mn) - xi)
         diff = abs(diff) if use_mad else F32(diff * diff)
         best_error = F32(best_error + F32(w[i] * diff))
@@ -199,7 +205,7 @@ def make_qkx2_quants(x, o, n, nmax, w, L, Laux, rmin, rdelta, nstep, use_mad):
         sum_l2 = _F0
         sum_xl = _F0
         for i in range(n):
-            xi = x[o + i]
+            xi = x[i]
             lv = max(0, min(nmax, nearest_int(F32(iscale * F32(xi - mn)))))
             Laux[i] = lv
             fl = F32(lv)
@@ -216,12 +222,12 @@ def make_qkx2_quants(x, o, n, nmax, w, L, Laux, rmin, rdelta, nstep, use_mad):
                 this_scale = F32(sum_xl / sum_l2)
             cur_error = _F0
             for i in range(n):
-                diff = F32(F32(F32(this_scale * F32(Laux[i])) + this_min) - x[o + i])
+                diff = F32(F32(F32(this_scale * F32(Laux[i])) + this_min) - x[i])
                 diff = abs(diff) if use_mad else F32(diff * diff)
                 cur_error = F32(cur_error + F32(w[i] * diff))
             if cur_error < best_error:
                 for i in range(n):
-                    L[o + i] = Laux[i]
+                    L[i] = Laux[i]
                 best_error = cur_error
                 scale = this_scale
                 mn = this_min
