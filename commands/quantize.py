@@ -1,4 +1,5 @@
-"""`ggtool quantize INPUT OUTPUT`: a GGUF model (or .npy array) to a Q4_0/Q8_0 GGUF, as llama-quantize."""
+"""`ggtool quantize INPUT OUTPUT`: a GGUF model (or .npy array) to a Q4_0/Q8_0 GGUF (or a pure
+Q4_K/Q5_K/Q6_K one), as llama-quantize."""
 
 from __future__ import annotations
 
@@ -29,12 +30,16 @@ llama.cpp's rules for the Q4_0 (or Q8_0) file type:
   - rows that are not a multiple of 32 become f16
   - default mode: output.weight (token_embd.weight when the output is tied to it)
     gets q8_0 where llama.cpp gives it q8_0 (row not a multiple of 256); where
-    llama.cpp writes q6_K, ggtool writes q8_0 and says so (no Q6_K yet)
+    llama.cpp writes q6_K, ggtool writes q8_0 and says so (no q6_K here yet)
   - a tensor whose chosen type is its source type is copied byte for byte
   - a tensor that is already quantized (q4_K, q5_0, ...) is not quantized again
     unless --allow-requantize (llama-quantize's rule and flag)
   - all metadata is copied; general.file_type and general.quantization_version
     are set as llama.cpp sets them
+With --pure, --type also takes q4_K, q5_K and q6_K (llama-quantize --pure with Q4_K, Q5_K or
+Q6_K): every eligible tensor gets the type, GGML's reference quantizer bit for bit; a row that is
+not a multiple of 256 falls back as llama.cpp's does (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0,
+else f16). Their per-tensor mixes (Q4_K_M, ...) are not built yet.
 Source tensors are dequantized to f32 exactly as gguf-py's dequantize does, so every Q4_0
 tensor is byte-identical to llama.cpp's for the same source and mode.
 
@@ -104,8 +109,8 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
 @click.command("quantize", help=HELP, short_help="Quantize a GGUF model or .npy array to Q4_0/Q8_0 (llama-quantize rules).")
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
 @click.argument("output_path", metavar="OUTPUT", type=click.Path(dir_okay=False))
-@click.option("--type", "qtype", type=click.Choice(["q4_0", "q8_0"], case_sensitive=False), default="q4_0",
-              show_default=True, help="Target type (the file type).")
+@click.option("--type", "qtype", type=click.Choice(["q4_0", "q8_0", "q4_K", "q5_K", "q6_K"], case_sensitive=False),
+              default="q4_0", show_default=True, help="Target type (the file type; the K types with --pure only).")
 @click.option("--pure", is_flag=True, help="Every eligible weight gets --type (no output/embedding rules).")
 @click.option("--leave-output-tensor", is_flag=True, help="Copy output.weight unchanged.")
 @click.option("--output-tensor-type", metavar="TYPE", callback=_target_type,
@@ -133,6 +138,8 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
         plan = QM.plan_quantization(input_path, opts)
     except QM.RequantizeError as e:
         raise GGToolError(f"{e}; --allow-requantize does it anyway") from None
+    except QM.MixNotBuiltError as e:
+        raise GGToolError(f"{e}: add --pure") from None
     n = len(plan.tensors)
     if dry_run:
         out = sys.stdout

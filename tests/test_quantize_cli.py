@@ -12,7 +12,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import write_gguf
+from conftest import fails, write_gguf
 
 from ggtool import quantize_model as QM
 from ggtool import types as T
@@ -107,6 +107,41 @@ def test_type_q8_0(run, tmp_path):
     assert gguf.GGUFReader(str(out)).fields["general.file_type"].contents() == 7
 
 
+@pytest.mark.parametrize("qtype, fallback, ftype", [("q4_K", "Q5_0", 15), ("Q5_K", "Q5_1", 17), ("q6_K", "Q8_0", 18)])
+def test_pure_k_quant_file(run, tmp_path, qtype, fallback, ftype):
+    """--pure with a K type: every eligible tensor gets it, with GGML's bytes (ggtool.quant's, pinned by
+    tests/test_kquants.py); rows not a multiple of 256 fall back as llama.cpp's tensor_type_fallback."""
+    from ggtool import quant as Q
+
+    rng = np.random.default_rng(3)
+    src = {"token_embd.weight": rng.standard_normal((16, 512)).astype(np.float32),
+           "blk.0.attn_q.weight": rng.standard_normal((8, 576)).astype(np.float32),
+           "blk.0.ffn_down.weight": rng.standard_normal((4, 100)).astype(np.float32),
+           "blk.0.ffn_up.weight": rng.standard_normal((8, 768)).astype(np.float16),
+           "output_norm.weight": rng.standard_normal(512).astype(np.float32)}
+    write_gguf(tmp_path / "m.gguf", src, arch="llama")
+    out = tmp_path / "k.gguf"
+    assert run_cli(run, tmp_path / "m.gguf", out, "--type", qtype, "--pure", "-q", "-t", "2").exit_code == 0
+    r = gguf.GGUFReader(str(out))
+    got = {t.name: t for t in r.tensors}
+    k = qtype.lower()[:2] + "_K"
+    want = {"token_embd.weight": k, "blk.0.attn_q.weight": fallback.lower(), "blk.0.ffn_down.weight": "f16",
+            "blk.0.ffn_up.weight": k, "output_norm.weight": "f32"}
+    for name, t in want.items():
+        assert got[name].tensor_type.name == t.upper(), name
+        if t != "f32":
+            expect = Q.quantize(src[name].astype(np.float32), t)
+            assert np.array_equal(np.asarray(got[name].data).view(np.uint8).reshape(-1),
+                                  np.asarray(expect).view(np.uint8).reshape(-1)), name
+    assert r.fields["general.file_type"].contents() == ftype
+
+
+def test_k_quant_file_types_need_pure(run, tmp_path):
+    r = run_cli(run, STORIES, tmp_path / "k.gguf", "--type", "q4_K")
+    fails(r, "per-tensor mix of llama.cpp's Q4_K_M file type is not built yet", "add --pure")
+    assert not (tmp_path / "k.gguf").exists()
+
+
 def test_output_and_embedding_options(run, tmp_path):
     out = tmp_path / "a.gguf"
     assert run_cli(run, STORIES, out, "--leave-output-tensor", "-q", "-t", "1").exit_code == 0
@@ -117,7 +152,7 @@ def test_output_and_embedding_options(run, tmp_path):
     ty = types_of(out)
     assert ty["output.weight"] == "F16" and ty["token_embd.weight"] == "Q8_0"
     r = run_cli(run, STORIES, tmp_path / "c.gguf", "--output-tensor-type", "q6_K")
-    assert r.exit_code == 2 and "no Q6_K quantizer" in r.stderr
+    assert r.exit_code == 2 and "q6_K only in pure q6_K files" in r.stderr
 
 
 def test_tied_embedding_rules(tmp_path):

@@ -46,10 +46,19 @@ def test_tensor_bytes_is_row_size():
     assert QM.tensor_bytes(T.F16, (5, 2)) == 20
 
 
+def test_k_file_types_without_pure_are_refused_with_fields():
+    with pytest.raises(QM.MixNotBuiltError) as e:
+        QM.plan_quantization(ROOT / "fixtures" / "stories260K.gguf", QM.QuantizeOptions(type=G.Q5_K))
+    assert e.value.type == G.Q5_K and "Q5_K_M" in str(e.value)
+    plan = QM.plan_quantization(ROOT / "fixtures" / "stories260K.gguf", QM.QuantizeOptions(type=G.Q6_K, pure=True))
+    # stories260K's rows (64, 172) are no multiple of 256: q6_K falls back to q8_0, then to f16
+    assert {t.dst_type for t in plan.tensors if not t.copy} == {T.Q8_0, T.F16}
+
+
 def test_target_type_error_has_fields_and_no_flag():
     with pytest.raises(QM.TargetTypeError) as e:
         QM.parse_target_type("q6_K")
-    assert e.value.type == G.Q6_K and e.value.name == "q6_K" and "no Q6_K quantizer" in str(e.value)
+    assert e.value.type == G.Q6_K and e.value.name == "q6_K" and "q6_K only in pure q6_K files" in str(e.value)
     with pytest.raises(QM.TargetTypeError) as e:
         QM.parse_target_type("nope")
     assert e.value.type is None and "q8_0" in e.value.choices

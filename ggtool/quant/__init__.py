@@ -1,4 +1,5 @@
-"""GGML's Q4_0 / Q8_0 / F16 / BF16 arithmetic, byte-exact with the C library.
+"""GGML's Q4_0 / Q8_0 / F16 / BF16 arithmetic (and its K-quants, ``ggtool.kquants``), byte-exact
+with the C library.
 
 Everything is float32 exactly as GGML computes it (spec sections 1-2, golden q4_0/q8_0/f16.npz):
 
@@ -23,7 +24,8 @@ BF16 x BF16);
 its numerics are described in ``ggtool/quant/matmul.py``.
 
 Modules: ``threads`` (worker threads), ``blocks`` (shared block plumbing), ``f16``, ``bf16``, ``q4_0``,
-``q8_0``, ``kquants`` (native Q5_0/Q4_K/Q6_K dequantizers), ``generic`` (quantize/dequantize/convert
+``q8_0``, ``kquants`` (native Q5_0/Q4_K/Q6_K dequantizers; the K-quant quantizers of
+``ggtool.kquants`` run over arrays), ``generic`` (quantize/dequantize/convert
 for any type), ``matmul`` (``mul_mat_quantized``).  This package re-exports the public names.
 """
 

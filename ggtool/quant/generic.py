@@ -1,6 +1,6 @@
 """Type-generic entry points: ``quantize`` / ``dequantize`` / ``convert`` between any GGML types,
-dispatching to the native kernels (F16, BF16, Q4_0, Q8_0, Q5_0, Q4_K, Q6_K) or to gguf-py, with the
-integer types checked for range and integrality."""
+dispatching to the native kernels (F16, BF16, Q4_0, Q8_0, the K-quants; dequantizing Q5_0, Q4_K,
+Q6_K) or to gguf-py, with the integer types checked for range and integrality."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..errors import QuantizationError
 from .bf16 import bf16_to_fp32, fp32_to_bf16
 from .blocks import _F32, check_finite
 from .f16 import fp32_to_fp16
-from .kquants import _NATIVE_DQ, _dequantize_native
+from .kquants import _NATIVE_DQ, K_QUANTIZE, _dequantize_native, quantize_k
 from .q4_0 import dequantize_q4_0, quantize_q4_0
 from .q8_0 import dequantize_q8_0, quantize_q8_0
 
@@ -26,7 +26,7 @@ def _gguf_quants():
 def can_quantize(t) -> bool:
     """Whether quantize() can produce type t (natively or through gguf-py)."""
     t = T.parse_type(t)
-    if t in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q8_0):
+    if t in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q8_0) or t in K_QUANTIZE:
         return True
     return _gguf_can(t, "quantize")
 
@@ -61,6 +61,8 @@ def quantize(x, ggml_type, name: str = "tensor") -> np.ndarray:
         return quantize_q4_0(x, name)
     if t == T.Q8_0:
         return quantize_q8_0(x, name)
+    if t in K_QUANTIZE:
+        return quantize_k(x, t, name)
     x = np.asarray(x)
     if t == T.F32:
         return x.astype(_F32)

@@ -1,10 +1,11 @@
-"""Whole-model quantization: a GGUF model (or a .npy array) to a Q4_0 / Q8_0 GGUF file.
+"""Whole-model quantization: a GGUF model (or a .npy array) to a Q4_0 / Q8_0 GGUF file, or a pure
+Q4_K / Q5_K / Q6_K one.
 
 This package is the API the `quantize` command uses; it re-exports the public names of its modules:
 `.rules` (which type each tensor gets: llama.cpp's rules, the plan, the header), `.convert` (pieces
 of rows read, dequantized and quantized; the default `RowConverter`) and `.write` (the writing loop:
 `run_quantization`, `quantize_file`).  Errors carry what and where as fields (`RequantizeError`,
-`TargetTypeError`, gguf_io's `OutputPathError`); the command line words them.
+`MixNotBuiltError`, `TargetTypeError`, gguf_io's `OutputPathError`); the command line words them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from .rules import (
     FILE_TYPES,
     GGML_QNT_VERSION,
     GGUF_DEFAULT_ALIGNMENT,
+    PURE_ONLY,
     TARGET_TYPES,
+    MixNotBuiltError,
     OutputFile,
     QuantizeOptions,
     QuantizePlan,
@@ -44,8 +47,10 @@ __all__ = [
     "OutputFile",
     "OutputPathError",
     "PIECE_BYTES",
+    "PURE_ONLY",
     "TARGET_TYPES",
     "WINDOW_BYTES",
+    "MixNotBuiltError",
     "QuantizeOptions",
     "QuantizePlan",
     "QuantizeResult",

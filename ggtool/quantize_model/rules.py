@@ -9,10 +9,15 @@ Q4_0/Q8_0 file types) so the file behaves like one `llama-quantize` writes:
   (``ffn_gate_inp``, positional embeddings, RWKV/Mamba small weights, ...); the rest is copied;
 * default mode: ``output.weight`` (or ``token_embd.weight`` when no output.weight exists, i.e. tied)
   would be Q6_K, or Q8_0 when its row is not a multiple of 256 (k-quant fallback) or the model is
-  Falcon; ggtool has no Q6_K quantizer, so where llama.cpp writes Q6_K it writes Q8_0 and warns.
+  Falcon; ggtool does not write Q6_K into these file types yet (its K-quant mixes are not built),
+  so where llama.cpp writes Q6_K it writes Q8_0 and warns.
   MoE models with 8 experts get Q8_0 attn_v/attn_k as in llama.cpp.  ``pure`` skips all of this;
 * an output tensor type / token embedding type (options) override output.weight / token_embd.weight;
-* a row length that is not a multiple of the chosen type's block size falls back to F16;
+* pure Q4_K / Q5_K / Q6_K files (llama-quantize's pure mode with its Q4_K, Q5_K aliases or Q6_K): every
+  eligible tensor gets the type (general.file_type 15, 17, 18); the K file types' own mixes
+  (Q4_K_M, ...) are not built yet (MixNotBuiltError);
+* a row length that is not a multiple of the chosen type's block size falls back as llama.cpp's
+  tensor_type_fallback does (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0), else to F16;
 * a tensor whose chosen type equals its source type is copied byte for byte.
 
 All metadata is copied verbatim (raw key/value bytes), except that ``general.quantization_version``
@@ -33,6 +38,7 @@ import numpy as np
 
 from .. import quant as Q
 from .. import types as T
+from ..quant.kquants import K_QUANTIZE
 from ..errors import GGToolError, InputError, QuantizationError
 from ..gguf_io import write as W
 from ..gguf_io.format import (
@@ -49,14 +55,21 @@ from ..gguf_io.format import (
 
 GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = DEFAULT_ALIGNMENT
-FILE_TYPES = {T.Q4_0: 2, T.Q8_0: 7}          # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0
-TARGET_TYPES = (T.Q4_0, T.Q8_0)
 _G = T.GGMLType
+# llama_ftype of each target: LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0, and the file types llama-quantize's
+# aliases Q4_K / Q5_K name (Q4_K_M / Q5_K_M), Q6_K
+FILE_TYPES = {T.Q4_0: 2, T.Q8_0: 7, _G.Q4_K: 15, _G.Q5_K: 17, _G.Q6_K: 18}
+TARGET_TYPES = (T.Q4_0, T.Q8_0, _G.Q4_K, _G.Q5_K, _G.Q6_K)
+# targets written only pure (every eligible tensor the one type, llama-quantize's pure mode): their
+# per-tensor mixes (llama_tensor_get_type's rules for the K file types) are not built yet
+PURE_ONLY = (_G.Q4_K, _G.Q5_K, _G.Q6_K)
+_FILE_TYPE_NAMES = {_G.Q4_K: "Q4_K_M", _G.Q5_K: "Q5_K_M", _G.Q6_K: "Q6_K"}
 # llama.cpp's tensor_type_fallback (llama-quant.cpp): a type whose block does not divide the row
 # gets a type of 32-element blocks; if that does not divide it either (or the type has no entry
 # here: q4_0, q8_0, ...), F16. The check is the type's block size (ggml_blck_size), so no list of
 # "k-quants" is needed: older llama.cpp tested a hand-written list against QK_K (256), which is the
-# block size of every type it held. Of this table only q6_K -> q8_0 is reachable from ggtool's targets.
+# block size of every type it held. Of this table q4_K -> q5_0, q5_K -> q5_1 and q6_K -> q8_0 are
+# reachable from ggtool's targets.
 _FALLBACK = {_G.Q4_K: _G.Q5_0, _G.Q5_K: _G.Q5_1, _G.Q6_K: T.Q8_0,
              _G.Q2_K: T.Q4_0, _G.Q3_K: T.Q4_0, _G.TQ1_0: T.Q4_0, _G.TQ2_0: T.Q4_0,
              **{t: _G.IQ4_NL for t in (_G.IQ1_S, _G.IQ1_M, _G.IQ2_XXS, _G.IQ2_XS, _G.IQ2_S, _G.IQ3_XXS,
@@ -96,6 +109,22 @@ class RequantizeError(QuantizationError):
                          f"{'s' if count != 1 else ''} of this model would be requantized)")
 
 
+def _writes(t: T.GGMLType) -> bool:
+    """Whether a whole-model quantization writes tensors of type t: what ggtool.quant quantizes,
+    less the K types until llama.cpp's K-quant file types (their per-tensor mixes) are built here."""
+    return t in (T.F32, T.F16) or (Q.can_quantize(t) and t not in K_QUANTIZE)
+
+
+class MixNotBuiltError(QuantizationError):
+    """A K-quant file type asked for with its per-tensor mix, which is not built yet: `type`."""
+
+    def __init__(self, type: T.GGMLType):
+        self.type = type
+        name = T.type_name(type)
+        super().__init__(f"the per-tensor mix of llama.cpp's {_FILE_TYPE_NAMES[type]} file type is not built yet; "
+                         f"only a pure {name} file (every eligible tensor {name}) can be written")
+
+
 class TargetTypeError(GGToolError):
     """A tensor type ggtool cannot write: `name` as given, `type` if it names one, `choices`."""
 
@@ -103,7 +132,7 @@ class TargetTypeError(GGToolError):
 
     def __init__(self, name: str, type: T.GGMLType | None, choices: tuple[str, ...] = CHOICES):
         self.name, self.type, self.choices = name, type, choices
-        extra = " (ggtool has no Q6_K quantizer yet)" if type == T.GGMLType.Q6_K else ""
+        extra = " (ggtool writes q6_K only in pure q6_K files yet)" if type == T.GGMLType.Q6_K else ""
         super().__init__(f"cannot write tensor type {name!r}{extra}; use one of {', '.join(choices)}")
 
 
@@ -227,7 +256,8 @@ def _fallback(t: T.GGMLType, ne0: int) -> T.GGMLType:
 
 def choose_type(name: str, ne, src_type: T.GGMLType, opts: QuantizeOptions, *, has_output: bool,
                 arch: str = "", n_expert: int = 0) -> tuple[T.GGMLType, str | None]:
-    """(type to write, warning or None) for one tensor, following llama.cpp's Q4_0/Q8_0 rules."""
+    """(type to write, warning or None) for one tensor, following llama.cpp's Q4_0/Q8_0 rules (and
+    its pure mode for the K types)."""
     quantize = name.endswith("weight") and T.n_dims(ne) >= 2
     quantize &= not any(s in name for s in _SKIP_SUBSTR) and name not in _SKIP_NAMES
     quantize &= not (opts.leave_output_tensor and name == "output.weight")
@@ -255,9 +285,9 @@ def choose_type(name: str, ne, src_type: T.GGMLType, opts: QuantizeOptions, *, h
     if opts.output_tensor_type is not None and name == "output.weight":
         new = opts.output_tensor_type
     new = _fallback(new, ne0)
-    if new not in (T.F32, T.F16) and not Q.can_quantize(new):
+    if not (new == opts.type or _writes(new)):
         if new == T.GGMLType.Q6_K:
-            warning = (f"{name}: llama.cpp would write q6_K here; ggtool has no Q6_K quantizer yet, "
+            warning = (f"{name}: llama.cpp would write q6_K here; ggtool writes q6_K only in pure q6_K files yet, "
                        f"writing q8_0 instead")
             new = _fallback(T.Q8_0, ne0)
         else:
@@ -272,7 +302,7 @@ def parse_target_type(name: str) -> T.GGMLType:
         t = T.parse_type(name)
     except GGToolError:
         t = None
-    if t is None or not (t in (T.F32, T.F16) or Q.can_quantize(t)):
+    if t is None or not _writes(t):
         raise TargetTypeError(name, t)
     return t
 
@@ -295,6 +325,8 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     path = os.fspath(input_path)
     if opts.type not in TARGET_TYPES:
         raise TargetTypeError(T.type_name(opts.type), opts.type, tuple(map(T.type_name, TARGET_TYPES)))
+    if opts.type in PURE_ONLY and not opts.pure:
+        raise MixNotBuiltError(opts.type)
     try:
         npy = _is_npy(path)
     except OSError as e:
