@@ -152,3 +152,57 @@ def test_state_shape_is_checked():
         build('c = state("c", f32, 2)', Context(), DictEnv({"c": np.zeros(3)}))
     with pytest.raises(DSLError, match="store\\(\\) writes into a state"):
         build("store(relu(x), x)", Context(), DictEnv({"x": np.zeros(3)}))
+
+
+# -- the command line ----------------------------------------------------------------------------------------
+def test_cli_streams_llama_cpps_text(run):
+    ref = GREEDY["stories260K"][0]
+    r = run("generate", "--gguf", STORIES, "--prompt", ref["prompt"], "-n", "32")
+    assert ok(r) == ref["text"] + "\n"
+
+
+def test_cli_json_ids_from_tokens_and_stdin(run):
+    ref = GREEDY["stories260K"][1]
+    r = run("generate", "--gguf", STORIES, "--tokens", json.dumps(ref["prompt_tokens"]), "-n", "5", "--format", "json")
+    assert json.loads(ok(r)) == ref["greedy_32"][:5]
+    r = run("generate", "--gguf", STORIES, "-", "-n", "5", "--format", "json", input=ref["prompt"])
+    assert json.loads(ok(r)) == ref["greedy_32"][:5]
+
+
+def test_end_of_generation_ids():
+    """What stops a generation (unless --ignore-eos): llama_vocab_is_eog's set."""
+    from ggtool.tokenizer import Vocab
+
+    assert Vocab.from_gguf(STORIES).eog_ids == {2}
+
+
+def test_cli_ignore_eos_runs_to_n(run):
+    r = run("generate", "--gguf", STORIES, "--tokens", "[1,403]", "-n", "40", "--ignore-eos", "--format", "json")
+    assert len(json.loads(ok(r))) == 40
+
+
+def usage_error(result, fragment: str) -> None:
+    assert result.exit_code == 2 and fragment in result.stderr, result.stderr
+
+
+def test_cli_threads_and_verbose(run):
+    r = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "4", "--threads", "2", "-v")
+    assert ok(r) and "prompt: 3 tokens in" in r.stderr and "generated: 3 tokens in" in r.stderr
+
+
+def test_cli_context_size(run):
+    r = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "10", "--ctx-size", "5", "--format", "json")
+    assert len(json.loads(ok(r))) == 3   # 3 + 2 evaluated, the third sampled: the cache is full
+    usage_error(run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "--ctx-size", "2"), "more than the cache's 2")
+
+
+def test_cli_errors(run, tmp_path):
+    from conftest import write_gguf
+
+    other = write_gguf(tmp_path / "q.gguf", {"w": np.ones(4, np.float32)}, arch="qwen2")
+    fails(run("generate", "--gguf", str(other), "--prompt", "hi"), "architecture 'qwen2'", "docs/dsl.md", "-f PROGRAM")
+    program = tmp_path / "p.gg"
+    program.write_text("logits = mul_mat(output.weight, get_rows(token_embd.weight, tokens))\n")
+    fails(run("generate", "--gguf", STORIES, "-f", program, "--prompt", "hi"), "reads no kv_mask input")
+    fails(run("generate", "--gguf", STORIES, "--tokens", "[1,600]"), "token id 600 is outside the vocabulary")
+    usage_error(run("generate", "--gguf", STORIES, "--tokens", "[1]", "--prompt", "x"), "give the prompt once")

@@ -95,6 +95,10 @@ class Session:
         for n in sizes:
             self._step(n)
 
+    def graph(self, n_tokens: int):
+        """The graph of a batch of n_tokens (built now if it is not yet)."""
+        return self._step(n_tokens).graph
+
     def _step(self, n_tokens: int) -> _Step:
         step = self._steps.get(n_tokens)
         if step is not None:
