@@ -64,7 +64,7 @@ class Session:
         self.numerics, self.max_steps = numerics, max_steps
         self.ctx = Context()
         self.n_past = 0
-        arch = self.weights.metadata("general.architecture")
+        arch = _meta(self.weights, "general.architecture", "")
         self.n_swa = int(_meta(self.weights, f"{arch}.attention.sliding_window", 0))
         self._steps: dict[int, _Step] = {}
         self._state: dict[str, Tensor] = {}
