@@ -334,7 +334,7 @@ def _state(ev, name, type, *ne):
     elif t.type != ty or list(t.ne[:len(dims)]) != dims or any(n != 1 for n in t.ne[len(dims):]):
         raise BuiltinError(f"state '{name}' is {T.type_name(t.type)}{list(t.ne[:len(dims)])}, the program needs "
                            f"{T.type_name(ty)}{dims}", 0, kind="state-shape", name=name)
-    ev.inputs[name] = t   # --output NAME reads it after the compute
+    ev.inputs[name] = t   # an output by its name: it holds what store() wrote, after the compute
     return t
 
 

@@ -1,7 +1,7 @@
 """The DSL programs generate ships, by GGUF `general.architecture`.
 
 They are the repository's fixtures/*.gg (this package's programs/ holds links to them, which a wheel
-turns into copies), so `ggtool compute -f fixtures/llama.gg` and `ggtool generate` run one program.
+turns into copies), so compute on fixtures/llama.gg and generate run one program.
 """
 
 from __future__ import annotations
