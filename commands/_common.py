@@ -44,6 +44,7 @@ Tensor sources (--tensor NAME=SOURCE, repeatable):
   f32[4,3]               a shape only (GGML order ne0,ne1,...), zero-filled
   i32:[1,2,3]            a type prefix converts on load: f32 f16 bf16 i32 q4_0 q8_0
   q4_0:model.gguf:TENSOR   (also f16:w.npy, ...)
+  text:'Once upon a time'  the text's token ids (i32) in the --gguf model's vocabulary
 
 --gguf FILE makes every tensor of FILE available under its own name (memory-mapped, read only
 if the program uses it). A --tensor name shadows a --gguf tensor; a name found in two --gguf

@@ -201,6 +201,7 @@ SUBCOMMANDS = (
     "set_metadata",
     "tokenize",
     "detokenize",
+    "generate",
 )
 
 

@@ -38,6 +38,7 @@ def input_message(e: InputError) -> str:
         "needs-conversion": lambda: f"; to use it converted to {d['target']}, say so: --tensor {d['name']}={d['spec']}",
         "ambiguous-tensor": lambda: f"; pick one with --tensor {e.tensor}={d['files'][0]}:{e.tensor}",
         "stdin-gguf": lambda: "; save it and use --gguf FILE or FILE.gguf:TENSOR",
+        "text-needs-vocab": lambda: " (give the model with --gguf MODEL)",
     }.get(e.kind)
     return e.worded(input_label=lambda name: f"--tensor {name}", file_label=lambda path: f"--gguf {path}",
                     hint=hint() if hint else None)

@@ -204,3 +204,15 @@ def test_progress_bar_on_a_terminal_only():
     assert "compute" in term.getvalue() and "4/5" in term.getvalue()   # node 4 running: 4 done
     with compute_progress(5, file=io.StringIO()) as progress:           # not a terminal: no bar
         assert progress is None
+
+
+def test_text_source_feeds_a_model(run):
+    """--tensor tokens=text:... gives llama.gg the ids `ggtool tokenize` gives: the README's predictions."""
+    r = run("compute", "-f", "fixtures/llama.gg", "--gguf", STORIES, "--tensor", "tokens=text:Once upon a time, there was",
+            "--output", "tokens")
+    assert ok(r) == "[1,403,407,261,378,432,383,286]\n"
+
+
+def test_text_source_without_a_model_names_the_flag(run):
+    fails(run("compute", "tokens", "--tensor", "tokens=text:hello"), "--tensor tokens: a text source",
+          "--gguf MODEL")

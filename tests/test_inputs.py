@@ -500,3 +500,30 @@ def test_did_you_mean_is_one_rule():
     assert did_you_mean("wieght", ["weight", "bias", "weight"]) == "did you mean 'weight'?"
     assert did_you_mean("zzz", ["weight"]) == ""
     assert suggest("wieght", ["weight"]) == " (did you mean 'weight'?)"
+
+
+# -- text sources -------------------------------------------------------------------------------
+def test_text_source_parses_verbatim():
+    s = parse_source("tokens", "text:Once upon a time, i32:[1]")
+    assert (s.kind, s.type, s.text) == ("text", T.I32, "Once upon a time, i32:[1]")
+
+
+def test_text_source_tokenizes_with_the_models_vocabulary():
+    t = inputs("tokens=text:Once upon a time", gguf_paths=[STORIES]).tensor("tokens", Context())
+    assert (t.type, t.ne[0]) == (T.I32, 5)
+    assert t.numpy().ravel().tolist() == [1, 403, 407, 261, 378]
+
+
+def test_text_source_needs_a_model():
+    with pytest.raises(InputError) as e:
+        inputs("tokens=text:hello")
+    assert (e.value.kind, e.value.input) == ("text-needs-vocab", "tokens")
+    assert "no model is given" in str(e.value)
+
+
+def test_text_source_needs_a_vocabulary(tmp_path):
+    path = str(write_gguf(tmp_path / "w.gguf", {"w": np.ones(4, np.float32)}))
+    with pytest.raises(InputError) as e:
+        inputs("tokens=text:hello", gguf_paths=[path])
+    assert e.value.details["models"] == [path]
+    assert "has one (tokenizer.ggml.tokens)" in str(e.value)

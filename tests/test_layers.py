@@ -45,7 +45,8 @@ LAYERS = (
      "dsl": ["ggtool.dsl"]},                              # programs that build graphs
     {"tensor_io": ["ggtool.tensor_io"],                   # tensors in and out of files
      "inspect_graph": ["ggtool.inspect_graph"]},
-    {"quantize_model": ["ggtool.quantize_model"]},        # whole models, file to file
+    {"quantize_model": ["ggtool.quantize_model"],         # whole models, file to file
+     "generate": ["ggtool.generate"]},                    # programs run token after token over a KV cache
     {"facade": ["ggtool"]},                               # `import ggtool`: the names, loaded on first use
     {"commands": ["ggtool.commands"]},                    # the click layer
     {"main": ["ggtool.__main__"]},                        # `python -m ggtool`: starts workers, runs the CLI

@@ -296,15 +296,60 @@ def _causal_mask(ev, n_tokens, n_swa=0, n_kv=None):
         raise BuiltinError(f"causal_mask(): n_kv ({n_kv}) must be at least n_tokens ({n_tokens})", 2)
     t = ev.ctx.new_tensor(T.F32, [n_kv, n_tokens])
     if t.has_data:   # a measuring context (plan, inspect-graph) lays the tensor out, no values
-        j = np.arange(n_kv)[None, :]       # key (column: ne0)
-        rows = t.data.reshape(n_tokens, n_kv)
-        for i0 in range(0, n_tokens, 256):   # a block of query rows (ne1) at a time: no n² temporaries
-            i = np.arange(i0, min(i0 + 256, n_tokens))[:, None]
-            visible = j <= i
-            if n_swa > 0:
-                visible &= i - j < n_swa
-            rows[i0:i0 + len(i)] = np.where(visible, np.float32(0), np.float32(-np.inf))
+        fill_causal_mask(t.data.reshape(n_tokens, n_kv), np.arange(n_tokens), n_swa)
     return t
+
+
+def fill_causal_mask(rows: np.ndarray, positions: np.ndarray, n_swa: int = 0) -> None:
+    """rows[i, j] (numpy (n_tokens, n_kv)) = 0 where the query at positions[i] may see the key in
+    cache cell j (j <= pos, and pos - j < n_swa if n_swa > 0), else -inf: llama.cpp's KQ mask for
+    a batch whose cells are the positions 0..n_kv-1 (what ggtool.generate's cache holds)."""
+    j = np.arange(rows.shape[1])[None, :]       # key (column: ne0)
+    for i0 in range(0, len(positions), 256):   # a block of query rows (ne1) at a time: no n² temporaries
+        i = np.asarray(positions[i0:i0 + 256])[:, None]
+        visible = j <= i
+        if n_swa > 0:
+            visible &= i - j < n_swa
+        rows[i0:i0 + len(i)] = np.where(visible, np.float32(0), np.float32(-np.inf))
+
+
+# -- persistent state (a KV cache) -----------------------------------------------------------------
+@builtin("state(name, type, ne0, ne1, ne2, ne3)",
+         "a tensor that outlives one compute (a KV cache): the environment's own if it keeps state "
+         "(ggtool.generate does), else the input `name` if one is given, else zeros of [ne0, ...]")
+def _state(ev, name, type, *ne):
+    if not isinstance(name, str):
+        raise BuiltinError(f"state() needs the state's name as a string, got {describe(name)}", 0)
+    ty = _type(type, 1, "state")
+    if not 1 <= len(ne) <= 4:
+        raise BuiltinError(f"state() takes 1 to 4 sizes after the type, got {len(ne)}")
+    dims = [_integer(n, i + 2, "state") for i, n in enumerate(ne)]
+    if any(n < 1 for n in dims):
+        raise BuiltinError(f"state(): sizes must be positive, got {dims}")
+    keeper = getattr(ev.env, "state", None)
+    t = keeper(name, ty, dims, ev.ctx) if keeper is not None else ev.input(name)
+    if t is None:
+        t = ev.ctx.new_tensor(ty, dims)   # zeros: the pool is zero-filled
+        t.name = name
+    elif t.type != ty or list(t.ne[:len(dims)]) != dims or any(n != 1 for n in t.ne[len(dims):]):
+        raise BuiltinError(f"state '{name}' is {T.type_name(t.type)}{list(t.ne[:len(dims)])}, the program needs "
+                           f"{T.type_name(ty)}{dims}", 0, kind="state-shape", name=name)
+    ev.inputs[name] = t   # an output by its name: it holds what store() wrote, after the compute
+    return t
+
+
+@builtin("store(state, value)",
+         "ggml_cpy(value, state), kept in the graph whatever the outputs are (expanded before them): "
+         "the compute leaves `value` in the state for the next one")
+def _store(ev, state, value):
+    dst, src = _tensor(state, 0, "store"), _tensor(value, 1, "store")
+    if not any(dst is t for t in ev.inputs.values()):
+        raise BuiltinError("store() writes into a state(...) tensor (or an input)", 0)
+    from ..ops.base import FUNCTIONS
+
+    node = FUNCTIONS["cpy"](ev.ctx, src, dst)
+    ev.stores.append(node)
+    return node
 
 
 # -- values -----------------------------------------------------------------------------------

@@ -91,8 +91,10 @@ def build(program: Program | str, ctx: Context, env: Env | None = None, outputs=
     ev = Evaluator(program, ctx, env if env is not None else DictEnv(), max_steps)
     ev.run()
     outs = ev.resolve_outputs(outputs)
-    size, notes = _graph_size(outs, graph_size)
+    size, notes = _graph_size([("store", t) for t in ev.stores] + outs, graph_size)
     graph = Graph(ctx, size)
+    for t in ev.stores:   # state writes first, as llama.cpp expands its KV-cache copies
+        graph.expand(t)
     for _, t in outs:
         graph.expand(t)
     return Built(graph, outs, {**ev.inputs, **ev.named}, dict(ev.vars), notes)
@@ -188,6 +190,7 @@ class Evaluator:
         self.vars: dict[str, Any] = {}        # global variables
         self.inputs: dict[str, Tensor] = {}   # input tensors used, by name
         self.named: dict[str, Tensor] = {}    # tensors named by assignments, by their GGML name
+        self.stores: list[Tensor] = []        # store(...) nodes: in the graph whatever the outputs
         self.loops: list[tuple[str, int]] = []
         self.frames: list[_Frame] = []
         self.functions: dict[str, _UserFunction] = {}

@@ -217,6 +217,8 @@ class Inputs:
             return self._from_array(s, parse_json_array(text), json_source=True)
         if s.kind == "stdin":
             return self._from_stdin(s, stdin_bytes)
+        if s.kind == "text":
+            return self._from_text(s)
         if s.kind == "npy":
             shape, dtype, fortran, offset = open_npy(s.path)
             return _Prepared(s, s.type or default_type(dtype), shape[::-1] or (1,), npy=True,
@@ -230,6 +232,22 @@ class Inputs:
             raise InputError(f"{s.path} has no tensor '{s.tensor}'", hint=hint, kind="no-such-tensor").at(
                 s.name, file=s.path, tensor=s.tensor)
         return _Prepared(s, _gguf_load_type(info, s.type, s), info.ne, gguf=g, info=info)
+
+    def _from_text(self, s: Source) -> _Prepared:
+        """text:TEXT -> its token ids in the vocabulary of the first GGUF file given whole that has one."""
+        from ..tokenizer import Vocab, VocabError
+
+        g = next((g for g in self.ggufs if _has_vocabulary(g)), None)
+        if g is None:
+            files = [x.path for x in self.ggufs]
+            what = f"none of {', '.join(files)} has one (tokenizer.ggml.tokens)" if files else "no model is given"
+            raise InputError(f"a text source is tokenized with a GGUF model's vocabulary; {what}",
+                             kind="text-needs-vocab", models=files)
+        try:
+            ids = Vocab.from_gguf(g.path).tokenize(s.text)
+        except VocabError as e:
+            raise InputError(_strip_path(e, g.path), file=g.path, kind="vocab") from None
+        return self._from_array(s, np.asarray(ids, np.int32))
 
     def _from_stdin(self, s: Source, stdin_bytes: bytes | None) -> _Prepared:
         if not stdin_bytes:
@@ -340,6 +358,10 @@ def _gguf_load_type(info: TensorInfo, prefix: T.GGMLType | None, s: Source, whol
                        hint=f"; to use it converted to {target}, say so: {s.name}={spec}", kind="needs-conversion",
                        name=s.name, target=target, spec=spec)
     raise error.at(None if whole_file else s.name, file=s.path, tensor=s.tensor)
+
+
+def _has_vocabulary(g: GGUFFile) -> bool:
+    return "tokenizer.ggml.tokens" in g.keys()
 
 
 def _strip_path(e: Exception, path: str) -> str:

@@ -1,6 +1,6 @@
 """Tensor sources: the engine's little language for where a named input's data comes from.
 
-    w.npy   w.json   '[[1,2],[3,4]]'   -   f32[4,3]   model.gguf:TENSOR   TYPE:SOURCE
+    w.npy   w.json   '[[1,2],[3,4]]'   -   f32[4,3]   model.gguf:TENSOR   TYPE:SOURCE   text:TEXT
 
 `parse_source(name, text)` turns one into a `Source` and `parse_named_source("x=...")` a
 `NAME=SOURCE` binding; `Inputs` (ggtool.tensor_io.inputs) loads them. It lives in the engine, not
@@ -23,6 +23,8 @@ from ..errors import GGToolError, InputError
 from ..gguf_io.spec import split_gguf_tensor
 from ..tensor import MAX_DIMS
 
+TEXT_PREFIX = "text:"   # text:TEXT, token ids from the model's vocabulary
+
 # Types a source can be converted to with a prefix (`f16:w.npy`).
 TARGET_TYPES = T.COMPUTE_TYPES
 
@@ -39,7 +41,7 @@ class SourceSyntaxError(InputError):
 
 @dataclass(frozen=True)
 class Source:
-    """One parsed source of the input `name`; `kind` is npy, json, gguf, stdin or shape."""
+    """One parsed source of the input `name`; `kind` is npy, json, gguf, stdin, shape or text."""
 
     name: str
     kind: str
@@ -48,6 +50,7 @@ class Source:
     tensor: str | None = None          # tensor name inside a GGUF file
     ne: tuple[int, ...] | None = None  # shape-only sources
     json: str | None = None            # inline JSON text
+    text: str | None = None            # text to tokenize (kind "text")
 
 
 def _known_type(name: str) -> T.GGMLType | None:
@@ -84,6 +87,8 @@ def parse_source(name: str, text: str) -> Source:
     """The source `text` of the input `name` -> Source (files are not opened: see Inputs)."""
     if not text.strip():
         raise SourceSyntaxError("empty source", input=name, kind="empty")
+    if text.startswith(TEXT_PREFIX):   # before the type prefix: `text` is no type, the rest is verbatim
+        return Source(name, "text", T.I32, text=text[len(TEXT_PREFIX):])
     type_ = None
     body = text
     m = _PREFIX_RE.match(text)

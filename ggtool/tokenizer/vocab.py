@@ -190,6 +190,8 @@ class Vocab:
                     attrs[ids[t]] |= CONTROL
                     break
         eog = {ids[t] for t in _EOG_TEXTS if t in ids}
+        # llama_vocab_is_eog: what ends a generation (EOS, and the end-of-turn markers)
+        self.eog_ids = frozenset(eog | ({self.eos_id} if self.eos_id >= 0 else set()))
         for i in eog:
             attrs[i] |= CONTROL
         for t in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):

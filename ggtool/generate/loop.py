@@ -1,0 +1,35 @@
+"""The generation loop: the prompt in one batch, then one token per step until EOS or n tokens."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+
+@dataclass
+class Event:
+    """One generated token, with the time so far: the prompt's evaluation and the steps after it."""
+
+    token: int
+    prompt_seconds: float
+    generate_seconds: float
+
+
+def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_ids=frozenset(),
+             clock: Callable[[], float] = time.perf_counter) -> Iterator[Event]:
+    """Yield each new token of `session` after `prompt`: at most `n_predict`, and none after a
+    token of `stop_ids` (which is yielded)."""
+    if n_predict <= 0 or not prompt:
+        return
+    session.prepare(len(prompt), 1)
+    t0 = clock()
+    logits = session.eval(prompt)
+    prompt_seconds = clock() - t0
+    t1 = clock()
+    for i in range(n_predict):
+        token = sample(logits)
+        yield Event(token, prompt_seconds, clock() - t1)
+        if token in stop_ids or i + 1 == n_predict:
+            return
+        logits = session.eval([token])

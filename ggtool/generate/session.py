@@ -1,0 +1,162 @@
+"""A model held open across steps: weights, a KV cache, and one built graph per batch shape.
+
+`Session(model_path, program)` opens the GGUF once and is the DSL environment of its program
+(ggtool.dsl.Env): weights and metadata come from the file, the batch inputs (`tokens`, `kv_pos`,
+`kv_scatter`, `kv_mask`, `kv_mask_swa`) from the session, and every `state(...)` tensor (the KV cache,
+`cache_k.{il}`/`cache_v.{il}` in the shipped programs) lives in the session's one Context, so that it
+outlives each compute. `eval(tokens)` runs one batch at the next positions and returns the last
+token's logits. The graph of each batch size is built once and computed again with new input
+values: the prompt's, then the one-token graph of every later step. docs/generate.md has the design.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import types as T
+from ..context import Context
+from ..errors import GGToolError
+from ..tensor import Tensor
+
+BATCH_INPUTS = ("tokens", "kv_pos", "kv_scatter", "kv_mask", "kv_mask_swa")
+
+
+class ContextFullError(GGToolError):
+    """The batch would not fit in the KV cache (`n_ctx` cells)."""
+
+    def __init__(self, n_past: int, n_tokens: int, n_ctx: int):
+        self.n_past, self.n_tokens, self.n_ctx, self.kind = n_past, n_tokens, n_ctx, "context-full"
+        super().__init__(f"the KV cache holds {n_ctx} tokens: {n_past} + {n_tokens} do not fit")
+
+
+class NoCacheError(GGToolError):
+    """The program does not use the KV cache inputs (it would recompute nothing it has seen)."""
+
+    def __init__(self, filename: str):
+        self.filename, self.kind = filename, "no-cache"
+        super().__init__(f"{filename}: the program reads no kv_mask input, so it cannot continue a batch from the "
+                         "KV cache (docs/dsl.md, \"Persistent state\")")
+
+
+@dataclass
+class _Step:
+    """The graph for one batch size, with its input tensors and its plan (made by the first compute)."""
+
+    graph: object
+    logits: Tensor
+    batch: dict
+    plan: object = None
+
+
+class Session:
+    """One model, its program and its KV cache of `n_ctx` cells (see the module's docstring)."""
+
+    read_data = True
+
+    def __init__(self, model_path: str, program, n_ctx: int, n_threads: int = 1, pool=None,
+                 numerics: str = "ggml", max_steps: int | None = None):
+        from ..tensor_io import Inputs
+
+        self.weights = Inputs([], [model_path])
+        self.program, self.n_ctx, self.n_threads, self.pool = program, n_ctx, n_threads, pool
+        self.numerics, self.max_steps = numerics, max_steps
+        self.ctx = Context()
+        self.n_past = 0
+        arch = _meta(self.weights, "general.architecture", "")
+        self.n_swa = int(_meta(self.weights, f"{arch}.attention.sliding_window", 0))
+        self._steps: dict[int, _Step] = {}
+        self._state: dict[str, Tensor] = {}
+        self._building: dict[str, Tensor] = {}
+
+    # -- the DSL environment -----------------------------------------------------------------------
+    def tensor(self, name: str, ctx: Context) -> Tensor | None:
+        t = self._building.get(name)
+        return t if t is not None else self.weights.tensor(name, ctx)
+
+    def names(self) -> list[str]:
+        return [*self._building, *self.weights.names()]
+
+    def metadata(self, key: str):
+        return self.weights.metadata(key)
+
+    def state(self, name: str, type_, ne: list[int], ctx: Context) -> Tensor:
+        """The state tensor `name`, made (zeros) by the first graph that asks, shared by the others."""
+        t = self._state.get(name)
+        if t is None:
+            t = self._state[name] = ctx.new_tensor(type_, ne)
+            t.name = name
+        return t
+
+    # -- graphs ------------------------------------------------------------------------------------
+    def prepare(self, *sizes: int) -> None:
+        """Build the graphs of these batch sizes now (before the first compute places the context)."""
+        for n in sizes:
+            self._step(n)
+
+    def graph(self, n_tokens: int):
+        """The graph of a batch of n_tokens (built now if it is not yet)."""
+        return self._step(n_tokens).graph
+
+    def _step(self, n_tokens: int) -> _Step:
+        step = self._steps.get(n_tokens)
+        if step is not None:
+            return step
+        from ..dsl import build
+        from ..dsl.limits import MAX_STEPS
+
+        c, nc = self.ctx, self.n_ctx
+        batch = {"tokens": c.new_tensor(T.I32, [n_tokens]), "kv_pos": c.new_tensor(T.I32, [n_tokens]),
+                 "kv_scatter": c.new_tensor(T.F32, [n_tokens, nc]), "kv_mask": c.new_tensor(T.F32, [nc, n_tokens]),
+                 "kv_mask_swa": c.new_tensor(T.F32, [nc, n_tokens])}
+        for name, t in batch.items():
+            t.name = name
+        self._building = batch
+        try:
+            built = build(self.program, c, self, max_steps=MAX_STEPS if self.max_steps is None else self.max_steps)
+        finally:
+            self._building = {}
+        if "kv_mask" not in built.tensors:
+            raise NoCacheError(self.program.filename)
+        step = self._steps[n_tokens] = _Step(built.graph, built.outputs[0][1], batch)
+        return step
+
+    def reset(self) -> None:
+        """An empty KV cache (the graphs are kept): the next batch starts at position 0."""
+        for t in self._state.values():
+            t.data[...] = 0
+        self.n_past = 0
+
+    # -- computing ---------------------------------------------------------------------------------
+    def eval(self, tokens) -> np.ndarray:
+        """The batch `tokens` at positions n_past.. : its K and V join the cache; the last token's
+        logits (float32, n_vocab) are returned."""
+        from ..compute import graph_compute
+        from ..dsl.builtins import fill_causal_mask
+
+        tokens = np.asarray(tokens, np.int32)
+        n = len(tokens)
+        if self.n_past + n > self.n_ctx:
+            raise ContextFullError(self.n_past, n, self.n_ctx)
+        step = self._step(n)
+        b = step.batch
+        positions = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
+        b["tokens"].set_data(tokens)
+        b["kv_pos"].set_data(positions)
+        scatter = np.zeros((self.n_ctx, n), np.float32)   # numpy (n_kv, n_tokens): ne [n_tokens, n_kv]
+        scatter[positions, np.arange(n)] = 1.0
+        b["kv_scatter"].set_data(scatter)
+        fill_causal_mask(b["kv_mask"].data.reshape(n, self.n_ctx), positions)
+        fill_causal_mask(b["kv_mask_swa"].data.reshape(n, self.n_ctx), positions, self.n_swa)
+        step.plan = graph_compute(step.graph, self.n_threads, pool=self.pool, plan=step.plan, alloc="graph",
+                                  outputs=[step.logits], numerics=self.numerics)
+        self.n_past += n
+        return np.array(step.logits.data.reshape(-1, step.logits.ne[0])[-1])
+
+
+def _meta(inputs, key: str, default):
+    try:
+        return inputs.metadata(key)
+    except KeyError:
+        return default
