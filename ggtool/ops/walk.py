@@ -18,18 +18,20 @@ from ..tensor import Tensor
 CHUNK_BYTES = 1 << 20
 
 
-def chunks(r0: int, r1: int, row_bytes: int, budget: int = CHUNK_BYTES):
-    """Row ranges (c0, c1) covering [r0, r1), each about `budget` bytes of rows, at least one row."""
+def chunks(r0: int, r1: int, row_bytes: int, budget: int | None = None):
+    """Row ranges (c0, c1) covering [r0, r1), each about `budget` bytes of rows (CHUNK_BYTES, read at
+    each call), at least one row."""
+    budget = CHUNK_BYTES if budget is None else budget
     step = max(1, budget // max(1, row_bytes))
     for c0 in range(r0, r1, step):
         yield c0, min(c0 + step, r1)
 
 
-def grid_chunks(shape, row_bytes: int, budget: int = CHUNK_BYTES):
+def grid_chunks(shape, row_bytes: int, budget: int | None = None):
     """Indices covering a grid of rows of `shape` (an array's leading dims, its rows innermost),
     each about `budget` bytes of rows: whole inner dims where they fit, blocks of the next, one
     index at a time of the outer ones; the dims are kept (`...` when the whole grid fits)."""
-    n = max(1, budget // max(1, row_bytes))
+    n = max(1, (CHUNK_BYTES if budget is None else budget) // max(1, row_bytes))
     k, inner = len(shape), 1
     while k > 0 and inner * shape[k - 1] <= n:
         k -= 1
@@ -43,10 +45,11 @@ def grid_chunks(shape, row_bytes: int, budget: int = CHUNK_BYTES):
             yield (*(slice(i, i + 1) for i in outer), slice(b0, b0 + step), *whole)
 
 
-def map_rows(fn, x: np.ndarray, y: np.ndarray, r0: int, r1: int, budget: int = CHUNK_BYTES) -> None:
+def map_rows(fn, x: np.ndarray, y: np.ndarray, r0: int, r1: int, budget: int | None = None) -> None:
     """y[r0:r1] = fn(x[r0:r1]) for an element-wise fn on (rows, ne0) views, in chunks of rows (a
     row longer than `budget` in pieces)."""
     ne0 = x.shape[1]
+    budget = CHUNK_BYTES if budget is None else budget
     cols = max(1, budget // x.itemsize)
     for c0, c1 in chunks(r0, r1, x.itemsize * ne0, budget):
         if ne0 <= cols:
