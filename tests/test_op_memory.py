@@ -66,6 +66,9 @@ CASES |= {
     "cpy q8_0 -> f32": (lambda c, x: F["cpy"](c, _t(c, x, "q8_0"), c.new_tensor(T.F32, x.shape[::-1])), "ggml"),
     "add q8_0": (lambda c, x: F["add"](c, _t(c, x, "q8_0"), _t(c, x[::-1])), "ggml"),
 }
+for _w in ("f16", "q8_0", "q4_1", "bf16"):      # mul_mat's activations converted to the weights' vec_dot_type
+    CASES[f"mul_mat {_w}"] = ((lambda w: lambda c, x: F["mul_mat"](c, _t(c, x[:16, :1024] if x.shape[1] >= 1024 else x[:16], w),
+                                                                  _t(c, x.reshape(-1, 1024) if x.shape[1] >= 1024 else x)))(_w), "ggml")
 
 
 def _compute(build, x, numerics):
