@@ -3,6 +3,8 @@ writes in logical (linear) order. Shared by the family modules; no op lives here
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import types as T
@@ -13,9 +15,12 @@ from ..tensor import Tensor
 # Kernels evaluate their numpy expressions over rows this many bytes at a time (at least one row):
 # each expression makes temporaries of its operands' size, so a kernel over a whole tensor would
 # hold several copies of it at once (a 128 MiB soft_max peaked at 4x its size); in chunks its
-# temporaries stay a few MiB, and peak memory follows the planned buffers. Rows are computed
-# independently, so chunking changes no result (as the thread split does not).
-CHUNK_BYTES = 1 << 20
+# temporaries stay small, and peak memory follows the planned buffers. Rows are computed
+# independently, so chunking changes no result (as the thread split does not). 128 KiB is glibc's
+# mmap threshold: larger temporaries are fresh pages from the kernel on every call (1 MiB chunks
+# made llama.gg's soft_max 1.2x slower than whole tensors), these come from the heap and stay in
+# cache (0.6x).
+CHUNK_BYTES = 128 << 10
 
 
 def chunks(r0: int, r1: int, row_bytes: int, budget: int | None = None):
@@ -32,6 +37,9 @@ def grid_chunks(shape, row_bytes: int, budget: int | None = None):
     each about `budget` bytes of rows: whole inner dims where they fit, blocks of the next, one
     index at a time of the outer ones; the dims are kept (`...` when the whole grid fits)."""
     n = max(1, (CHUNK_BYTES if budget is None else budget) // max(1, row_bytes))
+    if math.prod(shape) <= n:
+        yield ...
+        return
     k, inner = len(shape), 1
     while k > 0 and inner * shape[k - 1] <= n:
         k -= 1
@@ -50,6 +58,9 @@ def map_rows(fn, x: np.ndarray, y: np.ndarray, r0: int, r1: int, budget: int | N
     row longer than `budget` in pieces)."""
     ne0 = x.shape[1]
     budget = CHUNK_BYTES if budget is None else budget
+    if (r1 - r0) * ne0 * x.itemsize <= budget:     # one chunk: most nodes of a small graph
+        y[r0:r1] = fn(x[r0:r1])
+        return
     cols = max(1, budget // x.itemsize)
     for c0, c1 in chunks(r0, r1, x.itemsize * ne0, budget):
         if ne0 <= cols:
