@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import types as T
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import cpu_from_float, require, require_type, unravel_rows, with_shape
+from .walk import chunks, cpu_from_float, require, require_type, unravel_rows, with_shape
 
 
 def _tiled(ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -68,9 +68,11 @@ def _forward(node, ith: int, nth: int, ufunc, interleaved: bool) -> None:
             _tiled(ufunc, rows_a[sel], rows_b[sel_b], rows_d[sel])
             return
         i3, i2, i1 = unravel_rows(np.arange(nr)[sel], node.ne[1], node.ne[2])
-        out = np.empty((len(i1), ne0), dtype=node.data.dtype)
-        _tiled(ufunc, a.data[i3, i2, i1], b.data[i3 % b.ne[3], i2 % b.ne[2], i1 % b.ne[1]], out)
-        node.data[i3, i2, i1] = out
+        for c0, c1 in chunks(0, len(i1), 4 * ne0):      # gathered and scattered a chunk at a time
+            j3, j2, j1 = i3[c0:c1], i2[c0:c1], i1[c0:c1]
+            out = np.empty((len(j1), ne0), dtype=node.data.dtype)
+            _tiled(ufunc, a.data[j3, j2, j1], b.data[j3 % b.ne[3], j2 % b.ne[2], j1 % b.ne[1]], out)
+            node.data[j3, j2, j1] = out
 
 
 def _add_quantized(node, a, b, r0: int, r1: int) -> None:
@@ -79,11 +81,10 @@ def _add_quantized(node, a, b, r0: int, r1: int) -> None:
 
     require(a.ne == b.ne == node.ne, "add", "a quantized a needs b of the same shape")
     require(b.type == T.F32 and b.nb[0] == 4, "add", "with a quantized a, b must be f32 with packed rows")
-    if r0 >= r1:
-        return
-    i3, i2, i1 = unravel_rows(np.arange(r0, r1), a.ne[1], a.ne[2])
-    x = quant.dequantize(np.ascontiguousarray(a.data[i3, i2, i1]), a.type).reshape(len(i1), -1)
-    node.data[i3, i2, i1] = cpu_from_float(x + b.data[i3, i2, i1], node.type)
+    for c0, c1 in chunks(r0, r1, 4 * a.ne[0]):
+        i3, i2, i1 = unravel_rows(np.arange(c0, c1), a.ne[1], a.ne[2])
+        x = quant.dequantize(np.ascontiguousarray(a.data[i3, i2, i1]), a.type).reshape(len(i1), -1)
+        node.data[i3, i2, i1] = cpu_from_float(x + b.data[i3, i2, i1], node.type)
 
 
 def _quantized_src0_work(node, n_tasks: int) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 from .. import types as T
 from ..errors import GGToolError
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block, view_tensor
-from .walk import cpu_from_float, require, strided_as, with_shape, write_linear
+from .walk import chunks, cpu_from_float, require, strided_as, with_shape, write_linear
 
 
 def _flat(t) -> np.ndarray | None:
@@ -48,13 +48,19 @@ def _same_type(node, src, ith, nth) -> None:
         dst[:, :, r0:r1] = src.data[:, :, r0:r1]
         return
     require(not T.is_quantized(src.type), "cpy", "quantized rows must keep their length and packing")
-    write_linear(node, src.shape, src.data[:, :, r0:r1], slice(r0, r1))
+    for c0, c1 in chunks(r0, r1, src.ne[0] * src.ne[2] * src.ne[3] * size):
+        write_linear(node, src.shape, src.data[:, :, c0:c1], slice(c0, c1))
 
 
 def _convert(node, src, ith, nth) -> None:
     r0, r1 = row_block(src.ne[1], ith, nth)
-    if r0 >= r1:
-        return
+    slab = 4 * src.ne[0] * src.ne[2] * src.ne[3]      # f32 bytes of one dim-1 row across dims 2, 3
+    for c0, c1 in chunks(r0, r1, slab):
+        _convert_rows(node, src, c0, c1)
+
+
+def _convert_rows(node, src, r0: int, r1: int) -> None:
+    """Dim-1 rows r0..r1 of src (for every i2, i3) converted into node."""
     if src.type == T.BF16:
         from ..quant import bf16_to_fp32
         values = bf16_to_fp32(src.data[:, :, r0:r1])
@@ -81,13 +87,14 @@ def _dequantize(node, src, ith, nth) -> None:
     k0, k1 = row_block(node.nelements // qk, ith, nth)
     if k0 >= k1:
         return
-    blocks = np.ascontiguousarray(src.data).reshape(-1, size)[k0:k1]
-    values = quant.dequantize(blocks, src.type).reshape(-1)
+    all_blocks = np.ascontiguousarray(src.data).reshape(-1, size)
     flat = _flat(node)
-    if flat is not None:
-        flat[k0 * qk:k1 * qk] = values
-    else:
-        node.data[np.unravel_index(np.arange(k0 * qk, k1 * qk), node.shape)] = values
+    for b0, b1 in chunks(k0, k1, 4 * qk):            # blocks dequantized a chunk at a time
+        values = quant.dequantize(all_blocks[b0:b1], src.type).reshape(-1)
+        if flat is not None:
+            flat[b0 * qk:b1 * qk] = values
+        else:
+            node.data[np.unravel_index(np.arange(b0 * qk, b1 * qk), node.shape)] = values
 
 
 def _forward_dup(node, ith, nth, work):

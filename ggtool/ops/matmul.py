@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import types as T
 from .base import ALL, check, fmt_ne, function, kernel, new_op
-from .walk import require, require_type
+from .walk import grid_chunks, require, require_type
 
 WEIGHT_TYPES = (T.F32, T.F16, *T.DOT_TYPES)
 
@@ -44,8 +44,9 @@ def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
     ne10, ne11, ne12, ne13 = b.ne
     nbw1 = T.row_size(vdt, ne10)
     raw = work.wdata[: ne13 * ne12 * ne11 * nbw1].reshape(ne13, ne12, ne11, nbw1)
-    x = b.data[:, :, ith::nth]
-    if x.size:
+    mine, out = b.data[:, :, ith::nth], raw[:, :, ith::nth]
+    for c in grid_chunks(mine.shape[:3], 4 * ne10) if mine.size else ():   # rows a chunk at a time
+        x = mine[c]
         if vdt == T.F16:
             conv = quant.fp32_to_fp16(np.ascontiguousarray(x)).view(np.uint8)
         elif vdt == T.BF16:    # the CPU from_float: GGML_FP32_TO_BF16 per value
@@ -56,7 +57,7 @@ def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
             conv = quant.quantize_q8_1_cpu(np.ascontiguousarray(x).reshape(-1, ne10))
         else:  # Q8_0: the CPU (AVX2) from_float, as GGML's mul_mat
             conv = quant.quantize_q8_0_cpu(np.ascontiguousarray(x).reshape(-1, ne10))
-        raw[:, :, ith::nth] = conv.reshape(*x.shape[:3], nbw1)
+        out[c] = conv.reshape(*x.shape[:3], nbw1)
     return raw.view(np.float16) if vdt == T.F16 else raw
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import types as T
 from .base import ALL, function, kernel, new_op
-from .walk import require, require_type
+from .walk import grid_chunks, require, require_type
 
 f32 = np.float32
 
@@ -22,16 +22,31 @@ def _rows(node, ith, nth, op):
     eps = f32(node.param_f32(0))
     require(eps >= 0, op, f"eps must be >= 0, got {eps}")
     sel = (slice(None), slice(None), slice(ith, None, nth))
-    return a.data[sel], node.data, sel, eps, a.ne[0]
+    return a.data[sel], node.data[sel], eps, a.ne[0]
+
+
+def _by_chunks(node, ith, nth, op, rows_fn) -> None:
+    """y = rows_fn(x, eps, n) over this thread's rows, in chunks (walk.CHUNK_BYTES)."""
+    x, y, eps, n = _rows(node, ith, nth, op)
+    for c in grid_chunks(x.shape[:-1], 4 * n):
+        y[c] = rows_fn(x[c], eps, n)
+
+
+def _norm_rows(x, eps, n):
+    mean = (x.sum(axis=-1, dtype=np.float64) / n).astype(f32)
+    v = x - mean[..., None]
+    variance = ((v * v).sum(axis=-1, dtype=np.float64) / n).astype(f32)
+    return v * (f32(1) / np.sqrt(variance + eps))[..., None]
+
+
+def _rms_norm_rows(x, eps, n):
+    mean = ((x * x).sum(axis=-1, dtype=np.float64) / n).astype(f32)
+    return x * (f32(1) / np.sqrt(mean + eps))[..., None]
 
 
 @kernel("NORM", n_tasks=ALL)
 def forward_norm(node, ith, nth, work):
-    x, y, sel, eps, n = _rows(node, ith, nth, "norm")
-    mean = (x.sum(axis=-1, dtype=np.float64) / n).astype(f32)
-    v = x - mean[..., None]
-    variance = ((v * v).sum(axis=-1, dtype=np.float64) / n).astype(f32)
-    y[sel] = v * (f32(1) / np.sqrt(variance + eps))[..., None]
+    _by_chunks(node, ith, nth, "norm", _norm_rows)
 
 
 @function("norm", "ggml_norm(ctx, a, eps)", "each row to zero mean and unit variance: (x-mean)/sqrt(var+eps)")
@@ -41,9 +56,7 @@ def norm(ctx, a, eps):
 
 @kernel("RMS_NORM", n_tasks=ALL)
 def forward_rms_norm(node, ith, nth, work):
-    x, y, sel, eps, n = _rows(node, ith, nth, "rms_norm")
-    mean = ((x * x).sum(axis=-1, dtype=np.float64) / n).astype(f32)
-    y[sel] = x * (f32(1) / np.sqrt(mean + eps))[..., None]
+    _by_chunks(node, ith, nth, "rms_norm", _rms_norm_rows)
 
 
 @function("rms_norm", "ggml_rms_norm(ctx, a, eps)", "each row divided by its root mean square: x/sqrt(mean(x^2)+eps)")

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import types as T
 from .base import check, fmt_ne, function, kernel, new_op
-from .walk import packed_rows, require_type, row_walk
+from .walk import chunks, grid_chunks, packed_rows, require_type, row_walk
 
 
 def _row_sums(a) -> np.ndarray:
@@ -27,7 +27,10 @@ def forward_sum(node, ith, nth, work):
     if a.type == T.F32:
         node.data.reshape(-1)[0] = np.float32(_row_sums(a).sum())
     else:  # ggml_vec_sum_f16_ggf: sequential float sums per row, then a float total
-        rows = np.cumsum(packed_rows(a).astype(np.float32), axis=-1, dtype=np.float32)[..., -1]
+        x = packed_rows(a)
+        rows = np.empty(x.shape[:-1], np.float32)
+        for c in grid_chunks(x.shape[:-1], 4 * x.shape[-1]):
+            rows[c] = np.cumsum(x[c].astype(np.float32), axis=-1, dtype=np.float32)[..., -1]
         total = np.cumsum(rows.reshape(-1), dtype=np.float32)[-1] if rows.size else np.float32(0)
         node.data.reshape(-1)[0] = np.float16(total)
 
@@ -84,11 +87,13 @@ def forward_argmax(node, ith, nth, work):
     a = node.src[0]
     require_type(a, "argmax", (T.F32,))
     x = row_walk(a)                                    # (ne1, ne0): argmax asserts a is a matrix
-    last = x.shape[1] - 1 - np.argmax(x[:, ::-1], axis=1)
-    nan_rows = np.isnan(x).any(axis=1)
-    for r in np.nonzero(nan_rows)[0]:
-        last[r] = _argmax_scalar(x[r])
-    node.data.reshape(-1)[:] = last.astype(np.int32)
+    out = node.data.reshape(-1)
+    for c0, c1 in chunks(0, x.shape[0], 4 * x.shape[1]):
+        rows = x[c0:c1]
+        last = rows.shape[1] - 1 - np.argmax(rows[:, ::-1], axis=1)
+        for r in np.nonzero(np.isnan(rows).any(axis=1))[0]:
+            last[r] = _argmax_scalar(rows[r])
+        out[c0:c1] = last.astype(np.int32)
 
 
 @function("argmax", "ggml_argmax(ctx, a)", "index of each row's maximum (I32, ties give the last index)")

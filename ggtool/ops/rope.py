@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import types as T
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import require, require_type, unravel_rows, with_shape
+from .walk import chunks, require, require_type, unravel_rows, with_shape
 
 f32 = np.float32
 ROPE_TYPE_NEOX = 2
@@ -50,13 +50,27 @@ def forward_rope(node, ith, nth, work):
     r0, r1 = row_block(node.nrows, ith, nth)
     if r0 >= r1:
         return
-    i3, i2, i1 = unravel_rows(np.arange(r0, r1), ne1, ne2)
     x2, y2 = with_shape(a.data, (node.nrows, ne0)), with_shape(node.data, (node.nrows, ne0))
-    x = x2[r0:r1] if x2 is not None else a.data[i3, i2, i1]        # (rows, ne0)
-    half = n_dims // 2
     x86 = work.numerics == "x86"
-    cos, sin = _cos_sin(pos.data.reshape(-1), ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
-    cos, sin = cos[i2, :half], sin[i2, :half]                         # one cache per token
+    positions, half = pos.data.reshape(-1), n_dims // 2
+    for c0, c1 in chunks(r0, r1, 4 * ne0):                            # rows a chunk at a time
+        i3, i2, i1 = unravel_rows(np.arange(c0, c1), ne1, ne2)
+        x = x2[c0:c1] if x2 is not None else a.data[i3, i2, i1]     # (rows, ne0)
+        p0, p1 = (c0 // ne1) % ne2, ((c1 - 1) // ne1) % ne2 + 1      # the caches of the chunk's tokens
+        if c0 // (ne1 * ne2) != (c1 - 1) // (ne1 * ne2):               # (all, if it spans two i3)
+            p0, p1 = 0, ne2
+        cos, sin = _cos_sin(positions[p0:p1], ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
+        j = i2 - p0 if p0 else i2
+        y = _rotate(x, cos[j, :half], sin[j, :half], n_dims, mode, x86)   # one cache per token
+        if y2 is not None:
+            y2[c0:c1] = y
+        else:
+            node.data[i3, i2, i1] = y
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_dims: int, mode: int, x86: bool) -> np.ndarray:
+    """Rows x (rows, ne0) rotated by their tokens' caches (rows, n_dims/2); pairs past n_dims copied."""
+    half = n_dims // 2
     if mode == ROPE_TYPE_NEOX:
         j0, j1 = slice(0, half), slice(half, n_dims)                 # element ic pairs with ic + n_dims/2
     else:
@@ -72,10 +86,7 @@ def forward_rope(node, ith, nth, work):
     else:
         y[:, j0] = x0 * cos - x1 * sin
         y[:, j1] = x0 * sin + x1 * cos
-    if y2 is not None:
-        y2[r0:r1] = y
-    else:
-        node.data[i3, i2, i1] = y
+    return y
 
 
 def _rope(ctx, op, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,

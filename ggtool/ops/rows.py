@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import types as T
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import require, require_type, unravel_rows
+from .walk import chunks, require, require_type, unravel_rows, with_shape
 
 
 @kernel("GET_ROWS", n_tasks=1)
@@ -26,12 +26,14 @@ def forward_get_rows(node, ith, nth, work):
     rows = idx.data[0, i12, i11, i10].astype(np.int64)
     bad = rows[(rows < 0) | (rows >= a.ne[1])]
     require(bad.size == 0, "get_rows", f"index {bad[0] if bad.size else 0} is outside 0..{a.ne[1] - 1} (a's rows)")
-    src = a.data[i12, i11, rows]                  # (n, ne0) elements, or (n, row_bytes) for quantized
-    if T.is_quantized(a.type):
-        src = quant.dequantize(np.ascontiguousarray(src), a.type)
-    elif a.type == T.BF16:                        # GGML's to_float: the bits widened, exact
-        src = quant.bf16_to_fp32(src)
-    node.data[i12, i11, i10] = src
+    for c0, c1 in chunks(0, r1 - r0, 4 * a.ne[0]):  # the rows picked (and converted) a chunk at a time
+        c = slice(c0, c1)
+        src = a.data[i12[c], i11[c], rows[c]]     # (n, ne0) elements, or (n, row_bytes) for quantized
+        if T.is_quantized(a.type):
+            src = quant.dequantize(np.ascontiguousarray(src), a.type)
+        elif a.type == T.BF16:                    # GGML's to_float: the bits widened, exact
+            src = quant.bf16_to_fp32(src)
+        node.data[i12[c], i11[c], i10[c]] = src
 
 
 @function("get_rows", "ggml_get_rows(ctx, a, b)",
@@ -54,8 +56,13 @@ def forward_repeat(node, ith, nth, work):
     require_type(a, "repeat", (T.F32, T.I32, T.F16, T.BF16, T.GGMLType.I16))
     size = T.type_size(a.type)
     require(a.nb[0] == size and node.nb[0] == size, "repeat", "a and the result need packed rows (nb0 == type size)")
-    reps = [n // m for n, m in zip(node.shape, a.shape)]
-    node.data[...] = np.tile(a.data, reps)
+    # np.tile without its full-size temporary: every dim of the result split as (repeats, a's size)
+    split = [x for n, m in zip(node.shape, a.shape) for x in (n // m, m)]
+    out, src = with_shape(node.data, split), with_shape(a.data, [x for m in a.shape for x in (1, m)])
+    if out is None or src is None:
+        node.data[...] = np.tile(a.data, [n // m for n, m in zip(node.shape, a.shape)])
+        return
+    out[...] = src
 
 
 @function("repeat", "ggml_repeat(ctx, a, b)", "a tiled (np.tile) to b's shape; b only gives the shape")
@@ -73,9 +80,11 @@ def forward_concat(node, ith, nth, work):
     dim = node.param_i32(0)
     axis = 3 - dim
     y = node.data
-    if dim != 2:
+    if dim != 2:                           # a's part, then b's, written in place
         sel = (slice(None), slice(ith, None, nth))
-        y[sel] = np.concatenate([a.data[sel], b.data[sel]], axis=axis)
+        n_a = a.shape[axis]
+        y[sel][(slice(None),) * axis + (slice(0, n_a),)] = a.data[sel]
+        y[sel][(slice(None),) * axis + (slice(n_a, None),)] = b.data[sel]
         return
     n_a = a.ne[2]
     y[:, ith:n_a:nth] = a.data[:, ith::nth]

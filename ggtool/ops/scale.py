@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import types as T
 from .base import check, fmt_ne, function, kernel, new_op, row_block, view_tensor
-from .walk import require, require_type, row_walk
+from .walk import map_rows, require, require_type, row_walk
 
 
 @kernel("SCALE", n_tasks=1)
@@ -19,8 +19,8 @@ def forward_scale(node, ith, nth, work):
     require_type(a, "scale", (T.F32,))
     require(a.is_contiguous() and node.is_contiguous(), "scale", "a and the result must be contiguous")
     r0, r1 = row_block(node.nrows, ith, nth)
-    x, y = row_walk(a), row_walk(node)
-    y[r0:r1] = x[r0:r1] * np.float32(node.param_f32(0))
+    s = np.float32(node.param_f32(0))
+    map_rows(lambda x: x * s, row_walk(a), row_walk(node), r0, r1)
 
 
 @function("scale", "ggml_scale(ctx, a, s)", "a*s (s a float)")
@@ -38,9 +38,10 @@ def forward_clamp(node, ith, nth, work):
     require_type(a, "clamp", (T.F32,))
     require(a.nb[0] == 4 and node.nb[0] == 4, "clamp", "a and the result need nb0 == 4")
     lo, hi = np.float32(node.param_f32(0)), np.float32(node.param_f32(1))
-    x, y = row_walk(a), row_walk(node)
-    y[...] = np.where(x < hi, x, hi)          # C's MIN(x, max): NaN x gives max
-    y[...] = np.where(y > lo, y, lo)          # C's MAX(., min)
+    def clamp_values(x):
+        y = np.where(x < hi, x, hi)           # C's MIN(x, max): NaN x gives max
+        return np.where(y > lo, y, lo)        # C's MAX(., min)
+    map_rows(clamp_values, row_walk(a), row_walk(node), 0, node.nrows)
 
 
 @function("clamp", "ggml_clamp(ctx, a, min, max)",

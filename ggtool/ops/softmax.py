@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import types as T
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import require, require_type, row_walk
+from .walk import chunks, require, require_type, row_walk
 
 f32 = np.float32
 
@@ -41,13 +41,21 @@ def forward_soft_max(node, ith, nth, work):
     x86 = None
     if work.numerics == "x86":
         from ..kernels import x86
-    w = row_walk(a)[r0:r1] * scale
-    rows = np.arange(r0, r1)
+    m = None
     if mask is not None:
-        ne0, ne1 = a.ne[0], a.ne[1]
-        m = mask.data.reshape(-1)[: mask.ne[0] * mask.ne[1]].reshape(-1, ne0)  # packed rows of ne0
-        slope = _alibi_slopes(rows, ne1, a.ne[2], max_bias)
-        mr = m[rows % ne1].astype(f32)
+        m = mask.data.reshape(-1)[: mask.ne[0] * mask.ne[1]].reshape(-1, a.ne[0])  # packed rows of ne0
+    x, y = row_walk(a), row_walk(node)
+    for c0, c1 in chunks(r0, r1, 4 * a.ne[0]):
+        y[c0:c1] = _soft_max_rows(a, x[c0:c1], m, c0, c1, scale, max_bias, x86)
+
+
+def _soft_max_rows(a, x, m, r0: int, r1: int, scale, max_bias, x86) -> np.ndarray:
+    """Rows r0..r1 of the result from x (those rows of a) and the packed mask rows m (or None)."""
+    w = x * scale
+    if m is not None:
+        rows = np.arange(r0, r1)
+        slope = _alibi_slopes(rows, a.ne[1], a.ne[2], max_bias)
+        mr = m[rows % a.ne[1]].astype(f32)
         if x86 is not None:        # w += slope*mask, contracted to an FMA by the x86 build's compiler
             w = x86.fma(np.ascontiguousarray(np.broadcast_to(slope[:, None], w.shape)), mr, np.ascontiguousarray(w))
         else:
@@ -55,12 +63,11 @@ def forward_soft_max(node, ith, nth, work):
     if x86 is not None:   # ggml_v_expf in 16-value chunks
         y = np.empty(w.shape, f32)
         x86.soft_max_rows(np.ascontiguousarray(w, dtype=f32), y, x86.EXPF)
-        row_walk(node)[r0:r1] = y
-        return
+        return y
     with np.errstate(all="ignore"):
         e = np.exp(w - w.max(axis=1, keepdims=True))
         inv = (1.0 / e.sum(axis=1, dtype=np.float64)).astype(f32)
-        row_walk(node)[r0:r1] = e * inv[:, None]
+        return e * inv[:, None]
 
 
 def _soft_max(ctx, a, mask, scale, max_bias, name):
@@ -102,10 +109,11 @@ def forward_diag_mask_inf(node, ith, nth, work):
         work.barrier()
     nc, nr = a.ne[0], a.ne[1]
     y = node.data.reshape(-1, nr, nc)
-    j = np.arange(ith, nr, nth)
-    masked = np.arange(nc)[None, :] > (n_past + j)[:, None]
     rows = y[:, ith::nth]
-    rows[:, masked] = -np.inf
+    for c0, c1 in chunks(0, rows.shape[1], nc):   # the mask of a chunk of rows, set in place
+        j = np.arange(ith + c0 * nth, ith + c1 * nth, nth)
+        masked = np.arange(nc)[None, :] > (n_past + j)[:, None]
+        np.copyto(rows[:, c0:c1], -np.inf, where=masked)
 
 
 @function("diag_mask_inf", "ggml_diag_mask_inf(ctx, a, n_past)",

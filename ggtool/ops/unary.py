@@ -15,7 +15,7 @@ import numpy as np
 from .. import types as T
 from ..tensor import UNARY_OPS
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import require_type, row_walk
+from .walk import map_rows, require_type, row_walk
 
 f32 = np.float32
 
@@ -136,7 +136,7 @@ def _make_kernel(op: str, split: str, fn: Callable):
         x, y = row_walk(src), row_walk(node)
         f = _X86.get(op, fn) if work.numerics == "x86" else fn
         with np.errstate(all="ignore"):
-            y[r0:r1] = f(x[r0:r1])
+            map_rows(f, x, y, r0, r1)
     forward.__name__ = f"forward_{op.lower()}"
     forward.__doc__ = f"{op}: float32 rows, {'row blocks' if split == 'block' else 'thread 0 only'}."
     return forward

@@ -3,11 +3,71 @@ writes in logical (linear) order. Shared by the family modules; no op lives here
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import types as T
 from ..errors import GGToolError
 from ..tensor import Tensor
+
+
+# Kernels evaluate their numpy expressions over rows this many bytes at a time (at least one row):
+# each expression makes temporaries of its operands' size, so a kernel over a whole tensor would
+# hold several copies of it at once (a 128 MiB soft_max peaked at 4x its size); in chunks its
+# temporaries stay small, and peak memory follows the planned buffers. Rows are computed
+# independently, so chunking changes no result (as the thread split does not). 128 KiB is glibc's
+# mmap threshold: larger temporaries are fresh pages from the kernel on every call (1 MiB chunks
+# made llama.gg's soft_max 1.2x slower than whole tensors), these come from the heap and stay in
+# cache (0.6x).
+CHUNK_BYTES = 128 << 10
+
+
+def chunks(r0: int, r1: int, row_bytes: int, budget: int | None = None):
+    """Row ranges (c0, c1) covering [r0, r1), each about `budget` bytes of rows (CHUNK_BYTES, read at
+    each call), at least one row."""
+    budget = CHUNK_BYTES if budget is None else budget
+    step = max(1, budget // max(1, row_bytes))
+    for c0 in range(r0, r1, step):
+        yield c0, min(c0 + step, r1)
+
+
+def grid_chunks(shape, row_bytes: int, budget: int | None = None):
+    """Indices covering a grid of rows of `shape` (an array's leading dims, its rows innermost),
+    each about `budget` bytes of rows: whole inner dims where they fit, blocks of the next, one
+    index at a time of the outer ones; the dims are kept (`...` when the whole grid fits)."""
+    n = max(1, (CHUNK_BYTES if budget is None else budget) // max(1, row_bytes))
+    if math.prod(shape) <= n:
+        yield ...
+        return
+    k, inner = len(shape), 1
+    while k > 0 and inner * shape[k - 1] <= n:
+        k -= 1
+        inner *= shape[k]
+    if k == 0:
+        yield ...
+        return
+    step, whole = max(1, n // inner), tuple(slice(None) for _ in shape[k:])
+    for outer in np.ndindex(*shape[:k - 1]):
+        for b0 in range(0, shape[k - 1], step):
+            yield (*(slice(i, i + 1) for i in outer), slice(b0, b0 + step), *whole)
+
+
+def map_rows(fn, x: np.ndarray, y: np.ndarray, r0: int, r1: int, budget: int | None = None) -> None:
+    """y[r0:r1] = fn(x[r0:r1]) for an element-wise fn on (rows, ne0) views, in chunks of rows (a
+    row longer than `budget` in pieces)."""
+    ne0 = x.shape[1]
+    budget = CHUNK_BYTES if budget is None else budget
+    if (r1 - r0) * ne0 * x.itemsize <= budget:     # one chunk: most nodes of a small graph
+        y[r0:r1] = fn(x[r0:r1])
+        return
+    cols = max(1, budget // x.itemsize)
+    for c0, c1 in chunks(r0, r1, x.itemsize * ne0, budget):
+        if ne0 <= cols:
+            y[c0:c1] = fn(x[c0:c1])
+        else:
+            for k0 in range(0, ne0, cols):
+                y[c0:c1, k0:k0 + cols] = fn(x[c0:c1, k0:k0 + cols])
 
 
 def require(cond: bool, op: str, msg: str) -> None:
@@ -96,8 +156,11 @@ def write_linear(dst: Tensor, src_shape, values: np.ndarray, row_sel: slice) -> 
         view[:, :, row_sel] = values
         return
     # the destination's layout cannot be regrouped as the source's shape: scatter by index
-    ne = src_shape
-    lin = np.arange(int(np.prod(ne)), dtype=np.int64).reshape(ne)[:, :, row_sel].reshape(-1)
+    d3, d2, d1, d0 = src_shape                  # the linear indices of the selected rows only
+    lin = (np.arange(d3, dtype=np.int64)[:, None, None, None] * (d2 * d1 * d0)
+           + np.arange(d2, dtype=np.int64)[None, :, None, None] * (d1 * d0)
+           + np.arange(d1, dtype=np.int64)[row_sel][None, None, :, None] * d0
+           + np.arange(d0, dtype=np.int64)).reshape(-1)
     idx = np.unravel_index(lin, dst.shape)
     dst.data[idx] = values.reshape(-1)
 
