@@ -89,12 +89,15 @@ def input_options(f):
                         help="An input tensor (repeatable); SOURCE forms are listed below.")(f)
 
 
+BY_THE_WORK = "one per 40 GFLOP of the graph's work, 1 to the number of CPUs"   # ggtool.threads.default_threads
+
+
 def threads_option(f=None, *, help: str = "Threads (GGML's n_threads): participants in the compute, "
-                   "this process and N-1 worker processes; by default a small graph computes in this process."):
+                   "this process and N-1 worker processes; by default a small graph computes in this process.",
+                   default: str = BY_THE_WORK):
     """--threads N; None when neither it nor GGTOOL_THREADS is given (then ggtool.threads.default_threads)."""
     option = click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=None,
-                          envvar=THREADS_ENV, show_envvar=True, show_default="the number of CPU cores",
-                          metavar="N", help=help)
+                          envvar=THREADS_ENV, show_envvar=True, show_default=default, metavar="N", help=help)
     return option(f) if f is not None else option
 
 

@@ -68,7 +68,8 @@ More:
 @click.command("plan", help=HELP, short_help="Plan a program: n_tasks and work per node, threads, sizes.")
 @program_options
 @input_options
-@threads_option(help="Threads to plan for (GGML's n_threads passed to ggml_graph_plan).")
+@threads_option(help="Threads to plan for (GGML's n_threads passed to ggml_graph_plan).",
+                default="the number of CPUs")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON with n_threads, work_size, mem_size, compute_buffer_size and nodes.")
 def command(program, program_file, output_names, graph_size, max_steps, tensor_sources, gguf_files, n_threads, as_json):

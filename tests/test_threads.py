@@ -84,3 +84,11 @@ def test_single_threaded_quantizes_the_same_bytes():
     with single_threaded():
         one = Q.quantize_q4_0(x)
     assert np.array_equal(one, Q.quantize_q4_0(x))
+
+
+def test_the_help_states_the_rule_of_ggtool_threads():
+    """--threads' shown default (commands/_common.BY_THE_WORK) says the share ggtool.threads uses."""
+    from ggtool.commands._common import BY_THE_WORK
+    from ggtool.threads import PARTICIPANT_MIN_FLOPS
+
+    assert f"one per {PARTICIPANT_MIN_FLOPS // 10**9} GFLOP" in BY_THE_WORK
