@@ -47,11 +47,14 @@ def console() -> None:
     _exit_now(code)
 
 
+COMPUTING = ("compute", "generate")   # the commands that compute on the worker pool
+
+
 def threads_asked(argv: list[str]) -> int | None:
-    """For a `compute` command line, the thread count it gives (its --threads N, else
-    GGTOOL_THREADS), 0 when it gives none; None for any other command line. Read before click
+    """For a command line that computes (COMPUTING), the thread count it gives (its --threads N,
+    else GGTOOL_THREADS), 0 when it gives none; None for any other command line. Read before click
     loads, so only a clear case counts: anything odd is 0, left for click to judge."""
-    if not argv or argv[0] != "compute":
+    if not argv or argv[0] not in COMPUTING:
         return None
     if "--help" in argv or "-h" in argv:
         return 0

@@ -24,6 +24,8 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers
     (["compute", "x"], "2", 2),                         # GGTOOL_THREADS
     (["compute", "x", "-t", "3"], "2", 3),              # the option wins, as in click
     (["compute", "x"], None, 0),                        # the default is decided by the graph's size
+    (["generate", "--gguf", "m.gguf", "-t", "2"], None, 2),   # generate keeps its pool for every step
+    (["generate", "--gguf", "m.gguf"], None, 0),
     (["plan", "x", "-t", "2"], None, None),             # plan computes nothing: no prestart
     (["compute", "--help", "-t", "2"], None, 0),
     (["compute", "x", "-t", "two"], None, 0),           # click's to judge
@@ -32,7 +34,7 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers
 ])
 def test_which_command_lines_launch_workers(monkeypatch, argv, env, n):
     """The command line's look-ahead (before click loads) gives prestart the thread count of a
-    `compute` (0: none given), and nothing for another command."""
+    `compute` or `generate` (0: none given), and nothing for another command."""
     if env is None:
         monkeypatch.delenv("GGTOOL_THREADS", raising=False)
     else:

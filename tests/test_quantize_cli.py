@@ -436,3 +436,17 @@ def test_nan_index_in_a_piece_converted_on_a_thread(tmp_path):
     with pytest.raises(Exception, match=r"cannot quantize inf at index \(1900, 5\)"):
         QM.quantize_file(src, tmp_path / "o.gguf", QM.QuantizeOptions(threads=2))
     assert sorted(os.listdir(tmp_path)) == ["big.gguf"]
+
+
+@pytest.mark.parametrize("qtype", ["q4_K", "q5_K", "q6_K"])
+def test_k_quant_scale_overflow_is_an_error(run, tmp_path, qtype):
+    """A K-quant block whose f16 super-block scale would be inf is refused, as q4_0's is (llama.cpp's
+    ggml_validate_row_data refuses the file), and nothing is written."""
+    w = np.full((2, 256), 1e10, np.float32)   # a scale near 1e10 / 4096: inf in f16 (largest 65504)
+    w[:, ::2] = -1e10
+    src = write_gguf(tmp_path / "big.gguf", {"blk.0.ffn_up.weight": w}, arch="llama")
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, src, out, "-q", "--pure", "--type", qtype)
+    assert r.exit_code == 1 and not out.exists()
+    assert r.stderr.startswith(f"Error: tensor 'blk.0.ffn_up.weight': the {qtype} block at index (0, 0) holds values up to")
+    assert "too large for its f16 scale (it would be inf)" in r.stderr

@@ -48,7 +48,9 @@ def convert_rows(x, src_type: T.GGMLType, dst_type: T.GGMLType, name: str, shape
 
 
 # byte offsets of the f16 fields (d, and m where there is one) in a block of the types ggtool writes
-_F16_FIELDS = {T.Q4_0: (0,), T.Q8_0: (0,), T.GGMLType.Q5_0: (0,), T.GGMLType.Q4_1: (0, 2), T.GGMLType.Q5_1: (0, 2)}
+_F16_FIELDS = {T.Q4_0: (0,), T.Q8_0: (0,), T.GGMLType.Q5_0: (0,), T.GGMLType.Q4_1: (0, 2), T.GGMLType.Q5_1: (0, 2),
+               T.GGMLType.Q2_K: (80, 82), T.GGMLType.Q3_K: (108,), T.GGMLType.Q4_K: (0, 2),
+               T.GGMLType.Q5_K: (0, 2), T.GGMLType.Q6_K: (208,)}
 
 
 def _check_written(raw: np.ndarray, vals, dst_type: T.GGMLType, name: str, shape, r0: int) -> None:
