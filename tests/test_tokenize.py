@@ -117,6 +117,20 @@ def test_clean_spaces_passes():
     assert _clean_spaces(b"he 's we 're I 've I 'd") == b"he's we're I've I 'd"
 
 
+def test_text_that_was_not_utf8_is_refused_on_every_path(run, vocabs):
+    """Bytes that are not UTF-8 reach Python as lone surrogates (argv, surrogateescape): refused,
+    never tokenized as the bytes of U+DCFF, by the library, compute's text: source and generate."""
+    from ggtool.errors import InputError
+
+    for name in ("stories260K", "qwen25"):
+        with pytest.raises(InputError, match="U\\+DCFF, a lone surrogate"):
+            vocabs(name).tokenize("Once \udcff")
+    err = fails(run("compute", "tokens", "--gguf", str(STORIES), "--tensor", "tokens=text:Once \udcff"))
+    assert "--tensor tokens: the text is not UTF-8: character 5 is U+DCFF" in err
+    err = fails(run("generate", "--gguf", str(STORIES), "--prompt", "Once \udcff", "-n", "1"))
+    assert "the text is not UTF-8" in err
+
+
 def test_out_of_range_id_names_the_size(vocabs):
     v = vocabs("stories260K")
     with pytest.raises(VocabError, match=r"token id 512 is outside the vocabulary \(512 tokens"):

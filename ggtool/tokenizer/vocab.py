@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggtool.errors import GGToolError
+from ggtool.errors import GGToolError, InputError
 
 from .bpe import BPE, BYTE_TO_CHAR, decode_text
 from .pretokenize import PRE_TOKENIZERS, PreTokenizer, Splitter
@@ -230,7 +230,14 @@ class Vocab:
         return frags
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """llama_tokenize: the token ids of `text`."""
+        """llama_tokenize: the token ids of `text`, which must be Unicode text: a lone surrogate (what
+        Python makes of bytes that are not UTF-8, e.g. in argv) is refused, not tokenized as the
+        bytes of U+DCxx."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"the text is not UTF-8: character {e.start} is U+{ord(text[e.start]):04X}, "
+                             "a lone surrogate (bytes that were not UTF-8?)", kind="not-utf8") from None
         frags = self._partition(text, parse_special) if text else []
         out: list[int] = []
         if add_special and self.add_bos:
