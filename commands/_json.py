@@ -51,6 +51,11 @@ def dumps(obj, *, indent: int | None = None, ascii: bool = False) -> str:
     return json.dumps(plain(obj), indent=indent, ensure_ascii=ascii, allow_nan=False)
 
 
+def compact(obj) -> str:
+    """`dumps` without spaces (`[1,403,407]`), as compute prints arrays: token ids, one per line."""
+    return json.dumps(plain(obj), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def document(obj, *, indent: int | None = 2) -> str:
     """A whole JSON document on stdout: `dumps` and a trailing newline."""
     return dumps(obj, indent=indent) + "\n"

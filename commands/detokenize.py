@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from .tokenize import jsonl_lines, load_vocab, read_text
+from ._json import dumps
+from .tokenize import jsonl_lines, load_vocab, parse_ids, read_text
 
 HELP = """Turn token ids back into text with the vocabulary of a GGUF model, as llama.cpp does:
 each id's llama_token_to_piece concatenated, one leading space dropped when the first id is BOS
@@ -30,17 +30,6 @@ Examples:
 """
 
 
-def _parse_ids(text: str, where: str) -> list[int]:
-    s = text.strip()
-    try:
-        ids = json.loads(s) if s.startswith("[") else [int(t) for t in s.replace(",", " ").split()]
-    except (json.JSONDecodeError, ValueError):
-        raise click.ClickException(f"{where}: not a JSON array of token ids") from None
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise click.ClickException(f"{where}: not a JSON array of token ids")
-    return ids
-
-
 @click.command("detokenize", help=HELP, short_help="Token ids to text with a GGUF model's vocabulary (llama.cpp's).")
 @click.argument("ids", required=False, metavar="[IDS | -]")
 @click.option("--gguf", "model", required=True, metavar="MODEL", type=click.Path(exists=True, dir_okay=False),
@@ -54,9 +43,9 @@ def command(ids, model, unparse_special, jsonl, as_json):
     vocab = load_vocab(model)
     out = sys.stdout
     if jsonl:
-        rows = [_parse_ids(json.dumps(v), f"stdin line {no}") for no, v in jsonl_lines(list, "a JSON array")]
-        out.write("".join(json.dumps(vocab.decode(ids, unparse_special), ensure_ascii=False) + "\n" for ids in rows))
+        rows = [parse_ids(dumps(v), f"stdin line {no}") for no, v in jsonl_lines(list, "a JSON array")]
+        out.write("".join(dumps(vocab.decode(ids, unparse_special)) + "\n" for ids in rows))
         return
     where = "IDS" if ids not in (None, "-") else "stdin"
-    text = vocab.decode(_parse_ids(read_text(ids), where), unparse_special)
-    out.write(json.dumps(text, ensure_ascii=False) + "\n" if as_json else text + "\n")
+    text = vocab.decode(parse_ids(read_text(ids), where), unparse_special)
+    out.write(dumps(text) + "\n" if as_json else text + "\n")

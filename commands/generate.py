@@ -4,12 +4,12 @@ after token over a KV cache (ggtool.generate), printing the text as it comes."""
 from __future__ import annotations
 
 import codecs
-import json
 import sys
 
 import click
 
 from ._common import log, open_pool, read_program, threads_option
+from .tokenize import ids_json, parse_ids
 
 HELP = """Continue a prompt with a GGUF model: the prompt is evaluated in one batch, then each new
 token computes only its own row against the KV cache (F32 K and V of every earlier token), on a
@@ -94,7 +94,7 @@ def command(stdin_text, model, program_file, prompt, tokens_json, n_predict, ctx
     program = parse(source, filename=filename)
     vocab = load_vocab(model)
     if tokens_json is not None:
-        ids = _parse_ids(tokens_json)
+        ids = parse_ids(tokens_json, "--tokens", click.UsageError)
         for t in ids:
             vocab.check_id(t)
     else:
@@ -134,20 +134,10 @@ def command(stdin_text, model, program_file, prompt, tokens_json, n_predict, ctx
     if fmt == "text":
         out.write(decoder.decode(b"", final=True) + "\n")
     else:
-        out.write(json.dumps(new, separators=(",", ":")) + "\n")
+        out.write(ids_json(new) + "\n")
     if verbose and event is not None:
         log(f"prompt: {len(ids)} tokens in {event.prompt_seconds:.3f} s ({len(ids) / event.prompt_seconds:.1f} tokens/s)")
         steps = len(new) - 1
         if steps > 0:
             log(f"generated: {steps} tokens in {event.generate_seconds:.3f} s "
                 f"({steps / event.generate_seconds:.1f} tokens/s; {n_threads} thread{'s' if n_threads > 1 else ''})")
-
-
-def _parse_ids(text: str) -> list[int]:
-    try:
-        ids = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise click.UsageError(f"--tokens is not JSON ({e.msg}, column {e.colno})") from None
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise click.UsageError("--tokens takes a JSON array of token ids, e.g. [1,403,407]")
-    return ids

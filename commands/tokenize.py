@@ -9,6 +9,8 @@ import sys
 
 import click
 
+from ._json import compact, dumps
+
 HELP = """Tokenize TEXT with the vocabulary of a GGUF model, exactly as llama.cpp does
 (llama_tokenize), and print the ids as a JSON array.
 
@@ -82,14 +84,29 @@ def _jsonl_lines(kind: type, what: str):
 
 
 def ids_json(ids: list[int]) -> str:
-    return json.dumps(ids, separators=(",", ":"))
+    return compact(ids)
+
+
+def parse_ids(text: str, where: str, error: type[click.ClickException] = click.ClickException) -> list[int]:
+    """Token ids from a JSON array (`[1,403,407]`) or numbers separated by spaces or commas: the one
+    reader of ids, for detokenize's IDS and stdin and generate's --tokens."""
+    s = text.strip()
+    try:
+        ids = json.loads(s) if s.startswith("[") else [int(t) for t in s.replace(",", " ").split()]
+    except json.JSONDecodeError as e:
+        raise error(f"{where} is not JSON ({e.msg}, column {e.colno}); give token ids, e.g. [1,403,407]") from None
+    except ValueError:
+        raise error(f"{where}: not a JSON array of token ids, e.g. [1,403,407]") from None
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise error(f"{where}: not a JSON array of token ids, e.g. [1,403,407]")
+    return ids
 
 
 def piece_lines(vocab, ids: list[int]) -> str:
     lines = []
     for t in ids:
         piece = vocab.token_to_piece(t, special=True).decode("utf-8", "backslashreplace")
-        lines.append(f"{t:6d} -> {json.dumps(piece, ensure_ascii=False)}\n")
+        lines.append(f"{t:6d} -> {dumps(piece)}\n")
     return "".join(lines)
 
 

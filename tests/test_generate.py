@@ -228,3 +228,12 @@ def test_cli_errors(run, tmp_path):
     fails(run("generate", "--gguf", STORIES, "-f", program, "--prompt", "hi"), "reads no kv_mask input")
     fails(run("generate", "--gguf", STORIES, "--tokens", "[1,600]"), "token id 600 is outside the vocabulary")
     usage_error(run("generate", "--gguf", STORIES, "--tokens", "[1]", "--prompt", "x"), "give the prompt once")
+
+
+def test_cli_tokens_are_read_as_detokenize_reads_ids(run):
+    """--tokens and detokenize's IDS share one reader: a JSON array, or ids separated by spaces."""
+    usage_error(run("generate", "--gguf", STORIES, "--tokens", "[1, 2.5]"), "--tokens: not a JSON array of token ids")
+    usage_error(run("generate", "--gguf", STORIES, "--tokens", "[1,"), "--tokens is not JSON")
+    a = run("generate", "--gguf", STORIES, "--tokens", "1 403 407", "-n", "3", "--format", "json")
+    b = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "3", "--format", "json")
+    assert a.exit_code == b.exit_code == 0 and a.stdout == b.stdout and len(json.loads(a.stdout)) == 3
