@@ -9,7 +9,7 @@ import click
 
 from ggtool.context import Context
 from ggtool.inspect_graph import describe_plan
-from ggtool.plan import Plan, make_plan
+from ggtool.plan import Plan, estimate_flops, make_plan
 from ggtool.threads import default_threads
 
 from ._common import (
@@ -68,8 +68,8 @@ More:
 @click.command("plan", help=HELP, short_help="Plan a program: n_tasks and work per node, threads, sizes.")
 @program_options
 @input_options
-@threads_option(help="Threads to plan for (GGML's n_threads passed to ggml_graph_plan).",
-                default="the number of CPUs")
+@threads_option(help="Threads to plan for (GGML's n_threads passed to ggml_graph_plan); by default, "
+                "those compute would use for this graph.")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON with n_threads, work_size, mem_size, compute_buffer_size and nodes.")
 def command(program, program_file, output_names, graph_size, max_steps, tensor_sources, gguf_files, n_threads, as_json):
@@ -77,7 +77,7 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
     inputs = make_inputs(tensor_sources, gguf_files, program_file, read_data=False)
     built = build_graph(source, filename, inputs, Context(measure=True), output_names, graph_size, max_steps)
     warn_unused(inputs)
-    plan = make_plan(built.graph, n_threads or default_threads())
+    plan = make_plan(built.graph, n_threads or default_threads(estimate_flops(built.graph)))
     plan.allocate(built.graph, [t for _, t in built.outputs])
     if as_json:
         write_text(line + "\n" for line in record_lines(describe_plan(built.graph, plan)))

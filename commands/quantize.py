@@ -15,7 +15,8 @@ from ggtool.threads import default_threads
 from ._common import NPY_ORDER_HELP, log
 from ._progress import progress_bar
 
-HELP = f"""Quantize a GGUF model (or a .npy array) to a Q4_0 or Q8_0 GGUF file, as llama-quantize does.
+HELP = f"""Quantize a GGUF model (or a .npy array) to a Q4_0 or Q8_0 GGUF file, as llama-quantize does
+(or, with --pure, every weight to q4_K, q5_K or q6_K).
 
 INPUT is a GGUF file with tensors of any type gguf-py can dequantize (f32, f16, bf16, q8_0, q4_K,
 q5_0, q6_K, ...) or a .npy float array; OUTPUT is the GGUF file to write. A model split by
@@ -106,7 +107,7 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
             f"quant size  = {_mib(plan.dst_bytes):8.2f} MiB ({_bpw(plan.dst_bytes, n):.2f} bits per weight)"]
 
 
-@click.command("quantize", help=HELP, short_help="Quantize a GGUF model or .npy array to Q4_0/Q8_0 (llama-quantize rules).")
+@click.command("quantize", help=HELP, short_help="Quantize a GGUF model or .npy array to Q4_0/Q8_0 (llama-quantize rules), or K-quants with --pure.")
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
 @click.argument("output_path", metavar="OUTPUT", type=click.Path(dir_okay=False))
 @click.option("--type", "qtype", type=click.Choice(["q4_0", "q8_0", "q4_K", "q5_K", "q6_K"], case_sensitive=False),
@@ -118,7 +119,7 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
 @click.option("--token-embedding-type", metavar="TYPE", callback=_target_type,
               help="Type for token_embd.weight (same choices).")
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
-              envvar="GGTOOL_THREADS", show_envvar=True, show_default="the number of CPU cores", metavar="N",
+              envvar="GGTOOL_THREADS", show_envvar=True, show_default="the CPUs this process may use", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
 @click.option("--keep-split", is_flag=True,
               help="A split INPUT gives as many OUTPUT shards, each with the same tensors as its input shard.")

@@ -48,10 +48,15 @@ def test_threads_from_environment(run, monkeypatch):
     assert json.loads(ok(run("plan", *ARGS, "--json")))["requested"] == 3
 
 
-def test_default_threads_is_the_cores_we_may_use(run, monkeypatch):
+def test_default_threads_are_those_compute_would_use(run, monkeypatch):
+    """ggtool.threads' rule: the cores we may use, one per 40 GFLOP of the graph's work."""
     monkeypatch.delenv("GGTOOL_THREADS", raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
-    assert json.loads(ok(run("plan", *ARGS, "--json")))["requested"] == 5
+    assert json.loads(ok(run("plan", *ARGS, "--json")))["requested"] == 1      # a small graph
+    big = ("mul_mat(w, x)", "--tensor", "w=f32[8192,8192]", "--tensor", "x=f32[8192,1024]", "--json")  # 137 GFLOP
+    assert json.loads(ok(run("plan", *big)))["requested"] == 3
+    monkeypatch.setenv("GGTOOL_THREADS", "4")
+    assert json.loads(ok(run("plan", *ARGS, "--json")))["requested"] == 4
 
 
 def test_plan_counts_memory_mapped_weights(run):
