@@ -33,7 +33,6 @@ from ggtool.interrupts import Interrupted  # noqa: F401  (its home; named here t
 DEBUG_ENV = "GGTOOL_DEBUG"
 
 # -- signals and broken pipes ---------------------------------------------------------------------
-SIGNAL_MESSAGES = interrupts.MESSAGES
 BROKEN_PIPE_STATUS = 128 + signal.SIGPIPE
 
 

@@ -3,7 +3,7 @@
 Every GGToolError's str() names what and where in the engine's own words (never a command-line
 option); a front end that wants its own wording reads the fields: `kind` names the problem for a
 machine (None for most), and subclasses carry what and where (InputError: the input, file and
-tensor). The command line words them with its flags (ggtool/commands/wording.py).
+tensor). The command line words them with its flags (commands/wording.py).
 """
 
 from __future__ import annotations

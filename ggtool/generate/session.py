@@ -20,8 +20,6 @@ from ..context import Context
 from ..errors import GGToolError
 from ..tensor import Tensor
 
-BATCH_INPUTS = ("tokens", "kv_pos", "kv_scatter", "kv_mask", "kv_mask_swa")
-
 
 class ContextFullError(GGToolError):
     """The batch would not fit in the KV cache (`n_ctx` cells)."""
