@@ -80,6 +80,8 @@ def command(stdin_text, model, program_file, prompt, tokens_json, n_predict, ctx
         raise click.UsageError("give the prompt once: --prompt TEXT, --tokens JSON or '-' (stdin)")
     if stdin_text is not None and stdin_text != "-":
         raise click.UsageError(f"unexpected argument {stdin_text!r}; the prompt is --prompt TEXT")
+    if not given and sys.stdin.isatty():   # nothing would end the wait but the user's Ctrl-D
+        raise click.UsageError("no prompt: give --prompt TEXT or --tokens JSON, or pipe the text to stdin")
     if program_file is not None:
         source, filename = read_program(None, program_file)
     else:

@@ -237,3 +237,20 @@ def test_cli_tokens_are_read_as_detokenize_reads_ids(run):
     a = run("generate", "--gguf", STORIES, "--tokens", "1 403 407", "-n", "3", "--format", "json")
     b = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "3", "--format", "json")
     assert a.exit_code == b.exit_code == 0 and a.stdout == b.stdout and len(json.loads(a.stdout)) == 3
+
+
+def test_cli_no_prompt_on_a_terminal_is_refused_not_awaited():
+    """No --prompt, no --tokens and stdin a terminal: a usage error at once, not a silent wait."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    main, tty = pty.openpty()
+    try:
+        r = subprocess.run([sys.executable, "-m", "ggtool", "generate", "--gguf", str(STORIES)], stdin=tty,
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    finally:
+        os.close(main)
+        os.close(tty)
+    assert r.returncode == 2 and "no prompt: give --prompt TEXT or --tokens JSON" in r.stderr
