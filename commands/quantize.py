@@ -9,7 +9,6 @@ import click
 
 from ggtool import quantize_model as QM
 from ggtool import types as T
-from ggtool.errors import GGToolError
 from ggtool.threads import default_threads
 
 from ._common import NPY_ORDER_HELP, log
@@ -72,13 +71,6 @@ def _target_type(ctx, param, value):
         raise click.BadParameter(str(e), ctx=ctx, param=param) from None
 
 
-def output_path_error(e: QM.OutputPathError) -> GGToolError:
-    """The engine's refusal of an output path, with the flag that allows replacing it."""
-    if e.reason == "exists":
-        return GGToolError(f"{e} (use --force to overwrite it)")
-    return e
-
-
 def _shape(ne) -> str:
     ne = list(ne) + [1] * (4 - len(ne))
     return ", ".join(f"{n:5d}" for n in ne)
@@ -135,12 +127,7 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
                               threads=n_threads, name=tensor_name, allow_requantize=allow_requantize,
                               keep_split=keep_split)
-    try:
-        plan = QM.plan_quantization(input_path, opts)
-    except QM.RequantizeError as e:
-        raise GGToolError(f"{e}; --allow-requantize does it anyway") from None
-    except QM.MixNotBuiltError as e:
-        raise GGToolError(f"{e}: add --pure") from None
+    plan = QM.plan_quantization(input_path, opts)   # a refusal a flag overrides: wording.py names it
     n = len(plan.tensors)
     if dry_run:
         out = sys.stdout
@@ -165,12 +152,9 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
         if not quiet:
             emit(tensor_line(t, n))
 
-    try:
-        with progress_bar(plan.src_bytes, "quantize", "B", scale=1024, quiet=quiet) as bar:
-            result = QM.run_quantization(plan, output_path, force=force, on_start=on_start,
-                                         on_bytes=(bar.update if bar is not None else None))
-    except QM.OutputPathError as e:
-        raise output_path_error(e) from None
+    with progress_bar(plan.src_bytes, "quantize", "B", scale=1024, quiet=quiet) as bar:
+        result = QM.run_quantization(plan, output_path, force=force, on_start=on_start,
+                                     on_bytes=(bar.update if bar is not None else None))
     if not quiet:
         for line in summary_lines(plan):
             log(line)

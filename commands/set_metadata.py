@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ggtool.errors import GGToolError
 from ggtool.gguf_io import GGUFFile
 from ggtool.gguf_io import edit as E
 from ggtool.gguf_io.format import quote_text
-from ggtool.gguf_io.write import OutputPathError, check_output_paths
+from ggtool.gguf_io.write import check_output_paths
 from ggtool.tensor_io import atomic_path, named_write_errors
 
 from ._common import log
@@ -109,12 +108,7 @@ def command(input_path, output_path, sets, typed, files, deletes, force, quiet):
         raise click.UsageError("nothing to do: give --set, --set-typed, --set-file or --delete")
     g = GGUFFile(input_path)
     plan = E.plan_edit(g, edits, deletes)
-    try:
-        check_output_paths(g.paths, output_path, force)
-    except OutputPathError as e:
-        if e.reason == "exists":
-            raise GGToolError(f"{e} (use --force to overwrite it)") from None
-        raise
+    check_output_paths(g.paths, output_path, force)   # an existing OUTPUT: wording.py adds --force
     with atomic_path(output_path) as tmp, open(tmp, "wb", buffering=0) as f, named_write_errors(output_path):
         size = E.write_edited(plan, f)
     if not quiet:

@@ -16,8 +16,15 @@ from ggtool.errors import GGToolError, InputError
 
 def cli_message(e: BaseException) -> str:
     """`e`'s message as the command line says it (its str() for errors nothing here words)."""
+    if not isinstance(e, GGToolError):
+        return str(e)
     if isinstance(e, InputError):
         return input_message(e)
+    flag = {"output-exists": " (use --force to overwrite it)",      # quantize's and set-metadata's OUTPUT
+            "requantize": "; --allow-requantize does it anyway",        # quantize_model's rules
+            "mix-not-built": ": add --pure"}.get(e.kind)
+    if flag is not None:
+        return f"{e}{flag}"
     dsl_errors = sys.modules.get("ggtool.dsl.errors")  # never imported: no DSLError to word (nor the DSL to load)
     if dsl_errors is not None and isinstance(e, dsl_errors.DSLError):
         return dsl_message(e)

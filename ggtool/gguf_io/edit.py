@@ -62,6 +62,7 @@ class MetadataEditError(GGToolError):
 
     def __init__(self, key: str, reason: str, message: str):
         self.key, self.reason = key, reason
+        self.kind = "metadata-" + reason
         super().__init__(message)
 
 

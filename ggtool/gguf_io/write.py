@@ -88,6 +88,7 @@ class OutputPathError(GGToolError):
 
     def __init__(self, path: str, reason: str, *, input: str | None = None):
         self.path, self.reason, self.input = path, reason, input
+        self.kind = "output-" + reason.replace("_", "-")
         directory = os.path.dirname(os.path.abspath(path)) or "."
         super().__init__(self.MESSAGES[reason].format(path=path, directory=directory))
 

@@ -102,6 +102,8 @@ class RequantizeError(QuantizationError):
     """A tensor that is already quantized would be quantized again, which was not allowed:
     `tensor` (the first), its `src_type`, the `dst_type` it would get, `count` such tensors."""
 
+    kind = "requantize"
+
     def __init__(self, tensor: str, src_type: T.GGMLType, dst_type: T.GGMLType, count: int):
         self.tensor, self.src_type, self.dst_type, self.count = tensor, src_type, dst_type, count
         super().__init__(f"tensor '{tensor}' is already quantized ({T.type_name(src_type)}): requantizing it to "
@@ -117,6 +119,8 @@ def _writes(t: T.GGMLType) -> bool:
 
 class MixNotBuiltError(QuantizationError):
     """A K-quant file type asked for with its per-tensor mix, which is not built yet: `type`."""
+
+    kind = "mix-not-built"
 
     def __init__(self, type: T.GGMLType):
         self.type = type
