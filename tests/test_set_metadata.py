@@ -105,7 +105,7 @@ def test_new_alignment_lays_the_same_bytes_out_again(run, tmp_path):
     (["--delete", "general.architecture"], 1, ["'general.architecture' cannot be deleted"]),
     (["--set-typed", "general.architecture=u32:1"], 1, ["cannot be a UINT32"]),
     (["--set-typed", "general.alignment=int:48"], 1, ["alignment 48 cannot be written"]),
-    (["--set", "general.alignment=64"], 1, ["must be a UINT32", "not a STRING"]),
+    (["--set", "general.alignment=63"], 1, ["alignment 63 cannot be written"]),
     (["--set-typed", "split.count=u16:2"], 1, ["split model's key"]),
     (["--set", "GGUF.version=2"], 1, ["header field"]),
 ])
@@ -165,3 +165,16 @@ def test_engine_errors_carry_key_and_reason():
 def test_help_teaches_with_examples(run):
     out = ok(run("set-metadata", "--help"))
     assert "Examples:" in out and "--set-typed llama.context_length=int:4096" in out and "llama-quantize's KEY=TYPE:VALUE" in out
+
+
+def test_a_new_alignment_set_plainly_is_a_uint32(run, tmp_path):
+    """--set general.alignment=64 on a file without the key writes GGML's UINT32, not a string it
+    would then refuse; the tensors are laid out again for it."""
+    import gguf
+
+    out = tmp_path / "a.gguf"
+    ok(run("set-metadata", str(STORIES), "-o", str(out), "--set", "general.alignment=64", "-q"))
+    r = gguf.GGUFReader(str(out))
+    field = r.fields["general.alignment"]
+    assert field.types == [gguf.GGUFValueType.UINT32] and int(field.parts[-1][0]) == 64
+    assert all(t.data_offset % 64 == 0 for t in r.tensors)

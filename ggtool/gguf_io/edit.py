@@ -130,9 +130,12 @@ def parse_value(key: str, vtype: int, text: str):
 
 
 def _resolve_type(g: GGUFFile, s: SetValue, old: int | None) -> int:
-    """The GGUF type to write s.key as: its own (or STRING for a new key) unless s.type says."""
+    """The GGUF type to write s.key as: its own (or STRING for a new key; a new general.alignment:
+    UINT32, the one type GGML reads it as) unless s.type says."""
     if s.type is None:
-        return W.STRING if old is None else old
+        if old is None:
+            return W.UINT32 if s.key == ALIGNMENT_KEY else W.STRING
+        return old
     t = TYPE_NAMES.get(s.type.strip().lower())
     if t is None:
         raise MetadataEditError(s.key, "type", f"metadata '{short(s.key)}': unknown value type {s.type!r} (int, "
