@@ -32,18 +32,27 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def env_threads(name: str) -> int | None:
+    """A thread count from the environment variable `name` (None if unset or empty); anything but a
+    positive integer is an error, never silently the default."""
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise GGToolError(f"{name} must be a positive integer, got {v!r}")
+    return n
+
+
 def default_threads(flops: int | None = None) -> int:
     """GGTOOL_THREADS if set, else the CPUs this process may use; but for a compute of `flops`
     arithmetic, only as many as bring PARTICIPANT_MIN_FLOPS each (1, this process alone, below
     that): a smaller share costs more to start than it saves."""
-    v = os.environ.get(THREADS_ENV, "").strip()
-    if v:
-        try:
-            n = int(v)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise GGToolError(f"{THREADS_ENV} must be a positive integer, got {v!r}")
+    n = env_threads(THREADS_ENV)
+    if n is not None:
         return n
     cpus = available_cpus()
     if flops is not None:

@@ -92,3 +92,21 @@ def test_the_help_states_the_rule_of_ggtool_threads():
     from ggtool.threads import PARTICIPANT_MIN_FLOPS
 
     assert f"one per {PARTICIPANT_MIN_FLOPS // 10**9} GFLOP" in BY_THE_WORK
+
+
+@pytest.mark.parametrize("name", ["GGTOOL_THREADS", "GGTOOL_QUANT_THREADS"])
+def test_a_bad_thread_count_in_the_environment_is_an_error(monkeypatch, name):
+    """Both variables are read by one rule (ggtool.threads.env_threads): 'two' or 0 is refused by
+    name, never silently replaced by the default."""
+    from ggtool.quant.threads import get_threads, threads_set_to
+
+    monkeypatch.delenv("GGTOOL_THREADS", raising=False)
+    monkeypatch.delenv("GGTOOL_QUANT_THREADS", raising=False)
+    count = default_threads if name == "GGTOOL_THREADS" else get_threads
+    with threads_set_to(None):   # no count set in this process: the environment decides
+        for bad in ("two", "0"):
+            monkeypatch.setenv(name, bad)
+            with pytest.raises(GGToolError, match=f"{name} must be a positive integer, got '{bad}'"):
+                count()
+        monkeypatch.setenv(name, "3")
+        assert count() == 3

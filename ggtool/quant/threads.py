@@ -6,14 +6,14 @@ Kept apart so every kernel module shares one executor and one thread setting (``
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from ..threads import default_threads, one_thread
+from ..threads import default_threads, env_threads, one_thread
 
 MAX_THREADS = 8   # the executor's size
+QUANT_THREADS_ENV = "GGTOOL_QUANT_THREADS"
 _threads: int | None = None
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
@@ -44,9 +44,9 @@ def get_threads() -> int:
         return 1
     if _threads is not None:
         return _threads
-    env = os.environ.get("GGTOOL_QUANT_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
+    n = env_threads(QUANT_THREADS_ENV)
+    if n is not None:
+        return n
     return max(1, min(default_threads(), MAX_THREADS))
 
 
