@@ -254,3 +254,28 @@ def test_cli_no_prompt_on_a_terminal_is_refused_not_awaited():
         os.close(main)
         os.close(tty)
     assert r.returncode == 2 and "no prompt: give --prompt TEXT or --tokens JSON" in r.stderr
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_ctrl_c_mid_generation_ends_cleanly(run, threads):
+    """SIGINT while tokens stream: exit 130 with one line, the text printed so far kept, and no
+    shared-memory segment of the run left behind (its worker pool is stopped)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from ggtool.pool.shm import list_segments
+
+    p = subprocess.Popen([sys.executable, "-m", "ggtool", "generate", "--gguf", str(STORIES), "--prompt", "Once",
+                          "-n", "4000", "--ctx-size", "4096", "--ignore-eos", "--threads", threads],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    first = os.read(p.stdout.fileno(), 1)   # generation has started: the prompt is in, a token is out
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert first and p.returncode == 130 and err.decode().strip().splitlines() == ["Interrupted."]
+    got = (first + out).decode()   # what streamed before the signal is kept: the greedy text's start
+    ref = ok(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "60", "--ignore-eos"))
+    assert got and (ref.startswith(got) or got.startswith(ref.rstrip("\n")))
+    assert [s for s in list_segments() if s.startswith(f"ggtool_{p.pid}_")] == []
