@@ -117,8 +117,8 @@ def test_context_full(stories):
 
 def test_no_program_names_the_architecture():
     with pytest.raises(NoProgramError) as e:
-        shipped_program("qwen2")
-    assert e.value.architecture == "qwen2" and "docs/dsl.md" in str(e.value)
+        shipped_program("phi3")
+    assert e.value.architecture == "phi3" and "docs/dsl.md" in str(e.value)
 
 
 # -- the loop and sampling ----------------------------------------------------------------------------------
@@ -221,8 +221,8 @@ def test_cli_context_size(run):
 def test_cli_errors(run, tmp_path):
     from conftest import write_gguf
 
-    other = write_gguf(tmp_path / "q.gguf", {"w": np.ones(4, np.float32)}, arch="qwen2")
-    fails(run("generate", "--gguf", str(other), "--prompt", "hi"), "architecture 'qwen2'", "docs/dsl.md", "-f PROGRAM")
+    other = write_gguf(tmp_path / "p.gguf", {"w": np.ones(4, np.float32)}, arch="phi3")
+    fails(run("generate", "--gguf", str(other), "--prompt", "hi"), "architecture 'phi3'", "docs/dsl.md", "-f PROGRAM")
     program = tmp_path / "p.gg"
     program.write_text("logits = mul_mat(output.weight, get_rows(token_embd.weight, tokens))\n")
     fails(run("generate", "--gguf", STORIES, "-f", program, "--prompt", "hi"), "reads no kv_mask input")

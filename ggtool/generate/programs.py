@@ -14,7 +14,7 @@ PROGRAMS_DIR = Path(__file__).resolve().parent / "programs"
 
 # general.architecture -> program file; llama.gg falls back to token_embd.weight when a model ties
 # its output to the embedding (no output.weight), as llama.cpp does
-SHIPPED = {"llama": "llama.gg", "gemma3": "gemma3.gg"}
+SHIPPED = {"llama": "llama.gg", "gemma3": "gemma3.gg", "qwen2": "qwen2.gg", "qwen3": "qwen3.gg"}
 
 
 class NoProgramError(GGToolError):
