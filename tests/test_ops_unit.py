@@ -47,6 +47,14 @@ ERRORS = [
     ("concat dim", lambda c: F["concat"](c, t(c, "f32", 5), t(c, "f32", 5), 4), ["concat", "dim must be 0..3"]),
     ("get_rows type", lambda c: F["get_rows"](c, t(c, "f32", 4, 8), t(c, "f32", 3)), ["get_rows", "i32", "f32"]),
     ("get_rows ne2", lambda c: F["get_rows"](c, t(c, "f32", 4, 8, 3), t(c, "i32", 3, 2)), ["get_rows", "[4, 8, 3, 1]", "[3, 2, 1, 1]"]),
+    ("set_rows ne0", lambda c: F["set_rows"](c, t(c, "f32", 4, 8, name="a"), t(c, "f32", 5, 2, name="b"), t(c, "i32", 2)),
+     ["set_rows", "'a' [4, 8, 1, 1]", "'b' [5, 2, 1, 1]", "ne0"]),
+    ("set_rows count", lambda c: F["set_rows"](c, t(c, "f32", 4, 8), t(c, "f32", 4, 2), t(c, "i32", 3, name="c")),
+     ["set_rows", "'c' [3, 1, 1, 1]", "one index per row"]),
+    ("set_rows index type", lambda c: F["set_rows"](c, t(c, "f32", 4, 8), t(c, "f32", 4, 2), t(c, "f32", 2)), ["set_rows", "i32 or i64"]),
+    ("set_rows b type", lambda c: F["set_rows"](c, t(c, "f32", 4, 8), t(c, "i32", 4, 2), t(c, "i32", 2)), ["set_rows", "f32 or f16"]),
+    ("set_rows same tensor", lambda c: (lambda a: F["set_rows"](c, a, F["view_2d"](c, a, 4, 2, 16, 0), t(c, "i32", 2)))(
+        t(c, "f32", 4, 8, name="kv")), ["set_rows", "'kv'", "read while written"]),
     ("repeat", lambda c: F["repeat"](c, t(c, "f32", 3, 2), t(c, "f32", 4, 2)), ["repeat", "[3, 2, 1, 1]", "[4, 2, 1, 1]"]),
     ("rope mode", lambda c: F["rope"](c, t(c, "f32", 8, 2, 3), t(c, "i32", 3), 8, 1), ["rope", "mode & 1"]),
     ("rope positions", lambda c: F["rope"](c, t(c, "f32", 8, 2, 3, name="q"), t(c, "i32", 4, name="p"), 8, 0),
@@ -82,6 +90,9 @@ def test_compute_errors_name_the_node(ctx):
     h = from_array(ctx, np.ones((2, 4), np.float16))
     with pytest.raises(ComputeError, match=r"'node_0' \(SUB\).*f16"):
         compute(ctx, F["sub"](ctx, h, h))
+    rows = F["set_rows"](ctx, from_array(ctx, np.ones((3, 4), f32), name="kv"), a, from_array(ctx, np.array([0, 3], np.int32)))
+    with pytest.raises(ComputeError, match=r"SET_ROWS.*index 3 is outside 0..2 \(the rows of 'kv'\)"):
+        compute(ctx, rows)
     w = from_array(ctx, np.ones((2, 32), f32))
     with pytest.raises(ComputeError, match=r"MUL_MAT.*f16"):
         compute(ctx, F["mul_mat"](ctx, w, from_array(ctx, np.ones((3, 32), np.float16))))
@@ -188,6 +199,23 @@ def test_get_rows_f16_and_i32(ctx):
     assert r.type == ggtool.GGMLType.F32 and r.data.reshape(3, 4)[:, 0].tolist() == [8, 0, 8]
     i = compute(ctx, F["get_rows"](ctx, from_array(ctx, np.arange(12, dtype=np.int32).reshape(3, 4)), idx))
     assert i.type == ggtool.GGMLType.I32 and i.data.reshape(3, 4)[:, 3].tolist() == [11, 3, 11]
+
+
+def test_set_rows_converts_to_the_destination_type(ctx):
+    """f32 rows into f16 (rounded as cpy rounds them) and f16 rows into f32 (widened, with the plan's
+    f32 row of work per thread); the result is a view of a, named as ggml_view_tensor names it."""
+    x = np.array([[0.1, 1 / 3, 65519.0, -2.5]], f32)
+    h = from_array(ctx, np.zeros((3, 4), np.float16), name="h")
+    r = compute(ctx, F["set_rows"](ctx, h, from_array(ctx, x), from_array(ctx, np.array([1], np.int64))))
+    assert r.name == "h (view)" and r.view_src is h
+    assert h.data.reshape(3, 4).tolist() == [[0] * 4, x.astype(np.float16)[0].tolist(), [0] * 4]
+    a = from_array(ctx, np.zeros((2, 4), f32))
+    s = F["set_rows"](ctx, a, from_array(ctx, x.astype(np.float16)), from_array(ctx, np.array([0], np.int32)))
+    g = ggtool.Graph(ctx)
+    g.expand(s)
+    assert ggtool.make_plan(g, 2).work_size >= 4 * 4
+    ggtool.graph_compute(g, 1)
+    assert a.data.reshape(2, 4)[0].tolist() == x.astype(np.float16).astype(f32)[0].tolist()
 
 
 def test_add_quantized_a_requantizes(ctx):

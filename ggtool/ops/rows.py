@@ -1,12 +1,12 @@
-"""Data movement by rows and tiles: get_rows, repeat, concat (spec 6.5, 6.10)."""
+"""Data movement by rows and tiles: get_rows, set_rows, repeat, concat (spec 6.5, 6.10)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .. import types as T
-from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import chunks, require, require_type, unravel_rows, with_shape
+from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block, view_tensor
+from .walk import chunks, cpu_from_float, require, require_type, unravel_rows, with_shape
 
 
 @kernel("GET_ROWS", n_tasks=1)
@@ -45,6 +45,59 @@ def get_rows(ctx, a, b):
     check(b.ne[2] <= a.ne[3], "get_rows", f"b '{b.name}' {fmt_ne(b)}: ne2 exceeds a's ne3 (GGML would read past a)")
     out_type = T.I32 if a.type == T.I32 else T.F32
     return new_op(ctx, "GET_ROWS", out_type, [a.ne[0], b.ne[0], b.ne[1], b.ne[2]], (a, b))
+
+
+def _set_rows_work(node, n_tasks: int) -> int:
+    """ggml_graph_plan's rule: an f32 row per thread when f16 rows go into a tensor of another type."""
+    b = node.src[0]
+    return 4 * b.ne[0] * n_tasks if b.type == T.F16 and node.type != T.F16 else 0
+
+
+@kernel("SET_ROWS", n_tasks=1, work_size=_set_rows_work)
+def forward_set_rows(node, ith, nth, work):
+    """dst[:, idx[i, i02 % ne11, i03 % ne12], i02, i03] = from_float(b[:, i, i02, i03]): b's rows
+    (split in blocks over the threads, for every i02, i03) written into the result, a view of a, at
+    the rows the I32/I64 indices name, converted to its type as the CPU's from_float does."""
+    b, idx = node.src[0], node.src[1]
+    require_type(b, "set_rows", (T.F32, T.F16), "b")
+    r0, r1 = row_block(b.ne[1], ith, nth)
+    if r0 >= r1:
+        return
+    ne11, ne12 = idx.ne[1], idx.ne[2]
+    i03 = np.arange(b.ne[3])[:, None, None]
+    i02 = np.arange(b.ne[2])[None, :, None]
+    for c0, c1 in chunks(r0, r1, 4 * b.ne[0] * b.ne[2] * b.ne[3]):   # rows c0..c1 of every (i02, i03)
+        rows = idx.data[0][i03 % ne12, i02 % ne11, np.arange(c0, c1)[None, None, :]].astype(np.int64)
+        bad = rows[(rows < 0) | (rows >= node.ne[1])]
+        require(bad.size == 0, "set_rows", f"index {bad[0] if bad.size else 0} is outside 0..{node.ne[1] - 1} "
+                f"(the rows of '{node.src[2].name}')")
+        values = b.data[:, :, c0:c1].astype(np.float32)        # f16 widened exactly, as GGML does
+        node.data[i03, i02, rows] = cpu_from_float(values, node.type)
+
+
+@function("set_rows", "ggml_set_rows(ctx, a, b, c)",
+          "b's rows written into a at the rows the I32/I64 indices c name (b F32 or F16, converted to a's type); "
+          "the result is a view of a, written in place")
+def set_rows(ctx, a, b, c):
+    def shapes():
+        return f"a '{a.name}' {fmt_ne(a)}, b '{b.name}' {fmt_ne(b)}, c '{c.name}' {fmt_ne(c)}"
+    check(a.ne[0] == b.ne[0] and a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3], "set_rows",
+          f"a and b must agree in ne0, ne2 and ne3 ({shapes()})")
+    check(b.ne[1] == c.ne[0], "set_rows", f"c must hold one index per row of b (b's ne1 == c's ne0: {shapes()})")
+    check(b.ne[2] % c.ne[1] == 0 and b.ne[3] % c.ne[2] == 0 and c.ne[3] == 1, "set_rows",
+          f"c's ne1, ne2 must divide b's ne2, ne3, and c's ne3 be 1 ({shapes()})")
+    check(b.type in (T.F32, T.F16), "set_rows", f"b '{b.name}' must be f32 or f16, not {T.type_name(b.type)}")
+    check(c.type in (T.I32, T.GGMLType.I64), "set_rows", f"indices c '{c.name}' must be i32 or i64, not {T.type_name(c.type)}")
+    for t in (a, b):
+        check(t.ne[0] == T.block_size(t.type) or t.nb[0] == T.type_size(t.type), "set_rows",
+              f"'{t.name}' {fmt_ne(t)} needs packed rows (ggml_is_contiguous_rows)")
+    check(not T.is_quantized(a.type) or a.type in (T.Q4_0, T.Q8_0), "set_rows",
+          f"a '{a.name}' is {T.type_name(a.type)}: ggtool converts rows to f32, f16, bf16, q4_0 and q8_0 only")
+    check(a.root is not b.root, "set_rows",
+          f"b '{b.name}' is a view of a's tensor '{a.root.name}': the rows would be read while written")
+    t = view_tensor(ctx, a)
+    t.op, t.src = "SET_ROWS", [b, c, a]       # GGML's order: src[2] is a
+    return t
 
 
 @kernel("REPEAT", n_tasks=1)
