@@ -114,9 +114,29 @@ def test_the_graph_of_a_batch_size_is_built_once(stories):
     session = Session(STORIES, stories, n_ctx=16)
     session.eval([1, 403, 407])
     session.eval([261])
-    step = session._steps[1]
+    step = session._steps[1, 16]
     session.eval([378])
-    assert session._steps[1] is step and set(session._steps) == {3, 1} and session.n_past == 5
+    assert session._steps[1, 16] is step and set(session._steps) == {(3, 16), (1, 16)} and session.n_past == 5
+
+
+def test_attention_reads_the_cells_in_use_padded(stories):
+    """With cells padded to 4, a step reads 4, 8, ... cells (one graph each, built once, the cache
+    shared), not n_ctx; the logits stay those of the whole sequence computed at once."""
+    seq = GREEDY["stories260K"][1]["prompt_tokens"][:3] + [261, 376, 378, 402, 260]
+    session = Session(STORIES, stories, n_ctx=40, kv_pad=4)
+    assert session.n_kv(3) == 4
+    session.eval(seq[:3])
+    for t in seq[3:-1]:
+        session.eval([t])
+    cached = session.eval(seq[-1:])
+    assert set(session._steps) == {(3, 4), (1, 4), (1, 8)} and session.n_past == len(seq)
+    assert {tuple(s.batch["kv_mask"].ne[:2]) for s in session._steps.values()} == {(4, 3), (4, 1), (8, 1)}
+    ctx = Context()
+    from ggtool.tensor_io import Inputs, parse_named_source
+
+    built = build(stories, ctx, Inputs([parse_named_source("tokens=i32:" + json.dumps(seq))], [STORIES]))
+    graph_compute(built.graph)
+    np.testing.assert_allclose(cached, built.outputs[0][1].numpy().reshape(len(seq), -1)[-1], rtol=0, atol=1e-4)
 
 
 def test_context_full(stories):
@@ -177,6 +197,19 @@ def test_state_is_an_input_or_zeros_and_store_writes_it():
         graph_compute(built.graph)
         assert built.tensors["c"].numpy().ravel().tolist() == want
         assert built.outputs[0][1].numpy().ravel().tolist() == [1, 4]
+
+
+def test_set_rows_writes_a_state_in_place():
+    """The shipped programs' cache write, under compute: the state (an input, or zeros) holds the
+    rows afterwards, at the cells named, and the result read is the state itself."""
+    prog = 'c = state("c", f32, 2, 3)\nkv = set_rows(c, x, i)\nsum_rows(kv)'
+    x = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    for given, want in (({"c": np.full((3, 2), 9.0)}, [[3, 4], [9, 9], [1, 2]]), ({}, [[3, 4], [0, 0], [1, 2]])):
+        ctx = Context()
+        built = build(prog, ctx, DictEnv({"x": x, "i": np.array([2, 0], np.int32), **given}))
+        graph_compute(built.graph)
+        assert built.tensors["c"].numpy().reshape(3, 2).tolist() == want
+        assert built.outputs[0][1].numpy().ravel().tolist() == [sum(r) for r in want]
 
 
 def test_state_shape_is_checked():

@@ -2,11 +2,13 @@
 
 `Session(model_path, program)` opens the GGUF once and is the DSL environment of its program
 (ggtool.dsl.Env): weights and metadata come from the file, the batch inputs (`tokens`, `kv_pos`,
-`kv_scatter`, `kv_mask`, `kv_mask_swa`) from the session, and every `state(...)` tensor (the KV cache,
-`cache_k.{il}`/`cache_v.{il}` in the shipped programs) lives in the session's one Context, so that it
-outlives each compute. `eval(tokens)` runs one batch at the next positions and returns the last
-token's logits. The graph of each batch size is built once and computed again with new input
-values: the prompt's, then the one-token graph of every later step. docs/generate.md has the design.
+`kv_cells`, `kv_mask`, `kv_mask_swa`) from the session, and every `state(...)` tensor (the KV cache,
+`cache_k.{il}`/`cache_v.{il}` in the shipped programs) lives in the session's one Context, n_ctx cells
+of it, so that it outlives each compute. `eval(tokens)` runs one batch at the next positions and
+returns the last token's logits. Attention reads only the cells in use, padded to KV_PAD as
+llama.cpp pads them: the graph of each (batch size, cells read) is built once and computed again
+with new input values, so a step costs what its context holds, not n_ctx. docs/generate.md has
+the design.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from .. import types as T
 from ..context import Context
 from ..errors import GGToolError
 from ..tensor import Tensor
+
+KV_PAD = 256   # llama.cpp's n_kv: the used cells rounded up to a multiple of 256 (llama_kv_cache::get_n_kv)
 
 
 class ContextFullError(GGToolError):
@@ -54,17 +58,17 @@ class Session:
     read_data = True
 
     def __init__(self, model_path: str, program, n_ctx: int, n_threads: int = 1, pool=None,
-                 numerics: str = "ggml", max_steps: int | None = None):
+                 numerics: str = "ggml", max_steps: int | None = None, kv_pad: int = KV_PAD):
         from ..tensor_io import Inputs
 
         self.weights = Inputs([], [model_path])
         self.program, self.n_ctx, self.n_threads, self.pool = program, n_ctx, n_threads, pool
-        self.numerics, self.max_steps = numerics, max_steps
+        self.numerics, self.max_steps, self.kv_pad = numerics, max_steps, kv_pad
         self.ctx = Context()
         self.n_past = 0
         arch = _meta(self.weights, "general.architecture", "")
         self.n_swa = int(_meta(self.weights, f"{arch}.attention.sliding_window", 0))
-        self._steps: dict[int, _Step] = {}
+        self._steps: dict[tuple[int, int], _Step] = {}   # (n_tokens, n_kv) -> its graph
         self._state: dict[str, Tensor] = {}
         self._building: dict[str, Tensor] = {}
 
@@ -80,34 +84,46 @@ class Session:
         return self.weights.metadata(key)
 
     def state(self, name: str, type_, ne: list[int], ctx: Context) -> Tensor:
-        """The state tensor `name`, made (zeros) by the first graph that asks, shared by the others."""
+        """The state tensor `name`: n_ctx cells (its last dimension), zeros, made by the first graph
+        that asks; a graph that reads fewer cells gets a view of the first ne[-1]."""
+        from ..ops import FUNCTIONS
+
         t = self._state.get(name)
         if t is None:
-            t = self._state[name] = ctx.new_tensor(type_, ne)
+            t = self._state[name] = ctx.new_tensor(type_, [*ne[:-1], self.n_ctx])
             t.name = name
-        return t
+        if list(ne) == list(t.ne[:len(ne)]) or len(ne) > 4 or list(ne[:-1]) != list(t.ne[:len(ne) - 1]):
+            return t   # every cell, or a shape the DSL's state() then refuses
+        k = len(ne)
+        return FUNCTIONS[f"view_{k}d"](ctx, t, *ne, *t.nb[1:k], 0)
 
     # -- graphs ------------------------------------------------------------------------------------
+    def n_kv(self, n_tokens: int) -> int:
+        """The cells a batch of n_tokens after the n_past ones reads: those in use, padded to kv_pad."""
+        pad = self.kv_pad
+        return min(self.n_ctx, -(-(self.n_past + n_tokens) // pad) * pad)
+
     def prepare(self, *sizes: int) -> None:
-        """Build the graphs of these batch sizes now (before the first compute places the context)."""
+        """Build the graphs of these batch sizes, at the next position, now (before the first compute
+        places the context)."""
         for n in sizes:
-            self._step(n)
+            self._step(n, self.n_kv(n))
 
     def graph(self, n_tokens: int):
-        """The graph of a batch of n_tokens (built now if it is not yet)."""
-        return self._step(n_tokens).graph
+        """The graph of a batch of n_tokens at the next position (built now if it is not yet)."""
+        return self._step(n_tokens, self.n_kv(n_tokens)).graph
 
-    def _step(self, n_tokens: int) -> _Step:
-        step = self._steps.get(n_tokens)
+    def _step(self, n_tokens: int, n_kv: int) -> _Step:
+        step = self._steps.get((n_tokens, n_kv))
         if step is not None:
             return step
         from ..dsl import build
         from ..dsl.limits import MAX_STEPS
 
-        c, nc = self.ctx, self.n_ctx
+        c = self.ctx
         batch = {"tokens": c.new_tensor(T.I32, [n_tokens]), "kv_pos": c.new_tensor(T.I32, [n_tokens]),
-                 "kv_scatter": c.new_tensor(T.F32, [n_tokens, nc]), "kv_mask": c.new_tensor(T.F32, [nc, n_tokens]),
-                 "kv_mask_swa": c.new_tensor(T.F32, [nc, n_tokens])}
+                 "kv_cells": c.new_tensor(T.I32, [n_tokens]), "kv_mask": c.new_tensor(T.F32, [n_kv, n_tokens]),
+                 "kv_mask_swa": c.new_tensor(T.F32, [n_kv, n_tokens])}
         for name, t in batch.items():
             t.name = name
         self._building = batch
@@ -117,7 +133,7 @@ class Session:
             self._building = {}
         if "kv_mask" not in built.tensors:
             raise NoCacheError(self.program.filename)
-        step = self._steps[n_tokens] = _Step(built.graph, built.outputs[0][1], batch)
+        step = self._steps[n_tokens, n_kv] = _Step(built.graph, built.outputs[0][1], batch)
         return step
 
     def reset(self) -> None:
@@ -137,16 +153,15 @@ class Session:
         n = len(tokens)
         if self.n_past + n > self.n_ctx:
             raise ContextFullError(self.n_past, n, self.n_ctx)
-        step = self._step(n)
+        n_kv = self.n_kv(n)
+        step = self._step(n, n_kv)
         b = step.batch
         positions = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
         b["tokens"].set_data(tokens)
         b["kv_pos"].set_data(positions)
-        scatter = np.zeros((self.n_ctx, n), np.float32)   # numpy (n_kv, n_tokens): ne [n_tokens, n_kv]
-        scatter[positions, np.arange(n)] = 1.0
-        b["kv_scatter"].set_data(scatter)
-        fill_causal_mask(b["kv_mask"].data.reshape(n, self.n_ctx), positions)
-        fill_causal_mask(b["kv_mask_swa"].data.reshape(n, self.n_ctx), positions, self.n_swa)
+        b["kv_cells"].set_data(positions)                  # cell c holds position c
+        fill_causal_mask(b["kv_mask"].data.reshape(n, n_kv), positions)
+        fill_causal_mask(b["kv_mask_swa"].data.reshape(n, n_kv), positions, self.n_swa)
         step.plan = graph_compute(step.graph, self.n_threads, pool=self.pool, plan=step.plan, alloc="graph",
                                   outputs=[step.logits], numerics=self.numerics)
         self.n_past += n
