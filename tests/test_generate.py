@@ -139,6 +139,24 @@ def test_attention_reads_the_cells_in_use_padded(stories):
     np.testing.assert_allclose(cached, built.outputs[0][1].numpy().reshape(len(seq), -1)[-1], rtol=0, atol=1e-4)
 
 
+def test_steps_on_a_pool_are_described_once(stories):
+    """Each step graph is frozen on the pool: a step sends a Run, no description, and the logits are
+    the in-process ones bit for bit."""
+    from ggtool.pool import WorkerPool
+
+    one = Session(STORIES, stories, n_ctx=16)
+    with WorkerPool(2) as pool:
+        two = Session(STORIES, stories, n_ctx=16, n_threads=2, pool=pool)
+        for s in (one, two):
+            s.prepare(3, 1)
+        assert np.array_equal(one.eval([1, 403, 407]), two.eval([1, 403, 407]))
+        assert np.array_equal(one.eval([261]), two.eval([261]))
+        described = pool.stats["described"]
+        for t in (376, 378, 402):
+            assert np.array_equal(one.eval([t]), two.eval([t]))
+        assert pool.stats["described"] == described and described > 0 and pool.stats["runs"] >= 5
+
+
 def test_context_full(stories):
     session = Session(STORIES, stories, n_ctx=4)
     session.eval([1, 403, 407])

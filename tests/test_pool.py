@@ -218,6 +218,35 @@ def test_changed_node_is_sent_again(pool):
     assert np.all(s.numpy() == 10)
 
 
+def test_frozen_graph_is_described_once_per_plan(pool):
+    """A frozen graph (a generation step's) computed again with new input values is not described
+    again, and its results stay the in-process ones; when its context grows into a new segment, or
+    another plan computes it, it is described again."""
+    ctx = ggtool.Context()
+    g, y = chain(ctx, 40, width=40, rows=7)
+    x = g.leafs[0]
+    pool.freeze(g)
+    plan = None
+    for step in range(4):
+        x.data[...] = step
+        plan = ggtool.graph_compute(g, 2, pool=pool, plan=plan)
+        got = y.numpy().copy()
+        ggtool.graph_compute(g, 1)
+        assert np.array_equal(got, y.numpy()), step
+        if step == 0:
+            described = pool.stats["described"]
+    assert pool.stats["described"] == described
+    ctx.new_tensor("f32", [1 << 20])               # the context outgrows its segment
+    x.data[...] = 9
+    ggtool.graph_compute(g, 2, pool=pool, plan=plan)
+    got = y.numpy().copy()
+    assert pool.stats["described"] == described + 1
+    ggtool.graph_compute(g, 1)
+    assert np.array_equal(got, y.numpy())
+    ggtool.graph_compute(g, 2, pool=pool)           # a new plan
+    assert pool.stats["described"] == described + 2
+
+
 def test_file_storage_and_second_context(pool, tmp_path):
     """Memory-mapped tensors are read by each worker from the file; weights in another context."""
     from ggtool.gguf_io import FileStorage

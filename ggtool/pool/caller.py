@@ -84,9 +84,11 @@ class WorkerPool:
         self._owner = None
         self._closed = False
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._frozen: weakref.WeakSet = weakref.WeakSet()        # graphs described once per plan
+        self._described: OrderedDict[tuple, wire.Described] = OrderedDict()
         self._keys: dict[int, _Entry] = {}
         self._next_key = 0
-        self.stats = {"graphs_sent": 0, "runs": 0, "restarts": 0}
+        self.stats = {"graphs_sent": 0, "runs": 0, "restarts": 0, "described": 0}
         try:
             self._start(n)
         except BaseException:   # Ctrl-C or SIGTERM while the workers start: none is left behind
@@ -116,6 +118,7 @@ class WorkerPool:
         self._closed = True
         self._entries.clear()
         self._keys.clear()
+        self._described.clear()
         if graceful:
             self._finalizer()
         elif self._finalizer.detach() is not None:
@@ -173,6 +176,7 @@ class WorkerPool:
         self._state.teardown()
         self._entries.clear()
         self._keys.clear()
+        self._described.clear()
         self.stats["restarts"] += 1
 
     def _enter(self):
@@ -222,11 +226,33 @@ class WorkerPool:
         finally:
             self._leave()
 
+    def freeze(self, graph) -> None:
+        """Promise that `graph`'s tensors keep their fields (ops, parameters, sources, shapes, data
+        offsets: only their data changes) for as long as it lives, as a generation step's graph,
+        computed again for each token, does: the pool then describes it once per plan instead of
+        at every compute (wire.Described). Without the promise a compute describes the graph again
+        and finds any change."""
+        self._frozen.add(graph)
+
     def _entry(self, graph, plan, nth: int) -> _Entry:
         """The graph as the workers know it, from the cache when nothing changed since it was sent."""
-        records, kernels, work = wire.describe(graph, plan)
+        frozen = graph in self._frozen
+        if frozen:
+            d = self._described.get((id(graph), id(plan), nth))
+            if d is not None and d.holds(graph, plan):
+                entry = self._entries.get(d.fingerprint)
+                if entry is not None:
+                    self._entries.move_to_end(d.fingerprint)
+                    return entry
+        contexts: dict = {}
+        records, kernels, work = wire.describe(graph, plan, contexts)
+        self.stats["described"] += 1
         n_tasks = tuple([p.n_tasks for p in plan.nodes])
         fingerprint = (nth, work, n_tasks, records, tuple(kernels.items()))
+        if frozen:
+            self._described[id(graph), id(plan), nth] = wire.Described(graph, plan, fingerprint, contexts, work)
+            while len(self._described) > _GRAPH_CACHE:
+                self._described.popitem(last=False)
         entry = self._entries.get(fingerprint)
         if entry is not None:
             self._entries.move_to_end(fingerprint)

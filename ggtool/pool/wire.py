@@ -11,7 +11,9 @@ and the graph as the workers see it.
 - The graph: the caller `describe`s it (per tensor: type, ne, nb, op, op_params, sources, data
   offset, buffer) and `pack`s it with its kernels and the workers' program; a worker `install`s
   it, rebuilding light Tensor objects on the shared buffers, and caches the result so that
-  computing the same graph again only needs a `Run` of its key.
+  computing the same graph again only needs a `Run` of its key. A graph its owner freezes (a
+  generation step's, computed once per token) is described once per plan (`Described`): a step
+  then costs a few checks, not a walk over every tensor.
 """
 
 from __future__ import annotations
@@ -138,12 +140,12 @@ _FIELDS = operator.attrgetter("type", "ne", "nb", "op", "flags", "_name", "struc
 
 
 # -- the caller's side ----------------------------------------------------------------------------
-def describe(graph, plan):
+def describe(graph, plan, contexts=None):
     """Every tensor the graph's nodes reach, as plain tuples (nodes first, then their sources):
     (fields, op_params bytes, buffer, view_src index, src indices); buffer is the name of the
     shared segment holding the tensor's context pool, or its FileStorage. Also the kernels by op,
     and the work buffer (segment, offset, size) with the plan's numerics. Everything the workers'
-    copy is built from."""
+    copy is built from. `contexts` (a dict), if given, receives every context shared, by id."""
     nodes = graph.nodes
     order = list(nodes)
     index = {id(t): i for i, t in enumerate(order)}
@@ -164,6 +166,8 @@ def describe(graph, plan):
             buf = bufs.get(id(t.ctx))
             if buf is None:
                 buf = bufs[id(t.ctx)] = share_context(t.ctx).name
+                if contexts is not None:
+                    contexts[id(t.ctx)] = t.ctx
         vs = t.view_src
         append((_FIELDS(t), t.op_params.tobytes(), buf, -1 if vs is None else index[id(vs)],
                 tuple([-1 if s is None else index[id(s)] for s in t.src])))
@@ -175,7 +179,41 @@ def describe(graph, plan):
             kernels[t.op_desc] = kernel_for(t).forward
     kernels = {op: fn for op, fn in kernels.items() if fn is not None}
     work_seg = bufs.get(id(graph.ctx)) or share_context(graph.ctx).name
-    return tuple(records), kernels, (work_seg, plan.work_offset, plan.work_size, plan.numerics)
+    if contexts is not None:
+        contexts[id(graph.ctx)] = graph.ctx
+    return tuple(records), kernels, work_of(plan, work_seg)
+
+
+def work_of(plan, work_seg: str) -> tuple:
+    """The work buffer as a description holds it: (segment, offset, size, numerics)."""
+    return (work_seg, plan.work_offset, plan.work_size, plan.numerics)
+
+
+class Described:
+    """A frozen graph's description, made once per plan: what a later compute checks, without
+    describing the graph again, to know it may just `Run` what the workers hold. The graph's
+    tensors are promised unchanged (WorkerPool.freeze); where their bytes are can still change
+    (a context grown into a new segment, another work buffer), and that is checked at each compute."""
+
+    __slots__ = ("fingerprint", "graph", "n_nodes", "plan", "shared", "work")
+
+    def __init__(self, graph, plan, fingerprint, contexts: dict, work: tuple):
+        import weakref
+
+        self.graph, self.plan = weakref.ref(graph), weakref.ref(plan)
+        self.n_nodes, self.fingerprint, self.work = graph.n_nodes, fingerprint, work
+        self.shared = tuple((weakref.ref(c), share_context(c).name) for c in contexts.values())
+
+    def holds(self, graph, plan) -> bool:
+        """Is the description still the graph's as `plan` computes it? (Shares the contexts again
+        where one has grown, as describe would.)"""
+        if self.graph() is not graph or self.plan() is not plan or graph.n_nodes != self.n_nodes:
+            return False
+        for ref, name in self.shared:
+            ctx = ref()
+            if ctx is None or share_context(ctx).name != name:
+                return False
+        return work_of(plan, share_context(graph.ctx).name) == self.work
 
 
 def pack(records, n_nodes: int, kernels: dict, work, progw) -> bytes:
