@@ -98,16 +98,17 @@ class Session:
         return FUNCTIONS[f"view_{k}d"](ctx, t, *ne, *t.nb[1:k], 0)
 
     # -- graphs ------------------------------------------------------------------------------------
-    def n_kv(self, n_tokens: int) -> int:
-        """The cells a batch of n_tokens after the n_past ones reads: those in use, padded to kv_pad."""
-        pad = self.kv_pad
-        return min(self.n_ctx, -(-(self.n_past + n_tokens) // pad) * pad)
+    def n_kv(self, n_tokens: int, n_past: int | None = None) -> int:
+        """The cells a batch of n_tokens after n_past ones (default: those in the cache) reads: those
+        in use, padded to kv_pad."""
+        pad, n_past = self.kv_pad, self.n_past if n_past is None else n_past
+        return min(self.n_ctx, -(-(n_past + n_tokens) // pad) * pad)
 
-    def prepare(self, *sizes: int) -> None:
-        """Build the graphs of these batch sizes, at the next position, now (before the first compute
-        places the context)."""
+    def prepare(self, *sizes: int, n_past: int | None = None) -> None:
+        """Build the graphs of these batch sizes after n_past tokens (default: the next position)
+        now, before the first compute places the context."""
         for n in sizes:
-            self._step(n, self.n_kv(n))
+            self._step(n, self.n_kv(n, n_past))
 
     def graph(self, n_tokens: int):
         """The graph of a batch of n_tokens at the next position (built now if it is not yet)."""
