@@ -129,9 +129,10 @@ def verify_maps(graph) -> None:
     the compute with SIGBUS): one stat per file."""
     seen = set()
     for t in graph.leafs:
-        verify = getattr(t.root.storage, "verify", None)
-        if verify is not None and id(t.root.storage) not in seen:
-            seen.add(id(t.root.storage))
+        storage = t.root.storage
+        verify = getattr(storage, "verify", None)
+        if verify is not None and storage not in seen:   # equal storages are one file (a GGUF's
+            seen.add(storage)                            # tensors each have their own)
             verify()
 
 
