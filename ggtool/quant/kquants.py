@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..errors import QuantizationError
 from .blocks import _dequantize_blocks, _quantize_blocks, _quantize_weighted
 
 Q8_K_BYTES = 292
@@ -41,14 +42,24 @@ WEIGHTED = (T.GGMLType.Q4_0, *LEGACY_QUANTIZE, *K_QUANTIZE)
 def quantize_k(x, t, name: str = "tensor", imatrix=None) -> np.ndarray:
     """Bytes of x in t (one of WEIGHTED), as ggml_quantize_chunk writes them: without `imatrix`
     the reference path (quantize_row_qN_ref; quantize_iq4_nl), with it (one float per column, the
-    length of x's rows) the quant_weights path (quantize_row_qN_impl). QuantizationError for a row
+    length of x's rows; or (n_expert, columns) for x of shape (n_expert, rows, columns), as
+    llama-quantize gives each expert of a 3-d weight its own) the quant_weights path
+    (quantize_row_qN_impl). QuantizationError for a row
     that is not a multiple of the block size, for NaN/inf, or for an imatrix of another length."""
     from .. import kquants
 
     what = T.type_name(t)
     qk, nbytes = kquants.BLOCKS[what][:2]
     if imatrix is not None:
-        return _quantize_weighted(x, name, what, nbytes, kquants.weighted_kernel(what), qk, imatrix)
+        kernel = kquants.weighted_kernel(what)
+        qw = np.asarray(imatrix)
+        if qw.ndim != 2:
+            return _quantize_weighted(x, name, what, nbytes, kernel, qk, qw)
+        x = np.asarray(x)          # a 3-d (MoE) weight: expert e's rows take the importances qw[e]
+        if x.ndim != 3 or x.shape[0] != qw.shape[0]:
+            raise QuantizationError(f"tensor '{name}': an importance matrix of {qw.shape[0]} experts "
+                                    f"does not fit data of shape {x.shape}")
+        return np.stack([_quantize_weighted(x[e], name, what, nbytes, kernel, qk, qw[e]) for e in range(len(qw))])
     return _quantize_blocks(x, name, what, nbytes, kquants.kernel(what), qk)
 
 
