@@ -76,10 +76,10 @@ def main() -> None:
                 if t == "q4_0" and qw is None:
                     continue                      # Q4_0's reference path: bench/bench_quant.py
                 gt = gguf.GGMLQuantizationType[t.upper()]
-                fns = [lambda: make.reference(lib, x, t, qw), lambda: Q.quantize(x, t, imatrix=qw)]
+                fns = [lambda t=t, qw=qw: make.reference(lib, x, t, qw), lambda t=t, qw=qw: Q.quantize(x, t, imatrix=qw)]
                 has_gguf = qw is None and t in ("q4_1", "q5_0", "q5_1")
                 if has_gguf:
-                    fns.append(lambda: gguf.quants.quantize(x, gt))
+                    fns.append(lambda gt=gt: gguf.quants.quantize(x, gt))
                 with Q.threads_set_to(1):
                     ts = _interleaved(fns, args.runs)
                     same = np.array_equal(Q.quantize(x, t, imatrix=qw), make.reference(lib, x, t, qw))

@@ -296,8 +296,8 @@ def _q_min(xb, out, nmax, qh_at):
                 c0 = min(c0, _I15)
                 c1 = min(c1, _I15)
             out[i, qs_at + j] = np.uint8((c0 & _I15) | ((c1 & _I15) << 4))
-            qh |= _U(((c0 >> 4) & 1)) << _U(j)
-            qh |= _U(((c1 >> 4) & 1)) << _U(j + h)
+            qh |= _U((c0 >> 4) & 1) << _U(j)
+            qh |= _U((c1 >> 4) & 1) << _U(j + h)
         if qh_at >= 0:
             for k in range(4):
                 out[i, qh_at + k] = np.uint8((qh >> _U(8 * k)) & _U(0xFF))
@@ -353,8 +353,8 @@ def q5_0_quantize(xb, out):
             c0 = min(np.int32(xb[i, j] * idv + f165), i31)
             c1 = min(np.int32(xb[i, j + h] * idv + f165), i31)
             out[i, 6 + j] = np.uint8((c0 & _I15) | ((c1 & _I15) << 4))
-            qh |= _U(((c0 >> 4) & 1)) << _U(j)
-            qh |= _U(((c1 >> 4) & 1)) << _U(j + h)
+            qh |= _U((c0 >> 4) & 1) << _U(j)
+            qh |= _U((c1 >> 4) & 1) << _U(j + h)
         for k in range(4):
             out[i, 2 + k] = np.uint8((qh >> _U(8 * k)) & _U(0xFF))
     _put_scales(out, ds)

@@ -1,6 +1,7 @@
 """Type-generic entry points: ``quantize`` / ``dequantize`` / ``convert`` between any GGML types,
 dispatching to the native kernels (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, the K-quants,
-with or without an importance matrix; dequantizing Q5_0, Q4_K, Q6_K, IQ4_NL) or to gguf-py, with the integer types checked for range and integrality."""
+with or without an importance matrix; dequantizing Q5_0, Q4_K, Q6_K, IQ4_NL) or to gguf-py,
+with the integer types checked for range and integrality."""
 
 from __future__ import annotations
 
