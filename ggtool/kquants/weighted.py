@@ -29,8 +29,10 @@ _RDELTA = F32(0.05)
 
 
 @njit
-def make_qx_quants_w(x, n, nmax, L, qw):
-    """make_qx_quants(n, nmax, x, L, rmse_type=1, qw): codes L[:n] in 0..2*nmax-1, the scale."""
+def make_qx_quants_w(x, n, nmax, L, qw, wx, fl):
+    """make_qx_quants(n, nmax, x, L, rmse_type=1, qw): codes L[:n] in 0..2*nmax-1, the scale.
+    wx, fl: scratch of n float32 (qw*x, the codes of a step as floats: the codes' loop vectorises,
+    the sums stay in C's order)."""
     amax = _F0
     mx = _F0
     for i in range(n):
@@ -42,6 +44,8 @@ def make_qx_quants_w(x, n, nmax, L, qw):
         for i in range(n):
             L[i] = 0
         return _F0
+    for i in range(n):
+        wx[i] = F32(qw[i] * x[i])
     fn = F32(nmax)
     iscale = F32(-fn / mx)
     sumlx = _F0
@@ -49,24 +53,26 @@ def make_qx_quants_w(x, n, nmax, L, qw):
     for i in range(n):
         lv = max(-nmax, min(nmax - 1, nearest_int(F32(iscale * x[i]))))
         L[i] = lv + nmax
-        fl = F32(lv)
-        sumlx = F32(sumlx + F32(F32(qw[i] * x[i]) * fl))
-        suml2 = F32(suml2 + F32(F32(qw[i] * fl) * fl))
+        f = F32(lv)
+        sumlx = F32(sumlx + F32(wx[i] * f))
+        suml2 = F32(suml2 + F32(F32(qw[i] * f) * f))
     scale = F32(sumlx / suml2) if suml2 != _F0 else _F0
     best = F32(scale * sumlx)
     for step in range(-9, 10):
         if step == 0:
             continue
         iscale = F32(-F32(fn + F32(_F01 * F32(step))) / mx)
+        for i in range(n):
+            fl[i] = F32(max(-nmax, min(nmax - 1, nearest_int(F32(iscale * x[i])))))
         sumlx = _F0
         suml2 = _F0
         for i in range(n):
-            fl = F32(max(-nmax, min(nmax - 1, nearest_int(F32(iscale * x[i])))))
-            sumlx = F32(sumlx + F32(F32(qw[i] * x[i]) * fl))
-            suml2 = F32(suml2 + F32(F32(qw[i] * fl) * fl))
+            f = fl[i]
+            sumlx = F32(sumlx + F32(wx[i] * f))
+            suml2 = F32(suml2 + F32(F32(qw[i] * f) * f))
         if suml2 > _F0 and F32(sumlx * sumlx) > F32(best * suml2):
             for i in range(n):
-                L[i] = nmax + max(-nmax, min(nmax - 1, nearest_int(F32(iscale * x[i]))))
+                L[i] = nmax + np.int64(fl[i])
             scale = F32(sumlx / suml2)
             best = F32(scale * sumlx)
     return scale
@@ -239,6 +245,8 @@ def _legacy(xb, out, qw, f16, kind):
         return bad
     nbpr = qw.shape[0]
     w = np.zeros(32, np.float32)
+    wx = np.zeros(32, np.float32)
+    fl = np.zeros(32, np.float32)
     L = np.zeros(32, np.int64)
     Laux = np.zeros(32, np.int64)
     for r0 in range(0, xb.shape[0], nbpr):
@@ -248,7 +256,7 @@ def _legacy(xb, out, qw, f16, kind):
             x = xb[i]
             _weights(x, qw[b], sigma2, w, 32)
             if kind == 0 or kind == 2:
-                d = make_qx_quants_w(x, 32, 8 if kind == 0 else 16, L, w)
+                d = make_qx_quants_w(x, 32, 8 if kind == 0 else 16, L, w, wx, fl)
                 hd, _ = _fp16_round(d, f16)
                 _put_f16(out, i, 0, hd)
                 at = 2
@@ -364,6 +372,8 @@ def q3_k_quantize_w(xb, out, qw, f16):
     sw = np.zeros(16, np.float32)
     Ls = np.zeros(16, np.int64)
     sc = np.zeros(12, np.int64)
+    wx = np.zeros(16, np.float32)
+    fl = np.zeros(16, np.float32)
     for i in range(xb.shape[0]):
         x = xb[i]
         q = qw[i % nbpr]
@@ -371,8 +381,8 @@ def q3_k_quantize_w(xb, out, qw, f16):
         for j in range(16):
             _weights(x[16 * j:16 * j + 16], q[16 * j:16 * j + 16], sigma2, w, 16)
             sw[j] = _sum(w, 16)
-            scales[j] = make_qx_quants_w(x[16 * j:16 * j + 16], 16, 4, L[16 * j:16 * j + 16], w)
-        d_block = make_qx_quants_w(scales, 16, 32, Ls, sw)
+            scales[j] = make_qx_quants_w(x[16 * j:16 * j + 16], 16, 4, L[16 * j:16 * j + 16], w, wx, fl)
+        d_block = make_qx_quants_w(scales, 16, 32, Ls, sw, wx, fl)
         for j in range(12):
             sc[j] = 0
         for j in range(16):
@@ -450,13 +460,16 @@ def q6_k_quantize_w(xb, out, qw, f16):
     L = np.zeros(QK_K, np.int64)
     scales = np.zeros(16, np.float32)
     sc = np.zeros(16, np.int64)
+    wx = np.zeros(16, np.float32)
+    fl = np.zeros(16, np.float32)
     for i in range(xb.shape[0]):
         x = xb[i]
         q = qw[i % nbpr]
         max_scale = _F0
         max_abs_scale = _F0
         for j in range(16):
-            scales[j] = make_qx_quants_w(x[16 * j:16 * j + 16], 16, 32, L[16 * j:16 * j + 16], q[16 * j:16 * j + 16])
+            scales[j] = make_qx_quants_w(x[16 * j:16 * j + 16], 16, 32, L[16 * j:16 * j + 16], q[16 * j:16 * j + 16],
+                                         wx, fl)
             s = abs(scales[j])
             if s > max_abs_scale:
                 max_abs_scale = s

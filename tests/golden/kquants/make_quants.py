@@ -3,7 +3,7 @@ quantize_q5_1, quantize_iq4_nl, and with quant_weights every type whose bytes an
 changes) write, from the llama.cpp that llama-cpp-python 0.3.36 vendors.
 
     python tests/golden/kquants/make_quants.py GGML_DIR            # write quants.npz
-    python tests/golden/kquants/make_quants.py GGML_DIR --check N  # compare ggtool on N random blocks a type
+    python tests/golden/kquants/make_quants.py GGML_DIR --check N [--types q4_1 ...]  # compare ggtool on N random blocks a type
 
 GGML_DIR is that llama.cpp's ggml folder (vendor/llama.cpp/ggml of the sdist). src/ggml-quants.c
 is compiled as make_kquants.py compiles ggml's (gcc -O2 -DNDEBUG, x86-64 baseline: no FMA, as
@@ -12,7 +12,7 @@ the types called), and called through ctypes with nrow rows of n_per_row values.
 the inputs: the blocks of kquants.npz (rows of 256), extra 32-value edge blocks (ties, +-0,
 subnormal and huge scales), and importance matrices (random positive; a quarter of them zero).
 --check prints, per type and path, how many of N random blocks (rows of 256 and of 4096, random
-scales per row, random weights) differ from ggtool's bytes; nothing is written.
+scales per row, a fifth of them from fp32 subnormals to 3e38, random weights) differ from ggtool's bytes; nothing is written.
 """
 
 from __future__ import annotations
@@ -124,17 +124,20 @@ def make(ggml_dir: str) -> None:
     print(json.dumps({"rows": len(x), "bytes": os.path.getsize(HERE / "quants.npz")}))
 
 
-def check(ggml_dir: str, n: int) -> None:
+def check(ggml_dir: str, n: int, types: list[str]) -> None:
     sys.path.insert(0, str(HERE.parent.parent.parent))
     from ggtool import quant as Q
 
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     with tempfile.TemporaryDirectory() as d, Q.threads_set_to(1):
         lib = build(ggml_dir, Path(d))
-        for t, (qk, _) in TYPES.items():
+        for t in types:
+            qk = TYPES[t][0]
             for width in (256, 4096):
                 rows = max(1, n * qk // width)
-                x = (rng.standard_normal((rows, width)) * 10.0 ** rng.uniform(-4, 4, (rows, 1))).astype(np.float32)
+                scale = 10.0 ** np.where(rng.random((rows, 1)) < 0.8, rng.uniform(-4, 4, (rows, 1)),
+                                         rng.uniform(-44, 38, (rows, 1)))      # a fifth at extreme scales
+                x = np.clip(rng.standard_normal((rows, width)) * scale, -3e38, 3e38).astype(np.float32)
                 x[rng.random(x.shape) < 0.02] = 0
                 qw = weights(rng, width)[rng.integers(2)]
                 paths = [("ref", None), ("imatrix", qw)] if t != "q4_0" else [("imatrix", qw)]
@@ -149,9 +152,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("ggml")
     ap.add_argument("--check", type=int, default=0)
+    ap.add_argument("--types", nargs="+", default=list(TYPES))
     a = ap.parse_args()
     if a.check:
-        check(a.ggml, a.check)
+        check(a.ggml, a.check, a.types)
     else:
         make(a.ggml)
 
