@@ -34,7 +34,7 @@ def can_quantize(t) -> bool:
 
 def can_dequantize(t) -> bool:
     t = T.parse_type(t)
-    if t in T.NP_DTYPES or t in (T.Q4_0, T.Q8_0, T.BF16):
+    if t in T.NP_DTYPES or t in (T.Q4_0, T.Q8_0, T.BF16) or t in _NATIVE_DQ:
         return True
     return _gguf_can(t, "dequantize")
 
