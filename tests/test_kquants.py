@@ -92,3 +92,6 @@ def test_fp16_scales_round_as_ggml():
         bits, val = _fp16_round(v, F16_TO_F32)
         want = int(Q.fp32_to_fp16(np.array([v], np.float32)).view(np.uint16)[0])
         assert (int(bits), np.float32(val).tobytes()) == (want, F16_TO_F32[want].tobytes()), float(v)
+    for nan in np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345], np.uint32).view(np.float32):
+        # NaN keeps its sign (x86's NaN from inf - inf is negative: GGML writes 0xfe00)
+        assert int(_fp16_round(nan, F16_TO_F32)[0]) == int(Q.fp32_to_fp16(np.array([nan])).view(np.uint16)[0])

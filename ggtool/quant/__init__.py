@@ -24,9 +24,10 @@ BF16 x BF16);
 its numerics are described in ``ggtool/quant/matmul.py``.
 
 Modules: ``threads`` (worker threads), ``blocks`` (shared block plumbing), ``f16``, ``bf16``, ``q4_0``,
-``q8_0``, ``kquants`` (native Q5_0/Q4_K/Q6_K dequantizers; the K-quant quantizers of
-``ggtool.kquants`` run over arrays), ``generic`` (quantize/dequantize/convert
-for any type), ``matmul`` (``mul_mat_quantized``).  This package re-exports the public names.
+``q8_0``, ``kquants`` (native Q5_0/Q4_K/Q6_K/IQ4_NL dequantizers; the quantizers of ``ggtool.kquants``
+(K-quants, Q4_1, Q5_0, Q5_1, IQ4_NL, and every importance-matrix path) run over arrays),
+``generic`` (quantize/dequantize/convert for any type, ``quantize(..., imatrix=)``), ``matmul``
+(``mul_mat_quantized``).  This package re-exports the public names.
 """
 
 from __future__ import annotations
