@@ -172,7 +172,7 @@ def test_the_pool_computes_in_the_plans_numerics():
 
 def test_unknown_numerics_is_one_clear_error():
     g, _ = _mul_mat("q8_0", random_blocks("q8_0", 4, 32, 0), np.ones((1, 32), f32))
-    with pytest.raises(GGToolError, match="numerics must be one of ggml, x86, not 'avx'"):
+    with pytest.raises(GGToolError, match="numerics must be one of ggml, llama.cpp, llama.cpp-avx2, llama.cpp-avx512, x86, not 'avx'"):
         ggtool.graph_compute(g, 1, numerics="avx")
 
 
