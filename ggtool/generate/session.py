@@ -18,6 +18,7 @@ import numpy as np
 from .. import types as T
 from ..context import Context
 from ..errors import GGToolError
+from ..kernels.numerics import LLAMA_CPP_KV_PAD, is_llama_cpp
 from ..tensor import Tensor
 
 
@@ -60,6 +61,9 @@ class Session:
         self.weights = Inputs([], [model_path])
         self.program, self.n_ctx, self.n_threads, self.pool = program, n_ctx, n_threads, pool
         self.numerics, self.max_steps = numerics, max_steps
+        # llama.cpp's attention runs over a multiple of 256 cells (its n_kv): under its numerics the
+        # cache has as many, so that the sums over cells fall in its lanes (the unused are masked)
+        self.n_cells = -(-n_ctx // LLAMA_CPP_KV_PAD) * LLAMA_CPP_KV_PAD if is_llama_cpp(numerics) else n_ctx
         self.ctx = Context()
         self.n_past = 0
         arch = _meta(self.weights, "general.architecture", "")
@@ -104,7 +108,7 @@ class Session:
         from ..dsl import build
         from ..dsl.limits import MAX_STEPS
 
-        c, nc = self.ctx, self.n_ctx
+        c, nc = self.ctx, self.n_cells
         batch = {"tokens": c.new_tensor(T.I32, [n_tokens]), "kv_pos": c.new_tensor(T.I32, [n_tokens]),
                  "kv_scatter": c.new_tensor(T.F32, [n_tokens, nc]), "kv_mask": c.new_tensor(T.F32, [nc, n_tokens]),
                  "kv_mask_swa": c.new_tensor(T.F32, [nc, n_tokens])}
@@ -142,11 +146,11 @@ class Session:
         positions = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
         b["tokens"].set_data(tokens)
         b["kv_pos"].set_data(positions)
-        scatter = np.zeros((self.n_ctx, n), np.float32)   # numpy (n_kv, n_tokens): ne [n_tokens, n_kv]
+        scatter = np.zeros((self.n_cells, n), np.float32)   # numpy (n_kv, n_tokens): ne [n_tokens, n_kv]
         scatter[positions, np.arange(n)] = 1.0
         b["kv_scatter"].set_data(scatter)
-        fill_causal_mask(b["kv_mask"].data.reshape(n, self.n_ctx), positions)
-        fill_causal_mask(b["kv_mask_swa"].data.reshape(n, self.n_ctx), positions, self.n_swa)
+        fill_causal_mask(b["kv_mask"].data.reshape(n, self.n_cells), positions)
+        fill_causal_mask(b["kv_mask_swa"].data.reshape(n, self.n_cells), positions, self.n_swa)
         step.plan = graph_compute(step.graph, self.n_threads, pool=self.pool, plan=step.plan, alloc="graph",
                                   outputs=[step.logits], numerics=self.numerics)
         self.n_past += n

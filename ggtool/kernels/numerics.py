@@ -24,6 +24,7 @@ AVX2 = "llama.cpp-avx2"
 ALIASES = {"x86": AVX512}
 NAMES = (GGML, AUTO, AVX2, AVX512, *ALIASES)     # what a caller may ask for
 LLAMA_CPP = (AVX512, AVX2)                       # what kernels see (resolved)
+LLAMA_CPP_KV_PAD = 256    # llama.cpp's KV cache attends over a multiple of 256 cells (llama_kv_cache::get_n_kv)
 
 # the flags a -march=native build needs for each variant's code paths: __AVX512F__ and __AVX512DQ__
 # (tinyBLAS's __m512, the soft_max loop), or __AVX2__, __FMA__ and __F16C__
@@ -34,13 +35,13 @@ class NumericsError(GGToolError):
     """An unknown numerics name, or "llama.cpp" on a CPU whose build ggtool does not model."""
 
     def __init__(self, name: str, flags: frozenset | None = None):
-        self.name, self.kind = name, "unknown" if flags is None else "no-variant"
+        self.name, self.kind = name, "unknown-numerics" if flags is None else "no-llama-cpp-build"
         self.flags = flags
         if flags is None:
             msg = f"numerics must be one of {', '.join(NAMES)}, not {name!r}"
         else:
             msg = (f"numerics {name!r}: this CPU has neither AVX-512 (avx512f, avx512dq) nor AVX2 (avx2, fma, f16c), "
-                   f"the two llama.cpp x86 builds ggtool follows; ask for {AVX2!r} or {AVX512!r} by name")
+                   f"the two llama.cpp x86 builds ggtool follows")
         super().__init__(msg)
 
 
@@ -84,9 +85,9 @@ def host_flags(path: str = "/proc/cpuinfo") -> frozenset:
 
 
 def is_llama_cpp(numerics: str) -> bool:
-    """Whether `numerics` (resolved, or an alias) is one of llama.cpp's x86 builds (the kernels of
-    ggtool.kernels.x86)."""
-    return ALIASES.get(numerics, numerics) in LLAMA_CPP
+    """Whether `numerics` (resolved, an alias, or AUTO) is one of llama.cpp's x86 builds (the kernels
+    of ggtool.kernels.x86)."""
+    return numerics == AUTO or ALIASES.get(numerics, numerics) in LLAMA_CPP
 
 
 def wide(numerics: str) -> bool:
