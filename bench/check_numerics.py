@@ -149,6 +149,7 @@ def main() -> None:
         print(f"{'model':32} {'llama.cpp':9} {'--numerics':16} {'threads':>7} {'batch':>10} {'decode':>10}")
         worst = 0.0
         greedy: dict = {}
+        between: list = []      # the two builds against each other
         for label, path in models:
             for build, lib, numerics in builds:
                 for nth in threads:
@@ -162,6 +163,13 @@ def main() -> None:
                     print(f"{label:32} {build:9} {numerics:16} {nth:>7} {db:>10.3g} {dd:>10.3g}", flush=True)
                     if want_gen:
                         greedy[build] = [ref[f"greedy_{i}"].tolist() for i in range(len(prompts))]
+                    if nth == threads[0]:
+                        between.append(ref)
+            if len(between) == 2:
+                a, b = between
+                print(f"{label:32} llama.cpp avx2 against native:    batch {np.abs(a['batch'] - b['batch']).max():.3g}, "
+                      f"decode {np.abs(a['decode'] - b['decode']).max():.3g}", flush=True)
+            between = []
         print(f"max |diff| over all: {worst:.3g}")
         if args.no_generate or not golden:
             return
