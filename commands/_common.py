@@ -101,6 +101,30 @@ def threads_option(f=None, *, help: str = "Threads (GGML's n_threads): participa
     return option(f) if f is not None else option
 
 
+NUMERICS_HELP = ("Order of float sums: GGML's reference (ggml), or a llama.cpp x86-64 build's, its exact "
+                 "logits: llama.cpp is the build this CPU's flags make (llama.cpp-avx512 or llama.cpp-avx2); "
+                 "x86 is llama.cpp-avx512.")
+
+
+def numerics_option(f):
+    """--numerics NAME (ggtool.kernels.numerics.NAMES)."""
+    from ggtool.kernels.numerics import NAMES
+
+    return click.option("--numerics", type=click.Choice(NAMES), default="ggml", show_default=True,
+                        help=NUMERICS_HELP)(f)
+
+
+def pick_numerics(name: str, verbose: bool) -> str:
+    """The numerics the kernels will run for --numerics `name` (an error now, before any loading, if
+    llama.cpp has no build ggtool follows on this CPU); with -v, which llama.cpp build that is."""
+    from ggtool.kernels.numerics import host_flags, resolve
+
+    resolved = resolve(name, host_flags())
+    if verbose and resolved != name:
+        log(f"numerics {name}: {resolved}" + (" (this CPU's llama.cpp build)" if name == "llama.cpp" else ""))
+    return resolved
+
+
 # -- the program and its inputs ---------------------------------------------------------------------------
 def read_program(program: str | None, program_file) -> tuple[str, str]:
     """(source, filename) from PROGRAM or -f FILE; exactly one must be given."""

@@ -29,7 +29,9 @@ from ._common import (
     input_options,
     log,
     make_inputs,
+    numerics_option,
     open_pool,
+    pick_numerics,
     program_options,
     read_program,
     refuse_binary_to_tty,
@@ -71,11 +73,12 @@ intermediates share one compute buffer (ggml_gallocr's plan, the size `ggtool pl
 each place reused once its tensor's last consumer has run. --alloc context gives every tensor
 memory of its own for the whole run (GGML's context mode). The results are byte-identical.
 
---numerics ggml (the default) sums as GGML's reference code does. --numerics x86 sums mul_mat
-(F32, Q8_0, Q5_0, Q4_0, Q4_K, Q6_K weights), soft_max, rope and gelu in the order of llama.cpp's
-x86-64 CPU build (AVX-512, llamafile's tinyBLAS, the repacked Q4_0/Q4_K kernels): gemma-3's logits
-then equal llama.cpp's bit for bit (docs/gemma.md). mul_mat with other weight types sums as by
-default, with a warning. Its products are slower than the default's on large matrices (about the
+--numerics ggml (the default) sums as GGML's reference code does. --numerics llama.cpp sums mul_mat
+(F32, Q8_0, Q5_0, Q4_0, Q4_K, Q6_K weights), soft_max, rope and gelu in the order of the llama.cpp
+x86-64 CPU build this CPU's flags make (llamafile's tinyBLAS, the repacked Q4_0/Q4_K kernels, and
+AVX-512's 16-float lanes or AVX2's 8): gemma-3's logits then equal that build's bit for bit
+(docs/gemma.md). llama.cpp-avx512 and llama.cpp-avx2 name a build whatever the CPU; x86 is
+llama.cpp-avx512. mul_mat with other weight types sums as by default, with a warning. Its products are slower than the default's on large matrices (about the
 same time for a whole gemma-3-270m pass).
 
 {NUMPY_ORDER_HELP}
@@ -94,13 +97,13 @@ same time for a whole gemma-3-270m pass).
               help="Output format (default: from -o's extension, else json).")
 @click.option("--alloc", "alloc", type=click.Choice(["graph", "context"]), default="graph", show_default=True,
               help="graph: intermediates share ggml_gallocr's compute buffer; context: each keeps its own memory.")
-@click.option("--numerics", type=click.Choice(["ggml", "x86"]), default="ggml", show_default=True,
-              help="Order of float sums: GGML's reference, or llama.cpp's x86-64 build (its exact logits).")
+@numerics_option
 @click.option("--time", "show_time", is_flag=True, help="Report timings on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Report loads and timings on stderr.")
 def command(program, program_file, output_names, graph_size, max_steps, tensor_sources, gguf_files, n_threads,
             out_path, fmt, alloc, numerics, show_time, verbose):
     timer = Timer(show_time or verbose)
+    resolved = pick_numerics(numerics, verbose)
     to_file = out_path is not None and out_path != "-"
     fmt = resolve_format(out_path, fmt)
     if not to_file and fmt != "json":
@@ -123,8 +126,8 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
         names = ", ".join(n for n, _ in outputs)
         raise click.UsageError(f"a .npy holds one array but the program has {len(outputs)} outputs ({names}); "
                                "pick one with --output NAME, or use .json or .gguf")
-    if numerics == "x86":
-        warn_x86_gaps(built.graph)
+    if resolved != "ggml":
+        warn_llama_cpp_gaps(built.graph, numerics)
     timer.mark("build")
 
     if n_threads is None:   # not given: the engine's default for a graph of this size
@@ -134,7 +137,7 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
 
     with compute_progress(built.graph.n_nodes) as progress:
         plan = graph_compute(built.graph, n_threads, pool=pool, progress=progress, alloc=alloc,
-                             outputs=[t for _, t in outputs], numerics=numerics)
+                             outputs=[t for _, t in outputs], numerics=resolved)
     timer.mark("compute")
     if verbose:
         buffer = "" if plan.allocation is None else f", compute buffer {plan.allocation.size} bytes"
@@ -148,8 +151,8 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
     timer.report()
 
 
-def warn_x86_gaps(graph) -> None:
-    """--numerics x86 on mul_mat weights it has no llama.cpp order for: say which, once."""
+def warn_llama_cpp_gaps(graph, numerics: str) -> None:
+    """--numerics llama.cpp* (or x86) on mul_mat weights it has no llama.cpp order for: say which, once."""
     from ggtool import types as T
     from ggtool.ops.matmul import X86_COVERED, without_x86_order
 
@@ -157,7 +160,7 @@ def warn_x86_gaps(graph) -> None:
     if gaps:
         kinds = sorted({T.type_name(n.src[0].type) for n in gaps})
         one = len(gaps) == 1
-        log(f"Warning: --numerics x86 follows llama.cpp's order for mul_mat with {X86_COVERED} weights; "
+        log(f"Warning: --numerics {numerics} follows llama.cpp's order for mul_mat with {X86_COVERED} weights; "
             f"{len(gaps)} mul_mat node{'' if one else 's'} with {', '.join(kinds)} weights (first: '{gaps[0].name}') "
             f"{'sums' if one else 'sum'} in GGML's order and may differ from llama.cpp's in the last bits")
 

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from ._common import log, open_pool, read_program, threads_option
+from ._common import log, numerics_option, open_pool, pick_numerics, read_program, threads_option
 from .tokenize import ids_json, parse_ids
 
 HELP = """Continue a prompt with a GGUF model: the prompt is evaluated in one batch, then each new
@@ -61,8 +61,7 @@ Examples:
 @click.option("--top-p", type=click.FloatRange(min=0, max=1), default=0.95, show_default=True, metavar="P",
               help="Then among the fewest whose probabilities reach P.")
 @click.option("--seed", type=int, default=None, metavar="S", help="Seed of the sampler's generator.")
-@click.option("--numerics", type=click.Choice(["ggml", "x86"]), default="ggml", show_default=True,
-              help="Order of float sums: GGML's reference, or llama.cpp's x86-64 build.")
+@numerics_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text: the new text as it comes; json: the new token ids.")
 @click.option("-v", "--verbose", is_flag=True, help="Report the prompt's and the generation's speed on stderr.")
@@ -75,6 +74,7 @@ def command(stdin_text, model, program_file, prompt, tokens_json, n_predict, ctx
 
     from .tokenize import load_vocab, read_text
 
+    numerics = pick_numerics(numerics, verbose)
     given = [x for x in (prompt, tokens_json, stdin_text) if x is not None]
     if len(given) > 1:
         raise click.UsageError("give the prompt once: --prompt TEXT, --tokens JSON or '-' (stdin)")

@@ -9,17 +9,19 @@ import numpy as np
 
 from .context import OBJECT_SIZE, pad
 from .errors import ComputeError, GGToolError, OutOfMemoryError, memory_limit
+from .kernels.numerics import NAMES, host_flags, resolve
 from .ops.base import kernel_for
 from .plan import Plan, make_plan
 from .threads import single_threaded
 
-NUMERICS = ("ggml", "x86")
+NUMERICS = NAMES   # ggtool.kernels.numerics: "ggml", "llama.cpp" (this CPU's build), its two variants, "x86"
 
 
 class Work:
-    """What a kernel gets besides its node: the work buffer, the barrier, and the numerics: "ggml"
-    (GGML's scalar reference order of float operations) or "x86" (llama.cpp's x86-64 build's
-    order, ``ggtool.kernels.x86``), which mul_mat, soft_max, rope and gelu follow."""
+    """What a kernel gets besides its node: the work buffer, the barrier, and the numerics, resolved
+    (``ggtool.kernels.numerics``): "ggml" (GGML's scalar reference order of float operations),
+    "llama.cpp-avx512" or "llama.cpp-avx2" (llama.cpp's x86-64 builds' orders,
+    ``ggtool.kernels.x86``), which mul_mat, soft_max, rope and gelu follow."""
 
     __slots__ = ("wdata", "_barrier", "numerics")
 
@@ -79,8 +81,8 @@ def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "c
     the plan; None leaves the plan's own (default "ggml")."""
     if alloc not in ALLOC_MODES:
         raise GGToolError(f"alloc must be one of {', '.join(ALLOC_MODES)}, not {alloc!r}")
-    if numerics is not None and numerics not in NUMERICS:
-        raise GGToolError(f"numerics must be one of {', '.join(NUMERICS)}, not {numerics!r}")
+    if numerics is not None:     # "llama.cpp" becomes the variant this CPU's build runs
+        numerics = resolve(numerics, host_flags())
     materialize_written(graph)
     verify_maps(graph)
     plan = plan or make_plan(graph, n_threads)
@@ -226,8 +228,8 @@ def graph_compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None
 
     `pool` runs it on a WorkerPool; `progress` (a Progress) follows the node being computed. alloc
     "graph" computes in a compute buffer planned as ggml_gallocr does, where only `outputs` keep
-    their values; "context" (the default) gives every node its own memory. numerics "x86" sums as
-    llama.cpp's x86-64 build (ggtool.kernels.x86); the default "ggml" as GGML's reference."""
+    their values; "context" (the default) gives every node its own memory. numerics "llama.cpp" sums as
+    llama.cpp's x86-64 build for this CPU (ggtool.kernels.numerics); the default "ggml" as GGML's reference."""
     plan = prepare(graph, n_threads, plan, alloc, outputs, numerics)
     if pool is not None and plan.n_threads > 1:
         pool.run(graph, plan, progress)

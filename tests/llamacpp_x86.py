@@ -1,5 +1,5 @@
-"""llama.cpp's x86 CPU numerics (llama-cpp-python 0.3.36, AVX-512, REPACK and LLAMAFILE on), written
-out in numpy: a test oracle, never used by ggtool itself.
+"""llama.cpp's x86 CPU numerics (llama-cpp-python 0.3.36, AVX-512 or AVX2, REPACK and LLAMAFILE on),
+written out in numpy: a test oracle, never used by ggtool itself.
 
 `tests/golden/llama/gemma3-270m-top64.npz` was computed by that build. ggtool's default kernels
 follow GGML's scalar reference; llama.cpp's x86 build sums in other orders, and gemma's 8-bit
@@ -29,6 +29,15 @@ logits bit for bit; they are now the oracle of ggtool's compiled `numerics="x86"
   compiler to `fms(x0, c, x1*s)` and `fma(x0, s, x1*c)`.
 - gelu's fp16 table: `S*x*(1 + A*x*x)` with `1 + (A*x)*x` contracted to an FMA.
 
+The AVX2 build (`numerics="llama.cpp-avx2"`; `wide=False` below) differs only where the F32 lanes
+are: `ggml_vec_dot_f32` with 4 accumulators of 8 lanes over steps of 32, then `x0+x2, x1+x3,
+x0+x1`, the low plus the high half and two hadds (`(0+1) + (2+3)`); tinyBLAS<8, __m256> (8 lanes,
+then hsum_float_8's order); soft_max with the AVX2 `ggml_v_expf` (`c8*b` instead of an FMA with 1,
+`j*k + k` with k = 2^n, the two-step scaling for 126 < |n| <= 192) on 8-value chunks reduced as
+hsum_float_8. Its quantized kernels (tinyBLAS_Q0_AVX, the vec_dots, the repacked q4_0_8x8 and
+q4_K_8x8 gemm/gemv, the tiled K-quant kernel) sum each output alike in both builds, and so do rope
+and gelu.
+
 FMA is emulated as float32(float64(a)*float64(b) + float64(c)) (the product is exact; the double
 rounding this leaves is too rare to matter here).
 """
@@ -55,36 +64,45 @@ def reduce16(v):  # v (..., 16) float32 -> (...) _mm512_reduce_add_ps
     t = (t[..., 2:] + t[..., :2]).astype(f32)
     return (t[..., 0] + t[..., 1]).astype(f32)
 
-def vec_dot_f32(x, y):
-    """x (M, n), y (N, n) -> (N, M): ggml_vec_dot_f32 AVX512 (STEP 64, 4 accumulators)."""
+def reduce8_hadd(v):  # v (..., 8) -> (...): GGML_F32x8_REDUCE's tail (low + high, hadd, hadd)
+    t = (v[..., :4] + v[..., 4:]).astype(f32)
+    return ((t[..., 0] + t[..., 1]).astype(f32) + (t[..., 2] + t[..., 3]).astype(f32)).astype(f32)
+
+def vec_dot_f32(x, y, wide=True):
+    """x (M, n), y (N, n) -> (N, M): ggml_vec_dot_f32, AVX512 (STEP 64: 4 accumulators of 16) or
+    AVX2 (STEP 32: 4 of 8)."""
     n = x.shape[-1]
-    np_ = n & ~63
+    epr = 16 if wide else 8
+    step = 4 * epr
+    np_ = n - n % step
     M, N = x.shape[0], y.shape[0]
-    acc = np.zeros((N, M, 4, 16), f32)
-    for i in range(0, np_, 64):
-        xs = x[:, i:i+64].reshape(M, 4, 16)
-        ys = y[:, i:i+64].reshape(N, 4, 16)
+    acc = np.zeros((N, M, 4, epr), f32)
+    for i in range(0, np_, step):
+        xs = x[:, i:i+step].reshape(M, 4, epr)
+        ys = y[:, i:i+step].reshape(N, 4, epr)
         acc = fma(xs[None], ys[:, None], acc)
     a = acc
     a01 = (a[:, :, 0] + a[:, :, 2]).astype(f32)
     a11 = (a[:, :, 1] + a[:, :, 3]).astype(f32)
-    s = reduce16((a01 + a11).astype(f32))
+    s = (reduce16 if wide else reduce8_hadd)((a01 + a11).astype(f32))
     for i in range(np_, n):   # float tail (contracted?)
         s = fma(x[None, :, i], y[:, None, i], s)
     return s
 
-def sgemm_f32(A, B):
-    """A (M, k), B (N, k) -> (N, M): tinyBLAS AVX512: 16 lanes of fma over l, then hsum. k padded with zeros."""
+def sgemm_f32(A, B, wide=True):
+    """A (M, k), B (N, k) -> (N, M): tinyBLAS AVX512 (16 lanes of fma over l, then
+    _mm512_reduce_add_ps) or AVX2 (8 lanes, then hsum_float_8). k padded with zeros."""
+    kn = 16 if wide else 8
     k = A.shape[-1]
-    kp = (k + 15) // 16 * 16
+    kp = (k + kn - 1) // kn * kn
     if kp != k:
         A = np.concatenate([A, np.zeros((A.shape[0], kp - k), f32)], 1)
         B = np.concatenate([B, np.zeros((B.shape[0], kp - k), f32)], 1)
     M, N = A.shape[0], B.shape[0]
-    acc = np.zeros((N, M, 16), f32)
-    for k0 in range(0, kp, 16):
-        acc = fma(A[None, :, k0:k0 + 16], B[:, None, k0:k0 + 16], acc)
-    return reduce16(acc)
+    acc = np.zeros((N, M, kn), f32)
+    for k0 in range(0, kp, kn):
+        acc = fma(A[None, :, k0:k0 + kn], B[:, None, k0:k0 + kn], acc)
+    return reduce16(acc) if wide else h8(acc)
 
 C = [H(s) for s in ('0x1.8p23', '0x1.715476p+0', '0x1.62e4p-1', '0x1.7f7d1cp-20', '0x1.0e4020p-7',
                      '0x1.573e2ep-5', '0x1.555e66p-3', '0x1.fffdb6p-2', '0x1.ffffecp-1')]
@@ -102,17 +120,39 @@ def v_expf(x):
         alt = np.where(n <= 0, f32(0), f32(np.inf))
         return np.where(d, alt, res).astype(f32)
 
-def soft_max_rows(w, n_kv=256):
+def v_expf_avx2(x):
+    """The AVX2 ggml_v_expf, lane by lane."""
+    x = np.asarray(x, f32)
+    with np.errstate(all='ignore'):
+        r = f32(C[0])
+        z = fma(x, C[1], r)
+        n = (z - r).astype(f32)
+        b = fma(-n, C[3], fma(-n, C[2], x))
+        u = (b * b).astype(f32)
+        j = fma(fma(fma(C[4], b, C[5]), u, fma(C[6], b, C[7])), u, (f32(C[8]) * b).astype(f32))
+        nn = np.where(np.isfinite(n), n, 0).astype(np.int64)
+        k = np.ldexp(f32(1), np.clip(nn, -126, 127)).astype(f32)
+        plain = fma(j, k, k)
+        s1 = np.where(n > 0, f32(2.0 ** 127), f32(2.0 ** -125))
+        s2 = np.ldexp(f32(1), np.clip(np.where(n > 0, nn - 127, nn + 125), -126, 127)).astype(f32)
+        scaled = (fma(s2, j, s2) * s1).astype(f32)
+        big = np.where(n <= 0, f32(0), f32(np.inf))
+        an = np.abs(n)
+        return np.where(an > 192, big, np.where(an > 126, scaled, plain)).astype(f32)
+
+def soft_max_rows(w, n_kv=256, wide=True):
     """softmax of rows w (R, n), already scaled and masked, over llama.cpp's KV cache of n_kv cells
-    (the cells past n hold -inf): ggml_vec_soft_max_f32's AVX-512 loop, sums in double."""
+    (the cells past n hold -inf): ggml_vec_soft_max_f32's AVX-512 loop (16-value chunks) or AVX2
+    loop (8), sums in double."""
     R, n = w.shape
-    npad = max(n_kv, (n + 15) // 16 * 16)
+    width = 16 if wide else 8
+    npad = max(n_kv, (n + width - 1) // width * width)
     wp = np.full((R, npad), -np.inf, f32)
     wp[:, :n] = w
     mx = wp.max(axis=1)
     with np.errstate(all="ignore"):
-        e = v_expf((wp - mx[:, None]).astype(f32))
-        chunks = reduce16(e.reshape(R, -1, 16)).astype(f64)
+        e = (v_expf if wide else v_expf_avx2)((wp - mx[:, None]).astype(f32))
+        chunks = (reduce16(e.reshape(R, -1, 16)) if wide else h8(e.reshape(R, -1, 8))).astype(f64)
     s = np.zeros(R, f64)
     for c in range(chunks.shape[1]):
         s += chunks[:, c]

@@ -266,3 +266,48 @@ def test_gemma3_program_uses_every_weight_and_llamas_refuses_the_model(run, gemm
     assert ok(result) and "Warning" not in result.stderr
     fails(run("compute", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", gemma, "--tensor", "tokens=i32:[2,14946]"),
           "llama.gg, line 12", "computes the 'llama' architecture", "general.architecture is 'gemma3'")
+
+
+# llama.cpp's AVX2 build (an x86 CPU without AVX-512): the same files and sequences, its logits
+AVX2_REF = ROOT / "tests" / "golden" / "llama" / "gemma3-270m-avx2-top64.npz"
+AVX512_REF = ROOT / "tests" / "golden" / "llama" / "gemma3-270m-avx512-top64.npz"
+
+
+@pytest.fixture(scope="module")
+def gemma_files(gemma, gemma_q4_0) -> dict:
+    return {0: gemma, 1: gemma_q4_0[0], 2: gemma_q4_0[1]}
+
+
+@pytest.mark.parametrize("m,seq,threads", [(0, 0, "1"), (0, 1, "2"), (0, 2, "1"), (0, 3, "2"), (0, 4, "1"),
+                                           (0, 5, "2"), (1, 0, "2"), (1, 4, "1"), (2, 0, "1"), (2, 4, "2")])
+def test_numerics_llama_cpp_avx2_gives_the_avx2_builds_logits_bit_for_bit(run, gemma_files, m, seq, threads, tmp_path):
+    """`--numerics llama.cpp-avx2` on this (AVX-512) machine: the logits of llama.cpp built for AVX2,
+    which differ from the AVX-512 build's by up to 0.5 here; Q4_K_M and both Q4_0 files."""
+    z = np.load(AVX2_REF)
+    key = f"{m}_{seq}"
+    out = tmp_path / "logits.npy"
+    ok(run("compute", "-f", PROGRAM, "--gguf", gemma_files[m], "--tensor", tokens_arg(z[f"tokens_{key}"]),
+           "--numerics", "llama.cpp-avx2", "--threads", threads, "-o", out))
+    got = np.load(out).reshape(len(z[f"tokens_{key}"]), N_VOCAB)
+    assert np.take_along_axis(got, z[f"top_ids_{key}"], axis=1).tobytes() == z[f"top_logits_{key}"].tobytes()
+    assert (got.argmax(axis=1) == z[f"argmax_{key}"]).all()
+
+
+@pytest.mark.parametrize("ref,numerics,m,threads", [
+    (AVX2_REF, "llama.cpp-avx2", 0, 1), (AVX2_REF, "llama.cpp-avx2", 0, 2), (AVX2_REF, "llama.cpp-avx2", 1, 1),
+    (AVX2_REF, "llama.cpp-avx2", 2, 2), (AVX512_REF, "llama.cpp-avx512", 0, 2), (AVX512_REF, "x86", 1, 1),
+    (AVX512_REF, "llama.cpp-avx512", 2, 1)])
+def test_one_token_steps_are_llama_cpps_decode_bit_for_bit(gemma_files, ref, numerics, m, threads):
+    """generate's Session: the prompt in one batch, then 8 one-token steps over the KV cache (a cache
+    of 15 tokens, padded to llama.cpp's 256 cells): each step's logits are llama.cpp's decode's."""
+    from ggtool.dsl import parse
+    from ggtool.generate import Session, shipped_program
+    from ggtool.pool import get_pool
+
+    z = np.load(ref)
+    program = shipped_program("gemma3")
+    session = Session(gemma_files[m], parse(program.read_text(), str(program)), n_ctx=15, n_threads=threads,
+                      pool=get_pool(threads) if threads > 1 else None, numerics=numerics)
+    rows = [session.eval(z[f"decode_prompt_{m}"])] + [session.eval([int(t)]) for t in z[f"decode_fed_{m}"]]
+    got = np.array(rows)
+    assert np.take_along_axis(got, z[f"top_ids_decode_{m}"], axis=1).tobytes() == z[f"top_logits_decode_{m}"].tobytes()

@@ -89,8 +89,13 @@ def test_q4_k_gemm_rows_follow_the_whole_matrix_across_row_tiles():
     assert y.numpy().reshape(m, n).tobytes() == oracle.mul_mat("Q4_K", w, x).tobytes()
 
 
+# the F32 lanes and the soft_max's expf are where llama.cpp's two x86 builds differ
+BUILDS = [("x86", True), ("llama.cpp-avx512", True), ("llama.cpp-avx2", False)]
+
+
+@pytest.mark.parametrize("numerics,wide", BUILDS)
 @pytest.mark.parametrize("k", [256, 200, 13])
-def test_f32_mul_mat_tinyblas_when_b_is_contiguous_vec_dot_when_not(k):
+def test_f32_mul_mat_tinyblas_when_b_is_contiguous_vec_dot_when_not(k, numerics, wide):
     rng = np.random.default_rng(k)
     A = rng.standard_normal((12, k)).astype(f32)
     X = rng.standard_normal((5, k + 3)).astype(f32)
@@ -103,16 +108,28 @@ def test_f32_mul_mat_tinyblas_when_b_is_contiguous_vec_dot_when_not(k):
     g = ggtool.Graph(ctx)
     g.expand(y1)
     g.expand(y2)
-    ggtool.graph_compute(g, 1, numerics="x86")
+    ggtool.graph_compute(g, 1, numerics=numerics)
     B = np.ascontiguousarray(X[:, :k])
-    assert y1.numpy().tobytes() == oracle.sgemm_f32(A, B).tobytes()
-    assert y2.numpy().tobytes() == oracle.vec_dot_f32(A, B).tobytes()
+    assert y1.numpy().tobytes() == oracle.sgemm_f32(A, B, wide).tobytes()
+    assert y2.numpy().tobytes() == oracle.vec_dot_f32(A, B, wide).tobytes()
 
 
-def test_soft_max_is_ggml_v_expf_in_chunks_of_16():
+def test_the_two_builds_f32_lanes_differ():
+    """The oracles of the two builds are not the same function: on these sums they part."""
+    rng = np.random.default_rng(5)
+    A, B = rng.standard_normal((16, 200)).astype(f32), rng.standard_normal((16, 200)).astype(f32)
+    assert oracle.sgemm_f32(A, B).tobytes() != oracle.sgemm_f32(A, B, False).tobytes()
+    assert oracle.vec_dot_f32(A, B).tobytes() != oracle.vec_dot_f32(A, B, False).tobytes()
+
+
+@pytest.mark.parametrize("numerics,wide", BUILDS)
+def test_soft_max_is_ggml_v_expf_in_chunks_of_16_or_8(numerics, wide):
+    """AVX-512: 16-value chunks; AVX2: its own expf on 8-value chunks (rows 4 and 5 reach the
+    scaled tails of the polynomial: exp of below -87, where 2^n is no longer a normal float)."""
     rng = np.random.default_rng(2)
     n, rows = 37, 6                                    # 37: two whole chunks and a partial one
     x = (rng.standard_normal((rows, n)) * 4).astype(f32)
+    x[4:] = np.linspace(0, -110 / 0.125, n, dtype=f32)   # x * 0.125 down to -110
     mask = np.zeros((rows, n), f32)
     mask[np.triu_indices(rows, 1)] = -np.inf
     ctx = ggtool.Context()
@@ -121,9 +138,30 @@ def test_soft_max_is_ggml_v_expf_in_chunks_of_16():
     y = F["soft_max_ext"](ctx, a, mk, 0.125, 0.0)
     g = ggtool.Graph(ctx)
     g.expand(y)
-    ggtool.graph_compute(g, 1, numerics="x86")
-    want = oracle.soft_max_rows(((x * f32(0.125)).astype(f32) + mask).astype(f32))
+    ggtool.graph_compute(g, 1, numerics=numerics)
+    want = oracle.soft_max_rows(((x * f32(0.125)).astype(f32) + mask).astype(f32), wide=wide)
     assert y.numpy().tobytes() == want.tobytes()
+    tail = ((x * f32(0.125)).astype(f32) < -88) & ((x * f32(0.125)).astype(f32) > -103)
+    assert tail.sum() >= 4 and (y.numpy().reshape(rows, n)[tail] > 0).all()   # subnormal, not zero
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_expf_oracles_tails(wide):
+    """Each build's expf, ggtool's compiled lane against the numpy oracle, over the whole range the
+    soft_max meets (and the -inf of a masked cell)."""
+    from ggtool.kernels import x86
+
+    xs = np.concatenate([-np.geomspace(1e-6, 200, 4000), [0.0, -np.inf]]).astype(f32)
+    got = np.empty((1, xs.size), f32)
+    x86.soft_max_rows(xs[None], got, x86.EXPF, wide)    # softmax: exp(x - 0) / sum
+    want = (oracle.v_expf if wide else oracle.v_expf_avx2)(xs)
+    total = np.float64(0)
+    step = 16 if wide else 8
+    for i in range(0, xs.size, step):
+        c = np.zeros(step, f32)
+        c[: min(step, xs.size - i)] = want[i:i + step]
+        total += np.float64(oracle.reduce16(c) if wide else oracle.h8(c))
+    assert got.tobytes() == (want * f32(1.0 / total)).astype(f32).tobytes()
 
 
 @pytest.mark.parametrize("mode", [0, 2])
@@ -172,7 +210,7 @@ def test_the_pool_computes_in_the_plans_numerics():
 
 def test_unknown_numerics_is_one_clear_error():
     g, _ = _mul_mat("q8_0", random_blocks("q8_0", 4, 32, 0), np.ones((1, 32), f32))
-    with pytest.raises(GGToolError, match="numerics must be one of ggml, x86, not 'avx'"):
+    with pytest.raises(GGToolError, match="numerics must be one of ggml, llama.cpp, llama.cpp-avx2, llama.cpp-avx512, x86, not 'avx'"):
         ggtool.graph_compute(g, 1, numerics="avx")
 
 
@@ -189,7 +227,7 @@ def test_cli_numerics_x86_same_bytes_on_1_and_2_threads(run, npy, tmp_path):
         outs.append(np.load(out))
     assert outs[0].tobytes() == outs[1].tobytes() == oracle.mul_mat("Q5_0", w, x).tobytes()
     r = run("compute", "mul_mat(w, x)", "--gguf", str(src), "--tensor", f"x={npy(x)}", "--numerics", "avx")
-    assert r.exit_code == 2 and "'avx' is not one of 'ggml', 'x86'" in r.output
+    assert r.exit_code == 2 and "'avx' is not one of 'ggml', 'llama.cpp', 'llama.cpp-avx2', 'llama.cpp-avx512', 'x86'" in r.output
 
 
 def test_cli_numerics_x86_warns_of_weights_it_has_no_order_for(run, npy, tmp_path):
@@ -250,3 +288,61 @@ def test_soft_max_alibi_mask_is_one_fma():
     slope = _alibi_slopes(np.arange(rows * heads), rows, heads, f32(8.0)).reshape(heads, rows, 1)
     w = oracle.fma(np.broadcast_to(slope, x.shape), np.broadcast_to(mask, x.shape), (x * f32(0.3)).astype(f32))
     assert y.numpy().tobytes() == oracle.soft_max_rows(w.reshape(-1, n)).tobytes()
+
+
+# -- which build "llama.cpp" is ------------------------------------------------------------------------
+AVX2_CPU = {"sse4_2", "avx", "avx2", "fma", "f16c"}
+
+
+@pytest.mark.parametrize("flags,want", [
+    (AVX2_CPU | {"avx512f", "avx512dq", "avx512bw", "avx512vl"}, "llama.cpp-avx512"),
+    (AVX2_CPU, "llama.cpp-avx2"),
+    (AVX2_CPU | {"avx512f"}, "llama.cpp-avx2"),            # no avx512dq: not the AVX-512 soft_max
+    (AVX2_CPU - {"fma"}, None), ({"sse4_2", "avx"}, None), (set(), None)])
+def test_llama_cpp_is_the_build_this_cpus_flags_make(flags, want):
+    from ggtool.kernels.numerics import NumericsError, llama_cpp_variant, resolve
+
+    assert llama_cpp_variant(flags) == want
+    if want is not None:
+        assert resolve("llama.cpp", flags) == want
+        return
+    with pytest.raises(NumericsError, match="neither AVX-512 .* nor AVX2") as e:
+        resolve("llama.cpp", flags)
+    assert e.value.kind == "no-llama-cpp-build" and e.value.name == "llama.cpp"
+
+
+def test_named_builds_and_the_x86_alias_whatever_the_cpu():
+    from ggtool.kernels.numerics import resolve
+
+    for flags in (set(), AVX2_CPU):
+        assert [resolve(n, flags) for n in ("ggml", "x86", "llama.cpp-avx512", "llama.cpp-avx2")] == [
+            "ggml", "llama.cpp-avx512", "llama.cpp-avx512", "llama.cpp-avx2"]
+
+
+def test_host_flags_are_the_first_flags_line(tmp_path):
+    from ggtool.kernels.numerics import host_flags
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t: x\n\nprocessor\t: 1\nflags\t: fpu\n")
+    assert host_flags(str(cpuinfo)) == {"fpu", "avx2", "fma"}
+    assert host_flags(str(tmp_path / "none")) == frozenset()
+
+
+def test_no_llama_cpp_build_is_worded_with_the_flag_that_names_one():
+    from ggtool.commands.wording import cli_message
+    from ggtool.kernels.numerics import NumericsError
+
+    assert cli_message(NumericsError("llama.cpp", frozenset())).endswith(
+        "the two llama.cpp x86 builds ggtool follows: name one, --numerics llama.cpp-avx2 or --numerics llama.cpp-avx512")
+
+
+def test_cli_verbose_says_which_build_llama_cpp_is(run):
+    from ggtool.kernels.numerics import host_flags, llama_cpp_variant
+
+    picked = llama_cpp_variant(host_flags())
+    if picked is None:
+        pytest.skip("this CPU has no llama.cpp x86 build ggtool follows")
+    r = run("compute", "add(x, x)", "--tensor", "x=[1.5]", "--numerics", "llama.cpp", "-v")
+    assert r.exit_code == 0 and f"numerics llama.cpp: {picked} (this CPU's llama.cpp build)" in r.stderr
+    r = run("compute", "add(x, x)", "--tensor", "x=[1.5]", "--numerics", "llama.cpp-avx2", "-v")
+    assert r.exit_code == 0 and "numerics llama" not in r.stderr

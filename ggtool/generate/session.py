@@ -20,9 +20,10 @@ import numpy as np
 from .. import types as T
 from ..context import Context
 from ..errors import GGToolError
+from ..kernels.numerics import LLAMA_CPP_KV_PAD, is_llama_cpp
 from ..tensor import Tensor
 
-KV_PAD = 256   # llama.cpp's n_kv: the used cells rounded up to a multiple of 256 (llama_kv_cache::get_n_kv)
+KV_PAD = LLAMA_CPP_KV_PAD   # llama.cpp's n_kv: the used cells rounded up to a multiple of 256 (llama_kv_cache::get_n_kv)
 
 
 class ContextFullError(GGToolError):
@@ -63,7 +64,13 @@ class Session:
 
         self.weights = Inputs([], [model_path])
         self.program, self.n_ctx, self.n_threads, self.pool = program, n_ctx, n_threads, pool
-        self.numerics, self.max_steps, self.kv_pad = numerics, max_steps, kv_pad
+        self.numerics, self.max_steps = numerics, max_steps
+        # llama.cpp's attention runs over a multiple of 256 cells (its n_kv): under its numerics the
+        # cache has as many and reads them padded so, whatever kv_pad asks, so that the sums over
+        # cells fall in its lanes (the unused are masked)
+        exact = is_llama_cpp(numerics)
+        self.kv_pad = LLAMA_CPP_KV_PAD if exact else kv_pad
+        self.n_cells = -(-n_ctx // LLAMA_CPP_KV_PAD) * LLAMA_CPP_KV_PAD if exact else n_ctx
         self.ctx = Context()
         self.n_past = 0
         arch = _meta(self.weights, "general.architecture", "")
@@ -84,13 +91,14 @@ class Session:
         return self.weights.metadata(key)
 
     def state(self, name: str, type_, ne: list[int], ctx: Context) -> Tensor:
-        """The state tensor `name`: n_ctx cells (its last dimension), zeros, made by the first graph
+        """The state tensor `name`: n_cells cells (its last dimension: n_ctx, or under llama.cpp's numerics
+        n_ctx rounded up to 256), zeros, made by the first graph
         that asks; a graph that reads fewer cells gets a view of the first ne[-1]."""
         from ..ops import FUNCTIONS
 
         t = self._state.get(name)
         if t is None:
-            t = self._state[name] = ctx.new_tensor(type_, [*ne[:-1], self.n_ctx])
+            t = self._state[name] = ctx.new_tensor(type_, [*ne[:-1], self.n_cells])
             t.name = name
         if list(ne) == list(t.ne[:len(ne)]) or len(ne) > 4 or list(ne[:-1]) != list(t.ne[:len(ne) - 1]):
             return t   # every cell, or a shape the DSL's state() then refuses
@@ -102,7 +110,7 @@ class Session:
         """The cells a batch of n_tokens after n_past ones (default: those in the cache) reads: those
         in use, padded to kv_pad."""
         pad, n_past = self.kv_pad, self.n_past if n_past is None else n_past
-        return min(self.n_ctx, -(-(n_past + n_tokens) // pad) * pad)
+        return min(self.n_cells, -(-(n_past + n_tokens) // pad) * pad)
 
     def prepare(self, *sizes: int, n_past: int | None = None) -> None:
         """Build the graphs of these batch sizes after n_past tokens (default: the next position)

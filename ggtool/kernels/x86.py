@@ -384,36 +384,51 @@ def dot_q6_k(w, act, out, tiled, f16):
 # -- F32 ---------------------------------------------------------------------------------------------
 @njit
 def _fold(acc, lanes, out_row, n0, count):
-    """The per-row sums of acc (lanes, V0) into out_row[n0:n0+count]: ggml_vec_dot_f32's
-    x0+x2, x1+x3 over 4 x 16 lanes (lanes == 64), then _mm512_reduce_add_ps's halves."""
+    """The per-row sums of acc (lanes, V0) into out_row[n0:n0+count]. AVX-512 (lanes 64 or 16):
+    ggml_vec_dot_f32's x0+x2, x1+x3 over 4 x 16 lanes (64), then _mm512_reduce_add_ps's halves.
+    AVX2 (lanes 32 or 8): the same over 4 x 8 lanes (32), then GGML_F32x8_REDUCE's low + high
+    half and two hadds (lanes 32), or tinyBLAS's hsum, which is hsum_float_8 (lanes 8)."""
+    width = 16 if lanes in (16, 64) else 8
     t = np.empty((16, V0), F32)
-    for i in range(16):
+    for i in range(width):
         ti = t[i]
-        if lanes == 64:
-            a0, a1, a2, a3 = acc[i], acc[16 + i], acc[32 + i], acc[48 + i]
+        if lanes > width:
+            a0, a1, a2, a3 = acc[i], acc[width + i], acc[2 * width + i], acc[3 * width + i]
             for r in range(V0):
                 ti[r] = (a0[r] + a2[r]) + (a1[r] + a3[r])
         else:
             ai = acc[i]
             for r in range(V0):
                 ti[r] = ai[r]
-    for h in (8, 4, 2, 1):
-        for i in range(h):
-            ti, tj = t[i], t[i + h]
-            for r in range(V0):
-                ti[r] = tj[r] + ti[r]
+    if width == 16:
+        for h in (8, 4, 2, 1):
+            for i in range(h):
+                ti, tj = t[i], t[i + h]
+                for r in range(V0):
+                    ti[r] = tj[r] + ti[r]
+        for r in range(count):
+            out_row[n0 + r] = t[0, r]
+        return
     for r in range(count):
-        out_row[n0 + r] = t[0, r]
+        c = t[:, r]
+        if lanes == 32:     # (l + h) per 4, then hadd, hadd: (0 + 1) + (2 + 3)
+            s0, s1, s2, s3 = c[0] + c[4], c[1] + c[5], c[2] + c[6], c[3] + c[7]
+            out_row[n0 + r] = (s0 + s1) + (s2 + s3)
+        else:
+            out_row[n0 + r] = _hsum8(c)
 
 
 @njit
-def dot_f32(a, b, out, tiny):
-    """out (M, N) = b (M, K) . a (N, K)^T: tinyBLAS's lanes if `tiny` (16 over all of k), else
-    ggml_vec_dot_f32's (64 over steps of 64, the tail added after the reduce). V0 rows of a at a
-    time, transposed, so that every loop runs across them."""
+def dot_f32(a, b, out, tiny, wide):
+    """out (M, N) = b (M, K) . a (N, K)^T: tinyBLAS's lanes if `tiny` (16, or 8 unless `wide`, over
+    all of k), else ggml_vec_dot_f32's (64 over steps of 64, or 32 over steps of 32; the tail added
+    after the reduce). V0 rows of a at a time, transposed, so that every loop runs across them."""
     N, M, K = a.shape[0], b.shape[0], a.shape[1]
-    lanes = 16 if tiny else 64
-    k_lanes = K if tiny else K - K % 64
+    if tiny:
+        lanes = 16 if wide else 8
+    else:
+        lanes = 64 if wide else 32
+    k_lanes = K if tiny else K - K % lanes
     at = np.empty((K, V0), F32)
     acc = np.empty((lanes, V0), F32)
     for n0 in range(0, N, V0):
@@ -456,21 +471,46 @@ def _v_expf(x, e):
 
 
 @njit
-def soft_max_rows(w, y, e):
-    """y[r] = softmax of w[r] (already scaled and masked), as ggml_vec_soft_max_f32 on AVX-512;
-    e is ``EXPF``, the polynomial's constants."""
+def _v_expf_avx2(x, e):
+    """The AVX2 ggml_v_expf, one lane: another polynomial tail (c8 * b, then j*2^n + 2^n with 2^n
+    made from z's bits), and for 126 < |n| <= 192 the result scaled in two steps."""
+    r = e[0]
+    z = fmaf(x, e[1], r)
+    n = z - r
+    b = fmaf(-n, e[3], fmaf(-n, e[2], x))
+    u = b * b
+    j = fmaf(fmaf(fmaf(e[4], b, e[5]), u, fmaf(e[6], b, e[7])), u, e[8] * b)
+    an = abs(n)
+    if an > 192:
+        return F32(0.0) if n <= 0 else F32(np.inf)
+    if an > 126:            # s1 = 2^127 or 2^-125, s2 = 2^n / s1: (s2 + s2 j) s1
+        s1 = F32(2.0 ** 127) if n > 0 else F32(2.0 ** -125)
+        s2 = F32(2.0 ** (F64(n) - 127.0)) if n > 0 else F32(2.0 ** (F64(n) + 125.0))
+        return fmaf(s2, j, s2) * s1
+    k = F32(2.0 ** F64(n))
+    return fmaf(j, k, k)
+
+
+@njit
+def soft_max_rows(w, y, e, wide):
+    """y[r] = softmax of w[r] (already scaled and masked), as ggml_vec_soft_max_f32: on AVX-512
+    (`wide`) ggml_v_expf on 16-value chunks, each chunk's sum reduced by _mm512_reduce_add_ps; on
+    AVX2 its AVX2 form on 8-value chunks, reduced as hsum_float_8; chunk sums added in double. e is
+    ``EXPF``, the polynomial's constants."""
     R, n = w.shape
-    chunk = np.empty(16, F32)
+    width = 16 if wide else 8
+    chunk = np.empty(width, F32)
     for r in range(R):
         mx = F32(-np.inf)
         for i in range(n):
             mx = max(mx, w[r, i])
         total = 0.0
-        for i0 in range(0, n, 16):
+        for i0 in range(0, n, width):
             chunk[:] = 0
-            for i in range(i0, min(n, i0 + 16)):
-                y[r, i] = chunk[i - i0] = _v_expf(w[r, i] - mx, e)
-            total += F64(_reduce16(chunk))
+            for i in range(i0, min(n, i0 + width)):
+                v = _v_expf(w[r, i] - mx, e) if wide else _v_expf_avx2(w[r, i] - mx, e)
+                y[r, i] = chunk[i - i0] = v
+            total += F64(_reduce16(chunk) if wide else _hsum8(chunk))
         inv = F32(1.0 / total)
         for i in range(n):
             y[r, i] = y[r, i] * inv

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..kernels.numerics import is_llama_cpp, wide
 from .base import ALL, check, fmt_ne, function, kernel, new_op
 from .walk import grid_chunks, require, require_type
 
@@ -127,7 +128,7 @@ def forward_mul_mat(node, ith, nth, work):
     ne0, ne1, ne2, _ = node.ne
     r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
     w = a.data
-    x86 = _x86_block(a, b) if work.numerics == "x86" else None
+    x86 = _x86_block(a, b, wide(work.numerics)) if is_llama_cpp(work.numerics) else None
     for row0, row1, col0, col1 in _my_tiles(ne0, ne1 * ne2 * b.ne[3], ne1, ith, nth, tile_shape(a.type)):
         i13, i12 = divmod(row0 // ne1, ne2)
         i0, i1 = row0 % ne1, row0 % ne1 + (row1 - row0)
@@ -160,13 +161,15 @@ def x86_order(a) -> bool:
 
 def without_x86_order(nodes) -> list:
     """The MUL_MAT nodes among `nodes` whose weights have no llama.cpp x86 order here: under
-    numerics "x86" they sum in GGML's order (the same products, other roundings than llama.cpp's)."""
+    llama.cpp's numerics they sum in GGML's order (the same products, other roundings than llama.cpp's)."""
     return [n for n in nodes if n.op == "MUL_MAT" and not x86_order(n.src[0])]
 
 
-def _x86_block(a, b):
+def _x86_block(a, b, wide_lanes: bool = True):
     """llama.cpp's x86-64 order for a's type (``ggtool.kernels.x86``), as (w, x, out, i0) -> None,
-    i0 being x's first row in its matrix; None for the types it leaves to the default kernels."""
+    i0 being x's first row in its matrix; None for the types it leaves to the default kernels.
+    `wide_lanes`: the AVX-512 build's F32 lanes (16), else AVX2's (8); the quantized kernels sum
+    alike in both."""
     if not x86_order(a):
         return None
     from ..kernels import x86
@@ -181,7 +184,7 @@ def _x86_block(a, b):
         w, x = np.ascontiguousarray(w), np.ascontiguousarray(x)
         tmp = np.empty(out.shape, np.float32)
         if t == T.F32:
-            x86.dot_f32(w, x, tmp, tiny)
+            x86.dot_f32(w, x, tmp, tiny, wide_lanes)
         elif t == T.GGMLType.Q4_K:      # the repacked gemm takes rows in fours, the gemv the rest
             x86.dot_q4_k(w, x, tmp, i0, ne11 - ne11 % 4, f16)
         elif t == T.GGMLType.Q6_K:      # the tiled kernel from 8 rows, the AVX2 dot below

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..kernels.numerics import is_llama_cpp
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
 from .walk import chunks, require, require_type, unravel_rows, with_shape
 
@@ -20,7 +21,7 @@ ROPE_TYPE_NEOX = 2
 def _cos_sin(pos: np.ndarray, ne0: int, n_dims: int, freq_base, freq_scale, attn_factor, x86: bool = False):
     """cos/sin caches, shape (len(pos), ne0/2): ggml_rope_cache_init with ext_factor = 0. GGML calls
     the C library's cosf/sinf; by default ggtool rounds the double-precision cos/sin (correctly
-    rounded floats, whatever the C library), x86 numerics call cosf/sinf, as llama.cpp's build."""
+    rounded floats, whatever the C library), llama.cpp's numerics call cosf/sinf, as its builds do."""
     theta_scale = f32(freq_base) ** (f32(-2.0) / f32(n_dims))
     if x86:
         from ..kernels.x86 import rope_cache
@@ -51,7 +52,7 @@ def forward_rope(node, ith, nth, work):
     if r0 >= r1:
         return
     x2, y2 = with_shape(a.data, (node.nrows, ne0)), with_shape(node.data, (node.nrows, ne0))
-    x86 = work.numerics == "x86"
+    x86 = is_llama_cpp(work.numerics)
     positions, half = pos.data.reshape(-1), n_dims // 2
     for c0, c1 in chunks(r0, r1, 4 * ne0):                            # rows a chunk at a time
         i3, i2, i1 = unravel_rows(np.arange(c0, c1), ne1, ne2)

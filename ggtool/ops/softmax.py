@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from .. import types as T
+from ..kernels.numerics import is_llama_cpp, wide
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
 from .walk import chunks, require, require_type, row_walk
 
@@ -39,17 +40,17 @@ def forward_soft_max(node, ith, nth, work):
     if r0 >= r1:
         return
     x86 = None
-    if work.numerics == "x86":
+    if is_llama_cpp(work.numerics):
         from ..kernels import x86
     m = None
     if mask is not None:
         m = mask.data.reshape(-1)[: mask.ne[0] * mask.ne[1]].reshape(-1, a.ne[0])  # packed rows of ne0
     x, y = row_walk(a), row_walk(node)
     for c0, c1 in chunks(r0, r1, 4 * a.ne[0]):
-        y[c0:c1] = _soft_max_rows(a, x[c0:c1], m, c0, c1, scale, max_bias, x86)
+        y[c0:c1] = _soft_max_rows(a, x[c0:c1], m, c0, c1, scale, max_bias, x86, wide(work.numerics))
 
 
-def _soft_max_rows(a, x, m, r0: int, r1: int, scale, max_bias, x86) -> np.ndarray:
+def _soft_max_rows(a, x, m, r0: int, r1: int, scale, max_bias, x86, wide_lanes: bool = True) -> np.ndarray:
     """Rows r0..r1 of the result from x (those rows of a) and the packed mask rows m (or None)."""
     w = x * scale
     if m is not None:
@@ -60,9 +61,9 @@ def _soft_max_rows(a, x, m, r0: int, r1: int, scale, max_bias, x86) -> np.ndarra
             w = x86.fma(np.ascontiguousarray(np.broadcast_to(slope[:, None], w.shape)), mr, np.ascontiguousarray(w))
         else:
             w = w + slope[:, None] * mr
-    if x86 is not None:   # ggml_v_expf in 16-value chunks
+    if x86 is not None:   # ggml_v_expf in 16-value (AVX-512) or 8-value (AVX2) chunks
         y = np.empty(w.shape, f32)
-        x86.soft_max_rows(np.ascontiguousarray(w, dtype=f32), y, x86.EXPF)
+        x86.soft_max_rows(np.ascontiguousarray(w, dtype=f32), y, x86.EXPF, wide_lanes)
         return y
     with np.errstate(all="ignore"):
         e = np.exp(w - w.max(axis=1, keepdims=True))

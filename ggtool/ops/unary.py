@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import types as T
+from ..kernels.numerics import is_llama_cpp
 from ..tensor import UNARY_OPS
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
 from .walk import map_rows, require_type, row_walk
@@ -60,7 +61,7 @@ def _table(name: str, fn: Callable) -> np.ndarray:
 def gelu_table(numerics: str = "ggml") -> np.ndarray:
     """GGML's fp16 GELU table (ggml_cpu_init), as the reference computes it or ("x86") as
     llama.cpp's x86-64 build does: the values gelu reads."""
-    return _table("gelu_x86", _gelu_f32_x86) if numerics == "x86" else _table("gelu", _gelu_f32)
+    return _table("gelu_x86", _gelu_f32_x86) if is_llama_cpp(numerics) else _table("gelu", _gelu_f32)
 
 
 def _fp16_bits(x: np.ndarray) -> np.ndarray:
@@ -119,7 +120,7 @@ _OPS: dict[str, tuple[str, bool, str, Callable, str]] = {
 }
 
 
-# the formulas llama.cpp's x86-64 build evaluates differently (numerics "x86")
+# the formulas llama.cpp's x86-64 builds evaluate differently (its numerics, AVX2 and AVX-512 alike)
 _X86: dict[str, Callable] = {"GELU": _gelu_x86}
 
 
@@ -134,7 +135,7 @@ def _make_kernel(op: str, split: str, fn: Callable):
         src = node.src[0]
         require_type(src, op.lower(), (T.F32,))
         x, y = row_walk(src), row_walk(node)
-        f = _X86.get(op, fn) if work.numerics == "x86" else fn
+        f = _X86.get(op, fn) if is_llama_cpp(work.numerics) else fn
         with np.errstate(all="ignore"):
             map_rows(f, x, y, r0, r1)
     forward.__name__ = f"forward_{op.lower()}"
