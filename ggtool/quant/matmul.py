@@ -7,6 +7,9 @@ One path for every M: GGML's integer block dot on weights repacked into groups o
 of participants. (Measured on 2 cores: faster than expanding the weights to float32 for BLAS up to
 M=512, and exact.)
 
+Where the dot of a type is not compiled yet in ggtool's command line, its numpy twin computes the
+same bits from the weights as they are (``kernels.cache``, ``kernels.twins``).
+
 Repacked weights are cached for the life of their storage (``weight_pack``): a weight read from a
 mapped GGUF file is repacked once per process, one in a context once per tensor.
 """
@@ -65,6 +68,11 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
     N, M = w_raw.shape[0], act_raw.shape[0]
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
+        return
+    from ..kernels import cache
+    if not cache.use_kernel(f"dot:{T.type_name(wt)}"):     # not compiled yet: the same bits in numpy
+        from ..kernels import twins
+        twins.dot(wt, w_raw, act_raw, out)
         return
     from ..kernels import dot
     packed = pack() if pack is not None else dot.pack(wt, w_raw)

@@ -18,8 +18,17 @@ def quantize_q8_0(x, name: str = "tensor") -> np.ndarray:
 
 def quantize_q8_0_cpu(x, name: str = "tensor") -> np.ndarray:
     """Q8_0 bytes as the x86 AVX2 CPU from_float makes them for mul_mat (id=127/amax, ties even)."""
+    return _quantize_blocks(x, name, "Q8_0", Q8_0_BYTES, _kernel("Q8_0_cpu", "q8_0_quantize_cpu"))
+
+
+def _kernel(kind: str, name: str):
+    """The compiled quantizer `name`, or its numpy twin while it is not compiled (``kernels.cache``)."""
+    from ..kernels import cache
+    if not cache.use_kernel(f"quantize:{kind}"):
+        from ..kernels import twins
+        return getattr(twins, name)
     from ..kernels import quantize as kq
-    return _quantize_blocks(x, name, "Q8_0", Q8_0_BYTES, kq.q8_0_quantize_cpu)
+    return getattr(kq, name)
 
 
 def dequantize_q8_0(raw) -> np.ndarray:
@@ -31,5 +40,4 @@ def dequantize_q8_0(raw) -> np.ndarray:
 def quantize_q8_1_cpu(x, name: str = "tensor") -> np.ndarray:
     """Q8_1 bytes (fp16 d, fp16 s = d * sum(qs), int8 qs[32]) as the x86 AVX2 from_float makes them
     for mul_mat with Q4_1/Q5_1 weights: d and qs as quantize_q8_0_cpu."""
-    from ..kernels import quantize as kq
-    return _quantize_blocks(x, name, "Q8_1", 36, kq.q8_1_quantize_cpu)
+    return _quantize_blocks(x, name, "Q8_1", 36, _kernel("Q8_1_cpu", "q8_1_quantize_cpu"))
