@@ -75,3 +75,22 @@ def test_dot_twin_decodes_weights_a_slice_of_rows_at_a_time():
     dot.dot(T.Q8_0, dot.pack(T.Q8_0, w), act, a)
     twins.dot(T.Q8_0, w, act, b)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("n", [1, 7, 300])
+def test_q4_0_q8_0_and_fp16_twins_give_the_kernels_bytes(n):
+    x = _scaled(np.random.default_rng(n + 1), n, 32)
+    x[-1, :2] = [-3.0, 3.0]                      # a tie of magnitudes: the first one gives the sign
+    for kernel, twin, nbytes in ((quantize.q4_0_quantize, twins.q4_0_quantize, 18),
+                                 (quantize.q8_0_quantize, twins.q8_0_quantize, 34)):
+        a, b = np.zeros((n, nbytes), np.uint8), np.zeros((n, nbytes), np.uint8)
+        assert kernel(x, a) == twin(x, b) == -1
+        assert np.array_equal(a, b)
+        bad = x.copy()
+        bad[-1, 7] = -np.inf
+        assert twin(bad, b) == kernel(bad, a) == (n - 1) * 32 + 7
+    f = np.concatenate([x.reshape(-1), np.float32([np.nan, -np.nan, 7e4, -1e-7, 6e-8])])
+    a, b = np.zeros(f.size, np.uint16), np.zeros(f.size, np.uint16)
+    quantize.fp32_to_fp16(f, a)
+    twins.fp32_to_fp16(f, b)
+    assert np.array_equal(a, b)

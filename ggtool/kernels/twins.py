@@ -1,6 +1,7 @@
-"""numpy twins of the compiled kernels a quantized model's forward pass calls: the activation
-quantizers (Q8_0 and Q8_1 as the x86 CPU makes them, Q8_K) and the quantized dot products of every
-type ``dot`` registers. They give the kernels' bits, and they need no compiling: a process whose
+"""numpy twins of the compiled kernels the command line's first runs call: the Q4_0/Q8_0 quantizers
+and fp32 -> fp16 (``quantize``), the activation quantizers (Q8_0 and Q8_1 as the x86 CPU makes
+them, Q8_K), the quantized dot products of every type ``dot`` registers, and the Q4_0/Q8_0
+dequantizers (which the kernels themselves run for small inputs, SMALL_BLOCKS). They give the kernels' bits, and they need no compiling: a process whose
 kernels are not in the cache yet runs them instead (``cache``), while the kernels compile for next
 time.
 
@@ -20,6 +21,90 @@ from . import decode
 
 _F32 = np.float32
 ROWS = 2048          # weight rows decoded at a time: the float copies stay a few MiB
+
+
+# A dequantizer's numpy twin runs inputs of at most this many blocks (get_rows picking a few token
+# embeddings, a copy's task): as fast there as the kernel, and a process that needs no more never
+# compiles it (~1-1.5 s of a first-ever run of the README's Q4_0 example or gemma). Same float32
+# products, so the same bits (tests/test_kernels.py checks both sides of the line).
+SMALL_BLOCKS = 4096
+
+
+def _scales(blocks):
+    """The fp16 scale of each block as float32 (numpy's cast: exact, as the kernels' table)."""
+    return np.ascontiguousarray(blocks[:, :2]).view(np.float16)[:, 0].astype(np.float32)[:, None]
+
+
+def q4_0_dequantize(blocks, out) -> None:
+    """(n, 18) Q4_0 blocks -> (n, 32) float32: (code - 8) * d."""
+    q = blocks[:, 2:18]
+    d = _scales(blocks)
+    with np.errstate(all="ignore"):    # a NaN or inf scale gives NaN/inf values, as the kernel's
+        np.multiply((q & 15).astype(np.int8) - np.int8(8), d, out=out[:, :16], dtype=np.float32)
+        np.multiply((q >> 4).astype(np.int8) - np.int8(8), d, out=out[:, 16:], dtype=np.float32)
+
+
+def q8_0_dequantize(blocks, out) -> None:
+    """(n, 34) Q8_0 blocks -> (n, 32) float32: code * d."""
+    with np.errstate(all="ignore"):
+        np.multiply(blocks[:, 2:34].view(np.int8), _scales(blocks), out=out, dtype=np.float32)
+
+
+# -- quantizers ---------------------------------------------------------------------------------------
+def fp32_to_fp16(x: np.ndarray, out: np.ndarray) -> None:
+    """GGML_FP32_TO_FP16 of float32 x into the uint16 out (1-D): numpy's cast (round to nearest
+    even, overflow to inf, subnormals kept), NaN -> 0x7e00 | sign."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out[...] = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        out[nan] = np.uint16(0x7E00) | ((x.view(np.uint32)[nan] >> 16).astype(np.uint16) & np.uint16(0x8000))
+
+
+def q4_0_quantize(xb: np.ndarray, out: np.ndarray) -> int:
+    """quantize_row_q4_0_ref over (n, 32) blocks into (n, 18): d = m / -8 (m the signed value of
+    largest magnitude, the first one on ties, +0.0 for a block of +-0.0), id = 1/d (0 if d == 0),
+    code = min(15, trunc(x*id + 8.5)), codes 0 where 1/d overflows (x86); -1 or the first NaN/inf."""
+    bad = _first_bad(xb)
+    if bad >= 0:
+        return bad
+    n = xb.shape[0]
+    mx, mn = xb.max(axis=1), xb.min(axis=1)
+    m = np.where(-mn > mx, mn, mx) + _F32(0.0)
+    tie = np.flatnonzero((-mn == mx) & (m != 0))
+    if tie.size:
+        sub = xb[tie]
+        m[tie] = sub[np.arange(tie.size), np.argmax(np.abs(sub), axis=1)]
+    d = m * _F32(-0.125)                                   # == m / -8 exactly
+    with np.errstate(divide="ignore", over="ignore"):
+        idv = np.where(d == 0, _F32(0.0), _F32(1.0) / d).astype(_F32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = (xb * idv[:, None] + _F32(8.5)).astype(np.uint8)     # trunc toward zero; in [0, 16.5]
+    q[~np.isfinite(idv)] = 0
+    q = np.minimum(q, 15)
+    out[:, 2:] = q[:, :16] | (q[:, 16:] << 4)
+    out[:, :2] = _f16_bytes(d)
+    return -1
+
+
+def q8_0_quantize(xb: np.ndarray, out: np.ndarray) -> int:
+    """quantize_row_q8_0_ref over (n, 32) blocks into (n, 34): d = amax/127, id = 1/d (0 if d == 0),
+    roundf (half away from zero); codes 0 where 1/d overflows; -1 or the first NaN/inf."""
+    bad = _first_bad(xb)
+    if bad >= 0:
+        return bad
+    amax = np.abs(xb).max(axis=1)
+    d = amax / _F32(127.0)
+    with np.errstate(divide="ignore", over="ignore"):
+        idv = np.where(d == 0, _F32(0.0), _F32(1.0) / d).astype(_F32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = xb * idv[:, None]
+        t = np.trunc(v)
+        q = (t + np.trunc((v - t) * _F32(2.0))).astype(np.int8)
+    q[~np.isfinite(idv)] = 0
+    out[:, 2:] = q.view(np.uint8)
+    out[:, :2] = _f16_bytes(d)
+    return -1
 
 
 # -- activations -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from .blocks import _dequantize_blocks, _quantize_blocks
+from .blocks import _dequantize_blocks, _quantize_blocks, kernel
 
 Q8_K_BYTES = 292
 
@@ -46,9 +46,4 @@ def quantize_k(x, t, name: str = "tensor") -> np.ndarray:
 def quantize_q8_k(x, name: str = "tensor") -> np.ndarray:
     """Q8_K bytes of x (quantize_row_q8_K_ref, which is also GGML's CPU from_float): rows of 256-value
     blocks of 292 bytes (float32 d, int8 qs[256], int16 bsums[16])."""
-    from ..kernels import cache
-    if cache.use_kernel("quantize:Q8_K"):
-        from ..kernels import kquants as kernel
-    else:                 # not compiled yet: the same bytes in numpy
-        from ..kernels import twins as kernel
-    return _quantize_blocks(x, name, "Q8_K", Q8_K_BYTES, kernel.quantize_q8_k, 256)
+    return _quantize_blocks(x, name, "Q8_K", Q8_K_BYTES, kernel("Q8_K", "quantize_q8_k"), 256)
