@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import QuantizationError
+from . import packs
 from .blocks import _F32
 
 DOT_TYPES = T.DOT_TYPES
@@ -95,7 +96,8 @@ def _root(t):
 
 def weight_pack(a, key, make, source=None):
     """The repacked form of (part of) weight tensor `a`, made by make() once for the life of its
-    storage: per mapped file for GGUF weights (``FileStorage.derived``), per tensor for a context's
+    storage: per mapped file for GGUF weights (``FileStorage.derived``; and for a large file once on
+disk, ``packs``), per tensor for a context's
     leaf (dropped when the leaf is written through ``Tensor.set_data``). A weight computed by the
     graph changes from run to run and is repacked on every use. `source`, the raw rows make()
     packs: for a mapped file, their pages leave this process's memory once packed
@@ -112,9 +114,16 @@ def weight_pack(a, key, make, source=None):
             cache = _TENSOR_PACKS[root] = {}
     packed = cache.get(key)
     if packed is None:
-        packed = cache[key] = make()
-        if source is not None and root.storage is not None:
-            root.storage.release(source)
+        path = getattr(root.storage, "path", None)
+        where = packs.folder(path) if path is not None else None
+        packed = packs.load(where, key) if where is not None else None
+        if packed is None:
+            packed = make()
+            if where is not None:
+                packs.store(where, key, packed)
+            if source is not None and root.storage is not None:
+                root.storage.release(source)
+        cache[key] = packed
     return packed
 
 
