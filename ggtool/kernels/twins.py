@@ -201,6 +201,11 @@ def _act_k(act: np.ndarray):
     return q, bs, d
 
 
+def covers(type_) -> bool:
+    """Whether `dot` has a twin for weights of type_ (every block type; BF16 compiles)."""
+    return type_ in decode.DECODERS
+
+
 def dot(type_, w: np.ndarray, act: np.ndarray, out: np.ndarray) -> None:
     """out (M, N) = weight rows w (uint8 (N, row_bytes) of type_) . activation rows act (its
     vec_dot_type), bit for bit as ``dot.dot`` on ``dot.pack(type_, w)``."""

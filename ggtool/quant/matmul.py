@@ -70,9 +70,8 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
         return
-    from ..kernels import cache
-    if not cache.use_kernel(f"dot:{T.type_name(wt)}"):     # not compiled yet: the same bits in numpy
-        from ..kernels import twins
+    from ..kernels import cache, twins
+    if twins.covers(wt) and not cache.use_kernel(f"dot:{T.type_name(wt)}"):   # not compiled yet: the same bits
         twins.dot(wt, w_raw, act_raw, out)
         return
     from ..kernels import dot
