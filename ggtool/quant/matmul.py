@@ -11,7 +11,8 @@ Where the dot of a type is not compiled yet in ggtool's command line, its numpy 
 same bits from the weights as they are (``kernels.cache``, ``kernels.twins``).
 
 Repacked weights are cached for the life of their storage (``weight_pack``): a weight read from a
-mapped GGUF file is repacked once per process, one in a context once per tensor.
+mapped GGUF file is repacked once per process (once per file identity for a large file: ``packs``),
+one in a context once per tensor.
 """
 
 from __future__ import annotations
@@ -95,12 +96,11 @@ def _root(t):
 
 def weight_pack(a, key, make, source=None):
     """The repacked form of (part of) weight tensor `a`, made by make() once for the life of its
-    storage: per mapped file for GGUF weights (``FileStorage.derived``; and for a large file once on
-disk, ``packs``), per tensor for a context's
-    leaf (dropped when the leaf is written through ``Tensor.set_data``). A weight computed by the
-    graph changes from run to run and is repacked on every use. `source`, the raw rows make()
-    packs: for a mapped file, their pages leave this process's memory once packed
-    (``FileStorage.release``)."""
+    storage: per mapped file for GGUF weights (``FileStorage.derived``; for a large file, once on
+    disk too: ``packs``), per tensor for a context's leaf (dropped when the leaf is written through
+    ``Tensor.set_data``). A weight computed by the graph changes from run to run and is repacked on
+    every use. `source`, the raw rows make() packs: for a mapped file, their pages leave this
+    process's memory once packed (``FileStorage.release``)."""
     root = _root(a)
     if root.op != "NONE":
         return make()
