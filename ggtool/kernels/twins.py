@@ -221,12 +221,18 @@ def _dot_32(rows, a, out) -> None:
     codes, d, m = rows                                   # (n, nb, 32) int8, (n, nb) float32, mins or None
     qa, da, sa = a
     sumi = np.matmul(qa, codes.astype(_F32).transpose(1, 2, 0))       # (nb, M, n): exact integers
+    dw = np.ascontiguousarray(d.T)
     acc = np.zeros(out.shape, _F32)
+    t = np.empty(out.shape, _F32)        # in place: a fresh temporary per block costs page faults
     for b in range(sumi.shape[0]):
         if m is None:      # (float(sumi) * d_w) * d_a
-            acc += (sumi[b] * d[None, :, b]) * da[b][:, None]
+            np.multiply(sumi[b], dw[b][None, :], out=t)
+            t *= da[b][:, None]
         else:              # (d_w * d_a) * float(sumi) + m_w * s_a
-            acc += (d[None, :, b] * da[b][:, None]) * sumi[b] + m[None, :, b] * sa[b][:, None]
+            np.multiply(dw[b][None, :], da[b][:, None], out=t)
+            t *= sumi[b]
+            t += m[None, :, b] * sa[b][:, None]
+        acc += t
     out[...] = acc
 
 
@@ -237,9 +243,14 @@ def _dot_k(rows, a, out) -> None:
     scaled = codes.reshape(n, nb, 16, 16).astype(np.float64) * sc[:, :, :, None]
     sumi = np.matmul(qa, scaled.reshape(n, nb, 256).transpose(1, 2, 0)).astype(_F32)   # exact, then rounded
     summ = np.matmul(bs, mn.astype(np.float64).transpose(1, 2, 0)).astype(_F32)
+    dw, dmw = np.ascontiguousarray(d.T), np.ascontiguousarray(dmin.T)
     acc = np.zeros(out.shape, _F32)
-    for b in range(nb):
-        dd = d[None, :, b] * da[b][:, None]
-        acc += dd * sumi[b]
-        acc -= (dmin[None, :, b] * da[b][:, None]) * summ[b]
+    t = np.empty(out.shape, _F32)
+    for b in range(nb):    # acc += (d_w * d_a) * sumi; acc -= (dmin_w * d_a) * summ
+        np.multiply(dw[b][None, :], da[b][:, None], out=t)
+        t *= sumi[b]
+        acc += t
+        np.multiply(dmw[b][None, :], da[b][:, None], out=t)
+        t *= summ[b]
+        acc -= t
     out[...] = acc
