@@ -1,6 +1,8 @@
-"""Issue 23 figure: a first-ever run (an empty kernel cache) against a cached one, whole process.
+"""Issue 23 figures: a first-ever run (an empty kernel cache) against a cached one, whole process,
+and gemma's cached run against llama.cpp's.
 
-    python bench/bench_coldstart.py [--runs N] [--only stories,gemma] [--threads 2] [--tokens 13]
+    python bench/bench_coldstart.py [--runs N] [--only stories,gemma] [--threads 1,2] [--tokens 30]
+                                    [--tree /tmp/before] [--llama-python /work/bench-env/venv/bin/python]
 
 - stories: the README's Q4_0 example, `ggtool quantize fixtures/stories260K.gguf Q4.gguf --force`
   then `ggtool compute -f fixtures/llama.gg --gguf Q4.gguf --tensor tokens=i32:[...] -o out.npy`
@@ -9,9 +11,16 @@
   tokens (--tokens N repeats them to N), for each T of --threads (a comma list: 1,2 compares them).
 
 First-ever: GGTOOL_CACHE_DIR is a new empty folder for every run. Cached: the same folder again,
-after a run that filled it. Each run is a fresh process; cold and cached runs are interleaved so
-a change in the machine's load affects them alike; the figure is the median wall time and the
-ratio first/cached.
+after runs that filled it. A first-ever run leaves a background process compiling its kernels
+(ggtool.kernels.cache): the next run starts only once it has finished (it would otherwise share the
+cores with that run). Each run is a fresh process; cold and cached runs are interleaved so a change
+in the machine's load affects them alike; the figure is the median wall time and the ratio
+first/cached. --tree runs another checkout the same way (`python -m ggtool` with that checkout as
+the working directory, as bench_memory.py does), in the same rounds.
+
+llama.cpp (gemma only, when --llama-python names a Python with llama-cpp-python): the same tokens
+evaluated by bench/llama_cpp_run.py with the same thread count, a whole process too, in the same
+rounds; the ratio is ggtool's cached run / llama.cpp's.
 """
 
 from __future__ import annotations
@@ -40,7 +49,12 @@ def ggtool(*args: str) -> list[str]:
     return [sys.executable, "-m", "ggtool", *args]
 
 
-def commands(example: str, tmp: str, threads: str, tokens: int = 13) -> list[list[str]]:
+def llama_cpp(python: str, threads: str, tokens: int) -> list[str]:
+    return [python, str(ROOT / "bench" / "llama_cpp_run.py"), gemma_path(), "--threads", threads,
+            "--tokens", gemma_tokens(tokens)[5:-1]]
+
+
+def commands(example: str, tmp: str, threads: str, tokens: int = 30) -> list[list[str]]:
     if example == "stories":
         q4 = os.path.join(tmp, "stories-q4_0.gguf")
         return [ggtool("quantize", str(ROOT / "fixtures/stories260K.gguf"), q4, "--force", "--quiet"),
@@ -55,12 +69,31 @@ def gemma_tokens(n: int) -> str:
     return "i32:[" + ",".join((ids * (n // len(ids) + 1))[:n]) + "]"
 
 
-def run(cmds: list[list[str]], cache: str) -> float:
+def wait_for_compiler(cache: str, timeout: float = 300.0) -> None:
+    """Until the background compile of a first-ever run has taken every wanted kernel (or timeout)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        wanted = [f for d, _, fs in os.walk(cache) if os.path.basename(d) == "wanted" for f in fs]
+        if not wanted:
+            time.sleep(0.2)      # the compiler marks a kernel ready just before it removes its wish
+            return
+        time.sleep(0.2)
+
+
+def run(cmds: list[list[str]], cache: str, tree: Path = ROOT) -> float:
     env = dict(os.environ, GGTOOL_CACHE_DIR=cache)
     env.pop("NUMBA_CACHE_DIR", None)
     t = time.perf_counter()
     for c in cmds:
-        subprocess.run(c, env=env, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        subprocess.run(c, env=env, check=True, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    took = time.perf_counter() - t
+    wait_for_compiler(cache)
+    return took
+
+
+def timed(cmd: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t
 
 
@@ -68,27 +101,46 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", default="stories,gemma")
-    ap.add_argument("--threads", default="2", help="gemma's --threads, a comma list")
-    ap.add_argument("--tokens", type=int, default=13, help="gemma's sequence length")
+    ap.add_argument("--threads", default="1,2", help="gemma's --threads, a comma list")
+    ap.add_argument("--tokens", type=int, default=30, help="gemma's sequence length")
+    ap.add_argument("--tree", action="append", default=[], type=Path, help="another checkout, measured alike")
+    ap.add_argument("--llama-python", default="/work/bench-env/venv/bin/python",
+                    help="a Python with llama-cpp-python, for the reference run ('' for none)")
     a = ap.parse_args()
-    print(f"ggtool at {ROOT}, python {sys.version.split()[0]}, {a.runs} runs, median wall time")
+    trees = [ROOT, *(t.resolve() for t in a.tree)]
+    llama = a.llama_python if a.llama_python and os.path.exists(a.llama_python) else None
+    print(f"python {sys.version.split()[0]}, {a.runs} runs, median wall time; gemma {a.tokens} tokens")
     with tempfile.TemporaryDirectory() as tmp:
         cases = [(e, t) for e in a.only.split(",") for t in (a.threads.split(",") if e == "gemma" else ["-"])]
         for example, threads in cases:
             cmds = commands(example, tmp, threads, a.tokens)
-            warm = os.path.join(tmp, "warm")
-            run(cmds, warm)                       # fills the cached folder
-            cold_t, warm_t = [], []
+            cold_t = {tr: [] for tr in trees}
+            warm_t = {tr: [] for tr in trees}
+            ref_t: list[float] = []
+            for k, tree in enumerate(trees):
+                for _ in range(2):                 # fills the cached folder (kernels, then repacked weights)
+                    run(cmds, os.path.join(tmp, f"warm{k}"), tree)
             for i in range(a.runs):
-                cold = os.path.join(tmp, f"cold{i}")
-                cold_t.append(run(cmds, cold))
-                shutil.rmtree(cold, ignore_errors=True)
-                warm_t.append(run(cmds, warm))
-            c, w = statistics.median(cold_t), statistics.median(warm_t)
+                for k, tree in enumerate(trees):
+                    cold = os.path.join(tmp, f"cold{k}-{i}")
+                    cold_t[tree].append(run(cmds, cold, tree))
+                    shutil.rmtree(cold, ignore_errors=True)
+                    warm_t[tree].append(run(cmds, os.path.join(tmp, f"warm{k}"), tree))
+                if llama and example == "gemma":
+                    ref_t.append(timed(llama_cpp(llama, threads, a.tokens)))
             label = example if threads == "-" else f"{example} t={threads}"
-            print(f"{label:10s} first-ever {c:6.2f} s  cached {w:6.2f} s  ratio {c / w:5.2f}x"
-                  f"   (first {', '.join(f'{x:.2f}' for x in cold_t)}; cached {', '.join(f'{x:.2f}' for x in warm_t)})")
-            shutil.rmtree(warm, ignore_errors=True)
+            for tree in trees:
+                c, w = statistics.median(cold_t[tree]), statistics.median(warm_t[tree])
+                name = "this tree" if tree == ROOT else str(tree)
+                print(f"{label:10s} {name:14s} first-ever {c:6.2f} s  cached {w:6.2f} s  ratio {c / w:5.2f}x"
+                      f"   (first {', '.join(f'{x:.2f}' for x in cold_t[tree])};"
+                      f" cached {', '.join(f'{x:.2f}' for x in warm_t[tree])})")
+                if ref_t:
+                    r = statistics.median(ref_t)
+                    print(f"{'':10s} {'':14s} llama.cpp  {r:6.2f} s  cached/llama.cpp {w / r:5.2f}x"
+                          f"   ({', '.join(f'{x:.2f}' for x in ref_t)})")
+            for k in range(len(trees)):
+                shutil.rmtree(os.path.join(tmp, f"warm{k}"), ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@
   tokens=T.npy -o logits.npy --threads 1` at 512 and 2048 tokens (ids < 512, a fixed seed), and
   fixtures/gemma3.gg on gemma-3-270m (the test extra's package) at 512 tokens when it is installed:
   peak RSS (wait4's ru_maxrss), wall time, and the compute buffer `ggtool plan --json` reports for
-  the same graph. The reference at 2048 tokens is llama.cpp's peak quoted in issue 23 (212 MiB;
-  llama-cpp-python is not installed on this machine, so it is not measured here); the target is
-  <= 1.5x of it.
+  the same graph; and llama.cpp's peak for the same model and tokens, in the same rounds
+  (bench/llama_cpp_run.py under --llama-python, a Python with llama-cpp-python: it evaluates the
+  tokens in one batch with logits for all of them, 1 thread); the target is <= 1.5x of it at 2048.
 - ops: one op over a 128 MiB f32 input (a zero-filled `f32[4096,8192]`, whose pages are read but
   never written, so they stay out of the resident set) to an .npy, the issue's `soft_max` and
   `scale` among them: the floor is the 128 MiB result plus the interpreter (~35 MiB).
@@ -33,7 +33,6 @@ import numpy as np
 from bench_alloc import run
 
 ROOT = Path(__file__).resolve().parent.parent
-LLAMA_CPP_2048_MIB = 212          # issue 23: llama.cpp's peak RSS, stories260K at 2048 tokens
 OPS = {"soft_max": "soft_max(x)", "scale": "scale(x, 0.5)", "silu": "silu(x)", "gelu": "gelu(x)",
        "rms_norm": "rms_norm(x, 1e-5)", "norm": "norm(x, 1e-5)", "diag_mask_inf": "diag_mask_inf(x, 0)"}
 
@@ -52,18 +51,24 @@ def token_file(tmp: str, n: int, vocab: int) -> str:
     return path
 
 
-def cases(tmp: str, which: list[str]) -> dict:
-    """{name: ggtool arguments}; the output goes to a file in tmp."""
+def cases(tmp: str, which: list[str], refs: dict | None = None) -> dict:
+    """{name: ggtool arguments}; the output goes to a file in tmp. refs, if given, gets
+    {name: (model, token file)} for the models' reference runs."""
     out = os.path.join(tmp, "out.npy")
     cs = {}
+    refs = {} if refs is None else refs
     if "models" in which:
         for n in (512, 2048):
+            tokens = token_file(tmp, n, 512)
             cs[f"stories260K {n} tokens"] = ["-f", "fixtures/llama.gg", "--gguf", "fixtures/stories260K.gguf",
-                                             "--tensor", f"tokens={token_file(tmp, n, 512)}"]
+                                             "--tensor", f"tokens={tokens}"]
+            refs[f"stories260K {n} tokens"] = (str(ROOT / "fixtures/stories260K.gguf"), tokens)
         gemma = gemma_path()
         if gemma:
+            tokens = token_file(tmp, 512, 262144)
             cs["gemma-3-270m 512 tokens"] = ["-f", "fixtures/gemma3.gg", "--gguf", gemma,
-                                             "--tensor", f"tokens={token_file(tmp, 512, 262144)}"]
+                                             "--tensor", f"tokens={tokens}"]
+            refs["gemma-3-270m 512 tokens"] = (gemma, tokens)
     if "ops" in which:
         for name, program in OPS.items():
             cs[f"{name} 128 MiB"] = [program, "--tensor", "x=f32[8192,4096]"]
@@ -85,18 +90,27 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], type=Path,
                     help="another checkout to measure alike (e.g. a `git worktree` of the base commit); repeatable")
     ap.add_argument("--runs", type=int, default=2, help="rounds (peak: the largest, wall: the median)")
+    ap.add_argument("--llama-python", default="/work/bench-env/venv/bin/python",
+                    help="a Python with llama-cpp-python, for the reference runs ('' for none)")
     args = ap.parse_args()
+    llama = args.llama_python if args.llama_python and os.path.exists(args.llama_python) else None
     if not set(args.which) <= {"models", "ops"}:
         ap.error(f"unknown figures: {' '.join(sorted(set(args.which) - {'models', 'ops'}))}")
     trees = [ROOT, *(t.resolve() for t in args.tree)]
     env = dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:
-        cs = cases(tmp, args.which or ["models", "ops"])
+        refs: dict = {}
+        cs = cases(tmp, args.which or ["models", "ops"], refs)
         res = {(k, t): [] for k in cs for t in trees}
+        ref = {k: [] for k in refs} if llama else {}
         for _ in range(args.runs):
             for k, (a, o) in cs.items():
                 for t in trees:
                     res[k, t].append(run([sys.executable, "-m", "ggtool", "compute", *a, *o], env, cwd=t)[:2])
+                if k in ref:
+                    model, tokens = refs[k]
+                    ref[k].append(run([llama, str(ROOT / "bench" / "llama_cpp_run.py"), model, "--threads", "1",
+                                       "--token-file", tokens], env, cwd=ROOT)[:2])
         print(f"peak RSS, whole process, --threads 1 (largest of {args.runs}; wall: median)")
         for k, (a, _) in cs.items():
             buf = compute_buffer(ROOT, a)
@@ -105,9 +119,12 @@ def main() -> None:
                 peak = max(r for _, r in res[k, t])
                 wall = statistics.median(w for w, _ in res[k, t])
                 line = f"  {t.name if t != ROOT else 'this checkout':<16} peak {peak:7.1f} MiB   wall {wall:6.2f} s"
-                if k == "stories260K 2048 tokens":
-                    line += f"   {peak / LLAMA_CPP_2048_MIB:.2f}x llama.cpp's {LLAMA_CPP_2048_MIB} MiB (quoted, issue 23)"
+                if ref.get(k):
+                    line += f"   {peak / max(r for _, r in ref[k]):.2f}x llama.cpp's peak"
                 print(line)
+            if ref.get(k):
+                print(f"  {'llama.cpp':<16} peak {max(r for _, r in ref[k]):7.1f} MiB   "
+                      f"wall {statistics.median(w for w, _ in ref[k]):6.2f} s")
 
 
 if __name__ == "__main__":

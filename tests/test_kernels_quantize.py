@@ -277,8 +277,8 @@ def test_in_ggtools_own_process_numba_loads_without_its_optional_packages():
     """The command line sets ggtool.role.COMMAND_LINE: numba then loads without scipy, yaml and
     cffi's parser (jit.OPTIONAL), which ggtool's kernels never use; they stay importable after."""
     code = ("import sys, ggtool.role; ggtool.role.COMMAND_LINE = True\n"
-            "from ggtool import quant as Q; import numpy as np\n"
-            "Q.quantize_q4_0(np.ones((1, 32), np.float32))\n"
+            "from ggtool.kernels import quantize as kq; import numpy as np\n"
+            "kq.q4_0_quantize(np.ones((1, 32), np.float32), np.zeros((1, 18), np.uint8))\n"
             "assert 'numba' in sys.modules\n"
             "assert not {'scipy', 'yaml', 'pycparser'} & set(sys.modules), sorted({'scipy', 'yaml', 'pycparser'} & set(sys.modules))\n"
             "import yaml\n")

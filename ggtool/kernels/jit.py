@@ -1,10 +1,7 @@
 """The one place numba is imported: ``njit``, GGML-exact settings, and the on-disk cache.
 
-Kernels are compiled on first use and cached on disk (numba's ``cache=True``). The cache lives in
-``$GGTOOL_CACHE_DIR/numba`` if that is set, else ``$XDG_CACHE_HOME/ggtool/numba`` (default
-``~/.cache/ggtool/numba``), in a subfolder named after a digest of the SHARED modules (``_tiles_key``), never
-beside the installed package, which may not be writable. A ``NUMBA_CACHE_DIR`` the user set wins
-over all of these.
+Kernels are compiled on first use and cached on disk (numba's ``cache=True``), where ``cache``
+says (``cache.cache_dir``).
 
 Settings: no ``fastmath`` (GGML's float32 order of operations is the contract: no reassociation,
 no fused multiply-add), ``nogil`` (the quantizer threads run kernels side by side), and numba's
@@ -17,36 +14,7 @@ import os
 import sys
 
 from . import KernelError
-
-
-def cache_dir() -> str:
-    """Where compiled kernels are cached (see the module docstring)."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return os.environ["NUMBA_CACHE_DIR"]
-    base = os.environ.get("GGTOOL_CACHE_DIR")
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "ggtool")
-    return os.path.join(base, "numba", _tiles_key())
-
-
-# Modules whose compiled functions other kernel modules compile into theirs: simd's vector tiles
-# (into dot and dot_k), dot_base's store_group (into dot and dot_k), dot_k's scale decoding (into x86),
-# ggtool.kquants' blocks and legacy (their searches and block ends, into kquants.legacy and .weighted).
-SHARED = ("simd.py", "dot_base.py", "dot_k.py", "../kquants/blocks.py", "../kquants/legacy.py")
-
-
-def _tiles_key() -> str:
-    """A digest of the SHARED modules. numba checks a cached kernel against its own source file
-    only: a changed shared module gets a cache directory of its own instead of stale kernels."""
-    import hashlib
-
-    h = hashlib.sha1()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in SHARED:
-        with open(os.path.join(here, name), "rb") as f:
-            h.update(f.read())
-    return "tiles-" + h.hexdigest()[:12]
+from .cache import SHARED, cache_dir  # noqa: F401 (jit.SHARED, jit.cache_dir as before)
 
 
 # Optional packages numba imports with itself for integrations ggtool's kernels never use: scipy

@@ -28,7 +28,9 @@ import threading
 
 import numpy as np
 
+from . import twins
 from .jit import njit, numba
+from .twins import SMALL_BLOCKS
 
 _T = numba.types
 _F32_IN = _T.Array(_T.float32, 2, "C", readonly=True)
@@ -86,11 +88,6 @@ def _only(*argtypes, small=None):
     return lambda fn: _Pinned(fn, argtypes, small)
 
 
-# A dequantizer's numpy twin runs inputs of at most this many blocks (get_rows picking a few token
-# embeddings, a copy's task): as fast there as the kernel, and a process that needs no more never
-# compiles it (~1-1.5 s of a first-ever run of the README's Q4_0 example or gemma). Same float32
-# products, so the same bits (tests/test_kernels.py checks both sides of the line).
-SMALL_BLOCKS = 4096
 
 
 _U = np.uint32
@@ -457,25 +454,7 @@ def _get_scales(blocks):
     return ds
 
 
-def _scales_np(blocks):
-    """The fp16 scale of each block as float32 (numpy's cast: exact, as _f32_bits)."""
-    return np.ascontiguousarray(blocks[:, :2]).view(np.float16)[:, 0].astype(np.float32)[:, None]
-
-
-def _q4_0_dequantize_np(blocks, out):
-    q = blocks[:, 2:18]
-    d = _scales_np(blocks)
-    with np.errstate(all="ignore"):    # a NaN or inf scale gives NaN/inf values, as the kernel's
-        np.multiply((q & 15).astype(np.int8) - np.int8(8), d, out=out[:, :16], dtype=np.float32)
-        np.multiply((q >> 4).astype(np.int8) - np.int8(8), d, out=out[:, 16:], dtype=np.float32)
-
-
-def _q8_0_dequantize_np(blocks, out):
-    with np.errstate(all="ignore"):
-        np.multiply(blocks[:, 2:34].view(np.int8), _scales_np(blocks), out=out, dtype=np.float32)
-
-
-@_only(_U8_IN, _T.float32[:, ::1], small=_q4_0_dequantize_np)
+@_only(_U8_IN, _T.float32[:, ::1], small=twins.q4_0_dequantize)
 @njit
 def q4_0_dequantize(blocks, out):
     """(n, 18) Q4_0 blocks -> (n, 32) float32: (code - 8) * d."""
@@ -489,7 +468,7 @@ def q4_0_dequantize(blocks, out):
             out[i, j + h] = np.float32(np.int32((b >> 4) - _I8)) * d
 
 
-@_only(_U8_IN, _T.float32[:, ::1], small=_q8_0_dequantize_np)
+@_only(_U8_IN, _T.float32[:, ::1], small=twins.q8_0_dequantize)
 @njit
 def q8_0_dequantize(blocks, out):
     """(n, 34) Q8_0 blocks -> (n, 32) float32: code * d."""

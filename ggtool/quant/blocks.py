@@ -16,6 +16,31 @@ CHUNK_BLOCKS = 8192           # blocks per work item: 1 MiB of f32 input, about 
 _F32 = np.float32
 
 
+def kernel(kind: str, name: str):
+    """The compiled kernel `name` (``ggtool.kernels.quantize``, or ``kquants`` for Q8_K), or its
+    numpy twin of the same name (``kernels.twins``, the same bytes) while the quantizer `kind` is
+    not compiled in the command line's cache (``kernels.cache.use_kernel``)."""
+    from ..kernels import cache
+    if not cache.use_kernel(f"quantize:{kind}"):
+        from ..kernels import twins
+        return getattr(twins, name)
+    if kind == "Q8_K":
+        from ..kernels import kquants
+        return getattr(kquants, name)
+    from ..kernels import quantize
+    return getattr(quantize, name)
+
+
+def dequantizer(raw, nbytes: int, name: str):
+    """Q4_0/Q8_0's dequantizer `name` for raw: its numpy twin for at most SMALL_BLOCKS blocks
+    (without loading numba), else the compiled kernel."""
+    from ..kernels import twins
+    if np.asarray(raw).nbytes // nbytes <= twins.SMALL_BLOCKS:
+        return getattr(twins, name)
+    from ..kernels import quantize
+    return getattr(quantize, name)
+
+
 def _as_f32_rows(x, name: str, what: str, qk: int = QK) -> np.ndarray:
     x = np.asarray(x)
     if x.ndim == 0:

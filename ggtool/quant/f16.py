@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from .blocks import _F32, CHUNK_BLOCKS, QK
+from .blocks import _F32, CHUNK_BLOCKS, QK, kernel
 from .threads import _run_chunks
 
 
 def fp32_to_fp16(x) -> np.ndarray:
     """GGML_FP32_TO_FP16 elementwise: float16 array (RNE; NaN -> 0x7e00 with the input's sign)."""
-    from ..kernels import quantize as kq
+    fp16 = kernel("F16", "fp32_to_fp16")
     x = np.asarray(x, dtype=_F32)
     flat = x.reshape(-1)
     if not flat.flags.aligned:
         flat = flat.copy()
     out = np.empty(flat.size, np.uint16)
-    _run_chunks(lambda a, b: kq.fp32_to_fp16(flat[a:b], out[a:b]), flat.size, CHUNK_BLOCKS * QK)
+    _run_chunks(lambda a, b: fp16(flat[a:b], out[a:b]), flat.size, CHUNK_BLOCKS * QK)
     return out.view(np.float16).reshape(x.shape)
 
 

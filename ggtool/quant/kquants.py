@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import QuantizationError
-from .blocks import _dequantize_blocks, _quantize_blocks, _quantize_weighted
+from .blocks import _dequantize_blocks, _quantize_blocks, _quantize_weighted, kernel
 
 Q8_K_BYTES = 292
 
@@ -51,20 +51,19 @@ def quantize_k(x, t, name: str = "tensor", imatrix=None) -> np.ndarray:
     what = T.type_name(t)
     qk, nbytes = kquants.BLOCKS[what][:2]
     if imatrix is not None:
-        kernel = kquants.weighted_kernel(what)
+        weighted = kquants.weighted_kernel(what)
         qw = np.asarray(imatrix)
         if qw.ndim != 2:
-            return _quantize_weighted(x, name, what, nbytes, kernel, qk, qw)
+            return _quantize_weighted(x, name, what, nbytes, weighted, qk, qw)
         x = np.asarray(x)          # a 3-d (MoE) weight: expert e's rows take the importances qw[e]
         if x.ndim != 3 or x.shape[0] != qw.shape[0]:
             raise QuantizationError(f"tensor '{name}': an importance matrix of {qw.shape[0]} experts "
                                     f"does not fit data of shape {x.shape}")
-        return np.stack([_quantize_weighted(x[e], name, what, nbytes, kernel, qk, qw[e]) for e in range(len(qw))])
+        return np.stack([_quantize_weighted(x[e], name, what, nbytes, weighted, qk, qw[e]) for e in range(len(qw))])
     return _quantize_blocks(x, name, what, nbytes, kquants.kernel(what), qk)
 
 
 def quantize_q8_k(x, name: str = "tensor") -> np.ndarray:
     """Q8_K bytes of x (quantize_row_q8_K_ref, which is also GGML's CPU from_float): rows of 256-value
     blocks of 292 bytes (float32 d, int8 qs[256], int16 bsums[16])."""
-    from ..kernels import kquants
-    return _quantize_blocks(x, name, "Q8_K", Q8_K_BYTES, kquants.quantize_q8_k, 256)
+    return _quantize_blocks(x, name, "Q8_K", Q8_K_BYTES, kernel("Q8_K", "quantize_q8_k"), 256)

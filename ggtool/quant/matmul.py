@@ -7,8 +7,12 @@ One path for every M: GGML's integer block dot on weights repacked into groups o
 of participants. (Measured on 2 cores: faster than expanding the weights to float32 for BLAS up to
 M=512, and exact.)
 
+Where the dot of a type is not compiled yet in ggtool's command line, its numpy twin computes the
+same bits from the weights as they are (``kernels.cache``, ``kernels.twins``).
+
 Repacked weights are cached for the life of their storage (``weight_pack``): a weight read from a
-mapped GGUF file is repacked once per process, one in a context once per tensor.
+mapped GGUF file is repacked once per process (once per file identity for a large file: ``packs``),
+one in a context once per tensor.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import QuantizationError
+from . import packs
 from .blocks import _F32
 
 DOT_TYPES = T.DOT_TYPES
@@ -66,6 +71,10 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
         return
+    from ..kernels import cache, twins
+    if twins.covers(wt) and not cache.use_kernel(f"dot:{T.type_name(wt)}"):   # not compiled yet: the same bits
+        twins.dot(wt, w_raw, act_raw, out)
+        return
     from ..kernels import dot
     packed = pack() if pack is not None else dot.pack(wt, w_raw)
     if out.flags.c_contiguous:
@@ -87,11 +96,11 @@ def _root(t):
 
 def weight_pack(a, key, make, source=None):
     """The repacked form of (part of) weight tensor `a`, made by make() once for the life of its
-    storage: per mapped file for GGUF weights (``FileStorage.derived``), per tensor for a context's
-    leaf (dropped when the leaf is written through ``Tensor.set_data``). A weight computed by the
-    graph changes from run to run and is repacked on every use. `source`, the raw rows make()
-    packs: for a mapped file, their pages leave this process's memory once packed
-    (``FileStorage.release``)."""
+    storage: per mapped file for GGUF weights (``FileStorage.derived``; for a large file, once on
+    disk too: ``packs``), per tensor for a context's leaf (dropped when the leaf is written through
+    ``Tensor.set_data``). A weight computed by the graph changes from run to run and is repacked on
+    every use. `source`, the raw rows make() packs: for a mapped file, their pages leave this
+    process's memory once packed (``FileStorage.release``)."""
     root = _root(a)
     if root.op != "NONE":
         return make()
@@ -104,9 +113,16 @@ def weight_pack(a, key, make, source=None):
             cache = _TENSOR_PACKS[root] = {}
     packed = cache.get(key)
     if packed is None:
-        packed = cache[key] = make()
-        if source is not None and root.storage is not None:
-            root.storage.release(source)
+        path = getattr(root.storage, "path", None)
+        where = packs.folder(path) if path is not None else None
+        packed = packs.load(where, key) if where is not None else None
+        if packed is None:
+            packed = make()
+            if where is not None:
+                packs.store(where, key, packed)
+            if source is not None and root.storage is not None:
+                root.storage.release(source)
+        cache[key] = packed
     return packed
 
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .blocks import Q4_0_BYTES, _dequantize_blocks, _quantize_blocks
+from .blocks import Q4_0_BYTES, _dequantize_blocks, _quantize_blocks, dequantizer, kernel
 
 
 def quantize_q4_0(x, name: str = "tensor") -> np.ndarray:
     """Q4_0 bytes of x: uint8 of shape (*x.shape[:-1], x.shape[-1] // 32 * 18)."""
-    from ..kernels import quantize as kq
-    return _quantize_blocks(x, name, "Q4_0", Q4_0_BYTES, kq.q4_0_quantize)
+    return _quantize_blocks(x, name, "Q4_0", Q4_0_BYTES, kernel("Q4_0", "q4_0_quantize"))
 
 
 def dequantize_q4_0(raw) -> np.ndarray:
     """float32 values of Q4_0 bytes (rows of 18-byte blocks): shape (..., row_bytes/18*32)."""
-    from ..kernels import quantize as kq
-    return _dequantize_blocks(raw, Q4_0_BYTES, "Q4_0", kq.q4_0_dequantize)
+    return _dequantize_blocks(raw, Q4_0_BYTES, "Q4_0", dequantizer(raw, Q4_0_BYTES, "q4_0_dequantize"))
 
