@@ -21,8 +21,7 @@ def cli_message(e: BaseException) -> str:
     if isinstance(e, InputError):
         return input_message(e)
     flag = {"output-exists": " (use --force to overwrite it)",      # quantize's and set-metadata's OUTPUT
-            "requantize": "; --allow-requantize does it anyway",        # quantize_model's rules
-            "mix-not-built": ": add --pure"}.get(e.kind)
+            "requantize": "; --allow-requantize does it anyway"}.get(e.kind)   # quantize_model's rules
     if flag is not None:
         return f"{e}{flag}"
     dsl_errors = sys.modules.get("ggtool.dsl.errors")  # never imported: no DSLError to word (nor the DSL to load)

@@ -136,9 +136,26 @@ def test_pure_k_quant_file(run, tmp_path, qtype, fallback, ftype):
     assert r.fields["general.file_type"].contents() == ftype
 
 
-def test_k_quant_file_types_need_pure(run, tmp_path):
-    r = run_cli(run, STORIES, tmp_path / "k.gguf", "--type", "q4_K")
-    fails(r, "per-tensor mix of llama.cpp's Q4_K_M file type is not built yet", "add --pure")
+def test_k_mix_file_type(run, tmp_path):
+    """Q4_K_M without --pure is llama.cpp's mix (pinned tensor by tensor by test_quantize_rules.py);
+    stories260K's rows of 64 and 172 take the fallbacks, which --verbose says as llama.cpp does."""
+    out = tmp_path / "k.gguf"
+    r = run_cli(run, STORIES, out, "--type", "Q4_K_M", "-t", "1", "--verbose")
+    assert r.exit_code == 0, r.output
+    ty = types_of(out)
+    assert ty["blk.0.attn_q.weight"] == "Q5_0" and ty["blk.4.attn_v.weight"] == "Q8_0"
+    assert ty["blk.0.ffn_down.weight"] == "F16" and ty["output.weight"] == "Q8_0"
+    assert gguf.GGUFReader(str(out)).fields["general.file_type"].contents() == 15
+    assert ("warning: blk.0.attn_q.weight                  - ncols     64 not divisible by 256 "
+            "(required for type    q4_K) -> falling back to    q5_0") in r.stderr
+    assert "(attn_v: use_more_bits(4, 5); fallback: ncols 64 not divisible by 256" in r.stderr
+    assert "tensor(s) required fallback quantization" in r.stderr
+
+
+def test_unknown_file_type_lists_the_valid_ones(run, tmp_path):
+    r = run_cli(run, STORIES, tmp_path / "k.gguf", "--type", "q4_k_x")
+    assert r.exit_code == 2 and "unknown file type 'q4_k_x'" in r.stderr
+    assert "Q4_K_M" in r.stderr and "Q3_K_S" in r.stderr and "BF16" in r.stderr
     assert not (tmp_path / "k.gguf").exists()
 
 
@@ -151,8 +168,8 @@ def test_output_and_embedding_options(run, tmp_path):
     assert r.exit_code == 0, r.output
     ty = types_of(out)
     assert ty["output.weight"] == "F16" and ty["token_embd.weight"] == "Q8_0"
-    r = run_cli(run, STORIES, tmp_path / "c.gguf", "--output-tensor-type", "q6_K")
-    assert r.exit_code == 2 and "q6_K only in pure q6_K files" in r.stderr
+    r = run_cli(run, STORIES, tmp_path / "c.gguf", "--output-tensor-type", "iq2_xxs")
+    assert r.exit_code == 2 and "cannot write tensor type 'iq2_xxs'" in r.stderr
 
 
 def test_tied_embedding_rules(tmp_path):
@@ -163,29 +180,30 @@ def test_tied_embedding_rules(tmp_path):
                                               "blk.0.attn_norm.weight": np.ones(256, np.float32)})
     plan = QM.plan_quantization(src, QM.QuantizeOptions())
     by = {t.name: t for t in plan.tensors}
-    # no output.weight: token_embd is the output; llama.cpp would give it Q6_K -> ggtool Q8_0 + warning
-    assert by["token_embd.weight"].dst_type == T.Q8_0
-    assert plan.warnings and "q6_K" in plan.warnings[0] and "token_embd.weight" in plan.warnings[0]
+    # no output.weight: token_embd is the output, and gets llama.cpp's q6_K
+    assert by["token_embd.weight"].dst_type == T.GGMLType.Q6_K
+    assert by["token_embd.weight"].reasons == ("tied embedding (the output)",)
     assert by["blk.0.attn_q.weight"].dst_type == T.Q4_0
     assert by["blk.0.attn_norm.weight"].dst_type == T.F32
     pure = QM.plan_quantization(src, QM.QuantizeOptions(pure=True))
-    assert {t.name: t.dst_type for t in pure.tensors}["token_embd.weight"] == T.Q4_0 and not pure.warnings
+    assert {t.name: t.dst_type for t in pure.tensors}["token_embd.weight"] == T.Q4_0
 
 
 def test_rules_table():
-    o = QM.QuantizeOptions()
-    ch = QM.choose_type
-    assert ch("blk.0.attn_norm.weight", (64, 1), T.F32, o, has_output=True)[0] == T.F32  # n_dims 1
-    assert ch("blk.0.ffn_norm.weight", (64, 64), T.F32, o, has_output=True)[0] == T.F32
-    assert ch("blk.0.ffn_gate_inp.weight", (64, 8), T.F32, o, has_output=True)[0] == T.F32
-    assert ch("blk.0.attn_q.bias", (64, 64), T.F32, o, has_output=True)[0] == T.F32
-    assert ch("blk.0.attn_q.weight", (64, 64), T.F16, o, has_output=True)[0] == T.Q4_0
-    assert ch("blk.0.attn_q.weight", (72, 64), T.F32, o, has_output=True)[0] == T.F16
-    assert ch("blk.0.attn_v.weight", (64, 64), T.F32, o, has_output=True, n_expert=8)[0] == T.Q8_0
-    assert ch("output.weight", (64, 64), T.F32, o, has_output=True, arch="falcon")[0] == T.Q8_0
-    t, w = ch("output.weight", (4096, 64), T.F32, o, has_output=True)
-    assert t == T.Q8_0 and "q6_K" in w
-    assert ch("output.weight", (4096, 64), T.Q8_0, o, has_output=True)[0] == T.Q8_0   # -> copied
+    def ch(name, ne, src=T.F32, **kw):
+        mix = QM.new_mix(QM.QuantizeOptions(), QM.ModelInfo(**kw), [name, "output.weight"])
+        return mix.choose(name, ne, src).type
+
+    assert ch("blk.0.attn_norm.weight", (64, 1)) == T.F32  # n_dims 1
+    assert ch("blk.0.ffn_norm.weight", (64, 64)) == T.F32
+    assert ch("blk.0.ffn_gate_inp.weight", (64, 8)) == T.F32
+    assert ch("blk.0.attn_q.bias", (64, 64)) == T.F32
+    assert ch("blk.0.attn_q.weight", (64, 64), T.F16) == T.Q4_0
+    assert ch("blk.0.attn_q.weight", (72, 64)) == T.F16
+    assert ch("blk.0.attn_v.weight", (64, 64), n_expert=8) == T.Q8_0
+    assert ch("output.weight", (64, 64), arch="falcon") == T.Q8_0
+    assert ch("output.weight", (4096, 64)) == T.GGMLType.Q6_K
+    assert ch("output.weight", (64, 64), T.Q8_0) == T.Q8_0   # -> copied
 
 
 # ---------------------------------------------------------------------------------------- safety
