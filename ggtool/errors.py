@@ -153,3 +153,10 @@ def did_you_mean(name: str, candidates: Iterable[str], most: int = 3) -> str:
 
 class QuantizationError(GGToolError):
     """Data cannot be quantized (NaN/inf, bad row length)."""
+
+
+class ImatrixError(InputError):
+    """An importance-matrix file (llama-imatrix's GGUF or legacy .dat) cannot be used: `file` is
+    the file, `tensor` the entry (a weight's name) where one is at fault, `kind` one of
+    "truncated", "format", "metadata", "values" (NaN/inf) or "size" (an entry's length does not fit
+    its tensor)."""

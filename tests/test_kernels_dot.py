@@ -170,7 +170,8 @@ def test_kernel_cache_goes_to_ggtool_cache_dir(tmp_path):
     for name in jit.SHARED:
         with open(os.path.join(os.path.dirname(jit.__file__), name), "rb") as f:
             h.update(f.read())
-    assert jit.SHARED == ("simd.py", "dot_base.py", "dot_k.py") and tiles == "tiles-" + h.hexdigest()[:12]
+    assert jit.SHARED == ("simd.py", "dot_base.py", "dot_k.py", "../kquants/blocks.py", "../kquants/legacy.py") \
+        and tiles == "tiles-" + h.hexdigest()[:12]
     assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "numba" / tiles) for f in fs)
 
 

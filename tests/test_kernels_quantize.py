@@ -119,7 +119,8 @@ def test_kernel_return_values():
     from ggtool.kernels import quantize as kq
     x = np.zeros((5, 32), F32)
     x[3, 7], x[3, 9], x[4, 0] = np.nan, np.inf, np.nan
-    for k, nb in ((kq.q4_0_quantize, 18), (kq.q8_0_quantize, 34), (kq.q8_0_quantize_cpu, 34)):
+    for k, nb in ((kq.q4_0_quantize, 18), (kq.q8_0_quantize, 34), (kq.q8_0_quantize_cpu, 34), (kq.q4_1_quantize, 20),
+                  (kq.q5_0_quantize, 22), (kq.q5_1_quantize, 24)):
         assert k(x, np.empty((5, nb), np.uint8)) == 3 * 32 + 7
         assert k(x[:3], np.empty((3, nb), np.uint8)) == -1
         with pytest.raises(TypeError):                      # one specialization: no silent recompiles

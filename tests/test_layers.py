@@ -30,12 +30,13 @@ LAYERS = (
     # compiled loops and OS memory: they know types and bytes, never a tensor
     {"kernels": ["ggtool.kernels"],
      "shm": ["ggtool.pool.shm"]},                         # POSIX shared memory (the pool's, below its own layers)
-    {"kquants": ["ggtool.kquants"]},                      # K-quant block quantizers (compiled), run by quant
+    {"kquants": ["ggtool.kquants"]},                      # GGML's block quantizers (compiled), run by quant
     {"quant": ["ggtool.quant"]},                          # arrays of GGML's number formats
     {"tensor": ["ggtool.tensor"],                         # struct ggml_tensor; its context is a protocol
      "gguf_io": ["ggtool.gguf_io"]},                      # GGUF files: bytes and metadata, no tensors
     {"context": ["ggtool.context"],                       # ggml_init: the pool that makes tensors
-     "tokenizer": ["ggtool.tokenizer"]},                  # text <-> token ids from GGUF metadata
+     "tokenizer": ["ggtool.tokenizer"],                   # text <-> token ids from GGUF metadata
+     "imatrix": ["ggtool.imatrix"]},                      # llama-imatrix's importance matrices, read
     {"graph": ["ggtool.graph"]},                          # ggml_new_graph, ggml_build_forward_expand
     {"ops": ["ggtool.ops"]},                              # builders, n_tasks, work sizes, kernels
     {"alloc": ["ggtool.alloc"]},                          # ggml_gallocr

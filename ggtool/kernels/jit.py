@@ -31,8 +31,9 @@ def cache_dir() -> str:
 
 
 # Modules whose compiled functions other kernel modules compile into theirs: simd's vector tiles
-# (into dot and dot_k), dot_base's store_group (into dot and dot_k), dot_k's scale decoding (into x86).
-SHARED = ("simd.py", "dot_base.py", "dot_k.py")
+# (into dot and dot_k), dot_base's store_group (into dot and dot_k), dot_k's scale decoding (into x86),
+# ggtool.kquants' blocks and legacy (their searches and block ends, into kquants.legacy and .weighted).
+SHARED = ("simd.py", "dot_base.py", "dot_k.py", "../kquants/blocks.py", "../kquants/legacy.py")
 
 
 def _tiles_key() -> str:

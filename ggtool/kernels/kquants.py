@@ -1,9 +1,10 @@
-"""Dequantizers for the block types of llama.cpp's K-quant mixes (Q5_0, Q4_K, Q6_K), compiled.
+"""Dequantizers for the block types of llama.cpp's K-quant mixes (Q5_0, Q4_K, Q6_K, IQ4_NL), compiled.
 
 Each takes (blocks uint8 (n, block_bytes), f16 table, out float32 (n, values per block)) and
 computes gguf-py's float32 arithmetic exactly (so ``ggtool quantize`` reads a source tensor as
 llama-quantize does, and requantizes it to the same bytes):
-Q5_0 ``(q - 16) * d``; Q4_K ``(d*sc) * q - (dmin*m)``; Q6_K ``(d*sc) * (q - 32)``.
+Q5_0 ``(q - 16) * d``; Q4_K ``(d*sc) * q - (dmin*m)``; Q6_K ``(d*sc) * (q - 32)``;
+IQ4_NL ``d * kvalues_iq4nl[q]`` (GGML's dequantize_row_iq4_nl).
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ def dequantize_q5_0(blocks, f16, out):
             hi = (b >> 4) | (((qh >> (j + 16)) & 1) << 4)
             out[i, j] = np.float32(lo - 16) * d
             out[i, j + 16] = np.float32(hi - 16) * d
+
+
+_KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+@njit
+def dequantize_iq4_nl(blocks, f16, out):
+    """IQ4_NL (18 bytes: d, qs[16]): element j is kvalues_iq4nl[low nibble of byte j], j + 16 the high one."""
+    kv = _KVALUES_IQ4NL
+    for i in range(blocks.shape[0]):
+        d = _f16(f16, blocks[i, 0], blocks[i, 1])
+        for j in range(16):
+            b = np.int64(blocks[i, 2 + j])
+            out[i, j] = d * kv[b & 15]
+            out[i, j + 16] = d * kv[b >> 4]
 
 
 @njit

@@ -1,4 +1,5 @@
-"""Compiled Q4_0 / Q8_0 block quantizers and dequantizers and fp32 <-> fp16, byte-exact with GGML.
+"""Compiled Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 block quantizers, Q4_0 / Q8_0 dequantizers and fp32 <->
+fp16, byte-exact with GGML.
 
 The float32 arithmetic is GGML's, operation for operation (see ``ggtool.quant``); only the shape
 of the loops is ours, so that LLVM vectorises them:
@@ -100,6 +101,7 @@ _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _F127 = np.float32(127.0)
 _M0125 = np.float32(-0.125)
+_M00625 = np.float32(-0.0625)
 _F8_5 = np.float32(8.5)
 _HALF = np.float32(0.5)
 _RNE = np.float32(12582912.0)       # 1.5 * 2**23: (v + _RNE) - _RNE rounds |v| < 2**22 half to even
@@ -172,13 +174,27 @@ def _first_bad(xi, i, nj):
 
 
 @njit
-def _put_scales(out, ds):
-    """fp16 bits of the float32 scales ds into bytes 0-1 of every block."""
+def _put_scales(out, ds, at=0):
+    """fp16 bits of the float32 scales ds into bytes at, at+1 of every block."""
     di = ds.view(np.uint32)
     for i in range(ds.shape[0]):
         h = _f16_bits(di[i])
-        out[i, 0] = np.uint8(h & _U(0xFF))
-        out[i, 1] = np.uint8(h >> _U(8))
+        out[i, at] = np.uint8(h & _U(0xFF))
+        out[i, at + 1] = np.uint8(h >> _U(8))
+
+
+@njit
+def _signed_max(xi, i, nj, amax):
+    """Bits of the signed value of largest magnitude amax in block i, the first one on ties (+0.0
+    for a block of +-0.0): two integer min reductions over the indices, no data-dependent load."""
+    neg = _U(amax | _SIGN)
+    kp = nj
+    kn = nj
+    for j in range(nj):
+        w = xi[i, j]
+        kp = min(kp, j if w == amax else nj)
+        kn = min(kn, j if w == neg else nj)
+    return neg if (kn < kp and amax != _U(0)) else amax
 
 
 @_only(*_QUANT_SIG)
@@ -195,15 +211,7 @@ def q4_0_quantize(xb, out):
         amax = _amax_bits(xi, i, nj)
         if amax >= _INF:
             return _first_bad(xi, i, nj)
-        # the signed value of largest magnitude, the first one on ties; +0.0 for a block of +-0.0
-        neg = _U(amax | _SIGN)
-        kp = nj
-        kn = nj
-        for j in range(nj):
-            w = xi[i, j]
-            kp = min(kp, j if w == amax else nj)
-            kn = min(kn, j if w == neg else nj)
-        mi[i] = neg if (kn < kp and amax != _U(0)) else amax
+        mi[i] = _signed_max(xi, i, nj, amax)
     for i in range(n):
         d = ds[i] * _M0125                      # == m / -8 exactly
         ds[i] = d
@@ -218,6 +226,137 @@ def q4_0_quantize(xb, out):
             c0 = min(np.int32(xb[i, j] * idv + _F8_5), _I15)
             c1 = min(np.int32(xb[i, j + h] * idv + _F8_5), _I15)
             out[i, 2 + j] = np.uint8(c0 | (c1 << 4))
+    _put_scales(out, ds)
+    return -1
+
+
+@njit
+def _min_max(xi, i, nj, lo, hi):
+    """(min, max) of block i as q4_1/q5_1_ref find them (``if (v < min)``, ``if (v > max)``: a zero
+    extreme is the first zero, with its sign), into lo[i], hi[i] (float32 views): integer min and
+    max over order-preserving keys (sign-magnitude to two's complement: -0.0 sorts just below
+    +0.0), so the loop vectorises."""
+    kmin = np.int32(0x7FFFFFFF)
+    kmax = np.int32(-0x80000000)
+    for j in range(nj):
+        b = np.int32(xi[i, j])
+        k = np.int32(b ^ ((b >> np.int32(31)) & np.int32(0x7FFFFFFF)))
+        kmin = min(kmin, k)
+        kmax = max(kmax, k)
+    lo.view(np.int32)[i] = _key_bits(xi, i, nj, kmin)
+    hi.view(np.int32)[i] = _key_bits(xi, i, nj, kmax)
+
+
+@njit
+def _key_bits(xi, i, nj, k):
+    """The float bits of key k (its own inverse), a zero being the block's first zero."""
+    if k == np.int32(0) or k == np.int32(-1):
+        for j in range(nj):
+            if (xi[i, j] & _ABS) == _U(0):
+                return np.int32(xi[i, j])
+    return np.int32(k ^ ((k >> np.int32(31)) & np.int32(0x7FFFFFFF)))
+
+
+@njit
+def _q_min(xb, out, nmax, qh_at):
+    """quantize_row_q4_1_ref (nmax 15, codes min(15, (int8_t)v)) and q5_1_ref (nmax 31, codes
+    (uint8_t)v, the 5th bits to qh at qh_at) over (n, 32) blocks: fp16 d and m, then the nibbles."""
+    n, nj = xb.shape
+    h = nj // 2
+    xi = xb.view(np.uint32)
+    ds = np.empty(n, np.float32)
+    ms = np.empty(n, np.float32)
+    ids = np.empty(n, np.float32)
+    his = np.empty(n, np.float32)
+    for i in range(n):
+        if _amax_bits(xi, i, nj) >= _INF:
+            return _first_bad(xi, i, nj)
+        _min_max(xi, i, nj, ms, his)
+    fmax = np.float32(nmax)
+    for i in range(n):
+        d = (his[i] - ms[i]) / fmax
+        ds[i] = d
+        ids[i] = _F1 / d if d != _F0 else _F0
+    qs_at = qh_at + 4 if qh_at >= 0 else 4
+    for i in range(n):
+        idv = ids[i]
+        mn = ms[i]
+        if np.isinf(idv) or np.isinf(ds[i]):   # (x - min) * id is inf/NaN (or 0 * inf): x86 gives code 0
+            for j in range(h):
+                out[i, qs_at + j] = 0
+            if qh_at >= 0:
+                for k in range(4):
+                    out[i, qh_at + k] = 0
+            continue
+        qh = _U(0)
+        for j in range(h):
+            c0 = np.int32((xb[i, j] - mn) * idv + _HALF)
+            c1 = np.int32((xb[i, j + h] - mn) * idv + _HALF)
+            if qh_at < 0:
+                c0 = min(c0, _I15)
+                c1 = min(c1, _I15)
+            out[i, qs_at + j] = np.uint8((c0 & _I15) | ((c1 & _I15) << 4))
+            qh |= _U((c0 >> 4) & 1) << _U(j)
+            qh |= _U((c1 >> 4) & 1) << _U(j + h)
+        if qh_at >= 0:
+            for k in range(4):
+                out[i, qh_at + k] = np.uint8((qh >> _U(8 * k)) & _U(0xFF))
+    _put_scales(out, ds)
+    _put_scales(out, ms, 2)
+    return -1
+
+
+@_only(*_QUANT_SIG)
+@njit
+def q4_1_quantize(xb, out):
+    """quantize_row_q4_1_ref over (n, 32) blocks into (n, 20): fp16 d, fp16 m, nibbles."""
+    return _q_min(xb, out, 15, -1)
+
+
+@_only(*_QUANT_SIG)
+@njit
+def q5_1_quantize(xb, out):
+    """quantize_row_q5_1_ref over (n, 32) blocks into (n, 24): fp16 d, fp16 m, qh, nibbles."""
+    return _q_min(xb, out, 31, 4)
+
+
+@_only(*_QUANT_SIG)
+@njit
+def q5_0_quantize(xb, out):
+    """quantize_row_q5_0_ref over (n, 32) blocks into (n, 22): d = max / -16, codes
+    min(31, (int8_t)(x*id + 16.5)), fp16 d, qh (5th bits), nibbles."""
+    n, nj = xb.shape
+    h = nj // 2
+    xi = xb.view(np.uint32)
+    ds = np.empty(n, np.float32)
+    ids = np.empty(n, np.float32)
+    mi = ds.view(np.uint32)
+    for i in range(n):
+        amax = _amax_bits(xi, i, nj)
+        if amax >= _INF:
+            return _first_bad(xi, i, nj)
+        mi[i] = _signed_max(xi, i, nj, amax)
+    for i in range(n):
+        d = ds[i] * _M00625                     # == m / -16 exactly
+        ds[i] = d
+        ids[i] = _F1 / d if d != _F0 else _F0
+    f165 = np.float32(16.5)
+    i31 = np.int32(31)
+    for i in range(n):
+        idv = ids[i]
+        if np.isinf(idv):                       # 1/d overflowed: x86's conversion gives 0
+            for j in range(4 + h):
+                out[i, 2 + j] = 0
+            continue
+        qh = _U(0)
+        for j in range(h):
+            c0 = min(np.int32(xb[i, j] * idv + f165), i31)
+            c1 = min(np.int32(xb[i, j + h] * idv + f165), i31)
+            out[i, 6 + j] = np.uint8((c0 & _I15) | ((c1 & _I15) << 4))
+            qh |= _U((c0 >> 4) & 1) << _U(j)
+            qh |= _U((c1 >> 4) & 1) << _U(j + h)
+        for k in range(4):
+            out[i, 2 + k] = np.uint8((qh >> _U(8 * k)) & _U(0xFF))
     _put_scales(out, ds)
     return -1
 

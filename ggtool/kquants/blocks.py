@@ -246,7 +246,7 @@ def _fp16_round(v, f16):
     """(fp16 bits of the float32 v as GGML_FP32_TO_FP16 gives them, the float32 they stand for),
     found in f16 (kernels.tables.F16_TO_F32, exact and increasing over 0..0x7c00): the nearest
     entry, ties to the even pattern, |v| >= 65520 to inf, NaN to 0x7e00 (with the sign, as GGML)."""
-    sign = np.uint32(0x8000) if (v < _F0 or (v == _F0 and math.copysign(1.0, v) < 0)) else np.uint32(0)
+    sign = np.uint32(0x8000) if _bits(v) < 0 else np.uint32(0)     # NaN's sign too (x86's are negative)
     a = abs(v)
     if a != a:
         h = np.uint32(0x7E00)
@@ -294,6 +294,23 @@ def _pack_2bit(L, out, i, at):
 
 
 @njit
+def _q2_k_write(x, L, sc, hd, d, hm, dmin, out, i):
+    """Q2_K's end, shared with the weighted path: codes again from the fp16 scales, then the bytes."""
+    for j in range(16):
+        dj = F32(d * F32(sc[j] & 0xF))
+        if dj == _F0:
+            continue
+        dm = F32(dmin * F32(sc[j] >> 4))
+        for m in range(16):
+            L[16 * j + m] = max(0, min(3, nearest_int(F32(F32(x[16 * j + m] + dm) / dj))))
+    for j in range(16):
+        out[i, j] = np.uint8(sc[j])
+    _pack_2bit(L, out, i, 16)
+    _put_f16(out, i, 80, hd)
+    _put_f16(out, i, 82, hm)
+
+
+@njit
 def q2_k_quantize(xb, out, f16):
     bad = _first_bad(xb)
     if bad >= 0:
@@ -333,19 +350,31 @@ def q2_k_quantize(xb, out, f16):
             hm, dmin = _fp16_round(F32(max_min / q4scale), f16)
         else:
             hm, dmin = _fp16_round(_F0, f16)
-        for j in range(16):
-            dj = F32(d * F32(sc[j] & 0xF))
-            if dj == _F0:
-                continue
-            dm = F32(dmin * F32(sc[j] >> 4))
-            for m in range(16):
-                L[16 * j + m] = max(0, min(3, nearest_int(F32(F32(x[16 * j + m] + dm) / dj))))
-        for j in range(16):
-            out[i, j] = np.uint8(sc[j])
-        _pack_2bit(L, out, i, 16)
-        _put_f16(out, i, 80, hd)
-        _put_f16(out, i, 82, hm)
+        _q2_k_write(x, L, sc, hd, d, hm, dmin, out, i)
     return -1
+
+
+@njit
+def _q3_k_write(x, L, sc, hd, d, out, i):
+    """Q3_K's end (sc: the 12 packed scale bytes), shared with the weighted path."""
+    for j in range(16):
+        s = sc[j] & 0xF if j < 8 else sc[j - 8] >> 4
+        s = (s | (((sc[8 + j % 4] >> (2 * (j // 4))) & 3) << 4)) - 32
+        dj = F32(d * F32(s))
+        if dj == _F0:
+            continue
+        for m in range(16):
+            L[16 * j + m] = max(-4, min(3, nearest_int(F32(x[16 * j + m] / dj)))) + 4
+    for m in range(32):
+        out[i, m] = 0
+    for j in range(QK_K):                     # the 3rd bit of element j: bit j // 32 of hmask[j % 32]
+        if L[j] > 3:
+            out[i, j % 32] |= np.uint8(1 << (j // 32))
+            L[j] -= 4
+    _pack_2bit(L, out, i, 32)
+    for j in range(12):
+        out[i, 96 + j] = np.uint8(sc[j])
+    _put_f16(out, i, 108, hd)
 
 
 @njit
@@ -382,25 +411,43 @@ def q3_k_quantize(xb, out, f16):
             hd, d = _fp16_round(F32(_F1 / iscale), f16)
         else:
             hd, d = _fp16_round(_F0, f16)
-        for j in range(16):
-            s = sc[j] & 0xF if j < 8 else sc[j - 8] >> 4
-            s = (s | (((sc[8 + j % 4] >> (2 * (j // 4))) & 3) << 4)) - 32
-            dj = F32(d * F32(s))
-            if dj == _F0:
-                continue
-            for m in range(16):
-                L[16 * j + m] = max(-4, min(3, nearest_int(F32(x[16 * j + m] / dj)))) + 4
-        for m in range(32):
-            out[i, m] = 0
-        for j in range(QK_K):                     # the 3rd bit of element j: bit j // 32 of hmask[j % 32]
-            if L[j] > 3:
-                out[i, j % 32] |= np.uint8(1 << (j // 32))
-                L[j] -= 4
-        _pack_2bit(L, out, i, 32)
-        for j in range(12):
-            out[i, 96 + j] = np.uint8(sc[j])
-        _put_f16(out, i, 108, hd)
+        _q3_k_write(x, L, sc, hd, d, out, i)
     return -1
+
+
+@njit
+def _q45_k_write(x, L, sc, hd, d, hm, dmin, nmax, qh_at, qs_at, out, i):
+    """Q4_K/Q5_K's end (sc: the 12 packed scale/min bytes), shared with the weighted path."""
+    for j in range(8):
+        if j < 4:
+            s, m6 = sc[j] & 63, sc[j + 4] & 63
+        else:
+            s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4)
+            m6 = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)
+        dj = F32(d * F32(s))
+        if dj == _F0:
+            continue
+        dm = F32(dmin * F32(m6))
+        for m in range(32):
+            L[32 * j + m] = max(0, min(nmax, nearest_int(F32(F32(x[32 * j + m] + dm) / dj))))
+    _put_f16(out, i, 0, hd)
+    _put_f16(out, i, 2, hm)
+    for j in range(12):
+        out[i, 4 + j] = np.uint8(sc[j])
+    if qh_at >= 0:
+        for m in range(32):
+            out[i, qh_at + m] = 0
+    for c in range(4):                        # 32 bytes per 64 values: element m low, m + 32 high
+        for m in range(32):
+            l1 = L[64 * c + m]
+            l2 = L[64 * c + m + 32]
+            if l1 > 15:
+                l1 -= 16
+                out[i, qh_at + m] |= np.uint8(1 << (2 * c))
+            if l2 > 15:
+                l2 -= 16
+                out[i, qh_at + m] |= np.uint8(2 << (2 * c))
+            out[i, qs_at + 32 * c + m] = np.uint8(l1 | (l2 << 4))
 
 
 @njit
@@ -448,36 +495,7 @@ def _q45_k(xb, out, f16, nmax, rmin, nstep, qh_at, qs_at):
                 sc[j] |= (lm >> 4) << 6
         hd, d = _fp16_round(F32(max_scale / f63), f16)
         hm, dmin = _fp16_round(F32(max_min / f63), f16)
-        for j in range(8):
-            if j < 4:
-                s, m6 = sc[j] & 63, sc[j + 4] & 63
-            else:
-                s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4)
-                m6 = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)
-            dj = F32(d * F32(s))
-            if dj == _F0:
-                continue
-            dm = F32(dmin * F32(m6))
-            for m in range(32):
-                L[32 * j + m] = max(0, min(nmax, nearest_int(F32(F32(x[32 * j + m] + dm) / dj))))
-        _put_f16(out, i, 0, hd)
-        _put_f16(out, i, 2, hm)
-        for j in range(12):
-            out[i, 4 + j] = np.uint8(sc[j])
-        if qh_at >= 0:
-            for m in range(32):
-                out[i, qh_at + m] = 0
-        for c in range(4):                        # 32 bytes per 64 values: element m low, m + 32 high
-            for m in range(32):
-                l1 = L[64 * c + m]
-                l2 = L[64 * c + m + 32]
-                if l1 > 15:
-                    l1 -= 16
-                    out[i, qh_at + m] |= np.uint8(1 << (2 * c))
-                if l2 > 15:
-                    l2 -= 16
-                    out[i, qh_at + m] |= np.uint8(2 << (2 * c))
-                out[i, qs_at + 32 * c + m] = np.uint8(l1 | (l2 << 4))
+        _q45_k_write(x, L, sc, hd, d, hm, dmin, nmax, qh_at, qs_at, out, i)
     return -1
 
 
@@ -489,6 +507,36 @@ def q4_k_quantize(xb, out, f16):
 @njit
 def q5_k_quantize(xb, out, f16):
     return _q45_k(xb, out, f16, 31, F32(-0.5), 15, 16, 48)
+
+
+@njit
+def _q6_k_write(x, L, scales, max_scale, max_abs_scale, sc, out, i, f16):
+    """Q6_K's end from the 16 sub-block scales, shared with the weighted path."""
+    if max_abs_scale < GROUP_MAX_EPS:
+        for k in range(210):
+            out[i, k] = 0
+        return
+    iscale = F32(F32(-128.0) / max_scale)
+    hd, d = _fp16_round(F32(_F1 / iscale), f16)
+    for j in range(16):
+        sc[j] = (min(127, nearest_int(F32(iscale * scales[j]))) + 128) % 256 - 128    # int8_t
+    for j in range(16):
+        dj = F32(d * F32(sc[j]))
+        if dj == _F0:
+            continue
+        for m in range(16):
+            L[16 * j + m] = max(-32, min(31, nearest_int(F32(x[16 * j + m] / dj)))) + 32
+    for h in range(2):                        # 128 values: ql 64 bytes, qh 32 bytes each
+        j = 128 * h
+        for m in range(32):
+            q1, q2, q3, q4 = L[j + m], L[j + m + 32], L[j + m + 64], L[j + m + 96]
+            out[i, 64 * h + m] = np.uint8((q1 & 0xF) | ((q3 & 0xF) << 4))
+            out[i, 64 * h + m + 32] = np.uint8((q2 & 0xF) | ((q4 & 0xF) << 4))
+            out[i, 128 + 32 * h + m] = np.uint8(((q1 >> 4) & 3) | (((q2 >> 4) & 3) << 2) |
+                                                (((q3 >> 4) & 3) << 4) | (((q4 >> 4) & 3) << 6))
+    for j in range(16):
+        out[i, 192 + j] = np.uint8(sc[j] & 0xFF)
+    _put_f16(out, i, 208, hd)
 
 
 @njit
@@ -509,29 +557,5 @@ def q6_k_quantize(xb, out, f16):
             if s > max_abs_scale:
                 max_abs_scale = s
                 max_scale = scales[j]
-        if max_abs_scale < GROUP_MAX_EPS:
-            for k in range(210):
-                out[i, k] = 0
-            continue
-        iscale = F32(F32(-128.0) / max_scale)
-        hd, d = _fp16_round(F32(_F1 / iscale), f16)
-        for j in range(16):
-            sc[j] = (min(127, nearest_int(F32(iscale * scales[j]))) + 128) % 256 - 128    # int8_t
-        for j in range(16):
-            dj = F32(d * F32(sc[j]))
-            if dj == _F0:
-                continue
-            for m in range(16):
-                L[16 * j + m] = max(-32, min(31, nearest_int(F32(x[16 * j + m] / dj)))) + 32
-        for h in range(2):                        # 128 values: ql 64 bytes, qh 32 bytes each
-            j = 128 * h
-            for m in range(32):
-                q1, q2, q3, q4 = L[j + m], L[j + m + 32], L[j + m + 64], L[j + m + 96]
-                out[i, 64 * h + m] = np.uint8((q1 & 0xF) | ((q3 & 0xF) << 4))
-                out[i, 64 * h + m + 32] = np.uint8((q2 & 0xF) | ((q4 & 0xF) << 4))
-                out[i, 128 + 32 * h + m] = np.uint8(((q1 >> 4) & 3) | (((q2 >> 4) & 3) << 2) |
-                                                    (((q3 >> 4) & 3) << 4) | (((q4 >> 4) & 3) << 6))
-        for j in range(16):
-            out[i, 192 + j] = np.uint8(sc[j] & 0xFF)
-        _put_f16(out, i, 208, hd)
+        _q6_k_write(x, L, scales, max_scale, max_abs_scale, sc, out, i, f16)
     return -1

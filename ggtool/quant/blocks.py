@@ -78,6 +78,39 @@ def _quantize_blocks(x, name: str, what: str, nbytes: int, kernel, qk: int = QK)
     return out.reshape(*x.shape[:-1], x.shape[-1] // qk * nbytes)
 
 
+def _quantize_weighted(x, name: str, what: str, nbytes: int, kernel, qk: int, weights) -> np.ndarray:
+    """kernel(xb (n, qk) float32 of whole rows, out (n, nbytes) uint8, qw (blocks per row, qk)
+    float32) -> -1 or the flat index of xb's first NaN/inf, run over chunks of x's rows with
+    `weights`, one importance per column (ggml_quantize_chunk's imatrix, x.shape[-1] values)."""
+    x = _as_f32_rows(x, name, what, qk)
+    n = x.shape[-1]
+    qw = np.asarray(weights)
+    if qw.shape != (n,):
+        raise QuantizationError(f"tensor '{name}': the importance matrix has {qw.size} values for "
+                                f"rows of {n}")
+    qw = np.ascontiguousarray(qw, _F32)
+    if not np.isfinite(qw).all():
+        raise QuantizationError(f"tensor '{name}': the importance matrix holds NaN or inf "
+                                f"(column {int(np.argmin(np.isfinite(qw)))})")
+    qw = qw.reshape(-1, qk)
+    nbpr = n // qk
+    nrows = x.size // n if n else 0
+    out = np.empty((nrows * nbpr, nbytes), np.uint8)
+    flat = x.reshape(-1)
+    bad: list[int] = []
+
+    def work(r0, r1):
+        xb = _chunk_f32(flat, r0 * nbpr, r1 * nbpr, qk)
+        r = kernel(xb, out[r0 * nbpr:r1 * nbpr], qw)
+        if r >= 0:
+            bad.append(r0 * n + r)
+
+    _run_chunks(work, nrows, max(1, CHUNK_BLOCKS * QK // max(n, 1)))
+    if bad:
+        raise _bad_value_error(x, min(bad), name)
+    return out.reshape(*x.shape[:-1], nbpr * nbytes)
+
+
 def _raw_blocks(raw, nbytes: int, what: str) -> np.ndarray:
     raw = np.asarray(raw)
     if raw.dtype != np.uint8:

@@ -1,6 +1,7 @@
 """Type-generic entry points: ``quantize`` / ``dequantize`` / ``convert`` between any GGML types,
-dispatching to the native kernels (F16, BF16, Q4_0, Q8_0, the K-quants; dequantizing Q5_0, Q4_K,
-Q6_K) or to gguf-py, with the integer types checked for range and integrality."""
+dispatching to the native kernels (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, the K-quants,
+with or without an importance matrix; dequantizing Q5_0, Q4_K, Q6_K, IQ4_NL) or to gguf-py,
+with the integer types checked for range and integrality."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..errors import QuantizationError
 from .bf16 import bf16_to_fp32, fp32_to_bf16
 from .blocks import _F32, check_finite
 from .f16 import fp32_to_fp16
-from .kquants import _NATIVE_DQ, K_QUANTIZE, _dequantize_native, quantize_k
+from .kquants import _NATIVE_DQ, WEIGHTED, _dequantize_native, quantize_k
 from .q4_0 import dequantize_q4_0, quantize_q4_0
 from .q8_0 import dequantize_q8_0, quantize_q8_0
 
@@ -26,7 +27,7 @@ def _gguf_quants():
 def can_quantize(t) -> bool:
     """Whether quantize() can produce type t (natively or through gguf-py)."""
     t = T.parse_type(t)
-    if t in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q8_0) or t in K_QUANTIZE:
+    if t in (T.F32, T.F16, T.BF16, T.Q8_0) or t in WEIGHTED:
         return True
     return _gguf_can(t, "quantize")
 
@@ -53,16 +54,20 @@ def _gguf_can(t: T.GGMLType, way: str) -> bool:
     return True
 
 
-def quantize(x, ggml_type, name: str = "tensor") -> np.ndarray:
+def quantize(x, ggml_type, name: str = "tensor", imatrix=None) -> np.ndarray:
     """x (float values, numpy order) in ggml_type: a typed array for F32/F16/I32, bytes otherwise
-    (BF16: the bytes of its uint16 bits, (..., 2n); NaN and inf are values there, as in F16)."""
+    (BF16: the bytes of its uint16 bits, (..., 2n); NaN and inf are values there, as in F16).
+
+    `imatrix` (one importance per column, x.shape[-1] floats, as llama-quantize passes it to
+    ggml_quantize_chunk) selects GGML's weighted path of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and
+    Q2_K..Q6_K; the other types ignore it, as GGML does."""
     t = T.parse_type(ggml_type)
-    if t == T.Q4_0:
+    if t == T.Q4_0 and imatrix is None:
         return quantize_q4_0(x, name)
     if t == T.Q8_0:
         return quantize_q8_0(x, name)
-    if t in K_QUANTIZE:
-        return quantize_k(x, t, name)
+    if t in WEIGHTED:
+        return quantize_k(x, t, name, imatrix)
     x = np.asarray(x)
     if t == T.F32:
         return x.astype(_F32)
