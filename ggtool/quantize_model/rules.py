@@ -45,7 +45,7 @@ GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = DEFAULT_ALIGNMENT
 _G = T.GGMLType
 # the tensor types ggtool writes with GGML's bytes (what a rule, a fallback or an option may choose)
-WRITABLE = (T.F32, T.F16, T.BF16, T.Q4_0, _G.Q4_1, _G.Q5_0, _G.Q5_1, T.Q8_0,
+WRITABLE = (T.F32, T.F16, T.BF16, T.Q4_0, _G.Q4_1, _G.Q5_0, _G.Q5_1, T.Q8_0, _G.IQ4_NL,
             _G.Q2_K, _G.Q3_K, _G.Q4_K, _G.Q5_K, _G.Q6_K)
 
 
