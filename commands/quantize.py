@@ -9,6 +9,7 @@ import click
 
 from ggtool import quantize_model as QM
 from ggtool import types as T
+from ggtool.imatrix import read_imatrix
 from ggtool.threads import default_threads
 
 from ._common import NPY_ORDER_HELP, log
@@ -40,7 +41,8 @@ read, and OUTPUT is one file, or with --keep-split as many shards as the input h
     unless --allow-requantize (llama-quantize's rule and flag)
   - all metadata is copied; general.file_type and general.quantization_version
     are set as llama.cpp sets them, then each --override-kv
---pure gives every eligible tensor the file type's own type (no mix, no output rule);
+--imatrix FILE (llama-imatrix's output) quantizes with GGML's weighted paths, as llama-quantize
+--imatrix; Q2_K_S needs one. --pure gives every eligible tensor the file type's own type (no mix, no output rule);
 --tensor-type PATTERN=TYPE (repeatable; the first regular expression found in a tensor's
 name wins) sets the type of the tensors it matches. --dry-run prints each tensor's type and
 why (the rule or fallback that moved it), the file size and bits per weight, writing nothing.
@@ -161,6 +163,8 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
 @click.option("--override-kv", "kv_overrides", metavar="KEY=TYPE:VALUE", multiple=True,
               callback=_overrides(QM.parse_kv_override),
               help="Set a metadata value in OUTPUT (TYPE int, float, bool or str; repeatable), as llama-quantize.")
+@click.option("--imatrix", "imatrix_path", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
+              help="Importance matrix (llama-imatrix's GGUF or legacy .dat): GGML's weighted quantizers, as llama-quantize.")
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
               envvar="GGTOOL_THREADS", show_envvar=True, show_default="the CPUs this process may use", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
@@ -175,17 +179,21 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
 @click.option("--verbose", "-v", is_flag=True, help="Say why each tensor got its type, and each fallback (stderr).")
 @click.option("--quiet", "-q", is_flag=True, help="No per-tensor lines, no progress bar, no summary.")
 def command(input_path, output_path, ftype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
-            tensor_types, kv_overrides, n_threads, keep_split, allow_requantize, tensor_name, force, dry_run, as_json,
+            tensor_types, kv_overrides, imatrix_path, n_threads, keep_split, allow_requantize, tensor_name, force, dry_run, as_json,
             verbose, quiet):
     if as_json and not dry_run:
         raise click.UsageError("--json describes the plan: use it with --dry-run")
+    imatrix = read_imatrix(imatrix_path) if imatrix_path else None   # its errors: wording.py names --imatrix
     opts = QM.QuantizeOptions(type=ftype, pure=pure, leave_output_tensor=leave_output_tensor,
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
                               tensor_types=list(tensor_types), kv_overrides=list(kv_overrides),
                               threads=n_threads, name=tensor_name, allow_requantize=allow_requantize,
-                              keep_split=keep_split)
+                              keep_split=keep_split, imatrix=imatrix, dry_run=dry_run)
     plan = QM.plan_quantization(input_path, opts)   # a refusal a flag overrides: wording.py names it
     n = len(plan.tensors)
+    for w in plan.warnings:
+        if not quiet:
+            log(f"Warning: {w}")
     if dry_run:
         if as_json:
             sys.stdout.write(document(plan_json(plan, plan.output_paths(output_path))))

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import sys
 
-from ggtool.errors import GGToolError, InputError
+from ggtool.errors import GGToolError, ImatrixError, InputError
 
 
 def cli_message(e: BaseException) -> str:
     """`e`'s message as the command line says it (its str() for errors nothing here words)."""
     if not isinstance(e, GGToolError):
         return str(e)
+    if isinstance(e, ImatrixError):                  # quantize's --imatrix FILE
+        return e.worded(file_label=lambda path: f"--imatrix {path}")
     if isinstance(e, InputError):
         return input_message(e)
     flag = {"output-exists": " (use --force to overwrite it)",      # quantize's and set-metadata's OUTPUT

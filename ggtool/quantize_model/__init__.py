@@ -6,7 +6,7 @@ This package is the API the `quantize` command uses; it re-exports the public na
 llama.cpp's llama_tensor_get_type, as tables), `.rules` (options, the plan, the header),
 `.convert` (pieces of rows read, dequantized and quantized; the default `RowConverter`) and
 `.write` (the writing loop: `run_quantization`, `quantize_file`).  Errors carry what and where as
-fields (`RequantizeError`, `FileTypeError`, `TargetTypeError`, `OverrideSyntaxError`, gguf_io's
+fields (`RequantizeError`, `ImatrixRequiredError`, `FileTypeError`, `TargetTypeError`, `OverrideSyntaxError`, gguf_io's
 `OutputPathError`); the command line words them.
 """
 
@@ -15,11 +15,22 @@ from __future__ import annotations
 from ..gguf_io.write import OutputPathError, check_output_paths
 from .convert import convert_rows
 from .ftypes import ALIASES, FILE_TYPES, FileType, FileTypeError, file_type
-from .mix import Category, Choice, Mix, ModelInfo, TensorTypeOverride, allows_quantization, category, fallback
+from .mix import (
+    Category,
+    Choice,
+    Mix,
+    ModelInfo,
+    TensorTypeOverride,
+    allows_quantization,
+    category,
+    fallback,
+    requires_imatrix,
+)
 from .rules import (
     GGML_QNT_VERSION,
     GGUF_DEFAULT_ALIGNMENT,
     WRITABLE,
+    ImatrixRequiredError,
     KVOverride,
     OutputFile,
     OverrideSyntaxError,
@@ -57,6 +68,7 @@ __all__ = [
     "Choice",
     "FileType",
     "FileTypeError",
+    "ImatrixRequiredError",
     "KVOverride",
     "Mix",
     "ModelInfo",
@@ -84,6 +96,7 @@ __all__ = [
     "parse_tensor_type_override",
     "plan_quantization",
     "quantize_file",
+    "requires_imatrix",
     "run_quantization",
     "tensor_bytes",
 ]

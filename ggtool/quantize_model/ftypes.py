@@ -39,7 +39,7 @@ class FileType:
 FILE_TYPES = (
     FileType("Q4_0", 2, T.Q4_0), FileType("Q4_1", 3, _G.Q4_1),
     FileType("Q5_0", 8, _G.Q5_0), FileType("Q5_1", 9, _G.Q5_1),
-    FileType("Q2_K", 10, _G.Q2_K),
+    FileType("Q2_K", 10, _G.Q2_K), FileType("Q2_K_S", 21, _G.Q2_K),
     FileType("Q3_K_S", 11, _G.Q3_K), FileType("Q3_K_M", 12, _G.Q3_K), FileType("Q3_K_L", 13, _G.Q3_K),
     FileType("Q4_K_S", 14, _G.Q4_K), FileType("Q4_K_M", 15, _G.Q4_K),
     FileType("Q5_K_S", 16, _G.Q5_K), FileType("Q5_K_M", 17, _G.Q5_K),

@@ -170,6 +170,7 @@ def _more_bits(to: T.GGMLType):
 
 ATTN_V_RULES: dict[str, Callable[[Ctx], tuple[T.GGMLType, str] | None]] = {
     "Q2_K": lambda c: (Q4_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else (Q3_K, "Q2_K's attn_v"),
+    "Q2_K_S": lambda c: (Q4_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else None,
     "Q3_K_M": lambda c: (Q5_K, f"one of the first 2 ({c.i})") if c.i < 2 else (Q4_K, "Q3_K_M's attn_v"),
     "Q3_K_L": lambda c: (Q5_K, "Q3_K_L's attn_v"),
     "Q4_K_M": _more_bits(Q6_K),
@@ -196,6 +197,7 @@ def _ffn_down_q4_k_m(c: Ctx):
 
 FFN_DOWN_RULES: dict[str, Callable[[Ctx], tuple[T.GGMLType, str] | None]] = {
     "Q2_K": lambda c: (Q3_K, "Q2_K's ffn_down"),
+    "Q2_K_S": lambda c: (Q4_K, f"layer {c.i} < {c.n}/8") if c.i < c.n // 8 else None,
     "Q3_K_M": _ffn_down_q3_k_m,
     "Q3_K_L": lambda c: (Q4_K, "falcon") if c.model.arch == "falcon" else (Q5_K, "Q3_K_L's ffn_down"),
     "Q4_K_M": _ffn_down_q4_k_m,
@@ -238,6 +240,17 @@ def fallback(name: str, t: T.GGMLType, ncols: int) -> tuple[T.GGMLType, str | No
         msg += "(WARNING: must use F16 due to unusual shape) "
         new = T.F16
     return new, msg + f"-> falling back to {T.type_name(new):>7s}"
+
+
+
+def requires_imatrix(name: str, t: T.GGMLType, ftype: FileType) -> bool:
+    """llama.cpp's tensor_requires_imatrix: the q2_K tensors of a Q2_K_S file (not the token
+    embedding nor the output) cannot be quantized without an importance matrix (its result would
+    be garbage, llama.cpp says); the IQ types' too, which ggtool does not write."""
+    if category(name) in (C.TOKEN_EMBD, C.OUTPUT):
+        return False
+    return t in (_G.IQ3_XXS, _G.IQ2_XXS, _G.IQ2_XS, _G.IQ2_S, _G.IQ1_M, _G.IQ1_S) or (
+        t == Q2_K and ftype.name == "Q2_K_S")
 
 
 # --------------------------------------------------------------------------------------- the pass

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import quant as Q
 from .. import types as T
-from ..errors import GGToolError, InputError, QuantizationError
+from ..errors import GGToolError, ImatrixError, InputError, QuantizationError
 from ..gguf_io import write as W
 from ..gguf_io.format import (
     DEFAULT_ALIGNMENT,
@@ -38,8 +38,9 @@ from ..gguf_io.format import (
     output_prefix,
     shard_path,
 )
+from ..imatrix import Imatrix
 from .ftypes import FileType, file_type
-from .mix import Choice, Mix, ModelInfo, TensorTypeOverride, fallback
+from .mix import C, Choice, Mix, ModelInfo, TensorTypeOverride, category, fallback, requires_imatrix
 
 GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = DEFAULT_ALIGNMENT
@@ -59,9 +60,10 @@ class KVOverride:
     value: object
 
     def raw(self) -> bytes:
-        vtype, value = {"int": (W.UINT32, abs(int(self.value)) % (1 << 32)), "float": (W.FLOAT32, self.value),
-                        "bool": (W.BOOL, self.value), "str": (W.STRING, self.value)}[self.tag]
-        return W.kv_scalar(self.key, vtype, value)
+        if self.tag == "int":
+            return W.kv_scalar(self.key, W.UINT32, abs(int(self.value)) % (1 << 32))
+        vtype = {"float": W.FLOAT32, "bool": W.BOOL, "str": W.STRING}[self.tag]
+        return W.kv_scalar(self.key, vtype, self.value)
 
 
 class OverrideSyntaxError(GGToolError):
@@ -131,6 +133,8 @@ class QuantizeOptions:
     name: str | None = None        # tensor name for a .npy input
     allow_requantize: bool = False  # quantize tensors that are already quantized (llama.cpp's flag)
     keep_split: bool = False       # a split input gives as many output files, the same tensors in each
+    imatrix: Imatrix | None = None  # importance matrix (ggtool.imatrix): the weighted quantizers
+    dry_run: bool = False          # plan only: a missing required importance matrix is a warning
 
     def __post_init__(self):
         self.type = file_type(self.type)
@@ -147,6 +151,21 @@ class RequantizeError(QuantizationError):
         super().__init__(f"tensor '{tensor}' is already quantized ({T.type_name(src_type)}): requantizing it to "
                          f"{T.type_name(dst_type)} adds a second rounding error to the first ({count} tensor"
                          f"{'s' if count != 1 else ''} of this model would be requantized)")
+
+
+class ImatrixRequiredError(QuantizationError):
+    """A tensor of this file type cannot be quantized without an importance matrix (llama.cpp's
+    tensor_requires_imatrix): `tensor` (the first), `type` (its target), `missing_entry` (an
+    importance matrix was given but has no entry for it)."""
+
+    kind = "imatrix-required"
+
+    def __init__(self, tensor: str, type: T.GGMLType, missing_entry: bool = False):
+        self.tensor, self.type, self.missing_entry = tensor, type, missing_entry
+        what = ("the importance matrix has no entry for it" if missing_entry
+                else "this quantization requires an importance matrix")
+        super().__init__(f"tensor '{tensor}' ({T.type_name(type)}): {what}; without one the result would be "
+                         f"garbage, as llama.cpp refuses it")
 
 
 class TargetTypeError(GGToolError):
@@ -178,6 +197,7 @@ class TensorPlan:
     src_path: str = ""
     reasons: tuple[str, ...] = ()
     fallback: str | None = None
+    imatrix: np.ndarray | None = field(default=None, repr=False)   # importances (per column; per expert)
 
     @property
     def copy(self) -> bool:
@@ -307,9 +327,17 @@ def _file_type_kv(opts: QuantizeOptions) -> list[tuple[str, bytes]]:
     does, then the overrides, each removed where it was and set last."""
     kv = [("general.quantization_version", W.kv_u32("general.quantization_version", GGML_QNT_VERSION)),
           ("general.file_type", W.kv_u32("general.file_type", opts.type.id))]
-    for o in opts.kv_overrides:
+    for o in _overrides(opts):
         kv = [(k, raw) for k, raw in kv if k != o.key] + [(o.key, o.raw())]
     return kv
+
+
+def _overrides(opts: QuantizeOptions) -> list[KVOverride]:
+    """The metadata set last: the options' overrides, then (as llama-quantize adds them after) the
+    keys that record the importance matrix."""
+    extra = [] if opts.imatrix is None else [KVOverride(k, "str" if isinstance(v, str) else "int", v)
+                                             for k, v in opts.imatrix.metadata().items()]
+    return list(opts.kv_overrides) + extra
 
 
 def _is_npy(path: str) -> bool:
@@ -340,12 +368,12 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     drop = {"general.quantization_version", "general.file_type", *SPLIT_KEYS}
     raw = g.reader.data
     kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
-    kv = [(k, b) for k, b in kv if k not in {o.key for o in opts.kv_overrides}] + _file_type_kv(opts)
+    kv = [(k, b) for k, b in kv if k not in {o.key for o in _overrides(opts)}] + _file_type_kv(opts)
     split = opts.keep_split and len(g.shards) > 1
     # llama.cpp's order: by layer and name, or (keeping a split) shard by shard in file order
     order = ([g.tensors[n] for s in g.shards for n in s.own_tensors] if split
              else sorted(g.tensors.values(), key=lambda t: _llama_order(t.name)))
-    mix = new_mix(opts, _model_info(g, opts), [t.name for t in order])
+    mix = new_mix(opts, _model_info(g, opts), [t.name for t in order], has_imatrix=opts.imatrix is not None)
     plans, warnings, requant = {}, [], []
     for info in order:
         c = _checked(info.name, mix.choose(info.name, info.ne, info.type))
@@ -353,9 +381,12 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
             requant.append((info, c.type))
         if c.type != info.type and not Q.can_dequantize(info.type):
             raise QuantizationError(f"tensor '{info.name}': cannot dequantize {T.type_name(info.type)}")
+        w, warn = _importances(opts, info.name, info.ne, c.type) if c.type != info.type else (None, None)
+        if warn:
+            warnings.append(warn)
         plans[info.name] = TensorPlan(0, info.name, info.ne, info.type, c.type, info.offset, info.n_bytes,
-                                      tensor_bytes(c.type, info.ne), src_path=info.path, reasons=c.reasons,
-                                      fallback=c.fallback)
+                                      tensor_bytes(c.type, info.ne), warn, src_path=info.path, reasons=c.reasons,
+                                      fallback=c.fallback, imatrix=w)
     if requant and not opts.allow_requantize:
         # llama.cpp's llama_model_quantize refuses to quantize a tensor that is already quantized
         # unless allow_requantize is set: the second rounding adds to the first, silently
@@ -371,6 +402,29 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     else:
         files = [OutputFile(kv, list(plans.values()), alignment)]
     return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths))
+
+
+def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType) -> tuple[np.ndarray | None, str | None]:
+    """(the tensor's importances or None, a warning or None), as llama_model_quantize looks them up
+    for a tensor it converts: no entry is a warning (quantized without), an entry of another size
+    an error (the token embeddings excepted: a warning), a type that needs one and has none an
+    error (in a dry run, a warning)."""
+    w, warn = None, None
+    if opts.imatrix is not None:
+        try:
+            w = opts.imatrix.weights_for(name, tuple(ne))
+        except ImatrixError:
+            if category(name) is not C.TOKEN_EMBD:
+                raise
+            warn = f"{name}: the importance matrix's entry has another size than the tensor's rows; quantized without it"
+        if w is None and warn is None:
+            warn = f"did not find importance weights for {name}; quantized without"
+    if w is None and requires_imatrix(name, t, opts.type):
+        if not opts.dry_run:
+            raise ImatrixRequiredError(name, t, missing_entry=opts.imatrix is not None)
+        warn = (f"{name} ({T.type_name(t)}): this quantization will require an importance matrix "
+                f"(the dry run completes without one)")
+    return w, warn
 
 
 def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
