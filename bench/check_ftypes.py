@@ -19,6 +19,10 @@ process's own maximum resident set, the memory-mapped input included), and llama
     python bench/check_ftypes.py                       # every type, 2 threads
     python bench/check_ftypes.py q4_k_m q6_k --reference /work/bench-env/build-native/bin/llama-quantize
     python bench/check_ftypes.py --nmse --keep DIR     # also the docs table; keep the files in DIR
+    python bench/check_ftypes.py --model smollm2-f16.gguf --reference LLAMA_QUANTIZE [--imatrix FILE]
+
+`--model` checks another model the same way, llama-quantize's files of the same run being the truth
+(SmolLM2-135M: 576-wide rows, every K type's fallbacks; with `--imatrix`, the weighted paths).
 """
 
 from __future__ import annotations
@@ -78,7 +82,12 @@ def main() -> None:
     ap.add_argument("--nmse", action="store_true", help="NMSE of each output against the F16 source (ggtool compare)")
     ap.add_argument("--keep", metavar="DIR", help="write the outputs here and keep them")
     ap.add_argument("--source", metavar="F16", help="an F16 source already checked (skips step 1)")
+    ap.add_argument("--model", metavar="F16", help="another model (e.g. SmolLM2 as F16): llama-quantize's files, made "
+                    "in the same run (--reference), are the truth")
+    ap.add_argument("--imatrix", metavar="FILE", help="with --model: an importance matrix given to both")
     a = ap.parse_args()
+    if a.model:
+        return check_model(a)
 
     gold = json.loads(GOLDEN.read_text())["gemma3"]
     targets = gold["targets"]
@@ -126,6 +135,33 @@ def main() -> None:
         print(f"{t:8s} {str(match):5s} {s:9.2f} {rss:8.0f} {ref} {extra}", flush=True)
         if not a.keep:
             out.unlink()
+    print("all match" if ok else "MISMATCH")
+    sys.exit(0 if ok else 1)
+
+
+ALL = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q2_k_s", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m",
+       "q5_k_s", "q5_k_m", "q6_k", "f16", "bf16", "f32"]
+
+
+def check_model(a) -> None:
+    """--model: each file type of ggtool against llama-quantize's own output of the same run."""
+    if not a.reference:
+        sys.exit("--model needs --reference LLAMA_QUANTIZE (its files are the truth)")
+    work = Path(a.keep or tempfile.mkdtemp(prefix="ggtool-ftypes-"))
+    work.mkdir(parents=True, exist_ok=True)
+    im = ["--imatrix", a.imatrix] if a.imatrix else []
+    ok = True
+    print(f"{'type':8s} {'match':5s} {'ggtool s':>9s} {'RSS MiB':>8s} {'llama s':>8s} {'RSS MiB':>8s} {'ratio':>6s}")
+    for t in [t.lower() for t in a.types] or [t for t in ALL if a.imatrix or t != "q2_k_s"]:
+        out, ref = work / f"ggtool-{t}.gguf", work / f"llama-{t}.gguf"
+        s, rss = timed(ggtool(a.model, str(out), "--type", t, *im, "-q", "--force", "-t", str(a.threads)))
+        rs, rrss = timed([a.reference, *im, a.model, str(ref), t.upper(), str(a.threads)])
+        match = sha256(out) == sha256(ref)
+        ok &= match
+        print(f"{t:8s} {str(match):5s} {s:9.2f} {rss:8.0f} {rs:8.2f} {rrss:8.0f} {s / rs:6.2f}", flush=True)
+        if not a.keep:
+            out.unlink()
+            ref.unlink()
     print("all match" if ok else "MISMATCH")
     sys.exit(0 if ok else 1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -468,3 +469,77 @@ def test_k_quant_scale_overflow_is_an_error(run, tmp_path, qtype):
     assert r.exit_code == 1 and not out.exists()
     assert r.stderr.startswith(f"Error: tensor 'blk.0.ffn_up.weight': the {qtype} block at index (0, 0) holds values up to")
     assert "too large for its f16 scale (it would be inf)" in r.stderr
+
+
+# ---------------------------------------------------------------------------- llama-quantize's options
+
+def test_tensor_type_and_override_kv(run, tmp_path):
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, STORIES, out, "--tensor-type", "FFN_UP=q8_0", "--tensor-type", "attn_q=f16",
+                "--override-kv", "general.name=str:renamed", "--override-kv", "llama.context_length=int:-64",
+                "--override-kv", "x.flag=bool:true", "-q", "-t", "1")
+    assert r.exit_code == 0, r.output
+    ty = types_of(out)
+    assert ty["blk.0.ffn_up.weight"] == "Q8_0" and ty["blk.2.attn_q.weight"] == "F16"
+    assert ty["blk.0.attn_k.weight"] == "Q4_0"
+    f = gguf.GGUFReader(str(out)).fields
+    keys = [k for k in f if not k.startswith("GGUF.")]
+    # set last, each removed from where it was, as llama.cpp's gguf_set_val does; int is UINT32 of |value|
+    assert keys[-3:] == ["general.name", "llama.context_length", "x.flag"]
+    assert f["general.name"].contents() == "renamed" and f["llama.context_length"].contents() == 64
+    assert f["llama.context_length"].types == [gguf.GGUFValueType.UINT32] and f["x.flag"].contents() is True
+    r = run_cli(run, STORIES, out, "--override-kv", "general.name=text:x", "--force")
+    assert r.exit_code == 2 and "TYPE must be int, float, bool or str" in r.stderr
+    r = run_cli(run, STORIES, out, "--tensor-type", "ffn_up", "--force")
+    assert r.exit_code == 2 and "expected PATTERN=TYPE" in r.stderr
+
+
+def test_dry_run_json(run, tmp_path):
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, STORIES, out, "--type", "Q5_K_M", "--dry-run", "--json")
+    assert r.exit_code == 0 and not out.exists()
+    doc = json.loads(r.stdout)
+    assert doc["file_type"] == "Q5_K_M" and doc["general.file_type"] == 17 and doc["outputs"] == [str(out)]
+    by = {t["name"]: t for t in doc["tensors"]}
+    assert by["blk.0.attn_q.weight"]["type"] == "q5_1"
+    assert by["blk.0.attn_q.weight"]["fallback"].startswith("ncols 64 not divisible by 256")
+    assert by["blk.4.ffn_down.weight"]["reasons"] == ["ffn_down: use_more_bits(4, 5)"]
+    assert doc["n_fallback"] == sum(t["fallback"] is not None for t in doc["tensors"])
+    assert run_cli(run, STORIES, out, "--type", "Q5_K_M", "-q", "-t", "1").exit_code == 0
+    assert out.stat().st_size == doc["file_bytes"]
+    r = run_cli(run, STORIES, tmp_path / "x.gguf", "--json")
+    assert r.exit_code == 2 and "--json describes the plan: use it with --dry-run" in r.stderr
+
+
+@pytest.mark.parametrize("ftype, want", [("F16", "F16"), ("BF16", "BF16"), ("F32", "F32")])
+def test_float_file_types(run, tmp_path, ftype, want):
+    """F16/BF16/F32 files: every eligible tensor gets the type, GGML's rounding (the K-quant source of
+    gemma is pinned whole by test_quantize_llama.py); no rule nor fallback applies."""
+    from ggtool import quant as Q
+
+    out = tmp_path / "f.gguf"
+    assert run_cli(run, STORIES, out, "--type", ftype.lower(), "-q", "-t", "1").exit_code == 0
+    src = {t.name: t for t in gguf.GGUFReader(str(STORIES)).tensors}
+    r = gguf.GGUFReader(str(out))
+    for t in r.tensors:
+        if len(src[t.name].shape) == 1:
+            assert t.tensor_type.name == "F32"
+            continue
+        assert t.tensor_type.name == want, t.name
+        expect = Q.quantize(np.asarray(src[t.name].data, np.float32), want.lower())
+        assert np.asarray(t.data).tobytes() == np.ascontiguousarray(expect).tobytes(), t.name
+    assert r.fields["general.file_type"].contents() == {"F16": 1, "BF16": 32, "F32": 0}[ftype]
+
+
+def test_moe_rows_take_their_experts_importances():
+    """A 3-d weight's rows quantized in pieces: each expert's rows take its own importances, as
+    llama.cpp's chunks stop at expert boundaries."""
+    from ggtool import quant as Q
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4, 64)).astype(np.float32)          # 3 experts of 4 rows
+    w = rng.uniform(0.1, 2, (3, 64)).astype(np.float32)
+    want = b"".join(np.ascontiguousarray(Q.quantize(x[e], "q4_0", imatrix=w[e])).tobytes() for e in range(3))
+    rows = x.reshape(12, 64)
+    got = QM.convert_rows(rows[2:11], T.F32, T.Q4_0, "blk.0.ffn_up_exps.weight", (3, 4, 64), 2, imatrix=w)
+    assert got == want[2 * 36: 11 * 36]
