@@ -140,7 +140,7 @@ def main() -> None:
 
 
 ALL = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q2_k_s", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m",
-       "q5_k_s", "q5_k_m", "q6_k", "f16", "bf16", "f32"]
+       "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "f16", "bf16", "f32"]
 
 
 def check_model(a) -> None:

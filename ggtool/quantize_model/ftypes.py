@@ -43,6 +43,7 @@ FILE_TYPES = (
     FileType("Q3_K_S", 11, _G.Q3_K), FileType("Q3_K_M", 12, _G.Q3_K), FileType("Q3_K_L", 13, _G.Q3_K),
     FileType("Q4_K_S", 14, _G.Q4_K), FileType("Q4_K_M", 15, _G.Q4_K),
     FileType("Q5_K_S", 16, _G.Q5_K), FileType("Q5_K_M", 17, _G.Q5_K),
+    FileType("IQ4_NL", 25, _G.IQ4_NL),
     FileType("Q6_K", 18, _G.Q6_K), FileType("Q8_0", 7, T.Q8_0),
     FileType("F16", 1, T.F16), FileType("BF16", 32, T.BF16), FileType("F32", 0, T.F32),
 )

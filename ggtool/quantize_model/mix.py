@@ -17,7 +17,7 @@ ffn_down decide the K mixes' bumps (``use_more_bits``).  In that order, per tens
 Every choice says why (`Choice.reasons`), and a fallback carries llama.cpp's warning.  The model's
 shape (`ModelInfo`: architecture, layers, heads, experts) comes from its metadata, as llama.cpp's
 hparams do.  Only the file types ggtool writes are in the tables (the IQ file types' branches are
-not ported: their quantizers are not built).
+not ported, but IQ4_NL's: their quantizers are not built).
 """
 
 from __future__ import annotations
@@ -176,6 +176,7 @@ ATTN_V_RULES: dict[str, Callable[[Ctx], tuple[T.GGMLType, str] | None]] = {
     "Q4_K_M": _more_bits(Q6_K),
     "Q5_K_M": _more_bits(Q6_K),
     "Q4_K_S": lambda c: (Q5_K, f"one of the first 4 ({c.i})") if c.i < 4 else None,
+    "IQ4_NL": lambda c: (Q5_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else None,
 }
 
 
@@ -203,6 +204,7 @@ FFN_DOWN_RULES: dict[str, Callable[[Ctx], tuple[T.GGMLType, str] | None]] = {
     "Q4_K_M": _ffn_down_q4_k_m,
     "Q5_K_M": _more_bits(Q6_K),
     "Q4_K_S": lambda c: (Q5_K, f"layer {c.i} < {c.n}/8") if c.model.arch != "falcon" and c.i < c.n // 8 else None,
+    "IQ4_NL": lambda c: (Q5_K, f"layer {c.i} < {c.n}/8") if c.i < c.n // 8 and not c.has_imatrix else None,
     # with an importance matrix only: the first layers' ffn_down get the _1 type
     "Q4_0": lambda c: (Q4_1, f"imatrix, layer {c.i} < {c.n}/8") if c.has_imatrix and c.i < c.n // 8 else None,
     "Q5_0": lambda c: (Q5_1, f"imatrix, layer {c.i} < {c.n}/8") if c.has_imatrix and c.i < c.n // 8 else None,
@@ -214,7 +216,7 @@ ATTN_OUTPUT_RULES: dict[str, Callable[[Ctx], tuple[T.GGMLType, str] | None]] = {
     "Q3_K_L": lambda c: (Q5_K, "Q3_K_L's attn_output"),
 }
 # with 8 experts (not falcon) these file types give attn_output q5_K instead; falcon's own: Q3_K_L -> q4_K
-ATTN_OUTPUT_8_EXPERTS = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M")
+ATTN_OUTPUT_8_EXPERTS = ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M")
 
 # llama.cpp's tensor_type_fallback: a type whose blocks do not divide the row gets a type of
 # 32-value blocks (a 32-block type keeps itself); if that does not divide it either, F16

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 FILE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M",
-              "Q5_K_S", "Q5_K_M", "Q6_K", "F16", "BF16", "F32"]
+              "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "F16", "BF16", "F32"]
 # file type plus llama-quantize options: the options' rules, pinned the same way
 OPTION_CASES = {
     "Q4_K_M --pure": ["--pure"],
