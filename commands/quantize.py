@@ -27,9 +27,11 @@ gguf-split is given by its first shard (model-00001-of-00003.gguf): every shard 
 read, and OUTPUT is one file, or with --keep-split as many shards as the input has
 (OUTPUT out.gguf: out-00001-of-00003.gguf, ...), the same tensors in each, as llama-quantize.
 
-\b
 --type is the file type (any case): {", ".join(f.name for f in QM.FILE_TYPES)}
-(Q3_K, Q4_K, Q5_K: aliases of the _M types). llama.cpp's rules choose each tensor's type:
+(Q3_K, Q4_K, Q5_K: aliases of the _M types).
+
+\b
+llama.cpp's rules choose each tensor's type:
   - only tensors named *weight with 2+ dims are quantized, never *_norm.weight;
     1-D tensors are copied as they are
   - the K mixes: attn_v and ffn_down get more bits in some layers (Q4_K_M: q6_K
@@ -41,13 +43,17 @@ read, and OUTPUT is one file, or with --keep-split as many shards as the input h
     unless --allow-requantize (llama-quantize's rule and flag)
   - all metadata is copied; general.file_type and general.quantization_version
     are set as llama.cpp sets them, then each --override-kv
---imatrix FILE (llama-imatrix's output) quantizes with GGML's weighted paths, as llama-quantize
---imatrix; Q2_K_S needs one. --pure gives every eligible tensor the file type's own type (no mix, no output rule);
---tensor-type PATTERN=TYPE (repeatable; the first regular expression found in a tensor's
-name wins) sets the type of the tensors it matches. --dry-run prints each tensor's type and
-why (the rule or fallback that moved it), the file size and bits per weight, writing nothing.
-Source tensors are dequantized to f32 exactly as GGML does; each block is GGML's reference
-quantizer bit for bit.
+
+\b
+--imatrix FILE (llama-imatrix's output) quantizes with GGML's weighted paths,
+as llama-quantize --imatrix does; Q2_K_S needs one.
+--pure gives every eligible tensor the file type's own type (no mix, no output rule).
+--tensor-type PATTERN=TYPE (repeatable; the first regular expression found in
+a tensor's name wins) sets the type of the tensors it matches.
+--dry-run prints each tensor's type and why (the rule or fallback that moved
+it), the file size and bits per weight, writing nothing.
+Source tensors are dequantized to f32 exactly as GGML does; each block is
+GGML's reference quantizer bit for bit.
 
 The output is written to a temporary file beside OUTPUT and renamed at the end: an error or
 Ctrl-C leaves no partial file (a symlink's target is replaced, the link kept; a FIFO or a device
@@ -62,6 +68,7 @@ Examples:
   $ ggtool quantize model.gguf out.gguf --type q4_k_m --tensor-type 'ffn_down=q8_0'
   $ ggtool quantize w.npy w-q4_0.gguf --name blk.0.ffn_up.weight
   $ ggtool quantize model-Q4_K_M.gguf model-f16.gguf --type f16 --allow-requantize
+  $ ggtool quantize model-f16.gguf model-q2_k_s.gguf --type q2_k_s --imatrix imatrix.gguf
   $ ggtool quantize model-f16-00001-of-00003.gguf model-q4_0.gguf --keep-split
   $ ggtool compare model.gguf model-q4_0.gguf     # what Q4_0 cost, per tensor
 

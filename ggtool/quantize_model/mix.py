@@ -299,6 +299,8 @@ class Mix:
     i_ffn_gate: int = 0
     i_ffn_up: int = 0
     n_fallback: int = 0
+    n_attention_wv: int = field(init=False, default=0)   # attn_v-like tensors in the model
+    tied: bool = field(init=False, default=True)         # no output.weight: the embedding is the output
 
     def __post_init__(self):
         cats = [category(n) for n in self.names]
