@@ -153,7 +153,8 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
                         for t in plan.tensors]}
 
 
-@click.command("quantize", help=HELP, short_help="Quantize a GGUF model or .npy array to a llama-quantize file type (Q4_K_M, Q8_0, F16, ...), byte for byte.")
+@click.command("quantize", help=HELP,
+               short_help="Quantize a GGUF model or .npy array to a llama-quantize file type (Q4_K_M, Q8_0, F16, ...), byte for byte.")
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
 @click.argument("output_path", metavar="OUTPUT", type=click.Path(dir_okay=False))
 @click.option("--type", "ftype", metavar="TYPE", callback=_file_type, default="Q4_0", show_default=True,

@@ -13,7 +13,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import fails, write_gguf
+from conftest import write_gguf
 
 from ggtool import quantize_model as QM
 from ggtool import types as T

@@ -90,8 +90,8 @@ def test_fallback_follows_the_block_size(t, ncols, want):
         assert ("must use F16" in warn) == (want == T.F16)
 
 
-def _one(name, ne, ftype="Q4_0", model=QM.ModelInfo(), names=None, **kw):
-    mix = QM.new_mix(QM.QuantizeOptions(type=ftype, **kw), model, names or [name, "output.weight"])
+def _one(name, ne, ftype="Q4_0", model=None, names=None, **kw):
+    mix = QM.new_mix(QM.QuantizeOptions(type=ftype, **kw), model or QM.ModelInfo(), names or [name, "output.weight"])
     return mix.choose(name, ne, T.F32)
 
 
@@ -130,6 +130,13 @@ def test_eight_experts_and_70b():
     assert big.is_70b and big.n_gqa == 8
     assert _one("blk.2.attn_v.weight", (8192, 1024), ftype="Q4_K_S", model=big,
                 names=[f"blk.{i}.attn_v.weight" for i in range(80)]).type == G.Q5_K
+
+
+def test_glm5_next_keeps_its_attn_q_a_q8_0():
+    glm = QM.ModelInfo(arch="glm5-next", n_layer=4)
+    assert _one("blk.0.attn_q_a.weight", (512, 64), ftype="Q4_K_M", model=glm).type == T.Q8_0
+    assert _one("blk.0.attn_q_a.weight", (512, 64), ftype="Q4_K_M").type == G.Q4_K
+    assert _one("blk.0.indexer.proj.weight", (512, 64), ftype="Q4_K_M", model=glm).type == T.F32   # never quantized
 
 
 def test_tensor_type_overrides_first_match_wins_and_fall_back():

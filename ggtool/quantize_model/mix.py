@@ -215,6 +215,8 @@ ATTN_OUTPUT_RULES: dict[str, Callable[[Ctx], tuple[T.GGMLType, str] | None]] = {
     "Q3_K_M": lambda c: (Q4_K, "Q3_K_M's attn_output"),
     "Q3_K_L": lambda c: (Q5_K, "Q3_K_L's attn_output"),
 }
+# glm5-next's tensors llama.cpp never quantizes below q8_0 (in a block-type file)
+GLM5_NEXT_Q8_0 = ("attn_q_a", "attn_q_b", "nextn.eh_proj")
 # with 8 experts (not falcon) these file types give attn_output q5_K instead; falcon's own: Q3_K_L -> q4_K
 ATTN_OUTPUT_8_EXPERTS = ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M")
 
@@ -352,6 +354,8 @@ class Mix:
         """llama_tensor_get_type_impl for the file types of .ftypes: (type, why it moved)."""
         ft, m = self.ftype.name, self.model
         got = None
+        if m.arch == "glm5-next" and any(s in name for s in GLM5_NEXT_Q8_0):
+            return Q8_0, "glm5-next keeps it q8_0"
         if cat is C.OUTPUT or (self.tied and cat is C.TOKEN_EMBD):
             what = "output" if cat is C.OUTPUT else "tied embedding (the output)"
             if self.output_type is not None:
