@@ -1,5 +1,5 @@
-"""`ggtool quantize INPUT OUTPUT`: a GGUF model (or .npy array) to a Q4_0/Q8_0 GGUF (or a pure
-Q4_K/Q5_K/Q6_K one), as llama-quantize."""
+"""`ggtool quantize INPUT OUTPUT`: a GGUF model (or .npy array) to any of llama-quantize's file types
+(Q4_0 ... Q6_K, the K mixes, Q8_0, F16, BF16, F32), the file llama.cpp writes."""
 
 from __future__ import annotations
 
@@ -9,13 +9,17 @@ import click
 
 from ggtool import quantize_model as QM
 from ggtool import types as T
+from ggtool.imatrix import read_imatrix
 from ggtool.threads import default_threads
 
 from ._common import NPY_ORDER_HELP, log
+from ._json import document
 from ._progress import progress_bar
 
-HELP = f"""Quantize a GGUF model (or a .npy array) to a Q4_0 or Q8_0 GGUF file, as llama-quantize does
-(or, with --pure, every weight to q4_K, q5_K or q6_K).
+_TYPE_NAMES = [f.name for f in QM.FILE_TYPES] + list(QM.ALIASES)
+
+HELP = f"""Quantize a GGUF model (or a .npy array) to one of llama-quantize's file types, writing
+the file llama.cpp's llama-quantize writes, byte for byte.
 
 INPUT is a GGUF file with tensors of any type gguf-py can dequantize (f32, f16, bf16, q8_0, q4_K,
 q5_0, q6_K, ...) or a .npy float array; OUTPUT is the GGUF file to write. A model split by
@@ -23,25 +27,33 @@ gguf-split is given by its first shard (model-00001-of-00003.gguf): every shard 
 read, and OUTPUT is one file, or with --keep-split as many shards as the input has
 (OUTPUT out.gguf: out-00001-of-00003.gguf, ...), the same tensors in each, as llama-quantize.
 
+--type is the file type (any case): {", ".join(f.name for f in QM.FILE_TYPES)}
+(Q3_K, Q4_K, Q5_K: aliases of the _M types).
+
 \b
-llama.cpp's rules for the Q4_0 (or Q8_0) file type:
+llama.cpp's rules choose each tensor's type:
   - only tensors named *weight with 2+ dims are quantized, never *_norm.weight;
     1-D tensors are copied as they are
-  - rows that are not a multiple of 32 become f16
-  - default mode: output.weight (token_embd.weight when the output is tied to it)
-    gets q8_0 where llama.cpp gives it q8_0 (row not a multiple of 256); where
-    llama.cpp writes q6_K, ggtool writes q8_0 and says so (no q6_K here yet)
+  - the K mixes: attn_v and ffn_down get more bits in some layers (Q4_K_M: q6_K
+    where use_more_bits), the output (or the tied embedding) q6_K, ...
+  - rows that the chosen type's blocks do not divide fall back (q4_K -> q5_0,
+    q5_K -> q5_1, q6_K -> q8_0, q2_K/q3_K -> q4_0, then f16); --verbose says so
   - a tensor whose chosen type is its source type is copied byte for byte
   - a tensor that is already quantized (q4_K, q5_0, ...) is not quantized again
     unless --allow-requantize (llama-quantize's rule and flag)
   - all metadata is copied; general.file_type and general.quantization_version
-    are set as llama.cpp sets them
-With --pure, --type also takes q4_K, q5_K and q6_K (llama-quantize --pure with Q4_K, Q5_K or
-Q6_K): every eligible tensor gets the type, GGML's reference quantizer bit for bit; a row that is
-not a multiple of 256 falls back as llama.cpp's does (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0,
-else f16). Their per-tensor mixes (Q4_K_M, ...) are not built yet.
-Source tensors are dequantized to f32 exactly as gguf-py's dequantize does, so every Q4_0
-tensor is byte-identical to llama.cpp's for the same source and mode.
+    are set as llama.cpp sets them, then each --override-kv
+
+\b
+--imatrix FILE (llama-imatrix's output) quantizes with GGML's weighted paths,
+as llama-quantize --imatrix does; Q2_K_S needs one.
+--pure gives every eligible tensor the file type's own type (no mix, no output rule).
+--tensor-type PATTERN=TYPE (repeatable; the first regular expression found in
+a tensor's name wins) sets the type of the tensors it matches.
+--dry-run prints each tensor's type and why (the rule or fallback that moved
+it), the file size and bits per weight, writing nothing.
+Source tensors are dequantized to f32 exactly as GGML does; each block is
+GGML's reference quantizer bit for bit.
 
 The output is written to a temporary file beside OUTPUT and renamed at the end: an error or
 Ctrl-C leaves no partial file (a symlink's target is replaced, the link kept; a FIFO or a device
@@ -51,15 +63,33 @@ a progress bar in bytes when stderr is a terminal, then a summary.
 \b
 Examples:
   $ ggtool quantize model-f16.gguf model-q4_0.gguf
-  $ ggtool quantize model.gguf model-q8_0.gguf --type q8_0 --threads 4
-  $ ggtool quantize model.gguf out.gguf --pure --dry-run
+  $ ggtool quantize model-f16.gguf model-q4_k_m.gguf --type Q4_K_M --threads 4
+  $ ggtool quantize model.gguf out.gguf --type q5_k_m --dry-run
+  $ ggtool quantize model.gguf out.gguf --type q4_k_m --tensor-type 'ffn_down=q8_0'
   $ ggtool quantize w.npy w-q4_0.gguf --name blk.0.ffn_up.weight
-  $ ggtool quantize model-Q4_K_M.gguf model-q4_0.gguf --allow-requantize
+  $ ggtool quantize model-Q4_K_M.gguf model-f16.gguf --type f16 --allow-requantize
+  $ ggtool quantize model-f16.gguf model-q2_k_s.gguf --type q2_k_s --imatrix imatrix.gguf
   $ ggtool quantize model-f16-00001-of-00003.gguf model-q4_0.gguf --keep-split
   $ ggtool compare model.gguf model-q4_0.gguf     # what Q4_0 cost, per tensor
 
 {NPY_ORDER_HELP}
 """
+
+
+def _file_type(ctx, param, value):
+    try:
+        return QM.file_type(value)
+    except QM.FileTypeError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
+def _overrides(parse):
+    def callback(ctx, param, values):
+        try:
+            return [parse(v) for v in values]
+        except (QM.OverrideSyntaxError, QM.TargetTypeError) as e:
+            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+    return callback
 
 
 def _target_type(ctx, param, value):
@@ -80,13 +110,20 @@ def _mib(n: int) -> float:
     return n / 1024.0 / 1024.0
 
 
-def tensor_line(t: QM.TensorPlan, n: int) -> str:
-    """llama-quantize's per-tensor line."""
+def tensor_line(t: QM.TensorPlan, n: int, *, why: bool = False) -> str:
+    """llama-quantize's per-tensor line (with `why`: what moved the type, and the fallback)."""
     head = f"[{t.index + 1:4d}/{n:4d}] {t.name:>36s} - [{_shape(t.ne)}], type = {T.type_name(t.src_type):>6s}, "
     if t.copy:
-        return head + f"size = {_mib(t.src_bytes):8.3f} MiB"
-    return head + (f"converting to {T.type_name(t.dst_type)} .. "
-                   f"size = {_mib(t.src_bytes):8.2f} MiB -> {_mib(t.dst_bytes):8.2f} MiB")
+        line = head + f"size = {_mib(t.src_bytes):8.3f} MiB"
+    else:
+        line = head + (f"converting to {T.type_name(t.dst_type)} .. "
+                       f"size = {_mib(t.src_bytes):8.2f} MiB -> {_mib(t.dst_bytes):8.2f} MiB")
+    notes = list(t.reasons) + (["fallback: " + _fallback_note(t)] if t.fallback else [])
+    return line + (f"  ({'; '.join(notes)})" if why and notes else "")
+
+
+def _fallback_note(t: QM.TensorPlan) -> str:
+    return " ".join(t.fallback.split())
 
 
 def _bpw(nbytes: int, n: int) -> float:
@@ -95,21 +132,47 @@ def _bpw(nbytes: int, n: int) -> float:
 
 def summary_lines(plan: QM.QuantizePlan) -> list[str]:
     n = plan.n_elements
-    return [f"model size  = {_mib(plan.src_bytes):8.2f} MiB ({_bpw(plan.src_bytes, n):.2f} bits per weight)",
-            f"quant size  = {_mib(plan.dst_bytes):8.2f} MiB ({_bpw(plan.dst_bytes, n):.2f} bits per weight)"]
+    lines = [f"model size  = {_mib(plan.src_bytes):8.2f} MiB ({_bpw(plan.src_bytes, n):.2f} bits per weight)",
+             f"quant size  = {_mib(plan.dst_bytes):8.2f} MiB ({_bpw(plan.dst_bytes, n):.2f} bits per weight)"]
+    if plan.n_fallback:
+        lines.append(f"{plan.n_fallback} of {len(plan.tensors)} tensor(s) required fallback quantization")
+    return lines
 
 
-@click.command("quantize", help=HELP, short_help="Quantize a GGUF model or .npy array to Q4_0/Q8_0 (llama-quantize rules), or K-quants with --pure.")
+def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
+    """--dry-run --json: the file type, every tensor's type and why, sizes and bits per weight."""
+    n = plan.n_elements
+    return {"file_type": plan.options.type.name, "general.file_type": plan.options.type.id,
+            "outputs": outputs, "file_bytes": plan.file_bytes(),
+            "model_bytes": plan.src_bytes, "quant_bytes": plan.dst_bytes,
+            "model_bits_per_weight": _bpw(plan.src_bytes, n), "quant_bits_per_weight": _bpw(plan.dst_bytes, n),
+            "n_fallback": plan.n_fallback,
+            "tensors": [{"name": t.name, "ne": list(t.ne), "src_type": T.type_name(t.src_type),
+                         "type": T.type_name(t.dst_type), "src_bytes": t.src_bytes, "bytes": t.dst_bytes,
+                         "reasons": list(t.reasons), "fallback": _fallback_note(t) if t.fallback else None}
+                        for t in plan.tensors]}
+
+
+@click.command("quantize", help=HELP,
+               short_help="Quantize a GGUF model or .npy array to a llama-quantize file type (Q4_K_M, Q8_0, F16, ...), byte for byte.")
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
 @click.argument("output_path", metavar="OUTPUT", type=click.Path(dir_okay=False))
-@click.option("--type", "qtype", type=click.Choice(["q4_0", "q8_0", "q4_K", "q5_K", "q6_K"], case_sensitive=False),
-              default="q4_0", show_default=True, help="Target type (the file type; the K types with --pure only).")
-@click.option("--pure", is_flag=True, help="Every eligible weight gets --type (no output/embedding rules).")
+@click.option("--type", "ftype", metavar="TYPE", callback=_file_type, default="Q4_0", show_default=True,
+              help="The file type: " + ", ".join(_TYPE_NAMES) + " (any case).")
+@click.option("--pure", is_flag=True, help="Every eligible weight gets the file type's own type (no mix, no output rule).")
 @click.option("--leave-output-tensor", is_flag=True, help="Copy output.weight unchanged.")
 @click.option("--output-tensor-type", metavar="TYPE", callback=_target_type,
-              help="Type for output.weight (f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0).")
+              help="Type for output.weight (" + " ".join(QM.TargetTypeError.CHOICES) + ").")
 @click.option("--token-embedding-type", metavar="TYPE", callback=_target_type,
               help="Type for token_embd.weight (same choices).")
+@click.option("--tensor-type", "tensor_types", metavar="PATTERN=TYPE", multiple=True,
+              callback=_overrides(QM.parse_tensor_type_override),
+              help="Tensors whose name the regular expression PATTERN matches get TYPE (repeatable; the first match wins).")
+@click.option("--override-kv", "kv_overrides", metavar="KEY=TYPE:VALUE", multiple=True,
+              callback=_overrides(QM.parse_kv_override),
+              help="Set a metadata value in OUTPUT (TYPE int, float, bool or str; repeatable), as llama-quantize.")
+@click.option("--imatrix", "imatrix_path", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
+              help="Importance matrix (llama-imatrix's GGUF or legacy .dat): GGML's weighted quantizers, as llama-quantize.")
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
               envvar="GGTOOL_THREADS", show_envvar=True, show_default="the CPUs this process may use", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
@@ -119,29 +182,37 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
               help="Quantize tensors that are already quantized (each rounding adds to the last).")
 @click.option("--name", "tensor_name", metavar="NAME", help="Tensor name for a .npy INPUT (default: its file stem).")
 @click.option("--force", is_flag=True, help="Overwrite an existing OUTPUT.")
-@click.option("--dry-run", is_flag=True, help="Print the plan and sizes (stdout); write nothing.")
+@click.option("--dry-run", is_flag=True, help="Print each tensor's type and why, the sizes (stdout); write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON on stdout.")
+@click.option("--verbose", "-v", is_flag=True, help="Say why each tensor got its type, and each fallback (stderr).")
 @click.option("--quiet", "-q", is_flag=True, help="No per-tensor lines, no progress bar, no summary.")
-def command(input_path, output_path, qtype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
-            n_threads, keep_split, allow_requantize, tensor_name, force, dry_run, quiet):
-    opts = QM.QuantizeOptions(type=T.parse_type(qtype), pure=pure, leave_output_tensor=leave_output_tensor,
+def command(input_path, output_path, ftype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
+            tensor_types, kv_overrides, imatrix_path, n_threads, keep_split, allow_requantize, tensor_name, force, dry_run, as_json,
+            verbose, quiet):
+    if as_json and not dry_run:
+        raise click.UsageError("--json describes the plan: use it with --dry-run")
+    imatrix = read_imatrix(imatrix_path) if imatrix_path else None   # its errors: wording.py names --imatrix
+    opts = QM.QuantizeOptions(type=ftype, pure=pure, leave_output_tensor=leave_output_tensor,
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
+                              tensor_types=list(tensor_types), kv_overrides=list(kv_overrides),
                               threads=n_threads, name=tensor_name, allow_requantize=allow_requantize,
-                              keep_split=keep_split)
+                              keep_split=keep_split, imatrix=imatrix, dry_run=dry_run)
     plan = QM.plan_quantization(input_path, opts)   # a refusal a flag overrides: wording.py names it
     n = len(plan.tensors)
+    for w in plan.warnings:
+        if not quiet:
+            log(f"Warning: {w}")
     if dry_run:
+        if as_json:
+            sys.stdout.write(document(plan_json(plan, plan.output_paths(output_path))))
+            return
         out = sys.stdout
         for t in plan.tensors:
-            out.write(tensor_line(t, n) + "\n")
-        for w in plan.warnings:
-            log(f"Warning: {w}")
+            out.write(tensor_line(t, n, why=True) + "\n")
         for line in summary_lines(plan):
             out.write(line + "\n")
         out.write(f"would write {plan.file_bytes():,} bytes to {', '.join(plan.output_paths(output_path))} (dry run)\n")
         return
-    for w in plan.warnings:
-        if not quiet:
-            log(f"Warning: {w}")
     def emit(line: str) -> None:   # `bar` is bound by the `with` below, before any line is emitted
         if bar is not None:
             bar.write(line, file=sys.stderr)
@@ -149,8 +220,10 @@ def command(input_path, output_path, qtype, pure, leave_output_tensor, output_te
             log(line)
 
     def on_start(t):
+        if verbose and t.fallback:     # llama.cpp's warning, as llama-quantize prints it
+            emit(f"warning: {t.name:<36s} - {t.fallback}")
         if not quiet:
-            emit(tensor_line(t, n))
+            emit(tensor_line(t, n, why=verbose))
 
     with progress_bar(plan.src_bytes, "quantize", "B", scale=1024, quiet=quiet) as bar:
         result = QM.run_quantization(plan, output_path, force=force, on_start=on_start,

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import sys
 
-from ggtool.errors import GGToolError, InputError
+from ggtool.errors import GGToolError, ImatrixError, InputError
 
 
 def cli_message(e: BaseException) -> str:
     """`e`'s message as the command line says it (its str() for errors nothing here words)."""
     if not isinstance(e, GGToolError):
         return str(e)
+    if isinstance(e, ImatrixError):                  # quantize's --imatrix FILE
+        return e.worded(file_label=lambda path: f"--imatrix {path}")
     if isinstance(e, InputError):
         return input_message(e)
     flag = {"output-exists": " (use --force to overwrite it)",      # quantize's and set-metadata's OUTPUT
             "requantize": "; --allow-requantize does it anyway",        # quantize_model's rules
-            "mix-not-built": ": add --pure",
             "no-llama-cpp-build": ": name one, --numerics llama.cpp-avx2 or --numerics llama.cpp-avx512"}.get(e.kind)
     if flag is not None:
         return f"{e}{flag}"

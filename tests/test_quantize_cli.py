@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import fails, write_gguf
+from conftest import write_gguf
 
 from ggtool import quantize_model as QM
 from ggtool import types as T
@@ -136,9 +137,26 @@ def test_pure_k_quant_file(run, tmp_path, qtype, fallback, ftype):
     assert r.fields["general.file_type"].contents() == ftype
 
 
-def test_k_quant_file_types_need_pure(run, tmp_path):
-    r = run_cli(run, STORIES, tmp_path / "k.gguf", "--type", "q4_K")
-    fails(r, "per-tensor mix of llama.cpp's Q4_K_M file type is not built yet", "add --pure")
+def test_k_mix_file_type(run, tmp_path):
+    """Q4_K_M without --pure is llama.cpp's mix (pinned tensor by tensor by test_quantize_rules.py);
+    stories260K's rows of 64 and 172 take the fallbacks, which --verbose says as llama.cpp does."""
+    out = tmp_path / "k.gguf"
+    r = run_cli(run, STORIES, out, "--type", "Q4_K_M", "-t", "1", "--verbose")
+    assert r.exit_code == 0, r.output
+    ty = types_of(out)
+    assert ty["blk.0.attn_q.weight"] == "Q5_0" and ty["blk.4.attn_v.weight"] == "Q8_0"
+    assert ty["blk.0.ffn_down.weight"] == "F16" and ty["output.weight"] == "Q8_0"
+    assert gguf.GGUFReader(str(out)).fields["general.file_type"].contents() == 15
+    assert ("warning: blk.0.attn_q.weight                  - ncols     64 not divisible by 256 "
+            "(required for type    q4_K) -> falling back to    q5_0") in r.stderr
+    assert "(attn_v: use_more_bits(4, 5); fallback: ncols 64 not divisible by 256" in r.stderr
+    assert "tensor(s) required fallback quantization" in r.stderr
+
+
+def test_unknown_file_type_lists_the_valid_ones(run, tmp_path):
+    r = run_cli(run, STORIES, tmp_path / "k.gguf", "--type", "q4_k_x")
+    assert r.exit_code == 2 and "unknown file type 'q4_k_x'" in r.stderr
+    assert "Q4_K_M" in r.stderr and "Q3_K_S" in r.stderr and "BF16" in r.stderr
     assert not (tmp_path / "k.gguf").exists()
 
 
@@ -151,8 +169,8 @@ def test_output_and_embedding_options(run, tmp_path):
     assert r.exit_code == 0, r.output
     ty = types_of(out)
     assert ty["output.weight"] == "F16" and ty["token_embd.weight"] == "Q8_0"
-    r = run_cli(run, STORIES, tmp_path / "c.gguf", "--output-tensor-type", "q6_K")
-    assert r.exit_code == 2 and "q6_K only in pure q6_K files" in r.stderr
+    r = run_cli(run, STORIES, tmp_path / "c.gguf", "--output-tensor-type", "iq2_xxs")
+    assert r.exit_code == 2 and "cannot write tensor type 'iq2_xxs'" in r.stderr
 
 
 def test_tied_embedding_rules(tmp_path):
@@ -163,29 +181,30 @@ def test_tied_embedding_rules(tmp_path):
                                               "blk.0.attn_norm.weight": np.ones(256, np.float32)})
     plan = QM.plan_quantization(src, QM.QuantizeOptions())
     by = {t.name: t for t in plan.tensors}
-    # no output.weight: token_embd is the output; llama.cpp would give it Q6_K -> ggtool Q8_0 + warning
-    assert by["token_embd.weight"].dst_type == T.Q8_0
-    assert plan.warnings and "q6_K" in plan.warnings[0] and "token_embd.weight" in plan.warnings[0]
+    # no output.weight: token_embd is the output, and gets llama.cpp's q6_K
+    assert by["token_embd.weight"].dst_type == T.GGMLType.Q6_K
+    assert by["token_embd.weight"].reasons == ("tied embedding (the output)",)
     assert by["blk.0.attn_q.weight"].dst_type == T.Q4_0
     assert by["blk.0.attn_norm.weight"].dst_type == T.F32
     pure = QM.plan_quantization(src, QM.QuantizeOptions(pure=True))
-    assert {t.name: t.dst_type for t in pure.tensors}["token_embd.weight"] == T.Q4_0 and not pure.warnings
+    assert {t.name: t.dst_type for t in pure.tensors}["token_embd.weight"] == T.Q4_0
 
 
 def test_rules_table():
-    o = QM.QuantizeOptions()
-    ch = QM.choose_type
-    assert ch("blk.0.attn_norm.weight", (64, 1), T.F32, o, has_output=True)[0] == T.F32  # n_dims 1
-    assert ch("blk.0.ffn_norm.weight", (64, 64), T.F32, o, has_output=True)[0] == T.F32
-    assert ch("blk.0.ffn_gate_inp.weight", (64, 8), T.F32, o, has_output=True)[0] == T.F32
-    assert ch("blk.0.attn_q.bias", (64, 64), T.F32, o, has_output=True)[0] == T.F32
-    assert ch("blk.0.attn_q.weight", (64, 64), T.F16, o, has_output=True)[0] == T.Q4_0
-    assert ch("blk.0.attn_q.weight", (72, 64), T.F32, o, has_output=True)[0] == T.F16
-    assert ch("blk.0.attn_v.weight", (64, 64), T.F32, o, has_output=True, n_expert=8)[0] == T.Q8_0
-    assert ch("output.weight", (64, 64), T.F32, o, has_output=True, arch="falcon")[0] == T.Q8_0
-    t, w = ch("output.weight", (4096, 64), T.F32, o, has_output=True)
-    assert t == T.Q8_0 and "q6_K" in w
-    assert ch("output.weight", (4096, 64), T.Q8_0, o, has_output=True)[0] == T.Q8_0   # -> copied
+    def ch(name, ne, src=T.F32, **kw):
+        mix = QM.new_mix(QM.QuantizeOptions(), QM.ModelInfo(**kw), [name, "output.weight"])
+        return mix.choose(name, ne, src).type
+
+    assert ch("blk.0.attn_norm.weight", (64, 1)) == T.F32  # n_dims 1
+    assert ch("blk.0.ffn_norm.weight", (64, 64)) == T.F32
+    assert ch("blk.0.ffn_gate_inp.weight", (64, 8)) == T.F32
+    assert ch("blk.0.attn_q.bias", (64, 64)) == T.F32
+    assert ch("blk.0.attn_q.weight", (64, 64), T.F16) == T.Q4_0
+    assert ch("blk.0.attn_q.weight", (72, 64)) == T.F16
+    assert ch("blk.0.attn_v.weight", (64, 64), n_expert=8) == T.Q8_0
+    assert ch("output.weight", (64, 64), arch="falcon") == T.Q8_0
+    assert ch("output.weight", (4096, 64)) == T.GGMLType.Q6_K
+    assert ch("output.weight", (64, 64), T.Q8_0) == T.Q8_0   # -> copied
 
 
 # ---------------------------------------------------------------------------------------- safety
@@ -450,3 +469,77 @@ def test_k_quant_scale_overflow_is_an_error(run, tmp_path, qtype):
     assert r.exit_code == 1 and not out.exists()
     assert r.stderr.startswith(f"Error: tensor 'blk.0.ffn_up.weight': the {qtype} block at index (0, 0) holds values up to")
     assert "too large for its f16 scale (it would be inf)" in r.stderr
+
+
+# ---------------------------------------------------------------------------- llama-quantize's options
+
+def test_tensor_type_and_override_kv(run, tmp_path):
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, STORIES, out, "--tensor-type", "FFN_UP=q8_0", "--tensor-type", "attn_q=f16",
+                "--override-kv", "general.name=str:renamed", "--override-kv", "llama.context_length=int:-64",
+                "--override-kv", "x.flag=bool:true", "-q", "-t", "1")
+    assert r.exit_code == 0, r.output
+    ty = types_of(out)
+    assert ty["blk.0.ffn_up.weight"] == "Q8_0" and ty["blk.2.attn_q.weight"] == "F16"
+    assert ty["blk.0.attn_k.weight"] == "Q4_0"
+    f = gguf.GGUFReader(str(out)).fields
+    keys = [k for k in f if not k.startswith("GGUF.")]
+    # set last, each removed from where it was, as llama.cpp's gguf_set_val does; int is UINT32 of |value|
+    assert keys[-3:] == ["general.name", "llama.context_length", "x.flag"]
+    assert f["general.name"].contents() == "renamed" and f["llama.context_length"].contents() == 64
+    assert f["llama.context_length"].types == [gguf.GGUFValueType.UINT32] and f["x.flag"].contents() is True
+    r = run_cli(run, STORIES, out, "--override-kv", "general.name=text:x", "--force")
+    assert r.exit_code == 2 and "TYPE must be int, float, bool or str" in r.stderr
+    r = run_cli(run, STORIES, out, "--tensor-type", "ffn_up", "--force")
+    assert r.exit_code == 2 and "expected PATTERN=TYPE" in r.stderr
+
+
+def test_dry_run_json(run, tmp_path):
+    out = tmp_path / "q.gguf"
+    r = run_cli(run, STORIES, out, "--type", "Q5_K_M", "--dry-run", "--json")
+    assert r.exit_code == 0 and not out.exists()
+    doc = json.loads(r.stdout)
+    assert doc["file_type"] == "Q5_K_M" and doc["general.file_type"] == 17 and doc["outputs"] == [str(out)]
+    by = {t["name"]: t for t in doc["tensors"]}
+    assert by["blk.0.attn_q.weight"]["type"] == "q5_1"
+    assert by["blk.0.attn_q.weight"]["fallback"].startswith("ncols 64 not divisible by 256")
+    assert by["blk.4.ffn_down.weight"]["reasons"] == ["ffn_down: use_more_bits(4, 5)"]
+    assert doc["n_fallback"] == sum(t["fallback"] is not None for t in doc["tensors"])
+    assert run_cli(run, STORIES, out, "--type", "Q5_K_M", "-q", "-t", "1").exit_code == 0
+    assert out.stat().st_size == doc["file_bytes"]
+    r = run_cli(run, STORIES, tmp_path / "x.gguf", "--json")
+    assert r.exit_code == 2 and "--json describes the plan: use it with --dry-run" in r.stderr
+
+
+@pytest.mark.parametrize("ftype, want", [("F16", "F16"), ("BF16", "BF16"), ("F32", "F32")])
+def test_float_file_types(run, tmp_path, ftype, want):
+    """F16/BF16/F32 files: every eligible tensor gets the type, GGML's rounding (the K-quant source of
+    gemma is pinned whole by test_quantize_llama.py); no rule nor fallback applies."""
+    from ggtool import quant as Q
+
+    out = tmp_path / "f.gguf"
+    assert run_cli(run, STORIES, out, "--type", ftype.lower(), "-q", "-t", "1").exit_code == 0
+    src = {t.name: t for t in gguf.GGUFReader(str(STORIES)).tensors}
+    r = gguf.GGUFReader(str(out))
+    for t in r.tensors:
+        if len(src[t.name].shape) == 1:
+            assert t.tensor_type.name == "F32"
+            continue
+        assert t.tensor_type.name == want, t.name
+        expect = Q.quantize(np.asarray(src[t.name].data, np.float32), want.lower())
+        assert np.asarray(t.data).tobytes() == np.ascontiguousarray(expect).tobytes(), t.name
+    assert r.fields["general.file_type"].contents() == {"F16": 1, "BF16": 32, "F32": 0}[ftype]
+
+
+def test_moe_rows_take_their_experts_importances():
+    """A 3-d weight's rows quantized in pieces: each expert's rows take its own importances, as
+    llama.cpp's chunks stop at expert boundaries."""
+    from ggtool import quant as Q
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4, 64)).astype(np.float32)          # 3 experts of 4 rows
+    w = rng.uniform(0.1, 2, (3, 64)).astype(np.float32)
+    want = b"".join(np.ascontiguousarray(Q.quantize(x[e], "q4_0", imatrix=w[e])).tobytes() for e in range(3))
+    rows = x.reshape(12, 64)
+    got = QM.convert_rows(rows[2:11], T.F32, T.Q4_0, "blk.0.ffn_up_exps.weight", (3, 4, 64), 2, imatrix=w)
+    assert got == want[2 * 36: 11 * 36]

@@ -1,33 +1,49 @@
-"""Whole-model quantization: a GGUF model (or a .npy array) to a Q4_0 / Q8_0 GGUF file, or a pure
-Q4_K / Q5_K / Q6_K one.
+"""Whole-model quantization: a GGUF model (or a .npy array) to any of llama-quantize's file types
+(Q4_0 ... Q6_K, the K mixes Q3_K_S ... Q5_K_M, Q8_0, F16, BF16, F32), byte for byte llama.cpp's file.
 
 This package is the API the `quantize` command uses; it re-exports the public names of its modules:
-`.rules` (which type each tensor gets: llama.cpp's rules, the plan, the header), `.convert` (pieces
-of rows read, dequantized and quantized; the default `RowConverter`) and `.write` (the writing loop:
-`run_quantization`, `quantize_file`).  Errors carry what and where as fields (`RequantizeError`,
-`MixNotBuiltError`, `TargetTypeError`, gguf_io's `OutputPathError`); the command line words them.
+`.ftypes` (the file types: names, ids, default tensor types), `.mix` (which type each tensor gets:
+llama.cpp's llama_tensor_get_type, as tables), `.rules` (options, the plan, the header),
+`.convert` (pieces of rows read, dequantized and quantized; the default `RowConverter`) and
+`.write` (the writing loop: `run_quantization`, `quantize_file`).  Errors carry what and where as
+fields (`RequantizeError`, `ImatrixRequiredError`, `FileTypeError`, `TargetTypeError`, `OverrideSyntaxError`, gguf_io's
+`OutputPathError`); the command line words them.
 """
 
 from __future__ import annotations
 
 from ..gguf_io.write import OutputPathError, check_output_paths
 from .convert import convert_rows
+from .ftypes import ALIASES, FILE_TYPES, FileType, FileTypeError, file_type
+from .mix import (
+    Category,
+    Choice,
+    Mix,
+    ModelInfo,
+    TensorTypeOverride,
+    allows_quantization,
+    category,
+    fallback,
+    requires_imatrix,
+)
 from .rules import (
-    FILE_TYPES,
     GGML_QNT_VERSION,
     GGUF_DEFAULT_ALIGNMENT,
-    PURE_ONLY,
-    TARGET_TYPES,
-    MixNotBuiltError,
+    WRITABLE,
+    ImatrixRequiredError,
+    KVOverride,
     OutputFile,
+    OverrideSyntaxError,
     QuantizeOptions,
     QuantizePlan,
     RequantizeError,
     TargetTypeError,
     TensorPlan,
-    choose_type,
     header_bytes,
+    new_mix,
+    parse_kv_override,
     parse_target_type,
+    parse_tensor_type_override,
     plan_quantization,
     tensor_bytes,
 )
@@ -41,16 +57,24 @@ from .write import (
 )
 
 __all__ = [
+    "ALIASES",
     "FILE_TYPES",
     "GGML_QNT_VERSION",
     "GGUF_DEFAULT_ALIGNMENT",
+    "PIECE_BYTES",
+    "WINDOW_BYTES",
+    "WRITABLE",
+    "Category",
+    "Choice",
+    "FileType",
+    "FileTypeError",
+    "ImatrixRequiredError",
+    "KVOverride",
+    "Mix",
+    "ModelInfo",
     "OutputFile",
     "OutputPathError",
-    "PIECE_BYTES",
-    "PURE_ONLY",
-    "TARGET_TYPES",
-    "WINDOW_BYTES",
-    "MixNotBuiltError",
+    "OverrideSyntaxError",
     "QuantizeOptions",
     "QuantizePlan",
     "QuantizeResult",
@@ -58,13 +82,21 @@ __all__ = [
     "RowConverter",
     "TargetTypeError",
     "TensorPlan",
+    "TensorTypeOverride",
+    "allows_quantization",
+    "category",
     "check_output_paths",
-    "choose_type",
     "convert_rows",
+    "fallback",
+    "file_type",
     "header_bytes",
+    "new_mix",
+    "parse_kv_override",
     "parse_target_type",
+    "parse_tensor_type_override",
     "plan_quantization",
     "quantize_file",
+    "requires_imatrix",
     "run_quantization",
     "tensor_bytes",
 ]

@@ -31,14 +31,22 @@ def source_rows(path: str, offset: int, src_type: T.GGMLType, ne0: int, r0: int,
     return raw.view(T.np_dtype(src_type))
 
 
-def convert_rows(x, src_type: T.GGMLType, dst_type: T.GGMLType, name: str, shape, r0: int) -> bytes:
-    """Convert rows [r0, r0+len(x)) of a tensor (numpy `shape`); errors name the full-tensor index."""
+def convert_rows(x, src_type: T.GGMLType, dst_type: T.GGMLType, name: str, shape, r0: int, imatrix=None) -> bytes:
+    """Convert rows [r0, r0+len(x)) of a tensor (numpy `shape`); errors name the full-tensor index.
+    `imatrix`: importances per column, or (n_expert, columns) for a 3-d tensor, whose rows r of
+    expert r // rows-per-expert take that expert's (llama.cpp's chunks stop at expert boundaries)."""
     try:
         if src_type in (T.F32, T.F16) and dst_type in (T.Q4_0, T.Q8_0, T.F16, T.F32):
             vals = np.asarray(x, dtype=np.float32) if src_type == T.F16 else x
         else:
             vals = Q.dequantize(x, src_type)
-        out = Q.quantize(vals, dst_type, name)
+        if imatrix is None or np.ndim(imatrix) == 1:
+            out = Q.quantize(vals, dst_type, name, imatrix=imatrix)
+        else:
+            per = shape[-2]
+            cuts = [0] + [e * per - r0 for e in range(r0 // per + 1, (r0 + len(vals) - 1) // per + 1)] + [len(vals)]
+            out = np.concatenate([np.ascontiguousarray(Q.quantize(vals[a:b], dst_type, name, imatrix=imatrix[(r0 + a) // per]))
+                                  .view(np.uint8).reshape(b - a, -1) for a, b in zip(cuts, cuts[1:])])
     except QuantizationError as e:
         raise _relocate(e, x if src_type in (T.F32, T.F16) else Q.dequantize(x, src_type), name,
                         shape, r0) from None

@@ -1,31 +1,18 @@
-"""Which type each tensor gets when a whole model is quantized, and the resulting output layout.
+"""The plan of a whole-model quantization: options, each tensor's type, the output layout and header.
 
-Exists so the decisions (llama.cpp's rules, the plan, the GGUF header) can be read and tested apart
-from running them (`ggtool.quantize_model`).  The rules are llama.cpp's (`llama_model_quantize`,
-Q4_0/Q8_0 file types) so the file behaves like one `llama-quantize` writes:
+Exists so the decisions can be read and tested apart from running them (`ggtool.quantize_model`).
+Which type each tensor gets is llama.cpp's llama_tensor_get_type, ported in `.mix` (the file
+types are `.ftypes`); here the pass runs over the tensors in llama.cpp's order, the requantize
+refusal is applied, and the file is laid out as `llama_model_quantize` writes it:
 
-* only tensors whose name ends in ``weight`` with 2 or more dims (ggml_n_dims: trailing 1s do not
-  count) are quantized, never ``*_norm.weight`` nor the small/special tensors llama.cpp skips
-  (``ffn_gate_inp``, positional embeddings, RWKV/Mamba small weights, ...); the rest is copied;
-* default mode: ``output.weight`` (or ``token_embd.weight`` when no output.weight exists, i.e. tied)
-  would be Q6_K, or Q8_0 when its row is not a multiple of 256 (k-quant fallback) or the model is
-  Falcon; ggtool does not write Q6_K into these file types yet (its K-quant mixes are not built),
-  so where llama.cpp writes Q6_K it writes Q8_0 and warns.
-  MoE models with 8 experts get Q8_0 attn_v/attn_k as in llama.cpp.  ``pure`` skips all of this;
-* an output tensor type / token embedding type (options) override output.weight / token_embd.weight;
-* pure Q4_K / Q5_K / Q6_K files (llama-quantize's pure mode with its Q4_K, Q5_K aliases or Q6_K): every
-  eligible tensor gets the type (general.file_type 15, 17, 18); the K file types' own mixes
-  (Q4_K_M, ...) are not built yet (MixNotBuiltError);
-* a row length that is not a multiple of the chosen type's block size falls back as llama.cpp's
-  tensor_type_fallback does (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0), else to F16;
-* a tensor whose chosen type equals its source type is copied byte for byte.
-
-All metadata is copied verbatim (raw key/value bytes), except that ``general.quantization_version``
-(2) and ``general.file_type`` are removed and appended last, as llama.cpp's gguf_set_val does, and
-split keys are dropped.  Tensors are written in llama.cpp's order (non-block tensors by name, then
-``blk.N.*`` by layer and name).  A split input (its first shard; the reader opens the rest) gives
-one file, or with keep_split as many files as it has shards, each with its shard's tensors in file
-order and the split keys set again, as llama-quantize writes them when asked to keep the split.
+* all metadata is copied verbatim (raw key/value bytes), except that ``general.quantization_version``
+  (2) and ``general.file_type`` (the file type's id) are removed and appended last, as llama.cpp's
+  gguf_set_val does, then each metadata override (KEY=TYPE:VALUE) likewise; split keys are dropped;
+* tensors are written in llama.cpp's order (non-block tensors by name, then ``blk.N.*`` by layer and
+  name); a tensor whose chosen type equals its source type is copied byte for byte;
+* a split input (its first shard; the reader opens the rest) gives one file, or with keep_split as
+  many files as it has shards, each with its shard's tensors in file order and the split keys set
+  again, as llama-quantize writes them when asked to keep the split.
 """
 
 from __future__ import annotations
@@ -38,8 +25,7 @@ import numpy as np
 
 from .. import quant as Q
 from .. import types as T
-from ..quant.kquants import K_QUANTIZE
-from ..errors import GGToolError, InputError, QuantizationError
+from ..errors import GGToolError, ImatrixError, InputError, QuantizationError
 from ..gguf_io import write as W
 from ..gguf_io.format import (
     DEFAULT_ALIGNMENT,
@@ -52,50 +38,106 @@ from ..gguf_io.format import (
     output_prefix,
     shard_path,
 )
+from ..imatrix import Imatrix
+from .ftypes import FileType, file_type
+from .mix import C, Choice, Mix, ModelInfo, TensorTypeOverride, category, fallback, requires_imatrix
 
 GGML_QNT_VERSION = 2
 GGUF_DEFAULT_ALIGNMENT = DEFAULT_ALIGNMENT
 _G = T.GGMLType
-# llama_ftype of each target: LLAMA_FTYPE_MOSTLY_Q4_0 / _Q8_0, and the file types llama-quantize's
-# aliases Q4_K / Q5_K name (Q4_K_M / Q5_K_M), Q6_K
-FILE_TYPES = {T.Q4_0: 2, T.Q8_0: 7, _G.Q4_K: 15, _G.Q5_K: 17, _G.Q6_K: 18}
-TARGET_TYPES = (T.Q4_0, T.Q8_0, _G.Q4_K, _G.Q5_K, _G.Q6_K)
-# targets written only pure (every eligible tensor the one type, llama-quantize's pure mode): their
-# per-tensor mixes (llama_tensor_get_type's rules for the K file types) are not built yet
-PURE_ONLY = (_G.Q4_K, _G.Q5_K, _G.Q6_K)
-_FILE_TYPE_NAMES = {_G.Q4_K: "Q4_K_M", _G.Q5_K: "Q5_K_M", _G.Q6_K: "Q6_K"}
-# llama.cpp's tensor_type_fallback (llama-quant.cpp): a type whose block does not divide the row
-# gets a type of 32-element blocks; if that does not divide it either (or the type has no entry
-# here: q4_0, q8_0, ...), F16. The check is the type's block size (ggml_blck_size), so no list of
-# "k-quants" is needed: older llama.cpp tested a hand-written list against QK_K (256), which is the
-# block size of every type it held. Of this table q4_K -> q5_0, q5_K -> q5_1 and q6_K -> q8_0 are
-# reachable from ggtool's targets.
-_FALLBACK = {_G.Q4_K: _G.Q5_0, _G.Q5_K: _G.Q5_1, _G.Q6_K: T.Q8_0,
-             _G.Q2_K: T.Q4_0, _G.Q3_K: T.Q4_0, _G.TQ1_0: T.Q4_0, _G.TQ2_0: T.Q4_0,
-             **{t: _G.IQ4_NL for t in (_G.IQ1_S, _G.IQ1_M, _G.IQ2_XXS, _G.IQ2_XS, _G.IQ2_S, _G.IQ3_XXS,
-                                       _G.IQ3_S, _G.IQ4_XS)}}
-# llama.cpp's llama_model_quantize: substrings / names never quantized
-_SKIP_SUBSTR = ("_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj",
-                "ssm_conv1d.weight", "shortconv.conv.weight", "time_mix_first.weight",
-                "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight", "time_mix_v0.weight",
-                "time_mix_v1.weight", "time_mix_v2.weight", "time_mix_a0.weight", "time_mix_a1.weight",
-                "time_mix_a2.weight", "time_mix_g1.weight", "time_mix_g2.weight",
-                "time_mix_decay_w1.weight", "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight",
-                "attn_rel_b.weight", ".position_embd.")
-_SKIP_NAMES = ("position_embd.weight", "token_types.weight")
+# the tensor types ggtool writes with GGML's bytes (what a rule, a fallback or an option may choose)
+WRITABLE = (T.F32, T.F16, T.BF16, T.Q4_0, _G.Q4_1, _G.Q5_0, _G.Q5_1, T.Q8_0, _G.IQ4_NL,
+            _G.Q2_K, _G.Q3_K, _G.Q4_K, _G.Q5_K, _G.Q6_K)
+
+
+@dataclass(frozen=True)
+class KVOverride:
+    """One metadata value set in the output (llama.cpp's llama_model_kv_override): `tag` is int,
+    float, bool or str; written as UINT32 (of |value|), FLOAT32, BOOL or STRING, as llama.cpp does."""
+
+    key: str
+    tag: str
+    value: object
+
+    def raw(self) -> bytes:
+        if self.tag == "int":
+            return W.kv_scalar(self.key, W.UINT32, abs(int(self.value)) % (1 << 32))
+        vtype = {"float": W.FLOAT32, "bool": W.BOOL, "str": W.STRING}[self.tag]
+        return W.kv_scalar(self.key, vtype, self.value)
+
+
+class OverrideSyntaxError(GGToolError):
+    """A PATTERN=TYPE or KEY=TYPE:VALUE that does not parse: `text`, `what` ('tensor-type' or
+    'kv'), `reason`."""
+
+    kind = "override-syntax"
+
+    def __init__(self, text: str, what: str, reason: str):
+        self.text, self.what, self.reason = text, what, reason
+        super().__init__(f"{text!r}: {reason}")
+
+
+def parse_kv_override(text: str) -> KVOverride:
+    """KEY=TYPE:VALUE as llama.cpp's string_parse_kv_override reads it (TYPE int, float, bool, str;
+    a key under 128 bytes, a string of at most 127)."""
+    key, sep, rest = text.partition("=")
+    if not sep or len(key.encode()) >= 128:
+        raise OverrideSyntaxError(text, "kv", "expected KEY=TYPE:VALUE with a key under 128 bytes")
+    tag, colon, value = rest.partition(":")
+    if not colon or tag not in ("int", "float", "bool", "str"):
+        raise OverrideSyntaxError(text, "kv", "TYPE must be int, float, bool or str (KEY=TYPE:VALUE)")
+    try:
+        if tag == "int":
+            return KVOverride(key, tag, int(value))
+        if tag == "float":
+            v = float(value)
+            if not np.isfinite(np.float32(v)):
+                raise ValueError
+            return KVOverride(key, tag, v)
+    except ValueError:
+        raise OverrideSyntaxError(text, "kv", f"{value!r} is not a finite {tag}") from None
+    if tag == "bool":
+        if value not in ("true", "false"):
+            raise OverrideSyntaxError(text, "kv", "a bool is true or false")
+        return KVOverride(key, tag, value == "true")
+    if len(value.encode()) > 127:
+        raise OverrideSyntaxError(text, "kv", "a string value cannot exceed 127 bytes")
+    return KVOverride(key, tag, value)
+
+
+def parse_tensor_type_override(text: str) -> TensorTypeOverride:
+    """PATTERN=TYPE as llama-quantize reads it: the pattern lower-cased, a regular expression
+    searched in each tensor name; TYPE a tensor type ggtool writes."""
+    pattern, sep, tname = text.partition("=")
+    if not sep or not pattern or not tname:
+        raise OverrideSyntaxError(text, "tensor-type", "expected PATTERN=TYPE")
+    try:
+        return TensorTypeOverride(pattern.lower(), parse_target_type(tname))
+    except re.error as e:
+        raise OverrideSyntaxError(text, "tensor-type", f"bad regular expression ({e})") from None
 
 
 @dataclass
 class QuantizeOptions:
-    type: T.GGMLType = T.Q4_0
+    """llama_model_quantize_params, as ggtool takes them: `type` is a file type (a FileType, its
+    name or alias, or a tensor type naming one: q4_K is Q4_K_M); the rest as llama-quantize's."""
+
+    type: FileType | str | T.GGMLType = "Q4_0"
     pure: bool = False
     leave_output_tensor: bool = False
     output_tensor_type: T.GGMLType | None = None
     token_embedding_type: T.GGMLType | None = None
+    tensor_types: list[TensorTypeOverride] = field(default_factory=list)   # PATTERN=TYPE, first match wins
+    kv_overrides: list[KVOverride] = field(default_factory=list)
     threads: int = 1
     name: str | None = None        # tensor name for a .npy input
     allow_requantize: bool = False  # quantize tensors that are already quantized (llama.cpp's flag)
     keep_split: bool = False       # a split input gives as many output files, the same tensors in each
+    imatrix: Imatrix | None = None  # importance matrix (ggtool.imatrix): the weighted quantizers
+    dry_run: bool = False          # plan only: a missing required importance matrix is a warning
+
+    def __post_init__(self):
+        self.type = file_type(self.type)
 
 
 class RequantizeError(QuantizationError):
@@ -111,39 +153,36 @@ class RequantizeError(QuantizationError):
                          f"{'s' if count != 1 else ''} of this model would be requantized)")
 
 
-def _writes(t: T.GGMLType) -> bool:
-    """Whether a whole-model quantization writes tensors of type t: what ggtool.quant quantizes,
-    less the K types until llama.cpp's K-quant file types (their per-tensor mixes) are built here."""
-    return t in (T.F32, T.F16) or (Q.can_quantize(t) and t not in K_QUANTIZE)
+class ImatrixRequiredError(QuantizationError):
+    """A tensor of this file type cannot be quantized without an importance matrix (llama.cpp's
+    tensor_requires_imatrix): `tensor` (the first), `type` (its target), `missing_entry` (an
+    importance matrix was given but has no entry for it)."""
 
+    kind = "imatrix-required"
 
-class MixNotBuiltError(QuantizationError):
-    """A K-quant file type asked for with its per-tensor mix, which is not built yet: `type`."""
-
-    kind = "mix-not-built"
-
-    def __init__(self, type: T.GGMLType):
-        self.type = type
-        name = T.type_name(type)
-        super().__init__(f"the per-tensor mix of llama.cpp's {_FILE_TYPE_NAMES[type]} file type is not built yet; "
-                         f"only a pure {name} file (every eligible tensor {name}) can be written")
+    def __init__(self, tensor: str, type: T.GGMLType, missing_entry: bool = False):
+        self.tensor, self.type, self.missing_entry = tensor, type, missing_entry
+        what = ("the importance matrix has no entry for it" if missing_entry
+                else "this quantization requires an importance matrix")
+        super().__init__(f"tensor '{tensor}' ({T.type_name(type)}): {what}; without one the result would be "
+                         f"garbage, as llama.cpp refuses it")
 
 
 class TargetTypeError(GGToolError):
     """A tensor type ggtool cannot write: `name` as given, `type` if it names one, `choices`."""
 
-    CHOICES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+    CHOICES = tuple(T.type_name(t) for t in WRITABLE)
 
     def __init__(self, name: str, type: T.GGMLType | None, choices: tuple[str, ...] = CHOICES):
         self.name, self.type, self.choices = name, type, choices
-        extra = " (ggtool writes q6_K only in pure q6_K files yet)" if type == T.GGMLType.Q6_K else ""
-        super().__init__(f"cannot write tensor type {name!r}{extra}; use one of {', '.join(choices)}")
+        super().__init__(f"cannot write tensor type {name!r}; use one of {', '.join(choices)}")
 
 
 @dataclass
 class TensorPlan:
     """What happens to one tensor. `ne` in ggml order; `src_offset` absolute in `src_path` (the
-    input, or the shard of a split input, holding its data)."""
+    input, or the shard of a split input, holding its data). `reasons` say what moved its type
+    from the file type's default; `fallback` is llama.cpp's warning when its rows took a fallback."""
 
     index: int
     name: str
@@ -156,6 +195,9 @@ class TensorPlan:
     warning: str | None = None
     dst_offset: int = 0            # relative to its output file's data section
     src_path: str = ""
+    reasons: tuple[str, ...] = ()
+    fallback: str | None = None
+    imatrix: np.ndarray | None = field(default=None, repr=False)   # importances (per column; per expert)
 
     @property
     def copy(self) -> bool:
@@ -222,6 +264,10 @@ class QuantizePlan:
     def n_elements(self) -> int:
         return sum(t.n_elements for t in self.tensors)
 
+    @property
+    def n_fallback(self) -> int:
+        return sum(t.fallback is not None for t in self.tensors)
+
     def file_bytes(self) -> int:
         """Size of the output (all its files)."""
         return sum(f.size() for f in self.files)
@@ -247,76 +293,51 @@ def tensor_bytes(t: T.GGMLType, ne) -> int:
     return T.row_size(t, int(np.prod(ne, dtype=np.int64)))
 
 
-# ------------------------------------------------------------------------------------------- the rules
-
-def _fallback(t: T.GGMLType, ne0: int) -> T.GGMLType:
-    """llama.cpp's tensor_type_fallback: a type whose blocks divide rows of ne0."""
-    if ne0 % T.block_size(t):
-        t = _FALLBACK.get(t, t)
-        if ne0 % T.block_size(t):
-            t = T.F16
-    return t
-
-
-def choose_type(name: str, ne, src_type: T.GGMLType, opts: QuantizeOptions, *, has_output: bool,
-                arch: str = "", n_expert: int = 0) -> tuple[T.GGMLType, str | None]:
-    """(type to write, warning or None) for one tensor, following llama.cpp's Q4_0/Q8_0 rules (and
-    its pure mode for the K types)."""
-    quantize = name.endswith("weight") and T.n_dims(ne) >= 2
-    quantize &= not any(s in name for s in _SKIP_SUBSTR) and name not in _SKIP_NAMES
-    quantize &= not (opts.leave_output_tensor and name == "output.weight")
-    if not quantize:
-        return src_type, None
-    new = opts.type
-    warning = None
-    ne0 = int(ne[0])
-    if not opts.pure:
-        is_output = name == "output.weight" or (not has_output and name == "token_embd.weight")
-        if is_output:
-            if opts.output_tensor_type is not None:
-                new = opts.output_tensor_type
-            elif arch == "falcon" or ne0 % T.block_size(new):
-                new = T.Q8_0
-            elif new != T.Q8_0:
-                new = T.GGMLType.Q6_K
-        elif name == "token_embd.weight" and opts.token_embedding_type is not None:
-            new = opts.token_embedding_type
-        elif n_expert == 8 and ("attn_v.weight" in name or "attn_k.weight" in name):
-            new = T.Q8_0
-        new = _fallback(new, ne0)
-    if opts.token_embedding_type is not None and name == "token_embd.weight":
-        new = opts.token_embedding_type
-    if opts.output_tensor_type is not None and name == "output.weight":
-        new = opts.output_tensor_type
-    new = _fallback(new, ne0)
-    if not (new == opts.type or _writes(new)):
-        if new == T.GGMLType.Q6_K:
-            warning = (f"{name}: llama.cpp would write q6_K here; ggtool writes q6_K only in pure q6_K files yet, "
-                       f"writing q8_0 instead")
-            new = _fallback(T.Q8_0, ne0)
-        else:
-            raise QuantizationError(f"tensor '{name}': cannot quantize to {T.type_name(new)} "
-                                    f"(not implemented)")
-    return new, warning
-
+# ------------------------------------------------------------------------------------------- the types
 
 def parse_target_type(name: str) -> T.GGMLType:
-    """A type for output.weight or token_embd.weight: one ggtool can write (TargetTypeError if not)."""
+    """A tensor type given by name (for the output, the token embedding, a pattern): one ggtool
+    writes with GGML's bytes (TargetTypeError if not)."""
     try:
         t = T.parse_type(name)
     except GGToolError:
         t = None
-    if t is None or not _writes(t):
+    if t not in WRITABLE:
         raise TargetTypeError(name, t)
     return t
+
+
+def new_mix(opts: QuantizeOptions, model: ModelInfo, names: list[str], *, has_imatrix: bool = False) -> Mix:
+    """The type pass of llama_model_quantize for these options over a model's tensor names."""
+    return Mix(opts.type, model, names, pure=opts.pure, leave_output=opts.leave_output_tensor,
+               output_type=opts.output_tensor_type, token_embd_type=opts.token_embedding_type,
+               overrides=list(opts.tensor_types), has_imatrix=has_imatrix)
+
+
+def _checked(name: str, choice: Choice) -> Choice:
+    if choice.type not in WRITABLE:
+        raise QuantizationError(f"tensor '{name}': cannot quantize to {T.type_name(choice.type)} (not implemented)")
+    return choice
 
 
 # ------------------------------------------------------------------------------------------ the plan
 
 def _file_type_kv(opts: QuantizeOptions) -> list[tuple[str, bytes]]:
-    """general.quantization_version and general.file_type, set last as llama.cpp's gguf_set_val_u32 does."""
-    return [("general.quantization_version", W.kv_u32("general.quantization_version", GGML_QNT_VERSION)),
-            ("general.file_type", W.kv_u32("general.file_type", FILE_TYPES[opts.type]))]
+    """general.quantization_version and general.file_type, set last as llama.cpp's gguf_set_val_u32
+    does, then the overrides, each removed where it was and set last."""
+    kv = [("general.quantization_version", W.kv_u32("general.quantization_version", GGML_QNT_VERSION)),
+          ("general.file_type", W.kv_u32("general.file_type", opts.type.id))]
+    for o in _overrides(opts):
+        kv = [(k, raw) for k, raw in kv if k != o.key] + [(o.key, o.raw())]
+    return kv
+
+
+def _overrides(opts: QuantizeOptions) -> list[KVOverride]:
+    """The metadata set last: the options' overrides, then (as llama-quantize adds them after) the
+    keys that record the importance matrix."""
+    extra = [] if opts.imatrix is None else [KVOverride(k, "str" if isinstance(v, str) else "int", v)
+                                             for k, v in opts.imatrix.metadata().items()]
+    return list(opts.kv_overrides) + extra
 
 
 def _is_npy(path: str) -> bool:
@@ -324,13 +345,15 @@ def _is_npy(path: str) -> bool:
         return f.read(6) == b"\x93NUMPY"
 
 
+def _model_info(g, opts: QuantizeOptions) -> ModelInfo:
+    """The model's shape from its metadata, the overrides applied (llama.cpp's loader sees them)."""
+    over = {o.key: o.value for o in opts.kv_overrides}
+    return ModelInfo.from_metadata(lambda key, default: over[key] if key in over else g.metadata(key, default))
+
+
 def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> QuantizePlan:
     """Decide every tensor's type and the output layout (nothing is read but headers)."""
     path = os.fspath(input_path)
-    if opts.type not in TARGET_TYPES:
-        raise TargetTypeError(T.type_name(opts.type), opts.type, tuple(map(T.type_name, TARGET_TYPES)))
-    if opts.type in PURE_ONLY and not opts.pure:
-        raise MixNotBuiltError(opts.type)
     try:
         npy = _is_npy(path)
     except OSError as e:
@@ -340,30 +363,36 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     from ..gguf_io import GGUFFile  # gguf-py loads only for a GGUF input
 
     g = GGUFFile(path)                 # the first shard of a split model opens them all
-    infos = list(g.tensors.values())
-    has_output = "output.weight" in g.tensors
-    arch = str(g.metadata("general.architecture", ""))
-    n_expert = g.metadata(f"{arch}.expert_count", 0) if arch else 0
-    n_expert = int(n_expert) if isinstance(n_expert, (int, np.integer)) else 0
     alignment = g.alignment
     check_write_alignment(alignment, path)
     drop = {"general.quantization_version", "general.file_type", *SPLIT_KEYS}
     raw = g.reader.data
     kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
-    kv += _file_type_kv(opts)
-    plans, warnings = {}, []
-    for info in sorted(infos, key=lambda t: _llama_order(t.name)):
-        dst, warn = choose_type(info.name, info.ne, info.type, opts, has_output=has_output, arch=arch,
-                                n_expert=n_expert)
+    kv = [(k, b) for k, b in kv if k not in {o.key for o in _overrides(opts)}] + _file_type_kv(opts)
+    split = opts.keep_split and len(g.shards) > 1
+    # llama.cpp's order: by layer and name, or (keeping a split) shard by shard in file order
+    order = ([g.tensors[n] for s in g.shards for n in s.own_tensors] if split
+             else sorted(g.tensors.values(), key=lambda t: _llama_order(t.name)))
+    mix = new_mix(opts, _model_info(g, opts), [t.name for t in order], has_imatrix=opts.imatrix is not None)
+    plans, warnings, requant = {}, [], []
+    for info in order:
+        c = _checked(info.name, mix.choose(info.name, info.ne, info.type))
+        if c.type != info.type and T.is_quantized(info.type):
+            requant.append((info, c.type))
+        if c.type != info.type and not Q.can_dequantize(info.type):
+            raise QuantizationError(f"tensor '{info.name}': cannot dequantize {T.type_name(info.type)}")
+        w, warn = _importances(opts, info.name, info.ne, c.type) if c.type != info.type else (None, None)
         if warn:
             warnings.append(warn)
-        if dst != info.type and T.is_quantized(info.type) and not opts.allow_requantize:
-            _refuse_requantize(info, dst, infos, opts, has_output, arch, n_expert)
-        if dst != info.type and not Q.can_dequantize(info.type):
-            raise QuantizationError(f"tensor '{info.name}': cannot dequantize {T.type_name(info.type)}")
-        plans[info.name] = TensorPlan(0, info.name, info.ne, info.type, dst, info.offset, info.n_bytes,
-                                      tensor_bytes(dst, info.ne), warn, src_path=info.path)
-    if opts.keep_split and len(g.shards) > 1:
+        plans[info.name] = TensorPlan(0, info.name, info.ne, info.type, c.type, info.offset, info.n_bytes,
+                                      tensor_bytes(c.type, info.ne), warn, src_path=info.path, reasons=c.reasons,
+                                      fallback=c.fallback, imatrix=w)
+    if requant and not opts.allow_requantize:
+        # llama.cpp's llama_model_quantize refuses to quantize a tensor that is already quantized
+        # unless allow_requantize is set: the second rounding adds to the first, silently
+        info, dst = requant[0]
+        raise RequantizeError(info.name, info.type, dst, len(requant))
+    if split:
         # llama-quantize keeping the split: shard k gets shard k's tensors in file order; the first
         # carries the metadata, every one the split keys (later shards: the default alignment)
         n = len(g.shards)
@@ -375,16 +404,31 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths))
 
 
-def _refuse_requantize(info, dst: T.GGMLType, infos, opts: QuantizeOptions, has_output: bool, arch: str,
-                       n_expert: int) -> None:
-    """llama.cpp's llama_model_quantize refuses to quantize a tensor that is already quantized
-    unless allow_requantize is set: the second rounding adds to the first, silently."""
-    n = sum(1 for t in infos if T.is_quantized(t.type) and choose_type(
-        t.name, t.ne, t.type, opts, has_output=has_output, arch=arch, n_expert=n_expert)[0] != t.type)
-    raise RequantizeError(info.name, info.type, dst, n)
+def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType) -> tuple[np.ndarray | None, str | None]:
+    """(the tensor's importances or None, a warning or None), as llama_model_quantize looks them up
+    for a tensor it converts: no entry is a warning (quantized without), an entry of another size
+    an error (the token embeddings excepted: a warning), a type that needs one and has none an
+    error (in a dry run, a warning)."""
+    w, warn = None, None
+    if opts.imatrix is not None:
+        try:
+            w = opts.imatrix.weights_for(name, tuple(ne))
+        except ImatrixError:
+            if category(name) is not C.TOKEN_EMBD:
+                raise
+            warn = f"{name}: the importance matrix's entry has another size than the tensor's rows; quantized without it"
+        if w is None and warn is None:
+            warn = f"did not find importance weights for {name}; quantized without"
+    if w is None and requires_imatrix(name, t, opts.type):
+        if not opts.dry_run:
+            raise ImatrixRequiredError(name, t, missing_entry=opts.imatrix is not None)
+        warn = (f"{name} ({T.type_name(t)}): this quantization will require an importance matrix "
+                f"(the dry run completes without one)")
+    return w, warn
 
 
 def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
+    """One array: the file type's default tensor type (its fallback where the rows need one)."""
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
@@ -397,16 +441,11 @@ def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
     check_tensor_name(name)
     src = T.F16 if arr.dtype == np.float16 else T.F32
     ne = tuple(int(d) for d in arr.shape[::-1])
-    dst = opts.type
-    warn = None
-    if ne[0] % T.block_size(dst):
-        dst = T.F16
-        warn = f"{name}: row length {ne[0]} is not a multiple of {T.block_size(opts.type)}, writing f16"
+    dst, warn = fallback(name, opts.type.default, ne[0])
     src_bytes = int(arr.size) * (2 if src == T.F16 else 4)
-    tp = TensorPlan(0, name, ne, src, dst, 0, src_bytes, tensor_bytes(dst, ne), warn, src_path=path)
+    tp = TensorPlan(0, name, ne, src, dst, 0, src_bytes, tensor_bytes(dst, ne), src_path=path, fallback=warn)
     kv = _file_type_kv(opts)
-    plan = QuantizePlan(path, opts, [OutputFile(kv, [tp], GGUF_DEFAULT_ALIGNMENT)], [warn] if warn else [], npy=arr,
-                        sources=[path])
+    plan = QuantizePlan(path, opts, [OutputFile(kv, [tp], GGUF_DEFAULT_ALIGNMENT)], [], npy=arr, sources=[path])
     return _layout(plan)
 
 

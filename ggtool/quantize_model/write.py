@@ -33,10 +33,11 @@ WINDOW_BYTES = 32 << 20                       # f32 bytes converted between two 
 
 
 class RowConverter(Protocol):
-    """Converts rows r0.. of tensor `name` (numpy `shape`) from src_type to dst_type: their bytes."""
+    """Converts rows r0.. of tensor `name` (numpy `shape`) from src_type to dst_type: their bytes
+    (`imatrix`: the tensor's importances, per column or per expert and column, or None)."""
 
     def __call__(self, x, src_type: T.GGMLType, dst_type: T.GGMLType, name: str, shape: tuple[int, ...],
-                 r0: int) -> bytes: ...
+                 r0: int, imatrix=None) -> bytes: ...
 
 
 @dataclass
@@ -70,7 +71,7 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
         t = it.t
         x = (npy_rows(plan, it) if plan.npy is not None else
              source_rows(t.src_path, t.src_offset, t.src_type, t.ne[0], it.r0, it.r1))
-        return converter(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0)
+        return converter(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0, imatrix=t.imatrix)
 
     def write_file(out: OutputFile, f, path: str) -> int:
         def write(buf):

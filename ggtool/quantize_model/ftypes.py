@@ -1,0 +1,77 @@
+"""llama.cpp's file types (enum llama_ftype) that ggtool writes: their names, ids and default tensor types.
+
+A file type is what llama-quantize's TYPE argument names: Q4_K_M is not a tensor type but a mix of
+them (``.mix`` says which tensor gets which), written with ``general.file_type`` = its id. Kept
+apart from the mix so that the names a user may give, their aliases and the ids written are one
+table, checked against llama.cpp's (tools/quantize/quantize.cpp's QUANT_OPTIONS,
+llama_ftype_get_default_type) by tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import types as T
+from ..errors import GGToolError
+
+_G = T.GGMLType
+
+
+@dataclass(frozen=True)
+class FileType:
+    """One llama_ftype: `name` as llama-quantize spells it, `id` (general.file_type), `default`
+    the tensor type its weights get before the mix's rules (llama_ftype_get_default_type)."""
+
+    name: str
+    id: int
+    default: T.GGMLType
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def quantized(self) -> bool:
+        """A block-type file (the mix's rules and fallbacks apply), not F32/F16/BF16."""
+        return T.is_quantized(self.default)
+
+
+# llama-quantize's order (QUANT_OPTIONS), limited to the file types whose tensor types ggtool writes
+FILE_TYPES = (
+    FileType("Q4_0", 2, T.Q4_0), FileType("Q4_1", 3, _G.Q4_1),
+    FileType("Q5_0", 8, _G.Q5_0), FileType("Q5_1", 9, _G.Q5_1),
+    FileType("Q2_K", 10, _G.Q2_K), FileType("Q2_K_S", 21, _G.Q2_K),
+    FileType("Q3_K_S", 11, _G.Q3_K), FileType("Q3_K_M", 12, _G.Q3_K), FileType("Q3_K_L", 13, _G.Q3_K),
+    FileType("Q4_K_S", 14, _G.Q4_K), FileType("Q4_K_M", 15, _G.Q4_K),
+    FileType("Q5_K_S", 16, _G.Q5_K), FileType("Q5_K_M", 17, _G.Q5_K),
+    FileType("IQ4_NL", 25, _G.IQ4_NL),
+    FileType("Q6_K", 18, _G.Q6_K), FileType("Q8_0", 7, T.Q8_0),
+    FileType("F16", 1, T.F16), FileType("BF16", 32, T.BF16), FileType("F32", 0, T.F32),
+)
+BY_NAME = {f.name: f for f in FILE_TYPES}
+# llama-quantize's aliases: the K tensor types name their _M file types
+ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+
+
+class FileTypeError(GGToolError):
+    """A file type ggtool does not write: `name` as given, `choices` (llama-quantize's names)."""
+
+    kind = "file-type"
+
+    def __init__(self, name: str):
+        self.name = name
+        self.choices = tuple(f.name for f in FILE_TYPES)
+        super().__init__(f"unknown file type {name!r}; use one of {', '.join(self.choices)} "
+                         f"(or the aliases {', '.join(f'{a} = {b}' for a, b in ALIASES.items())})")
+
+
+def file_type(spec: FileType | str | T.GGMLType) -> FileType:
+    """The file type `spec` names: a FileType, a name or alias (any case), or a tensor type (the file
+    type of that name: q4_K is Q4_K_M, as llama-quantize's alias)."""
+    if isinstance(spec, FileType):
+        return spec
+    name = T.type_name(spec) if isinstance(spec, T.GGMLType) else str(spec)
+    key = name.upper()
+    key = ALIASES.get(key, key)
+    if key not in BY_NAME:
+        raise FileTypeError(name)
+    return BY_NAME[key]
