@@ -28,7 +28,7 @@ def shards(tmp_path_factory):
 
 
 def _fields(path) -> dict:
-    r = gguf.GGUFReader(str(path))
+    r = gguf.gguf.GGUFReader(str(path))
     return {k: (f.types[0].name, f.contents()) for k, f in r.fields.items() if not k.startswith("GGUF.")}
 
 
@@ -60,7 +60,7 @@ def test_quantize_keep_split_writes_the_same_shards(run, shards, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in out]
     assert f"wrote {out[0]}, {out[1]} (" in r.stderr
     for src, dst in zip(shards, out):        # each shard's tensors, in the same order
-        assert [t.name for t in gguf.GGUFReader(str(dst)).tensors] == [t.name for t in gguf.GGUFReader(str(src)).tensors]
+        assert [t.name for t in gguf.gguf.GGUFReader(str(dst)).tensors] == [t.name for t in gguf.gguf.GGUFReader(str(src)).tensors]
     first, second = _fields(out[0]), _fields(out[1])
     assert second == {"split.no": ("UINT16", 1), "split.count": ("UINT16", 2), "split.tensors.count": ("INT32", 48)}
     assert list(first)[-5:] == ["general.quantization_version", "general.file_type", "split.no", "split.count",
@@ -91,9 +91,17 @@ def test_keep_split_checks_every_output_before_writing(run, shards, tmp_path):
           "INPUT and OUTPUT are the same file")
 
 
-def test_keep_split_of_a_single_file_writes_one_file(run, tmp_path):
+def test_keep_split_of_a_single_file_writes_one_shard_as_llama_quantize(run, tmp_path):
+    """llama-quantize --keep-split of one file: OUT-00001-of-00001.gguf, tensors in file order, no
+    split keys; the same bytes otherwise."""
     ok(run("quantize", STORIES, tmp_path / "q.gguf", "--keep-split", "-q"))
-    assert [p.name for p in tmp_path.iterdir()] == ["q.gguf"]
+    assert [p.name for p in tmp_path.iterdir()] == ["q-00001-of-00001.gguf"]
+    kept = gguf.GGUFReader(tmp_path / "q-00001-of-00001.gguf")
+    assert [t.name for t in kept.tensors] == [t.name for t in gguf.GGUFReader(STORIES).tensors]
+    assert not [k for k in kept.fields if k.startswith("split.")]
+    ok(run("quantize", STORIES, tmp_path / "whole.gguf", "-q"))
+    whole = gguf.GGUFReader(tmp_path / "whole.gguf")
+    assert {t.name: bytes(t.data) for t in kept.tensors} == {t.name: bytes(t.data) for t in whole.tensors}
 
 
 def test_compare_reads_every_shard(run, shards):

@@ -231,6 +231,7 @@ class QuantizePlan:
     warnings: list[str] = field(default_factory=list)
     npy: np.ndarray | None = None        # the array of a .npy input
     sources: list[str] = field(default_factory=list)   # every input file (the shards of a split model)
+    kept_split: bool = False             # keep_split of a GGUF: shards named PREFIX-0000k-of-0000n.gguf, even one
 
     @property
     def tensors(self) -> list[TensorPlan]:
@@ -247,7 +248,7 @@ class QuantizePlan:
     def output_paths(self, output: str) -> list[str]:
         """OUTPUT itself, or the shards named after it (llama-quantize's names for kept splits)."""
         n = len(self.files)
-        if n == 1:
+        if n == 1 and not self.kept_split:
             return [output]
         prefix = output_prefix(output, n)
         return [shard_path(prefix, k, n) for k in range(n)]
@@ -369,8 +370,9 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     raw = g.reader.data
     kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
     kv = [(k, b) for k, b in kv if k not in {o.key for o in _overrides(opts)}] + _file_type_kv(opts)
-    split = opts.keep_split and len(g.shards) > 1
-    # llama.cpp's order: by layer and name, or (keeping a split) shard by shard in file order
+    split = opts.keep_split
+    # llama.cpp's order: by layer and name, or (keeping a split, even of one file) shard by shard in
+    # file order
     order = ([g.tensors[n] for s in g.shards for n in s.own_tensors] if split
              else sorted(g.tensors.values(), key=lambda t: _llama_order(t.name)))
     mix = new_mix(opts, _model_info(g, opts), [t.name for t in order], has_imatrix=opts.imatrix is not None)
@@ -394,14 +396,16 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
         raise RequantizeError(info.name, info.type, dst, len(requant))
     if split:
         # llama-quantize keeping the split: shard k gets shard k's tensors in file order; the first
-        # carries the metadata, every one the split keys (later shards: the default alignment)
+        # carries the metadata, every one the split keys (later shards: the default alignment). Of
+        # a single file it writes PREFIX-00001-of-00001.gguf without split keys (llama_model_quantize
+        # sets them only for 2 or more)
         n = len(g.shards)
-        files = [OutputFile((kv if k == 0 else []) + _split_kv(k, n, len(plans)),
+        files = [OutputFile((kv if k == 0 else []) + (_split_kv(k, n, len(plans)) if n > 1 else []),
                             [plans[name] for name in s.own_tensors], alignment if k == 0 else GGUF_DEFAULT_ALIGNMENT)
                  for k, s in enumerate(g.shards)]
     else:
         files = [OutputFile(kv, list(plans.values()), alignment)]
-    return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths))
+    return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths, kept_split=split))
 
 
 def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType) -> tuple[np.ndarray | None, str | None]:
