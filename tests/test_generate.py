@@ -152,6 +152,24 @@ def test_attention_reads_the_cells_in_use_padded(stories):
     np.testing.assert_allclose(cached, built.outputs[0][1].numpy().reshape(len(seq), -1)[-1], rtol=0, atol=1e-4)
 
 
+def test_the_v_cache_is_kept_transposed_and_read_without_a_copy(stories):
+    """As llama.cpp without flash attention: cache_v.{il} is [1, n_ctx, n_embd_v] (a state's cells are
+    its rows, ne1), each column holding one element of V for every cell, and a step's kq.v reads a
+    view of it: the graph copies no V (its CONTs are the n_layer attention outputs only)."""
+    session = Session(STORIES, stories, n_ctx=16, kv_pad=4)
+    session.eval([1, 403, 407])
+    n_layer, n_embd_k = session.metadata("llama.block_count"), session._state["cache_k.0"].ne[0]
+    vt = session._state["cache_v.0"]
+    assert tuple(vt.ne) == (1, 16, n_embd_k, 1)
+    columns = vt.data.reshape(n_embd_k, 16)
+    assert np.count_nonzero(columns[:, :3]) > 0 and not columns[:, 3:].any()
+    graph = session.graph(1)
+    conts = [n for n in graph.nodes if n.op == "CONT"]
+    assert len(conts) == n_layer and all(n.src[0].op == "PERMUTE" and n.src[0].src[0].op == "MUL_MAT" for n in conts)
+    kqv = [n for n in graph.nodes if n.op == "MUL_MAT" and n.src[0].root is session._state["cache_v.0"]]
+    assert len(kqv) == 1 and kqv[0].src[0].ne[:2] == (4, n_embd_k // session.metadata("llama.attention.head_count_kv"))
+
+
 def test_steps_on_a_pool_are_described_once(stories):
     """Each step graph is frozen on the pool: a step sends a Run, no description, and the logits are
     the in-process ones bit for bit, also across a new graph for more cells (built after the context

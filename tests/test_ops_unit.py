@@ -218,6 +218,23 @@ def test_set_rows_converts_to_the_destination_type(ctx):
     assert a.data.reshape(2, 4)[0].tolist() == x.astype(np.float16).astype(f32)[0].tolist()
 
 
+def test_set_rows_broadcasts_the_indices_over_a_transposed_cache(ctx):
+    """llama.cpp's transposed V cache: one-element rows of a strided view (the first 4 of 6 cells),
+    b a permuted view of [n_embd, n_tokens] values, the indices broadcast over ne2: element j of
+    token t lands at cell idx[t] of column j; the f16 destination (the general path) agrees."""
+    v = np.arange(1, 7, dtype=f32).reshape(2, 3)                 # 2 tokens of 3 elements
+    for dtype in (f32, np.float16):
+        full = from_array(ctx, np.zeros((3, 6), dtype), name="vt")  # [6 cells, 3 columns]
+        nb = full.nb
+        a = F["view_3d"](ctx, full, 1, 4, 3, nb[0], nb[1], 0)     # [1, 4, 3]: the first 4 cells
+        b = F["permute"](ctx, F["reshape_3d"](ctx, from_array(ctx, v), 1, 3, 2), 0, 2, 1, 3)   # [1, 2, 3]
+        r = compute(ctx, F["set_rows"](ctx, a, b, from_array(ctx, np.array([3, 1], np.int32))))
+        assert r.view_src is full and tuple(r.ne) == (1, 4, 3, 1)
+        want = np.zeros((3, 6), f32)
+        want[:, 3], want[:, 1] = v[0], v[1]
+        assert full.data.reshape(3, 6).astype(f32).tolist() == want.tolist()
+
+
 def test_add_quantized_a_requantizes(ctx):
     x = np.linspace(-1, 1, 64, dtype=f32).reshape(2, 32)
     q = compute(ctx, F["cpy"](ctx, from_array(ctx, x), t(ctx, "q8_0", 32, 2)))

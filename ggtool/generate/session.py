@@ -4,7 +4,7 @@
 (ggtool.dsl.Env): weights and metadata come from the file, the batch inputs (`tokens`, `kv_pos`,
 `kv_cells`, `kv_mask`, `kv_mask_swa`) from the session, and every `state(...)` tensor (the KV cache,
 `cache_k.{il}`/`cache_v.{il}` in the shipped programs) lives in the session's one Context, n_ctx cells
-of it, so that it outlives each compute. `eval(tokens)` runs one batch at the next positions and
+in its rows (ne1), so that it outlives each compute. `eval(tokens)` runs one batch at the next positions and
 returns the last token's logits. Attention reads only the cells in use, padded to KV_PAD as
 llama.cpp pads them: the graph of each (batch size, cells read) is built once and computed again
 with new input values, so a step costs what its context holds, not n_ctx. docs/generate.md has
@@ -91,18 +91,20 @@ class Session:
         return self.weights.metadata(key)
 
     def state(self, name: str, type_, ne: list[int], ctx: Context) -> Tensor:
-        """The state tensor `name`: n_cells cells (its last dimension: n_ctx, or under llama.cpp's numerics
-        n_ctx rounded up to 256), zeros, made by the first graph
-        that asks; a graph that reads fewer cells gets a view of the first ne[-1]."""
+        """The state tensor `name`: n_cells cells in its rows (ne1, what set_rows writes;
+        n_ctx, or under llama.cpp's numerics n_ctx rounded up to 256), zeros, made
+        by the first graph that asks; a graph that reads fewer cells gets a view of the first ne[1].
+        A 1-D state is one row, kept as it is asked for."""
         from ..ops import FUNCTIONS
 
         t = self._state.get(name)
         if t is None:
-            t = self._state[name] = ctx.new_tensor(type_, [*ne[:-1], self.n_cells])
+            full = [ne[0], self.n_cells, *ne[2:]] if len(ne) > 1 else list(ne)
+            t = self._state[name] = ctx.new_tensor(type_, full)
             t.name = name
-        if list(ne) == list(t.ne[:len(ne)]) or len(ne) > 4 or list(ne[:-1]) != list(t.ne[:len(ne) - 1]):
-            return t   # every cell, or a shape the DSL's state() then refuses
         k = len(ne)
+        if k < 2 or k > 4 or list(ne) == list(t.ne[:k]) or [ne[0], *ne[2:]] != [t.ne[0], *t.ne[2:k]]:
+            return t   # every cell, or a shape the DSL's state() then refuses
         return FUNCTIONS[f"view_{k}d"](ctx, t, *ne, *t.nb[1:k], 0)
 
     # -- graphs ------------------------------------------------------------------------------------

@@ -63,12 +63,14 @@ def forward_set_rows(node, ith, nth, work):
     r0, r1 = row_block(b.ne[1], ith, nth)
     if r0 >= r1:
         return
-    if b.ne[2] == b.ne[3] == 1 and b.type == node.type == T.F32:   # a KV cache's rows: one plain copy
-        rows = idx.data.reshape(-1)[r0:r1]
-        bad = rows[(rows < 0) | (rows >= node.ne[1])]
-        require(bad.size == 0, "set_rows", f"index {bad[0] if bad.size else 0} is outside 0..{node.ne[1] - 1} "
-                f"(the rows of '{node.src[2].name}')")
-        node.data[0, 0, rows] = b.data[0, 0, r0:r1]
+    if idx.ne[1] == idx.ne[2] == 1 and b.type == node.type == T.F32:
+        # a KV cache's write (K's rows, or V's one-element rows of every column): the same indices
+        # for every (i02, i03), one plain copy
+        rows = idx.data[0, 0, 0, r0:r1]
+        if rows.min() < 0 or rows.max() >= node.ne[1]:     # (the message only when it is needed)
+            bad = rows[(rows < 0) | (rows >= node.ne[1])][0]
+            require(False, "set_rows", f"index {bad} is outside 0..{node.ne[1] - 1} (the rows of '{node.src[2].name}')")
+        node.data[:, :, rows] = b.data[:, :, r0:r1]
         return
     ne11, ne12 = idx.ne[1], idx.ne[2]
     i03 = np.arange(b.ne[3])[:, None, None]
