@@ -218,6 +218,15 @@ def test_set_rows_converts_to_the_destination_type(ctx):
     assert a.data.reshape(2, 4)[0].tolist() == x.astype(np.float16).astype(f32)[0].tolist()
 
 
+def test_set_rows_copies_f16_rows_into_f16_bit_for_bit(ctx):
+    """f16 rows into an f16 tensor are a memcpy in GGML: a NaN's payload survives (no round trip
+    through f32 and GGML_FP32_TO_FP16, which makes every NaN 0x7e00)."""
+    bits = np.array([[0x7C01, 0xFD23, 0x3C00, 0x8000]], np.uint16)
+    h = from_array(ctx, np.zeros((2, 4), np.float16), name="h")
+    compute(ctx, F["set_rows"](ctx, h, from_array(ctx, bits.view(np.float16)), from_array(ctx, np.array([1], np.int32))))
+    assert h.data.reshape(2, 4).view(np.uint16)[1].tolist() == bits[0].tolist()
+
+
 def test_add_quantized_a_requantizes(ctx):
     x = np.linspace(-1, 1, 64, dtype=f32).reshape(2, 32)
     q = compute(ctx, F["cpy"](ctx, from_array(ctx, x), t(ctx, "q8_0", 32, 2)))
