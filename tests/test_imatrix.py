@@ -66,6 +66,23 @@ def test_weights_for_shapes_and_sizes():
     assert (e.value.file, e.value.tensor, e.value.kind) == ("f.gguf", "a.weight", "size")
 
 
+def test_weights_for_a_tensors_four_dims_fit_its_data():
+    """A Tensor's ne always has four entries (a matrix's ne[2] is 1): its importances are one row
+    that quantize takes for the matrix's data, and the same for a weight of one expert."""
+    x = np.random.default_rng(3).standard_normal((3, 64)).astype(np.float32)
+    im = Imatrix("f.gguf", {"w": np.linspace(0.5, 2, 64, dtype=np.float32)})
+    w = im.weights_for("w", (64, 3, 1, 1))
+    assert w.shape == (64,)
+    assert np.array_equal(Q.quantize(x, "q4_1", imatrix=w), Q.quantize(x, "q4_1", imatrix=im.values["w"]))
+    assert np.array_equal(Q.quantize(x[None], "q4_1", imatrix=im.weights_for("w", (64, 3, 1))),
+                          Q.quantize(x, "q4_1", imatrix=w)[None])
+
+
+def test_no_experts_quantize_to_no_bytes():
+    got = Q.quantize(np.zeros((0, 3, 64), np.float32), "q5_0", imatrix=np.zeros((0, 64), np.float32))
+    assert got.shape == (0, 3, 44) and got.dtype == np.uint8
+
+
 def test_moe_experts_take_their_own_importances():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((3, 4, 64)).astype(np.float32)
