@@ -138,12 +138,14 @@ def _read_gguf(p: str) -> Imatrix:
 
 
 def _lround(v: np.ndarray) -> np.ndarray:
-    """std::lround: to nearest, halves away from zero."""
+    """std::lround: to nearest, halves away from zero; a value no long holds (NaN, inf, |v| >= 2^63)
+    is LONG_MIN, as x86's conversion makes it."""
     with np.errstate(invalid="ignore"):
         r = np.trunc(v.astype(np.float64) + np.copysign(0.5, v))
-    if not np.isfinite(r).all():
-        return np.where(np.isfinite(r), r, 0).astype(np.int64)
-    return r.astype(np.int64)
+    fits = np.abs(r) < 2.0 ** 63                  # False for NaN too
+    out = np.where(fits, r, 0).astype(np.int64)
+    out[~fits] = np.iinfo(np.int64).min
+    return out
 
 
 def _per_column(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -150,6 +150,14 @@ def test_gguf_counts_per_expert(tmp_path):
     assert v.tolist() == [1.0, 2.0, 1.0, 1.0, 1.0, 2.0]
 
 
+def test_gguf_counts_lround_cannot_hold_mean_no_tokens(tmp_path):
+    """A count lround cannot make a long of (NaN, inf, 1e30: x86's conversion gives LONG_MIN, not
+    above 0) leaves its expert's importances 1, without numpy's cast warning."""
+    p = tmp_path / "lies.gguf"
+    _gguf(p, {"e.weight.in_sum2": [4.0] * 5, "e.weight.counts": [1e30, -1e30, np.nan, np.inf, 2.0]})
+    assert read_imatrix(p).values["e.weight"].tolist() == [1.0, 1.0, 1.0, 1.0, 2.0]
+
+
 @pytest.mark.parametrize("tensors, meta, kind, fragment", [
     ({"a.in_sum2": [1.0], "a.counts": [1.0]}, False, "metadata", "missing imatrix metadata"),
     ({"a.in_sum2": [1.0]}, True, "format", "mismatched sums and counts for a"),
