@@ -79,8 +79,9 @@ def test_weights_for_a_tensors_four_dims_fit_its_data():
 
 
 def test_no_experts_quantize_to_no_bytes():
-    got = Q.quantize(np.zeros((0, 3, 64), np.float32), "q5_0", imatrix=np.zeros((0, 64), np.float32))
-    assert got.shape == (0, 3, 44) and got.dtype == np.uint8
+    for t, row_bytes in (("q5_0", 8 * 22), ("q4_0", 8 * 18), ("q4_K", 144)):     # rows of 256
+        got = Q.quantize(np.zeros((0, 3, 256), np.float32), t, imatrix=np.zeros((0, 256), np.float32))
+        assert got.shape == (0, 3, row_bytes) and got.dtype == np.uint8
 
 
 def test_moe_experts_take_their_own_importances():
