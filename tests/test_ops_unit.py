@@ -227,6 +227,24 @@ def test_set_rows_copies_f16_rows_into_f16_bit_for_bit(ctx):
     assert h.data.reshape(2, 4).view(np.uint16)[1].tolist() == bits[0].tolist()
 
 
+def test_set_rows_broadcasts_indices_over_dims_2_and_3(ctx):
+    """dst[:, c[i, i02 % ne11, i03 % ne12], i02, i03] = b[:, i, i02, i03] with i64 indices, into a
+    view whose rows are not adjacent (every other row of a bigger tensor)."""
+    rng = np.random.default_rng(0)
+    big = np.zeros((2, 2, 10, 4), f32)
+    b = rng.standard_normal((2, 2, 3, 4)).astype(f32)                 # ne [4, 3, 2, 2]
+    idx = np.array([[[4, 0, 2]], [[1, 3, 0]]], np.int64)               # ne [3, 1, 2]
+    whole = from_array(ctx, big, name="big")
+    a = F["view_4d"](ctx, whole, 4, 5, 2, 2, 2 * whole.nb[1], whole.nb[2], whole.nb[3], 0)
+    compute(ctx, F["set_rows"](ctx, a, from_array(ctx, b), from_array(ctx, idx)))
+    want = big.copy()
+    for i3 in range(2):
+        for i2 in range(2):
+            for i in range(3):
+                want[i3, i2, 2 * idx[i3 % 2, i2 % 1, i]] = b[i3, i2, i]
+    assert np.array_equal(whole.data.reshape(want.shape), want)
+
+
 def test_add_quantized_a_requantizes(ctx):
     x = np.linspace(-1, 1, 64, dtype=f32).reshape(2, 32)
     q = compute(ctx, F["cpy"](ctx, from_array(ctx, x), t(ctx, "q8_0", 32, 2)))
