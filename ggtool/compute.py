@@ -143,7 +143,8 @@ class Binding:
     buffer's payload offset and size, the outputs it was made for, and every moved tensor's
     context-mode data offset (restored by `unbind`)."""
 
-    __slots__ = ("allocation", "offset", "size", "outputs", "saved")
+    __slots__ = ("allocation", "offset", "size", "outputs", "saved", "__weakref__")   # a frozen graph's
+    # description on the pool (pool.wire.Described) holds its binding weakly, to see it replaced
 
     def __init__(self, allocation, offset: int, size: int, outputs: frozenset, saved: list):
         self.allocation, self.offset, self.size, self.outputs, self.saved = allocation, offset, size, outputs, saved

@@ -46,8 +46,9 @@ class Imatrix:
     legacy: bool = False
 
     def weights_for(self, name: str, ne: tuple[int, ...]) -> np.ndarray | None:
-        """The importances for weight `name` of shape `ne` (ggml order): (ne0,) for a matrix,
-        (ne[2], ne0) for a 3-d weight; None if the file has no entry for it. An entry of another
+        """The importances for weight `name` of shape `ne` (ggml order, trailing 1s allowed, as a
+        Tensor's ne has them): (ne0,) for a matrix or a weight of one expert, (ne[2], ne0) for a
+        3-d weight of several; None if the file has no entry for it. An entry of another
         length than ne0 * ne[2] is an ImatrixError of kind "size" (llama.cpp stops there, except
         for the token embeddings, which it quantizes without: the caller's rule)."""
         v = self.values.get(name)
@@ -57,7 +58,7 @@ class Imatrix:
         if v.size != ne[0] * n_expert:
             raise ImatrixError(f"imatrix size {v.size} is different from tensor size {ne[0] * n_expert} for {name}",
                                file=self.path, tensor=name, kind="size")
-        return v if len(ne) <= 2 else v.reshape(n_expert, ne[0])
+        return v if n_expert == 1 else v.reshape(n_expert, ne[0])
 
     def metadata(self, entries_count: int | None = None) -> dict[str, str | int]:
         """The keys llama-quantize writes into the quantized file: the file name and first dataset
@@ -137,12 +138,14 @@ def _read_gguf(p: str) -> Imatrix:
 
 
 def _lround(v: np.ndarray) -> np.ndarray:
-    """std::lround: to nearest, halves away from zero."""
+    """std::lround: to nearest, halves away from zero; a value no long holds (NaN, inf, |v| >= 2^63)
+    is LONG_MIN, as x86's conversion makes it."""
     with np.errstate(invalid="ignore"):
         r = np.trunc(v.astype(np.float64) + np.copysign(0.5, v))
-    if not np.isfinite(r).all():
-        return np.where(np.isfinite(r), r, 0).astype(np.int64)
-    return r.astype(np.int64)
+    fits = np.abs(r) < 2.0 ** 63                  # False for NaN too
+    out = np.where(fits, r, 0).astype(np.int64)
+    out[~fits] = np.iinfo(np.int64).min
+    return out
 
 
 def _per_column(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:

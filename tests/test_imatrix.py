@@ -66,6 +66,24 @@ def test_weights_for_shapes_and_sizes():
     assert (e.value.file, e.value.tensor, e.value.kind) == ("f.gguf", "a.weight", "size")
 
 
+def test_weights_for_a_tensors_four_dims_fit_its_data():
+    """A Tensor's ne always has four entries (a matrix's ne[2] is 1): its importances are one row
+    that quantize takes for the matrix's data, and the same for a weight of one expert."""
+    x = np.random.default_rng(3).standard_normal((3, 64)).astype(np.float32)
+    im = Imatrix("f.gguf", {"w": np.linspace(0.5, 2, 64, dtype=np.float32)})
+    w = im.weights_for("w", (64, 3, 1, 1))
+    assert w.shape == (64,)
+    assert np.array_equal(Q.quantize(x, "q4_1", imatrix=w), Q.quantize(x, "q4_1", imatrix=im.values["w"]))
+    assert np.array_equal(Q.quantize(x[None], "q4_1", imatrix=im.weights_for("w", (64, 3, 1))),
+                          Q.quantize(x, "q4_1", imatrix=w)[None])
+
+
+def test_no_experts_quantize_to_no_bytes():
+    for t, row_bytes in (("q5_0", 8 * 22), ("q4_0", 8 * 18), ("q4_K", 144)):     # rows of 256
+        got = Q.quantize(np.zeros((0, 3, 256), np.float32), t, imatrix=np.zeros((0, 256), np.float32))
+        assert got.shape == (0, 3, row_bytes) and got.dtype == np.uint8
+
+
 def test_moe_experts_take_their_own_importances():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((3, 4, 64)).astype(np.float32)
@@ -131,6 +149,14 @@ def test_gguf_counts_per_expert(tmp_path):
     _gguf(p, {"e.weight.in_sum2": [2.0, 4.0, 9.0, 9.0, 3.0, 6.0], "e.weight.counts": [1.6, 0.2, 2.5]})
     v = read_imatrix(p).values["e.weight"]
     assert v.tolist() == [1.0, 2.0, 1.0, 1.0, 1.0, 2.0]
+
+
+def test_gguf_counts_lround_cannot_hold_mean_no_tokens(tmp_path):
+    """A count lround cannot make a long of (NaN, inf, 1e30: x86's conversion gives LONG_MIN, not
+    above 0) leaves its expert's importances 1, without numpy's cast warning."""
+    p = tmp_path / "lies.gguf"
+    _gguf(p, {"e.weight.in_sum2": [4.0] * 5, "e.weight.counts": [1e30, -1e30, np.nan, np.inf, 2.0]})
+    assert read_imatrix(p).values["e.weight"].tolist() == [1.0, 1.0, 1.0, 1.0, 2.0]
 
 
 @pytest.mark.parametrize("tensors, meta, kind, fragment", [

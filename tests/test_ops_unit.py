@@ -235,6 +235,33 @@ def test_set_rows_broadcasts_the_indices_over_a_transposed_cache(ctx):
         assert full.data.reshape(3, 6).astype(f32).tolist() == want.tolist()
 
 
+def test_set_rows_copies_f16_rows_into_f16_bit_for_bit(ctx):
+    """f16 rows into an f16 tensor are a memcpy in GGML: a NaN's payload survives (no round trip
+    through f32 and GGML_FP32_TO_FP16, which makes every NaN 0x7e00)."""
+    bits = np.array([[0x7C01, 0xFD23, 0x3C00, 0x8000]], np.uint16)
+    h = from_array(ctx, np.zeros((2, 4), np.float16), name="h")
+    compute(ctx, F["set_rows"](ctx, h, from_array(ctx, bits.view(np.float16)), from_array(ctx, np.array([1], np.int32))))
+    assert h.data.reshape(2, 4).view(np.uint16)[1].tolist() == bits[0].tolist()
+
+
+def test_set_rows_broadcasts_indices_over_dims_2_and_3(ctx):
+    """dst[:, c[i, i02 % ne11, i03 % ne12], i02, i03] = b[:, i, i02, i03] with i64 indices, into a
+    view whose rows are not adjacent (every other row of a bigger tensor)."""
+    rng = np.random.default_rng(0)
+    big = np.zeros((2, 2, 10, 4), f32)
+    b = rng.standard_normal((2, 2, 3, 4)).astype(f32)                 # ne [4, 3, 2, 2]
+    idx = np.array([[[4, 0, 2]], [[1, 3, 0]]], np.int64)               # ne [3, 1, 2]
+    whole = from_array(ctx, big, name="big")
+    a = F["view_4d"](ctx, whole, 4, 5, 2, 2, 2 * whole.nb[1], whole.nb[2], whole.nb[3], 0)
+    compute(ctx, F["set_rows"](ctx, a, from_array(ctx, b), from_array(ctx, idx)))
+    want = big.copy()
+    for i3 in range(2):
+        for i2 in range(2):
+            for i in range(3):
+                want[i3, i2, 2 * idx[i3 % 2, i2 % 1, i]] = b[i3, i2, i]
+    assert np.array_equal(whole.data.reshape(want.shape), want)
+
+
 def test_add_quantized_a_requantizes(ctx):
     x = np.linspace(-1, 1, 64, dtype=f32).reshape(2, 32)
     q = compute(ctx, F["cpy"](ctx, from_array(ctx, x), t(ctx, "q8_0", 32, 2)))

@@ -247,6 +247,22 @@ def test_frozen_graph_is_described_once_per_plan(pool):
     assert pool.stats["described"] == described + 2
 
 
+def test_frozen_graph_placed_anew_is_described_again(pool):
+    """A compute that places the frozen graph's nodes anew (another alloc mode, other outputs:
+    their data offsets move) describes it again: the workers must not write where the nodes were."""
+    ctx = ggtool.Context()
+    g, y = chain(ctx, 10, width=40, rows=7)
+    x = g.leafs[0]
+    pool.freeze(g)
+    plan = ggtool.graph_compute(g, 2, pool=pool, alloc="graph", outputs=[y])
+    for step, alloc in enumerate(("context", "graph")):
+        x.data[...] = step + 3
+        ggtool.graph_compute(g, 2, pool=pool, plan=plan, alloc=alloc, outputs=[y])
+        got = y.numpy().copy()
+        ggtool.graph_compute(g, 1, alloc=alloc, outputs=[y])
+        assert np.array_equal(got, y.numpy()), alloc
+
+
 def test_file_storage_and_second_context(pool, tmp_path):
     """Memory-mapped tensors are read by each worker from the file; weights in another context."""
     from ggtool.gguf_io import FileStorage

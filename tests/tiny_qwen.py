@@ -14,26 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ggtool.tokenizer.bpe import BYTE_TO_CHAR
+
 N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_LAYER = 32, 4, 2, 8, 64, 2
 MERGES = ["Ġ t", "h e", "Ġt he"]
 EOS = "<|endoftext|>"
 
 
-def byte_tokens() -> list[str]:
-    """GPT-2's bytes_to_unicode: each byte as the printable character byte-level BPE shows it as."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + n)
-            n += 1
-    return [chars[b] for b in range(256)]
-
-
 def vocab() -> list[str]:
-    return [*byte_tokens(), *(m.replace(" ", "") for m in MERGES), EOS]
+    """The 256 bytes as byte-level BPE shows them (GPT-2's bytes_to_unicode, ggtool's own table), the
+    merges' results, and EOS."""
+    return [*BYTE_TO_CHAR, *(m.replace(" ", "") for m in MERGES), EOS]
 
 
 def write_tiny(path: Path, arch: str) -> Path:

@@ -80,8 +80,10 @@ def forward_set_rows(node, ith, nth, work):
         bad = rows[(rows < 0) | (rows >= node.ne[1])]
         require(bad.size == 0, "set_rows", f"index {bad[0] if bad.size else 0} is outside 0..{node.ne[1] - 1} "
                 f"(the rows of '{node.src[2].name}')")
-        values = b.data[:, :, c0:c1].astype(np.float32)        # f16 widened exactly, as GGML does
-        node.data[i03, i02, rows] = cpu_from_float(values, node.type)
+        values = b.data[:, :, c0:c1]
+        if b.type != node.type:               # f16 widened exactly, then from_float; same type: GGML's memcpy
+            values = cpu_from_float(values.astype(np.float32), node.type)
+        node.data[i03, i02, rows] = values
 
 
 @function("set_rows", "ggml_set_rows(ctx, a, b, c)",

@@ -193,9 +193,10 @@ class Described:
     """A frozen graph's description, made once per plan: what a later compute checks, without
     describing the graph again, to know it may just `Run` what the workers hold. The graph's
     tensors are promised unchanged (WorkerPool.freeze); where their bytes are can still change
-    (a context grown into a new segment, another work buffer), and that is checked at each compute."""
+    (a context grown into a new segment, another work buffer, the nodes bound anew by a compute
+    of another alloc mode or outputs), and that is checked at each compute."""
 
-    __slots__ = ("fingerprint", "graph", "n_nodes", "plan", "shared", "work")
+    __slots__ = ("binding", "fingerprint", "graph", "n_nodes", "plan", "shared", "work")
 
     def __init__(self, graph, plan, fingerprint, contexts: dict, work: tuple):
         import weakref
@@ -203,11 +204,15 @@ class Described:
         self.graph, self.plan = weakref.ref(graph), weakref.ref(plan)
         self.n_nodes, self.fingerprint, self.work = graph.n_nodes, fingerprint, work
         self.shared = tuple((weakref.ref(c), share_context(c).name) for c in contexts.values())
+        self.binding = None if graph.binding is None else weakref.ref(graph.binding)   # where the nodes are
 
     def holds(self, graph, plan) -> bool:
         """Is the description still the graph's as `plan` computes it? (Shares the contexts again
         where one has grown, as describe would.)"""
         if self.graph() is not graph or self.plan() is not plan or graph.n_nodes != self.n_nodes:
+            return False
+        was = None if self.binding is None else self.binding()   # the nodes placed anew since (another
+        if (self.binding is not None and was is None) or was is not graph.binding:   # alloc mode, outputs)?
             return False
         for ref, name in self.shared:
             ctx = ref()

@@ -59,6 +59,8 @@ def quantize_k(x, t, name: str = "tensor", imatrix=None) -> np.ndarray:
         if x.ndim != 3 or x.shape[0] != qw.shape[0]:
             raise QuantizationError(f"tensor '{name}': an importance matrix of {qw.shape[0]} experts "
                                     f"does not fit data of shape {x.shape}")
+        if not len(qw):            # no experts: no bytes (the rows still checked)
+            return _quantize_weighted(x, name, what, nbytes, weighted, qk, np.ones(x.shape[-1], np.float32))
         return np.stack([_quantize_weighted(x[e], name, what, nbytes, weighted, qk, qw[e]) for e in range(len(qw))])
     return _quantize_blocks(x, name, what, nbytes, kquants.kernel(what), qk)
 
