@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import njit
+from .tables import KVALUES_IQ4NL
 
 
 @njit
@@ -34,13 +35,12 @@ def dequantize_q5_0(blocks, f16, out):
             out[i, j + 16] = np.float32(hi - 16) * d
 
 
-_KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 
 
 @njit
 def dequantize_iq4_nl(blocks, f16, out):
     """IQ4_NL (18 bytes: d, qs[16]): element j is kvalues_iq4nl[low nibble of byte j], j + 16 the high one."""
-    kv = _KVALUES_IQ4NL
+    kv = KVALUES_IQ4NL
     for i in range(blocks.shape[0]):
         d = _f16(f16, blocks[i, 0], blocks[i, 1])
         for j in range(16):

@@ -13,15 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.jit import njit
+from ..kernels.tables import KVALUES_IQ4NL
 from .blocks import GROUP_MAX_EPS, _first_bad, _fp16_round, _put_f16
 
 F32 = np.float32
 _F0 = F32(0.0)
 _F1 = F32(1.0)
 
-# kvalues_iq4nl: IQ4_NL's 16 levels (ggml-common.h), as float32 (C compares and multiplies them so)
-KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
-
+KVALUES = KVALUES_IQ4NL   # IQ4_NL's 16 levels, the dequantizer's table
 
 # -- IQ4_NL ---------------------------------------------------------------------------------------
 
