@@ -296,8 +296,8 @@ AVX2_CPU = {"sse4_2", "avx", "avx2", "fma", "f16c"}
 
 @pytest.mark.parametrize("flags,want", [
     (AVX2_CPU | {"avx512f", "avx512dq", "avx512bw", "avx512vl"}, "llama.cpp-avx512"),
+    (AVX2_CPU | {"avx512f", "avx512dq"}, "llama.cpp-avx512"),   # BW and VL change no sum ggtool follows
     (AVX2_CPU, "llama.cpp-avx2"),
-    (AVX2_CPU | {"avx512f"}, "llama.cpp-avx2"),            # no avx512dq: not the AVX-512 soft_max
     (AVX2_CPU - {"fma"}, None), ({"sse4_2", "avx"}, None), (set(), None)])
 def test_llama_cpp_is_the_build_this_cpus_flags_make(flags, want):
     from ggtool.kernels.numerics import NumericsError, llama_cpp_variant, resolve
@@ -309,6 +309,19 @@ def test_llama_cpp_is_the_build_this_cpus_flags_make(flags, want):
     with pytest.raises(NumericsError, match="neither AVX-512 .* nor AVX2") as e:
         resolve("llama.cpp", flags)
     assert e.value.kind == "no-llama-cpp-build" and e.value.name == "llama.cpp"
+
+
+def test_avx512f_without_dq_is_neither_build():
+    """-march=native on AVX-512F without AVX512DQ (Xeon Phi) compiles tinyBLAS<16, __m512> and
+    ggml_vec_dot_f32's 16 lanes (`__AVX512F__`) but the AVX2 soft_max and expf (`__AVX512F__ &&
+    __AVX512DQ__`, vec.cpp): a mix of the two builds, which ggtool does not follow; not AVX2."""
+    from ggtool.kernels.numerics import NumericsError, llama_cpp_variant, resolve
+
+    flags = AVX2_CPU | {"avx512f", "avx512cd", "avx512er", "avx512pf"}
+    assert llama_cpp_variant(flags) is None
+    with pytest.raises(NumericsError, match="avx512f without avx512dq") as e:
+        resolve("llama.cpp", flags)
+    assert e.value.kind == "no-llama-cpp-build"
 
 
 def test_named_builds_and_the_x86_alias_whatever_the_cpu():
