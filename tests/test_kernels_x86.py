@@ -208,6 +208,29 @@ def test_the_pool_computes_in_the_plans_numerics():
             assert y.numpy().tobytes() == want[numerics], numerics
 
 
+@pytest.mark.parametrize("name", ["llama.cpp", "x86", "llama.cpp-avx2"])
+def test_a_given_plan_with_a_name_to_resolve_computes_in_the_build_it_names(name):
+    """Plan.numerics is public, and a plan can be made before the compute: its name is resolved as
+    the argument is, so the kernels (and the pool's workers) never see "llama.cpp", whose lanes
+    `numerics.wide` cannot tell (F32 lanes differ between the two builds at k = 200)."""
+    from ggtool.kernels.numerics import host_flags, llama_cpp_variant, resolve
+    from ggtool.plan import make_plan
+
+    if name == "llama.cpp" and llama_cpp_variant(host_flags()) is None:
+        pytest.skip("this CPU has no llama.cpp x86 build ggtool follows")
+    rng = np.random.default_rng(7)
+    A, X = rng.standard_normal((12, 200)).astype(f32), rng.standard_normal((5, 200)).astype(f32)
+    g, y = _mul_mat("f32", A, X)
+    ggtool.graph_compute(g, 1, numerics=name)
+    want = y.numpy().tobytes()
+    y.data[...] = 0
+    plan = make_plan(g, 1)
+    plan.numerics = name
+    ggtool.graph_compute(g, 1, plan=plan)
+    assert plan.numerics == resolve(name, host_flags())
+    assert y.numpy().tobytes() == want
+
+
 def test_unknown_numerics_is_one_clear_error():
     g, _ = _mul_mat("q8_0", random_blocks("q8_0", 4, 32, 0), np.ones((1, 32), f32))
     with pytest.raises(GGToolError, match="numerics must be one of ggml, llama.cpp, llama.cpp-avx2, llama.cpp-avx512, x86, not 'avx'"):
