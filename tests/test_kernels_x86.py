@@ -5,6 +5,8 @@ threads and in the worker pool."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import llamacpp_x86 as oracle
 import numpy as np
@@ -143,6 +145,28 @@ def test_soft_max_is_ggml_v_expf_in_chunks_of_16_or_8(numerics, wide):
     assert y.numpy().tobytes() == want.tobytes()
     tail = ((x * f32(0.125)).astype(f32) < -88) & ((x * f32(0.125)).astype(f32) > -103)
     assert tail.sum() >= 4 and (y.numpy().reshape(rows, n)[tail] > 0).all()   # subnormal, not zero
+
+
+SOFTMAX_REF = Path(__file__).parent / "golden" / "llama" / "softmax-tails.npz"
+
+
+@pytest.mark.parametrize("numerics,build", [("llama.cpp-avx512", "avx512"), ("llama.cpp-avx2", "avx2")])
+@pytest.mark.parametrize("n", [13, 37])
+def test_soft_max_rows_are_llama_cpps_attention_rows(numerics, build, n):
+    """A row whose length is no multiple of the lanes is taken as attention meets it in llama.cpp,
+    in a KV cache of 256 cells (the rest masked): against llama.cpp's own ggml_soft_max_ext on such
+    rows (golden, both builds), and the numpy oracle too. ggml_soft_max_ext on the bare row differs
+    in the last bit (its last values through the C library's expf), as docs/engine.md says."""
+    z = np.load(SOFTMAX_REF)
+    x, want = z[f"x_{n}"], z[f"y_kv_{n}_{build}"]
+    ctx = ggtool.Context()
+    y = F["soft_max"](ctx, ctx.new_tensor("f32", [n, x.shape[0]]).set_data(x))
+    g = ggtool.Graph(ctx)
+    g.expand(y)
+    ggtool.graph_compute(g, 1, numerics=numerics)
+    assert y.numpy().tobytes() == want.tobytes()
+    assert oracle.soft_max_rows(x, wide=build == "avx512").tobytes() == want.tobytes()
+    assert y.numpy().tobytes() != z[f"y_{n}_{build}"].tobytes()
 
 
 @pytest.mark.parametrize("wide", [True, False])
