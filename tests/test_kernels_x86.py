@@ -371,6 +371,23 @@ def test_avx512f_without_dq_is_neither_build():
     assert e.value.kind == "no-llama-cpp-build"
 
 
+def test_amx_is_neither_build():
+    """On AMX (Sapphire Rapids and later: amx_int8 with avx512_vnni) -march=native defines
+    __AMX_INT8__, and ggml-cpu's first extra buffer type is then AMX's (ggml-cpu.cpp): its tile
+    kernels take Q4_0, Q8_0, Q4_K and Q6_K weights, another order than the repacked and tinyBLAS
+    kernels ggtool follows."""
+    from ggtool.kernels.numerics import NumericsError, llama_cpp_variant, resolve
+
+    avx512 = AVX2_CPU | {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni"}
+    assert llama_cpp_variant(avx512 | {"amx_tile"}) == "llama.cpp-avx512"      # no amx_int8: no AMX kernels
+    flags = avx512 | {"amx_tile", "amx_int8", "amx_bf16"}
+    assert llama_cpp_variant(flags) is None
+    with pytest.raises(NumericsError, match="amx_int8") as e:
+        resolve("llama.cpp", flags)
+    assert e.value.kind == "no-llama-cpp-build"
+    assert resolve("llama.cpp-avx512", flags) == "llama.cpp-avx512"
+
+
 def test_named_builds_and_the_x86_alias_whatever_the_cpu():
     from ggtool.kernels.numerics import resolve
 
