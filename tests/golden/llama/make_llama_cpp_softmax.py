@@ -26,8 +26,16 @@ WIDTHS = (13, 37)   # 13: one AVX2 chunk and a tail, all tail for AVX-512; 37: t
 
 
 def inputs() -> dict:
+    """24 rows of n: standard normal times 3, the last four from 0 down to -110 and -200 (the expf
+    tails below 2^-126 and past -192*ln 2, where AVX2's ggml_v_expf scales in two steps)."""
     rng = np.random.default_rng(23)
-    return {f"x_{n}": (rng.standard_normal((24, n)) * 3).astype(np.float32) for n in WIDTHS}
+    res = {}
+    for n in WIDTHS:
+        x = (rng.standard_normal((24, n)) * 3).astype(np.float32)
+        x[20:22] = np.linspace(0, -110, n, dtype=np.float32)
+        x[22:] = np.linspace(0, -200, n, dtype=np.float32)
+        res[f"x_{n}"] = x
+    return res
 
 
 def soft_max(lib_dir: str, x: np.ndarray) -> np.ndarray:
