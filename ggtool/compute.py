@@ -9,12 +9,10 @@ import numpy as np
 
 from .context import OBJECT_SIZE, pad
 from .errors import ComputeError, GGToolError, OutOfMemoryError, memory_limit
-from .kernels.numerics import NAMES, host_flags, resolve
+from .kernels.numerics import host_flags, resolve
 from .ops.base import kernel_for
 from .plan import Plan, make_plan
 from .threads import single_threaded
-
-NUMERICS = NAMES   # ggtool.kernels.numerics: "ggml", "llama.cpp" (this CPU's build), its two variants, "x86"
 
 
 class Work:
