@@ -9,12 +9,10 @@ import numpy as np
 
 from .context import OBJECT_SIZE, pad
 from .errors import ComputeError, GGToolError, OutOfMemoryError, memory_limit
-from .kernels.numerics import NAMES, host_flags, resolve
+from .kernels.numerics import host_flags, resolve
 from .ops.base import kernel_for
 from .plan import Plan, make_plan
 from .threads import single_threaded
-
-NUMERICS = NAMES   # ggtool.kernels.numerics: "ggml", "llama.cpp" (this CPU's build), its two variants, "x86"
 
 
 class Work:
@@ -78,7 +76,7 @@ def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "c
     mode). alloc "graph": the nodes compute into one compute buffer planned by ggtool.alloc
     (ggml_gallocr), where intermediates reuse memory; only `outputs` (and the OUTPUT flag) are
     sure to keep their values after the compute (see `bind`). `numerics` (see `Work`) is kept in
-    the plan; None leaves the plan's own (default "ggml")."""
+    the plan, resolved; None leaves the plan's own (default "ggml"), resolved too."""
     if alloc not in ALLOC_MODES:
         raise GGToolError(f"alloc must be one of {', '.join(ALLOC_MODES)}, not {alloc!r}")
     if numerics is not None:     # "llama.cpp" becomes the variant this CPU's build runs
@@ -86,8 +84,8 @@ def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "c
     materialize_written(graph)
     verify_maps(graph)
     plan = plan or make_plan(graph, n_threads)
-    if numerics is not None:
-        plan.numerics = numerics
+    # a given plan's own name too: kernels and workers see only a resolved one
+    plan.numerics = numerics if numerics is not None else resolve(plan.numerics, host_flags())
     if alloc == "graph":
         plan.allocation = bind(graph, outputs, plan)
     else:

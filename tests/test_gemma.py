@@ -208,14 +208,18 @@ def test_numerics_x86_gives_llama_cpps_logits_bit_for_bit(run, gemma, golden, re
     tokens and for 1, 2, 5 and 9 (each row count takes other paths through its kernels), with one
     participant or two. The kernels themselves are checked against the numpy oracle of that build
     (tests/llamacpp_x86.py) in test_kernels_x86.py."""
-    z = golden if ref == "top64" else np.load(LENGTHS)
+    assert_llama_cpps_top64(run, gemma, golden if ref == "top64" else np.load(LENGTHS), seq, "x86", threads, tmp_path)
+
+
+def assert_llama_cpps_top64(run, model, z, key, numerics: str, threads: str, tmp_path) -> None:
+    """`compute -f gemma3.gg --numerics NUMERICS` over golden `z`'s tokens_KEY: its top-64 logits to
+    the last bit and its argmax in every row."""
     out = tmp_path / "logits.npy"
-    ok(run("compute", "-f", PROGRAM, "--gguf", gemma, "--tensor", tokens_arg(z[f"tokens_{seq}"]),
-           "--numerics", "x86", "--threads", threads, "-o", out))
-    got = np.load(out).reshape(len(z[f"tokens_{seq}"]), N_VOCAB)
-    ids, want = z[f"top_ids_{seq}"], z[f"top_logits_{seq}"]
-    assert np.take_along_axis(got, ids, axis=1).tobytes() == want.tobytes()
-    assert (got.argmax(axis=1) == z[f"argmax_{seq}"]).all()
+    ok(run("compute", "-f", PROGRAM, "--gguf", model, "--tensor", tokens_arg(z[f"tokens_{key}"]),
+           "--numerics", numerics, "--threads", threads, "-o", out))
+    got = np.load(out).reshape(len(z[f"tokens_{key}"]), N_VOCAB)
+    assert np.take_along_axis(got, z[f"top_ids_{key}"], axis=1).tobytes() == z[f"top_logits_{key}"].tobytes()
+    assert (got.argmax(axis=1) == z[f"argmax_{key}"]).all()
 
 
 # gemma requantized to Q4_0 by `ggtool quantize` (default mode: token_embd.weight, the tied output,
@@ -248,15 +252,7 @@ def gemma_q4_0(gemma, tmp_path_factory) -> dict:
 def test_numerics_x86_gives_llama_cpps_logits_for_q4_0_bit_for_bit(run, gemma_q4_0, f, seq, threads, tmp_path):
     """Q4_0 weights as llama.cpp's x86 build multiplies them: repacked (q4_0_8x8) for every weight,
     the tied output projection of the --pure file included; 1, 2, 5 and 13 tokens."""
-    z = np.load(Q4_0_REF)
-    key = f"{f}_{seq}"
-    out = tmp_path / "logits.npy"
-    ok(run("compute", "-f", PROGRAM, "--gguf", gemma_q4_0[f], "--tensor", tokens_arg(z[f"tokens_{key}"]),
-           "--numerics", "x86", "--threads", threads, "-o", out))
-    got = np.load(out).reshape(len(z[f"tokens_{key}"]), N_VOCAB)
-    ids, want = z[f"top_ids_{key}"], z[f"top_logits_{key}"]
-    assert np.take_along_axis(got, ids, axis=1).tobytes() == want.tobytes()
-    assert (got.argmax(axis=1) == z[f"argmax_{key}"]).all()
+    assert_llama_cpps_top64(run, gemma_q4_0[f], np.load(Q4_0_REF), f"{f}_{seq}", "x86", threads, tmp_path)
 
 
 def test_gemma3_program_uses_every_weight_and_llamas_refuses_the_model(run, gemma):
@@ -283,14 +279,7 @@ def gemma_files(gemma, gemma_q4_0) -> dict:
 def test_numerics_llama_cpp_avx2_gives_the_avx2_builds_logits_bit_for_bit(run, gemma_files, m, seq, threads, tmp_path):
     """`--numerics llama.cpp-avx2` on this (AVX-512) machine: the logits of llama.cpp built for AVX2,
     which differ from the AVX-512 build's by up to 0.5 here; Q4_K_M and both Q4_0 files."""
-    z = np.load(AVX2_REF)
-    key = f"{m}_{seq}"
-    out = tmp_path / "logits.npy"
-    ok(run("compute", "-f", PROGRAM, "--gguf", gemma_files[m], "--tensor", tokens_arg(z[f"tokens_{key}"]),
-           "--numerics", "llama.cpp-avx2", "--threads", threads, "-o", out))
-    got = np.load(out).reshape(len(z[f"tokens_{key}"]), N_VOCAB)
-    assert np.take_along_axis(got, z[f"top_ids_{key}"], axis=1).tobytes() == z[f"top_logits_{key}"].tobytes()
-    assert (got.argmax(axis=1) == z[f"argmax_{key}"]).all()
+    assert_llama_cpps_top64(run, gemma_files[m], np.load(AVX2_REF), f"{m}_{seq}", "llama.cpp-avx2", threads, tmp_path)
 
 
 @pytest.mark.parametrize("ref,numerics,m,threads", [

@@ -376,3 +376,21 @@ def test_ctrl_c_mid_generation_ends_cleanly(run, threads):
     ref = ok(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "60", "--ignore-eos"))
     assert got and (ref.startswith(got) or got.startswith(ref.rstrip("\n")))
     assert [s for s in list_segments() if s.startswith(f"ggtool_{p.pid}_")] == []
+
+
+def test_llama_cpp_numerics_cache_of_a_ctx_size_off_256(stories):
+    """Under llama.cpp's numerics a ctx-size of 300 makes a cache of 512 cells (llama.cpp's n_ctx,
+    padded to 256) read 256 at a time: 256 cells up to position 255, 512 from 256; yet it is full at
+    300 tokens, the ctx-size asked for, not at 512."""
+    session = Session(STORIES, stories, n_ctx=300, numerics="llama.cpp-avx2", kv_pad=4)
+    assert (session.n_kv(255, 0), session.n_kv(1, 255), session.n_kv(1, 256), session.n_kv(44, 256)) == (256, 256, 512, 512)
+    rng = np.random.default_rng(0)
+    session.eval(rng.integers(3, 500, 255))
+    assert session.n_cells == 512 and all(512 in list(t.ne) for t in session._state.values())
+    session.eval([261])
+    session.eval([376])
+    session.eval(rng.integers(3, 500, 43))
+    assert set(session._steps) == {(255, 256), (1, 256), (1, 512), (43, 512)} and session.n_past == 300
+    with pytest.raises(ContextFullError) as e:
+        session.eval([378])
+    assert e.value.n_ctx == 300 and session.n_past == 300

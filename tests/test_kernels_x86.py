@@ -5,6 +5,8 @@ threads and in the worker pool."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import llamacpp_x86 as oracle
 import numpy as np
@@ -145,6 +147,28 @@ def test_soft_max_is_ggml_v_expf_in_chunks_of_16_or_8(numerics, wide):
     assert tail.sum() >= 4 and (y.numpy().reshape(rows, n)[tail] > 0).all()   # subnormal, not zero
 
 
+SOFTMAX_REF = Path(__file__).parent / "golden" / "llama" / "softmax-tails.npz"
+
+
+@pytest.mark.parametrize("numerics,build", [("llama.cpp-avx512", "avx512"), ("llama.cpp-avx2", "avx2")])
+@pytest.mark.parametrize("n", [13, 37])
+def test_soft_max_rows_are_llama_cpps_attention_rows(numerics, build, n):
+    """A row whose length is no multiple of the lanes is taken as attention meets it in llama.cpp,
+    in a KV cache of 256 cells (the rest masked): against llama.cpp's own ggml_soft_max_ext on such
+    rows (golden, both builds), and the numpy oracle too. ggml_soft_max_ext on the bare row differs
+    in the last bit (its last values through the C library's expf), as docs/engine.md says."""
+    z = np.load(SOFTMAX_REF)
+    x, want = z[f"x_{n}"], z[f"y_kv_{n}_{build}"]
+    ctx = ggtool.Context()
+    y = F["soft_max"](ctx, ctx.new_tensor("f32", [n, x.shape[0]]).set_data(x))
+    g = ggtool.Graph(ctx)
+    g.expand(y)
+    ggtool.graph_compute(g, 1, numerics=numerics)
+    assert y.numpy().tobytes() == want.tobytes()
+    assert oracle.soft_max_rows(x, wide=build == "avx512").tobytes() == want.tobytes()
+    assert y.numpy().tobytes() != z[f"y_{n}_{build}"].tobytes()
+
+
 @pytest.mark.parametrize("wide", [True, False])
 def test_expf_oracles_tails(wide):
     """Each build's expf, ggtool's compiled lane against the numpy oracle, over the whole range the
@@ -206,6 +230,29 @@ def test_the_pool_computes_in_the_plans_numerics():
             y.data[...] = 0
             ggtool.graph_compute(g, 2, pool=pool, numerics=numerics)
             assert y.numpy().tobytes() == want[numerics], numerics
+
+
+@pytest.mark.parametrize("name", ["llama.cpp", "x86", "llama.cpp-avx2"])
+def test_a_given_plan_with_a_name_to_resolve_computes_in_the_build_it_names(name):
+    """Plan.numerics is public, and a plan can be made before the compute: its name is resolved as
+    the argument is, so the kernels (and the pool's workers) never see "llama.cpp", whose lanes
+    `numerics.wide` cannot tell (F32 lanes differ between the two builds at k = 200)."""
+    from ggtool.kernels.numerics import host_flags, llama_cpp_variant, resolve
+    from ggtool.plan import make_plan
+
+    if name == "llama.cpp" and llama_cpp_variant(host_flags()) is None:
+        pytest.skip("this CPU has no llama.cpp x86 build ggtool follows")
+    rng = np.random.default_rng(7)
+    A, X = rng.standard_normal((12, 200)).astype(f32), rng.standard_normal((5, 200)).astype(f32)
+    g, y = _mul_mat("f32", A, X)
+    ggtool.graph_compute(g, 1, numerics=name)
+    want = y.numpy().tobytes()
+    y.data[...] = 0
+    plan = make_plan(g, 1)
+    plan.numerics = name
+    ggtool.graph_compute(g, 1, plan=plan)
+    assert plan.numerics == resolve(name, host_flags())
+    assert y.numpy().tobytes() == want
 
 
 def test_unknown_numerics_is_one_clear_error():
@@ -296,8 +343,8 @@ AVX2_CPU = {"sse4_2", "avx", "avx2", "fma", "f16c"}
 
 @pytest.mark.parametrize("flags,want", [
     (AVX2_CPU | {"avx512f", "avx512dq", "avx512bw", "avx512vl"}, "llama.cpp-avx512"),
+    (AVX2_CPU | {"avx512f", "avx512dq"}, "llama.cpp-avx512"),   # BW and VL change no sum ggtool follows
     (AVX2_CPU, "llama.cpp-avx2"),
-    (AVX2_CPU | {"avx512f"}, "llama.cpp-avx2"),            # no avx512dq: not the AVX-512 soft_max
     (AVX2_CPU - {"fma"}, None), ({"sse4_2", "avx"}, None), (set(), None)])
 def test_llama_cpp_is_the_build_this_cpus_flags_make(flags, want):
     from ggtool.kernels.numerics import NumericsError, llama_cpp_variant, resolve
@@ -309,6 +356,36 @@ def test_llama_cpp_is_the_build_this_cpus_flags_make(flags, want):
     with pytest.raises(NumericsError, match="neither AVX-512 .* nor AVX2") as e:
         resolve("llama.cpp", flags)
     assert e.value.kind == "no-llama-cpp-build" and e.value.name == "llama.cpp"
+
+
+def test_avx512f_without_dq_is_neither_build():
+    """-march=native on AVX-512F without AVX512DQ (Xeon Phi) compiles tinyBLAS<16, __m512> and
+    ggml_vec_dot_f32's 16 lanes (`__AVX512F__`) but the AVX2 soft_max and expf (`__AVX512F__ &&
+    __AVX512DQ__`, vec.cpp): a mix of the two builds, which ggtool does not follow; not AVX2."""
+    from ggtool.kernels.numerics import NumericsError, llama_cpp_variant, resolve
+
+    flags = AVX2_CPU | {"avx512f", "avx512cd", "avx512er", "avx512pf"}
+    assert llama_cpp_variant(flags) is None
+    with pytest.raises(NumericsError, match="avx512f without avx512dq") as e:
+        resolve("llama.cpp", flags)
+    assert e.value.kind == "no-llama-cpp-build"
+
+
+def test_amx_is_neither_build():
+    """On AMX (Sapphire Rapids and later: amx_int8 with avx512_vnni) -march=native defines
+    __AMX_INT8__, and ggml-cpu's first extra buffer type is then AMX's (ggml-cpu.cpp): its tile
+    kernels take Q4_0, Q8_0, Q4_K and Q6_K weights, another order than the repacked and tinyBLAS
+    kernels ggtool follows."""
+    from ggtool.kernels.numerics import NumericsError, llama_cpp_variant, resolve
+
+    avx512 = AVX2_CPU | {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni"}
+    assert llama_cpp_variant(avx512 | {"amx_tile"}) == "llama.cpp-avx512"      # no amx_int8: no AMX kernels
+    flags = avx512 | {"amx_tile", "amx_int8", "amx_bf16"}
+    assert llama_cpp_variant(flags) is None
+    with pytest.raises(NumericsError, match="amx_int8") as e:
+        resolve("llama.cpp", flags)
+    assert e.value.kind == "no-llama-cpp-build"
+    assert resolve("llama.cpp-avx512", flags) == "llama.cpp-avx512"
 
 
 def test_named_builds_and_the_x86_alias_whatever_the_cpu():

@@ -26,9 +26,14 @@ NAMES = (GGML, AUTO, AVX2, AVX512, *ALIASES)     # what a caller may ask for
 LLAMA_CPP = (AVX512, AVX2)                       # what kernels see (resolved)
 LLAMA_CPP_KV_PAD = 256    # llama.cpp's KV cache attends over a multiple of 256 cells (llama_kv_cache::get_n_kv)
 
-# the flags a -march=native build needs for each variant's code paths: __AVX512F__ and __AVX512DQ__
-# (tinyBLAS's __m512, the soft_max loop), or __AVX2__, __FMA__ and __F16C__
+# the flags a -march=native build needs for each variant's code paths: __AVX512F__ (tinyBLAS's
+# __m512, ggml_vec_dot_f32's 16 lanes) and __AVX512DQ__ (the soft_max loop), or __AVX2__, __FMA__ and
+# __F16C__. AVX512F without DQ compiles the F32 products of the first and the soft_max of the second:
+# neither build (_MIXED). AMX (__AMX_INT8__ and __AVX512VNNI__) puts the quantized weights in its own
+# buffer type and tile kernels (ggml-cpu.cpp's extra buffer types): neither build either.
 _NEEDS = {AVX512: frozenset(("avx512f", "avx512dq")), AVX2: frozenset(("avx2", "fma", "f16c"))}
+_MIXED = "avx512f"
+_AMX = frozenset(("amx_int8", "avx512_vnni"))
 
 
 class NumericsError(GGToolError):
@@ -39,6 +44,12 @@ class NumericsError(GGToolError):
         self.flags = flags
         if flags is None:
             msg = f"numerics must be one of {', '.join(NAMES)}, not {name!r}"
+        elif _AMX <= flags:
+            msg = (f"numerics {name!r}: this CPU has AMX (amx_int8), where llama.cpp's build multiplies quantized "
+                   f"weights with its AMX kernels, neither of the two x86 builds ggtool follows")
+        elif _MIXED in flags:
+            msg = (f"numerics {name!r}: this CPU has avx512f without avx512dq, where llama.cpp's build sums F32 "
+                   f"products in AVX-512's lanes and soft_max in AVX2's, a mix of the two x86 builds ggtool follows")
         else:
             msg = (f"numerics {name!r}: this CPU has neither AVX-512 (avx512f, avx512dq) nor AVX2 (avx2, fma, f16c), "
                    f"the two llama.cpp x86 builds ggtool follows")
@@ -47,8 +58,10 @@ class NumericsError(GGToolError):
 
 def llama_cpp_variant(flags) -> str | None:
     """The llama.cpp build a native compile makes for a CPU with these /proc/cpuinfo flags: AVX512,
-    AVX2, or None (neither: other kernels, not modelled)."""
+    AVX2, or None (neither, AVX512F without DQ, or AMX: other kernels, not modelled)."""
     flags = frozenset(flags)
+    if _AMX <= flags or (_MIXED in flags and not _NEEDS[AVX512] <= flags):
+        return None
     for variant in LLAMA_CPP:
         if _NEEDS[variant] <= flags:
             return variant
