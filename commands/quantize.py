@@ -177,7 +177,7 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
               envvar="GGTOOL_THREADS", show_envvar=True, show_default="the CPUs this process may use", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
 @click.option("--keep-split", is_flag=True,
-              help="A split INPUT gives as many OUTPUT shards, each with the same tensors as its input shard.")
+              help="OUTPUT as shards named OUT-0000k-of-0000n.gguf, one per INPUT shard (a single file: one), each with its input shard's tensors.")
 @click.option("--allow-requantize", is_flag=True,
               help="Quantize tensors that are already quantized (each rounding adds to the last).")
 @click.option("--name", "tensor_name", metavar="NAME", help="Tensor name for a .npy INPUT (default: its file stem).")
