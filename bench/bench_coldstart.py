@@ -15,7 +15,8 @@ after runs that filled it. A first-ever run leaves a background process compilin
 (ggtool.kernels.cache): the next run starts only once it has finished (it would otherwise share the
 cores with that run). Each run is a fresh process; cold and cached runs are interleaved so a change
 in the machine's load affects them alike; the figure is the median wall time and the ratio
-first/cached. --tree runs another checkout the same way (`python -m ggtool` with that checkout as
+first/cached; on a machine other processes load, the CPU time (user + sys) of the same runs and
+its ratio are the steadier figure. --tree runs another checkout the same way (`python -m ggtool` with that checkout as
 the working directory, as bench_memory.py does), in the same rounds.
 
 llama.cpp (gemma only, when --llama-python names a Python with llama-cpp-python): the same tokens
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import resource
 import statistics
 import subprocess
 import sys
@@ -80,15 +82,22 @@ def wait_for_compiler(cache: str, timeout: float = 300.0) -> None:
         time.sleep(0.2)
 
 
-def run(cmds: list[list[str]], cache: str, tree: Path = ROOT) -> float:
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run(cmds: list[list[str]], cache: str, tree: Path = ROOT) -> tuple[float, float]:
+    """Wall time and CPU time (user + sys of the commands and the workers they wait for; not the
+    background compiler, which is no child of ours and runs once they have exited)."""
     env = dict(os.environ, GGTOOL_CACHE_DIR=cache)
     env.pop("NUMBA_CACHE_DIR", None)
-    t = time.perf_counter()
+    t, c0 = time.perf_counter(), _cpu()
     for c in cmds:
         subprocess.run(c, env=env, check=True, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    took = time.perf_counter() - t
+    took, cpu = time.perf_counter() - t, _cpu() - c0
     wait_for_compiler(cache)
-    return took
+    return took, cpu
 
 
 def timed(cmd: list[str]) -> float:
@@ -130,11 +139,12 @@ def main() -> None:
                     ref_t.append(timed(llama_cpp(llama, threads, a.tokens)))
             label = example if threads == "-" else f"{example} t={threads}"
             for tree in trees:
-                c, w = statistics.median(cold_t[tree]), statistics.median(warm_t[tree])
+                (c, cc), (w, wc) = (tuple(map(statistics.median, zip(*x))) for x in (cold_t[tree], warm_t[tree]))
                 name = "this tree" if tree == ROOT else str(tree)
                 print(f"{label:10s} {name:14s} first-ever {c:6.2f} s  cached {w:6.2f} s  ratio {c / w:5.2f}x"
-                      f"   (first {', '.join(f'{x:.2f}' for x in cold_t[tree])};"
-                      f" cached {', '.join(f'{x:.2f}' for x in warm_t[tree])})")
+                      f"   (first {', '.join(f'{x:.2f}' for x, _ in cold_t[tree])};"
+                      f" cached {', '.join(f'{x:.2f}' for x, _ in warm_t[tree])})")
+                print(f"{'':10s} {'':14s} CPU time   {cc:6.2f} s  cached {wc:6.2f} s  ratio {cc / wc:5.2f}x")
                 if ref_t:
                     r = statistics.median(ref_t)
                     print(f"{'':10s} {'':14s} llama.cpp  {r:6.2f} s  cached/llama.cpp {w / r:5.2f}x"

@@ -175,17 +175,42 @@ def test_kernel_cache_goes_to_ggtool_cache_dir(tmp_path):
     assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "numba" / tiles) for f in fs)
 
 
-def test_missing_numba_is_one_clear_error(tmp_path):
-    """A quantized compute without numba: one `Error:` line saying what to install, no traceback."""
-    r = _python("""
-        import sys
-        sys.modules["numba"] = None                         # import numba -> ImportError
-        from ggtool.commands import main
-        row = "[" + ",".join(["1"] * 32) + "]"
-        sys.argv = ["ggtool", "compute", "mul_mat(w, x)", "--tensor", f"w=q4_0:[{row},{row}]", "--tensor", f"x=[{row}]"]
+QUANTIZED_COMPUTE = """
+    import sys
+    from ggtool.commands import main
+    row = "[" + ",".join(["1"] * 32) + "]"
+    sys.argv = ["ggtool", "compute", "mul_mat(w, x)", "--tensor", f"w=q4_0:[{row},{row}]", "--tensor", f"x=[{row}]"]
+    try:
         main()
-    """)
+    finally:
+        print("numba" in sys.modules, file=sys.stderr)
+"""
+
+
+def _cache_env(tmp_path, ready=()) -> dict:
+    """An empty kernel cache in tmp_path, with `ready` kernels marked as compiled."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["GGTOOL_CACHE_DIR"] = str(tmp_path)
+    for name in ready:
+        marker = _python(f"from ggtool.kernels import cache; print(cache.marker('ready', {name!r}))", env).stdout.strip()
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        open(marker, "w").close()
+    return env
+
+
+def test_a_first_ever_quantized_compute_imports_no_numba(tmp_path):
+    """Every kernel runs its numpy twin (ggtool.kernels.cache): numba's ~0.5-1 s of start-up is left out."""
+    r = _python(QUANTIZED_COMPUTE, _cache_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[-1] == "False"
+
+
+def test_missing_numba_is_one_clear_error(tmp_path):
+    """A quantized compute without numba, its kernel in the cache: one `Error:` line saying what to
+    install, no traceback."""
+    r = _python('import sys\nsys.modules["numba"] = None\n' + textwrap.dedent(QUANTIZED_COMPUTE),  # import numba -> ImportError
+                _cache_env(tmp_path, ready=["dot:q4_0"]))
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
-    lines = r.stderr.strip().splitlines()
+    lines = r.stderr.strip().splitlines()[:-1]     # the last: whether numba was imported
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "numba" in lines[0], r.stderr

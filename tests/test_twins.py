@@ -59,8 +59,12 @@ def test_dot_twin_gives_the_kernels_bits(name):
     rng = np.random.default_rng(len(name))
     act_of = {T.GGMLType.Q8_K: Q.quantize_q8_k, T.GGMLType.Q8_1: Q.quantize_q8_1_cpu}.get(vdt, Q.quantize_q8_0_cpu)
     for n, m in ((1, 1), (130, 5), (300, 9)):          # a partial row group, several activation tiles
-        w = _weights(name, rng.standard_normal((n, 512)).astype(np.float32))
-        act = act_of(rng.standard_normal((m, 512)).astype(np.float32))
+        wf = rng.standard_normal((n, 512)).astype(np.float32)
+        wf[0] = np.abs(wf[0])                          # Q4_0: a negative scale in every block
+        w = _weights(name, wf)
+        x = rng.standard_normal((m, 512)).astype(np.float32)
+        x[0] = 0                                       # so sums of -0.0 terms: the result is +0.0
+        act = act_of(x)
         a, b = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
         dot.dot(t, dot.pack(t, w), act, a)
         twins.dot(t, w, act, b)

@@ -11,12 +11,12 @@ import fcntl
 import os
 import sys
 
-import numpy as np
-
 from . import cache
 
 
 def _dot(type_name: str) -> None:
+    import numpy as np      # here, not at the top: nothing heavier than os loads while the command runs
+
     from .. import types as T
     from . import dot
 
@@ -32,6 +32,8 @@ def _dot(type_name: str) -> None:
 
 
 def _quantizer(kind: str) -> None:
+    import numpy as np
+
     from . import kquants, quantize
 
     if kind == "F16":

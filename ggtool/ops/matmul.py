@@ -103,12 +103,14 @@ def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray, tile: tuple) ->
     elif a.type == T.F16:  # f16 x f16 products are exact in float32; sums in float32
         np.matmul(x.astype(np.float32), w.astype(np.float32).T, out=out)
     else:
-        from ..kernels import dot
         from ..quant import matmul as qm
 
+        def repack():       # imports the compiled packers (numba) only when the kernel runs
+            from ..kernels import dot
+            return dot.pack(a.type, w)
+
         w = np.ascontiguousarray(w)
-        qm.mul_mat_into(a.type, w, np.ascontiguousarray(x), out,
-                        pack=lambda: qm.weight_pack(a, tile, lambda: dot.pack(a.type, w), w))
+        qm.mul_mat_into(a.type, w, np.ascontiguousarray(x), out, pack=lambda: qm.weight_pack(a, tile, repack, w))
 
 
 @kernel("MUL_MAT", n_tasks=ALL, work_size=_work_size)
