@@ -27,14 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 TYPES = ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
 
 
-def _make_script():
-    spec = importlib.util.spec_from_file_location("make_kquants", ROOT / "tests" / "golden" / "kquants" / "make_kquants.py")
+def load_maker(name: str = "make_kquants"):
+    """tests/golden/kquants/NAME.py as a module: it compiles GGML's C, the reference timed here."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "golden" / "kquants" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def _interleaved(fns, runs: int) -> list[float]:
+def interleaved_calls(fns, runs: int) -> list[float]:
     """Median seconds of each of fns, timed in rounds (one call of each per round, after a warm-up
     round), so that a change in the machine's load hits all alike."""
     for fn in fns:
@@ -60,7 +61,7 @@ def main() -> None:
     from ggtool import kquants
     from ggtool import quant as Q
 
-    make = _make_script()
+    make = load_maker()
     nblocks = int(args.mb * 2**20 / 1024)
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((nblocks, 256)) * rng.uniform(0.01, 1, (nblocks, 1))).astype(np.float32)
@@ -73,7 +74,7 @@ def main() -> None:
             k = kquants.kernel(t)
             out = np.empty((nblocks, kquants.BLOCKS[t][0]), np.uint8)
             with Q.threads_set_to(1):
-                t_ref, t_ker, t_api = _interleaved([lambda: make.reference(lib, x, t), lambda: k(x, out),
+                t_ref, t_ker, t_api = interleaved_calls([lambda: make.reference(lib, x, t), lambda: k(x, out),
                                                     lambda: Q.quantize(x, t)], args.runs)
                 same = np.array_equal(Q.quantize(x, t), make.reference(lib, x, t))
             print(f"{t:6} {mb / t_ref:10.1f} {mb / t_ker:12.1f} {t_ref / t_ker:6.2f} {mb / t_api:9.1f} "

@@ -16,37 +16,15 @@ ratio is ggtool's MB/s over the C's (gguf-py's likewise). The bytes are compared
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from bench_kquants import interleaved_calls, load_maker  # bench/ is the script's folder: on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
-
-
-def _make_script():
-    spec = importlib.util.spec_from_file_location("make_quants", ROOT / "tests" / "golden" / "kquants" / "make_quants.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _interleaved(fns, runs: int) -> list[float]:
-    """Median seconds of each of fns, timed in rounds after a warm-up round."""
-    for fn in fns:
-        fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(runs):
-        for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-    return [statistics.median(ts) for ts in times]
 
 
 def main() -> None:
@@ -61,7 +39,7 @@ def main() -> None:
 
     from ggtool import quant as Q
 
-    make = _make_script()
+    make = load_maker("make_quants")
     rows = max(1, int(args.mb * 2**20 / 4 / 4096))
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((rows, 4096)) * rng.uniform(0.01, 1, (rows, 1))).astype(np.float32)
@@ -81,7 +59,7 @@ def main() -> None:
                 if has_gguf:
                     fns.append(lambda gt=gt: gguf.quants.quantize(x, gt))
                 with Q.threads_set_to(1):
-                    ts = _interleaved(fns, args.runs)
+                    ts = interleaved_calls(fns, args.runs)
                     same = np.array_equal(Q.quantize(x, t, imatrix=qw), make.reference(lib, x, t, qw))
                 g = f"{mb / ts[2]:8.1f} {ts[2] / ts[1]:6.1f}" if has_gguf else f"{'-':>8} {'-':>6}"
                 print(f"{t:7} {path:8} {mb / ts[0]:8.1f} {mb / ts[1]:8.1f} {ts[0] / ts[1]:6.2f} {g}  "

@@ -261,6 +261,11 @@ def test_has_tensor():
     assert "has_tensor() needs the tensor's name as a string" in err("x = has_tensor(a)", A)
 
 
+def test_input_and_state_are_named_by_a_string():
+    assert "input() needs the input's name as a string, got int 3" in err("x = input(3, f32, 4)", A)
+    assert "state() needs the state's name as a string, got int 3" in err("x = state(3, f32, 4)", A)
+
+
 # -- the printer -----------------------------------------------------------------------------------
 def test_new_forms_round_trip():
     src = '''include "lib.gg"

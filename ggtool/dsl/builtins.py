@@ -235,12 +235,17 @@ def _type_of(ev, t):
     return _tensor(t, 0, "type").type
 
 
+def _name_arg(name, fn: str) -> None:
+    """input() and state() name what they declare first, as a string."""
+    if not isinstance(name, str):
+        raise BuiltinError(f"{fn}() needs the {fn}'s name as a string, got {describe(name)}", 0)
+
+
 @builtin("input(name, type, ne0, ne1, ne2, ne3)",
          "declares the program's input `name` of `type`; where no data is read (inspect-graph, plan) "
          "and none is given, a placeholder of shape [ne0, ...] stands in")
 def _input(ev, name, type, *ne):
-    if not isinstance(name, str):
-        raise BuiltinError(f"input() needs the input's name as a string, got {describe(name)}", 0)
+    _name_arg(name, "input")
     ty = _type(type, 1, "input")
     t = ev.input(name)
     if t is not None:
@@ -318,8 +323,7 @@ def fill_causal_mask(rows: np.ndarray, positions: np.ndarray, n_swa: int = 0) ->
          "a tensor that outlives one compute (a KV cache): the environment's own if it keeps state "
          "(ggtool.generate does), else the input `name` if one is given, else zeros of [ne0, ...]")
 def _state(ev, name, type, *ne):
-    if not isinstance(name, str):
-        raise BuiltinError(f"state() needs the state's name as a string, got {describe(name)}", 0)
+    _name_arg(name, "state")
     ty = _type(type, 1, "state")
     if not 1 <= len(ne) <= 4:
         raise BuiltinError(f"state() takes 1 to 4 sizes after the type, got {len(ne)}")
