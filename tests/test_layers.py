@@ -23,9 +23,11 @@ LAYERS = (
     # the ground: nothing of ggtool below them
     {"errors": ["ggtool.errors"],                         # GGToolError and its fields
      "interrupts": ["ggtool.interrupts"],                 # signals, from the command line's first line
-     "role": ["ggtool.role"],                             # whether this process is a pool worker
      "blas": ["ggtool.blas"]},                            # BLAS's thread count (light: the pool launches early)
-    {"types": ["ggtool.types"],                           # GGML's type table
+    {"environment": ["ggtool.environment"],               # every GGTOOL_* variable, read
+     "json_input": ["ggtool.json_input"]},                # JSON from the user, its nesting bounded
+    {"role": ["ggtool.role"],                             # whether this process is a pool worker
+     "types": ["ggtool.types"],                           # GGML's type table
      "threads": ["ggtool.threads"]},                      # the one default-thread rule
     # compiled loops and OS memory: they know types and bytes, never a tensor
     {"kernels": ["ggtool.kernels"],
