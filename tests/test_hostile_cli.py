@@ -51,10 +51,9 @@ DEEP = nested(100_000)
 
 
 class TestDeepJSON:
-    """JSON nested 100,000 deep (60,000 in an argument) was an internal RecursionError wherever
-    ids or arrays are read (`Error: internal error: RecursionError: maximum recursion depth
-    exceeded while decoding a JSON array`); now one line naming the input and the limit, found
-    without recursing (ggtool/json_input.py)."""
+    """JSON nested 100,000 deep (60,000 in an argument) wherever ids or arrays are read: one line
+    naming the input and the limit, found without recursing (ggtool/json_input.py), never
+    Python's RecursionError."""
 
     def test_detokenize_ids_argument(self):
         one_error(ggtool("detokenize", "--gguf", STORIES, ARG_DEEP), f"IDS: {DEPTH_LINE}")
@@ -119,12 +118,12 @@ RELU = ("compute", "relu(a)", "--tensor", "a=[1,-2,3]")
 
 
 class TestClosedStreams:
-    """stdin, stdout or stderr closed by the shell. Before: a closed stdin was an internal
-    AttributeError ('NoneType' object has no attribute 'read' / 'isatty' / 'flush') in tokenize,
-    detokenize, `generate -` and `compute -f -`; a closed stdout an internal error for every command
-    that writes (even `compute -o FILE`, which asks stdout whether it is a terminal), and a Python
-    traceback at exit; `--help >&-` a traceback. Now each descriptor keeps /dev/null in its place
-    (commands/_streams.py) and only a use of the closed stream is one line."""
+    """stdin, stdout or stderr closed by the shell: each descriptor keeps /dev/null in its place
+    (commands/_streams.py), a command that does not use the closed stream runs as usual (even
+    `compute -o FILE`, which asks stdout whether it is a terminal), and a use of it is one line:
+    reading stdin in every command that reads it, writing data to stdout in every command that
+    writes, help and version included. Never an internal AttributeError on Python's None stream,
+    nor a traceback at exit."""
 
     @pytest.mark.parametrize("args, what", TEXT_READERS, ids=[" ".join(str(x) for x in a if x not in ("--gguf", STORIES)) for a, _ in TEXT_READERS])
     def test_closed_stdin(self, args, what):
@@ -176,7 +175,8 @@ class TestStdinThatHoldsNothing:
         (["compute", "relu(a)", "--tensor", "a=-"], "--tensor a: stdin is empty", 1),
     ], ids=["detokenize", "generate", "compute -f -", "--tensor a=-"])
     def test_dev_null(self, args, line, code):
-        """Before: detokenize printed an empty line and `generate` generated from BOS alone, exit 0."""
+        """Ids or a prompt are needed: an empty stdin is an error, not an empty line (detokenize) or a
+        continuation of BOS alone (generate) with exit 0."""
         with open("/dev/null", "rb") as null:
             assert one_error(ggtool(*args, stdin=null), code=code) == f"Error: {line}"
 
