@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import importlib
 import io
-import os
 import select
 import signal
 import sys

@@ -13,6 +13,7 @@ import os
 from contextlib import contextmanager
 
 from . import blas, environment
+
 THREADS_ENV = environment.THREADS.name
 # The arithmetic each participant must bring before a default adds it: a worker process costs
 # ~0.5 s (start, numba and the kernels loaded, its share of the weights repacked) and saves its

@@ -125,7 +125,8 @@ class TestClosedStreams:
     writes, help and version included. Never an internal AttributeError on Python's None stream,
     nor a traceback at exit."""
 
-    @pytest.mark.parametrize("args, what", TEXT_READERS, ids=[" ".join(str(x) for x in a if x not in ("--gguf", STORIES)) for a, _ in TEXT_READERS])
+    @pytest.mark.parametrize("args, what", TEXT_READERS,
+                             ids=[" ".join(str(x) for x in a if x not in ("--gguf", STORIES)) for a, _ in TEXT_READERS])
     def test_closed_stdin(self, args, what):
         one_error(ggtool(*args, close=(0,)), f"stdin is closed (<&-): nothing to read {what} from")
 
