@@ -6,8 +6,8 @@ read elsewhere; docs/cli.md#environment renders the list, checked against it.
 Light (os only): the command line asks for GGTOOL_THREADS before click and numpy load. Each read
 looks at os.environ when it is made, so a change (a test's monkeypatch, a worker's environment)
 counts. An unset or blank variable is its default; a value its parser refuses is a GGToolError
-naming the variable. click reads GGTOOL_THREADS itself for `--threads` (its `envvar`, spelled
-`THREADS.name`), under the same rule: a positive integer.
+naming the variable. The command line's thread option reads GGTOOL_THREADS through click too
+(its `envvar`, spelled `THREADS.name`), under the same rule: a positive integer.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class Variable:
 THREADS = Variable(
     "GGTOOL_THREADS",
     "Participants of a compute (`compute`, `generate`, `plan`: this process and N-1 workers) and "
-    "`quantize`'s threads, where `--threads` is not given.",
+    "`quantize`'s threads, where the command line gives no thread count.",
     "the CPUs this process may use; for a graph, one per 40 GFLOP of its work (1 below that)",
     positive_int)
 QUANT_THREADS = Variable(

@@ -1,4 +1,4 @@
-"""JSON a user gives (token ids, `--tensor` arrays, lines of `--jsonl`), read with its nesting
+"""JSON a user gives (token ids, tensors' arrays, lines of JSON Lines), read with its nesting
 bounded: the one reader of JSON input. Python's json recurses once per `[` or `{`, so JSON nested
 100,000 deep would end in a RecursionError; here it is one InputError, found without recursion
 and without parsing (from the brackets outside strings, at C speed).
