@@ -111,8 +111,9 @@ CACHE_DIR = Variable(
     path)
 CACHE_MAX = Variable(
     "GGTOOL_CACHE_MAX",
-    "Upper bound of the repacked-weights cache, e.g. 2G; least recently used packs are evicted.",
-    "the cache's own bound",
+    "Upper bound of the repacked-weights cache, e.g. 2G; least recently used packs are evicted "
+    "(0: none is kept).",
+    "4G",
     size)
 CPU_FLAGS = Variable(
     "GGTOOL_CPU_FLAGS",
@@ -162,7 +163,7 @@ def cache_dir() -> str | None:
 
 
 def cache_max() -> int | None:
-    """GGTOOL_CACHE_MAX in bytes, or None (the cache's own bound)."""
+    """GGTOOL_CACHE_MAX in bytes, or None (the cache's default bound, 4 GiB)."""
     return CACHE_MAX.read()
 
 
