@@ -10,7 +10,7 @@ import click
 from ggtool import quantize_model as QM
 from ggtool import types as T
 from ggtool.imatrix import read_imatrix
-from ggtool.threads import default_threads
+from ggtool.threads import THREADS_ENV, default_threads
 
 from ._common import NPY_ORDER_HELP, log
 from ._json import document
@@ -174,7 +174,7 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
 @click.option("--imatrix", "imatrix_path", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
               help="Importance matrix (llama-imatrix's GGUF or legacy .dat): GGML's weighted quantizers, as llama-quantize.")
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
-              envvar="GGTOOL_THREADS", show_envvar=True, show_default="the CPUs this process may use", metavar="N",
+              envvar=THREADS_ENV, show_envvar=True, show_default="the CPUs this process may use", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
 @click.option("--keep-split", is_flag=True,
               help="OUTPUT as shards named OUT-0000k-of-0000n.gguf, one per INPUT shard (a single file: one), each with its input shard's tensors.")

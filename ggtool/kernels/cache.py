@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 
-from .. import role
+from .. import environment, role
 
 # Modules whose compiled functions other kernel modules compile into theirs: simd's vector tiles
 # (into dot and dot_k), dot_base's store_group (into dot and dot_k), dot_k's scale decoding (into x86),
@@ -35,7 +35,7 @@ def cache_dir() -> str:
     """Where compiled kernels are cached (see the module docstring)."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return os.environ["NUMBA_CACHE_DIR"]
-    base = os.environ.get("GGTOOL_CACHE_DIR")
+    base = environment.cache_dir()
     if not base:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "ggtool")

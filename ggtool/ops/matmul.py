@@ -1,4 +1,5 @@
-"""mul_mat: out[i, j, k, l] = row i of a . row j of b (spec 6.7, 8.2, 9.3).
+"""mul_mat: out[i, j, k, l] = row i of a . row j of b (ggml_mul_mat;
+ggml_compute_forward_mul_mat, and its work size in ggml_graph_plan).
 
 With C-order arrays A (M, K) and B (N, K) the result is B @ A.T. Dims 2/3 broadcast by block
 repeat: b-matrix (i12, i13) uses a-matrix (i12 // r2, i13 // r3).

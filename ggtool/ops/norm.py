@@ -1,4 +1,5 @@
-"""norm and rms_norm: each row normalised on its own, no weight or bias (spec 6.6).
+"""norm and rms_norm: each row normalised on its own, no weight or bias (ggml_norm,
+ggml_rms_norm).
 
 Threads take dim-1 rows interleaved (i01 = ith, ith+nth, ...) inside every (i02, i03) slice.
 Sums are float64 over float32 terms (GGML sums `(ggml_float)(v*v)`, the product in float).

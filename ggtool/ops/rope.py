@@ -1,4 +1,5 @@
-"""rope: rotary position embedding, normal (mode 0) and NEOX (mode 2) pairings (spec 6.12).
+"""rope: rotary position embedding, normal (mode 0) and NEOX (mode 2) pairings (ggml_rope_ext;
+ggml_compute_forward_rope_f32).
 
 a is [head_dim, n_heads, n_tokens, batch]; b holds one I32 position per token. Angles follow
 GGML's cache exactly: theta starts at (float)p and is multiplied by theta_scale once per pair,

@@ -1,4 +1,5 @@
-"""soft_max, soft_max_ext (mask, scale, ALiBi) and diag_mask_inf (spec 6.8, 6.9)."""
+"""soft_max, soft_max_ext (mask, scale, ALiBi) and diag_mask_inf (ggml_soft_max_ext,
+ggml_diag_mask_inf)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Element-wise F32 maps: the UNARY family (op UNARY, the sub-op in op_params[0]: abs ... exp,
-gelu, silu) and the stand-alone ops sqr, sqrt, log, sin, cos (spec 6.3).
+gelu, silu) and the stand-alone ops sqr, sqrt, log, sin, cos (ggml_unary, ggml_sqr, ...).
 
 GELU and GELU_QUICK go through GGML's fp16 lookup tables, so their outputs are fp16 values.
-Which threads work follows spec 9.3: GELU, GELU_QUICK and SILU split rows in blocks, every
-other op here runs on thread 0 alone. Rows are read the way GGML walks them (row i at i*nb1).
+Which threads work follows GGML's kernels (ggml_compute_forward_gelu_f32 and its neighbours):
+GELU, GELU_QUICK and SILU split rows in blocks, every other op here runs on thread 0 alone.
+Rows are read the way GGML walks them (row i at i*nb1).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import role
+from .. import environment, role
 from ..interrupts import at_exit_now, signals_blocked, signals_held
 from ..threads import available_cpus
 from . import fork
@@ -64,8 +64,8 @@ def launch() -> Launched:
     life_r, life_w = os.pipe()
     bell = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC) if hasattr(os, "eventfd") else -1
     env = {k: "1" for k in THREAD_VARS}
-    env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
-    env["GGTOOL_POOL_WORKER"] = "1"
+    env[environment.QUANT_THREADS.name] = "1"   # ggtool.quant's own thread pool: one thread per process
+    env[environment.POOL_WORKER.name] = "1"
     try:
         # The worker inherits the signal mask: it starts with the ending signals blocked, so a Ctrl-C
         # or SIGTERM to the whole process group cannot kill it, or have it print a traceback, while
