@@ -27,7 +27,7 @@ import sys
 import click
 
 from ggtool import __version__, interrupts, role
-from ggtool.errors import GGToolError
+from ggtool.errors import GGToolError, warnings_as_lines
 from ggtool.interrupts import Interrupted  # noqa: F401  (its home; named here too)
 
 DEBUG_ENV = "GGTOOL_DEBUG"
@@ -220,6 +220,7 @@ def buffered_stdout() -> None:
 def main() -> None:
     install_signal_handlers()
     role.COMMAND_LINE = True   # this process is ggtool's: e.g. a mapped input truncated under us is one Error line
+    warnings_as_lines()   # the engine's warnings: one `Warning: ...` line each
     buffered_stdout()
     code = 0
     try:
