@@ -24,7 +24,8 @@ LAYERS = (
     {"errors": ["ggtool.errors"],                         # GGToolError and its fields
      "interrupts": ["ggtool.interrupts"],                 # signals, from the command line's first line
      "role": ["ggtool.role"],                             # whether this process is a pool worker
-     "blas": ["ggtool.blas"]},                            # BLAS's thread count (light: the pool launches early)
+     "blas": ["ggtool.blas"],                             # BLAS's thread count (light: the pool launches early)
+     "isolation": ["ggtool.isolation"]},                  # how ggtool starts a Python process of its own
     {"types": ["ggtool.types"],                           # GGML's type table
      "threads": ["ggtool.threads"]},                      # the one default-thread rule
     # compiled loops and OS memory: they know types and bytes, never a tensor

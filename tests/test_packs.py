@@ -1,5 +1,5 @@
 """Repacked weights on disk (ggtool.quant.packs), distrusted: what is stored comes back whole and
-equal; a tile that was changed in any way (a flipped byte, a header made to match a truncated file,
+equal; a tile that was changed in any way (and checked again after any write) (a flipped byte, a header made to match a truncated file,
 items that point outside it, a link at its name) is refused, reported once, removed and rebuilt; a
 file rewritten in place keeps no old tiles even with its mtime restored; nothing is ever written
 through a planted link; the tiles stay within GGTOOL_CACHE_MAX, least recently used out first, with
@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import zlib
 from pathlib import Path
 
@@ -37,7 +38,8 @@ def cache_root(tmp_path, monkeypatch):
     monkeypatch.delenv("GGTOOL_CACHE_MAX", raising=False)
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     monkeypatch.setattr(packs, "MIN_FILE_BYTES", 1024)
-    for module, name in ((cache, "_checked"), (cache, "_dirs"), (packs, "_folders"), (packs, "_sources"), (packs, "_room")):
+    for module, name in ((cache, "_checked"), (cache, "_dirs"), (packs, "_folders"), (packs, "_sources"), (packs, "_room"),
+                         (packs, "_logs")):
         monkeypatch.setattr(module, name, {})
     monkeypatch.setattr(packs, "_reported", set())
     return root
@@ -125,6 +127,44 @@ def test_a_flipped_byte_anywhere_is_refused_reported_once_and_rebuilt(cache_root
     assert not os.path.exists(tile)               # removed: the caller repacks and stores it anew
     packs.store(where, KEY, packed)
     assert _same(packs.load(where, KEY), packed)
+
+
+class _NoCRC:
+    @staticmethod
+    def crc32(data, value=0):
+        raise AssertionError("the CRC was computed")
+
+
+def test_a_checked_tile_is_summed_again_only_once_it_was_written(cache_root, tmp_path, monkeypatch):
+    """The CRC is computed at the first map of a tile as the file system describes it (inode, size,
+    mtime, ctime, stored CRC) and logged; a later map of the same tile skips it, but any write to
+    the tile moves its ctime (`touch -r` restores only the mtime), and the next map checks again."""
+    monkeypatch.setattr(packs, "SETTLED_S", 0.0)
+    where, tile, packed = _stored(tmp_path)
+    time.sleep(0.05)                                     # the tile's ctime is older than its check
+    assert _same(packs.load(where, KEY), packed)          # checked, and logged
+    (line,) = (Path(where) / ".checked").read_text().splitlines()
+    assert line.startswith(os.path.basename(tile) + " ")
+    monkeypatch.setattr(packs, "_logs", {})              # another process reads the log
+    monkeypatch.setattr(packs, "zlib", _NoCRC)
+    assert _same(packs.load(where, KEY), packed)          # not summed again
+    monkeypatch.undo()
+    monkeypatch.setattr(packs, "SETTLED_S", 0.0)
+    st = os.stat(tile)
+    time.sleep(0.05)
+    _flip(tile, 5000)
+    os.utime(tile, ns=(st.st_atime_ns, st.st_mtime_ns))   # touch -r
+    with pytest.warns(CacheWarning, match="does not match its checksum"):
+        assert packs.load(where, KEY) is None
+
+
+def test_a_check_is_logged_only_for_a_tile_that_has_settled(cache_root, tmp_path):
+    """A tile written less than SETTLED_S ago is checked at every map: a write within the
+    file system's clock tick could otherwise leave its ctime as it was."""
+    where, _, packed = _stored(tmp_path)
+    assert packs.SETTLED_S >= 1
+    assert _same(packs.load(where, KEY), packed)
+    assert not (Path(where) / ".checked").exists()
 
 
 def test_damage_is_reported_once_per_file_and_process(cache_root, tmp_path):

@@ -13,12 +13,22 @@ What a tile can be trusted for, and how:
   set: a changed file never meets stale tiles. (A digest of the weights' bytes would read every
   weight of the file on every run, the pages a cached run otherwise never touches; the ctime costs
   nothing.) A file's older identities are removed when a new one is made.
-- Its bytes. A tile is [magic, CRC-32, header (JSON: key, size, items), arrays]: the CRC covers
-  everything after itself and is checked each time a process maps the tile, and every item of the
-  header is checked against the file's size (offsets aligned, in order, inside it; plain numeric
-  dtypes; whole items). CRC-32 (zlib, ~4 GB/s here) catches every change of up to 32 consecutive
-  bits, so any flipped byte, and anything else but one time in 2**32; a cryptographic hash would
-  add nothing (whoever can write the tile can write its digest) at a quarter of the speed.
+- Its bytes. A tile is [magic, CRC-32, header (JSON: key, size, items), arrays]. Each time a process
+  maps a tile, every item of the header is checked against the file's size (offsets aligned, in
+  order, inside it; plain numeric dtypes; whole items). The CRC, over everything after itself, is
+  checked when a process maps a tile as the file system describes it for the first time (its
+  inode, size, mtime and ctime in ns, with the CRC it stores): a match is logged in the folder's
+  ``.checked``, and a later map of the same description skips the CRC. Any write to a tile moves
+  its ctime (no user can set it; ``touch -r`` restores only the mtime), and a check is logged only
+  once the tile's ctime is SETTLED_S old, so whatever writes a tile after its check gives it a new
+  description: a flipped byte is caught at the next map. Why not the CRC at every map: on this
+  shared 2-core machine it cost a cached 8-token gemma-3-270m run 19% of its CPU time (313 MB of
+  tiles) and Qwen2.5-0.5B's FIXME; the log costs a stat and a lookup. Left uncaught: damage below
+  the file system (a disk's bit rot, which moves no ctime), which the model file itself, read
+  unchecked, is as open to. CRC-32 (zlib, ~4 GB/s on an idle core) catches every change of up to
+  32 consecutive bits, so any flipped byte, and anything else but one time in 2**32; a
+  cryptographic hash would add nothing (whoever can write the tile can write its digest) at a
+  quarter of the speed, and a sampled one would miss most single flips.
 - Anything that disagrees (a flipped byte, a header rewritten to match a truncated file, a tile
   that is not a plain file of the user's) is removed, repacked, stored anew and reported once per
   file and process (a ``CacheWarning``, one `Warning:` line in the command line).
@@ -48,12 +58,12 @@ import numpy as np
 from ..errors import CacheWarning, GGToolError
 
 MIN_FILE_BYTES = 64 << 20
-# The default bound of GGTOOL_CACHE_MAX: a file's tiles take ~1.1x its quantized weights (gemma-3-270m:
-# 253 MB for 253 MB, Qwen2.5-0.5B: 531 MB for 491 MB), so 4 GiB keep a 3B model's, or the small
-# models a user works with at once, and stay a small part of a disk.
+# The default bound of GGTOOL_CACHE_MAX: a file's tiles take 1.2-1.25x the file (gemma-3-270m: 313 MB for
+# 253 MB, Qwen2.5-0.5B: 587 MB for 491 MB), so 4 GiB keep a 3B model's, or the few small models a user
+# works with at once, and stay a small part of a disk.
 DEFAULT_MAX = 4 << 30
 MAX_ENV = "GGTOOL_CACHE_MAX"
-RESERVE = 1.25            # a new file's folder reserves this times its size until its tiles are written
+RESERVE = 1.3             # a new file's folder reserves this times its size (its tiles take 1.2-1.25x)
 STALE_TMP_S = 3600        # a temporary file this old is a writer's that died: removed by the next eviction
 _MAGIC = b"GGTPACK2"
 _PREFIX = 16              # magic, then the CRC-32 (little-endian uint64) of everything after these 16 bytes
@@ -61,6 +71,8 @@ _HEADER = 4096
 _ALIGN = 64
 _PACKERS = ("dot.py", "dot_k.py", "dot_base.py", "simd.py")
 _USED = ".used"           # an identity folder's stamp: its mtime is its last use, its text the bytes it reserves
+_CHECKED = ".checked"     # an identity folder's log of the tiles whose CRC matched, as the file system saw them
+SETTLED_S = 2.0           # a check is logged only for a tile whose ctime is this old (a later write moves it past)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -328,14 +340,60 @@ def load(where: str, key) -> tuple | None:
         if st.st_size < _HEADER:
             return _damaged(where, path, f"is {st.st_size} bytes, shorter than its header")
         m = np.memmap(f, dtype=np.uint8, mode="c")
-    problem, items = _check(m, key)
+    seen = _signature(path, st, m)
+    known = _checked_before(where, seen)
+    problem, items = _check(m, key, crc=not known)
     if problem:
         return _damaged(where, path, problem)
+    if not known and time.time() - st.st_ctime > SETTLED_S:
+        _remember(where, seen)
     return tuple(m[o:o + n].view(dt).view(np.ndarray) if dt is not None else n for dt, o, n in items)
 
 
-def _check(m: np.ndarray, key) -> tuple[str | None, list]:
-    """(None, items) if mapped tile `m` is whole and is `key`'s, else (what is wrong, [])."""
+def _signature(path: str, st: os.stat_result, m: np.ndarray) -> str:
+    """A tile as the file system describes it (any write moves its ctime), with its stored CRC."""
+    crc = bytes(m[len(_MAGIC):_PREFIX]).hex()
+    return f"{os.path.basename(path)} {st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {crc}"
+
+
+_logs: dict[str, tuple[int, set[str]]] = {}    # folder -> (its log's size when read, the signatures in it)
+
+
+def _checked_before(where: str, signature: str) -> bool:
+    """Whether a tile with this signature had its CRC checked (the folder's log of checks, _CHECKED)."""
+    size, seen = _logs.get(where, (-1, set()))
+    if signature in seen:
+        return True
+    try:
+        fd = os.open(os.path.join(where, _CHECKED), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        now = os.fstat(f.fileno()).st_size
+        if now != size:           # another process has added to it: read it again
+            seen = set(f.read(1 << 24).decode("ascii", "replace").splitlines())
+            _logs[where] = (now, seen)
+    return signature in seen
+
+
+def _remember(where: str, signature: str) -> None:
+    """Add a tile whose CRC matched to its folder's log (appended: processes may add at once)."""
+    try:
+        fd = os.open(os.path.join(where, _CHECKED), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        return
+    try:
+        os.write(fd, (signature + "\n").encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _check(m: np.ndarray, key, crc: bool = True) -> tuple[str | None, list]:
+    """(None, items) if mapped tile `m` is whole and is `key`'s, else (what is wrong, []); its CRC
+    is computed if `crc`."""
     if bytes(m[:len(_MAGIC)]) != _MAGIC:
         return "has no tile header", []
     try:
@@ -359,7 +417,7 @@ def _check(m: np.ndarray, key) -> tuple[str | None, list]:
             end = o + n
         checked.append((np.dtype(dt) if dt is not None else None, o, n))
     stored = int.from_bytes(bytes(m[len(_MAGIC):_PREFIX]), "little")
-    if zlib.crc32(m[_PREFIX:]) != stored:
+    if crc and zlib.crc32(m[_PREFIX:]) != stored:
         return "does not match its checksum", []
     return None, checked
 
