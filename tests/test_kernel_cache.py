@@ -142,7 +142,7 @@ def test_a_kernel_that_fails_to_compile_is_marked_and_not_tried_again(tmp_path, 
     tag = sys.implementation.cache_tag
     (tmp_path / "wanted").mkdir()
     (tmp_path / "wanted" / f"dot:q4_0.{tag}").touch()
-    monkeypatch.setattr(warm, "_dot", lambda arg: 1 / 0)
+    monkeypatch.setitem(warm.KINDS, "dot", (lambda arg: 1 / 0, warm.KINDS["dot"][1]))
     warm.main()
     assert (tmp_path / "failed" / f"dot:q4_0.{tag}").read_text() == "ZeroDivisionError: division by zero\n"
     assert os.listdir(tmp_path / "wanted") == [] and not (tmp_path / "ready").exists()
@@ -197,3 +197,38 @@ sys.argv = ["ggtool", "compute", "mul_mat(w, x)", "--tensor", "w=q8_0:[" + ",".j
 from ggtool.commands import console
 console()
 """
+
+
+F16 = """
+import warnings
+warnings.simplefilter("always")
+import numpy as np
+from ggtool.kernels import quantize
+out = np.zeros(3, np.uint16)
+quantize.fp32_to_fp16(np.array([1.0, 2.5, -3.0], np.float32), out)
+print(out.tolist(), len(quantize.fp32_to_fp16.dispatcher.stats.cache_hits))
+"""
+
+
+def test_a_damaged_compiled_kernel_is_compiled_anew_and_reported(tmp_path):
+    """numba's cache files carry no check of their own: a flipped byte in an index made every later
+    run fail (UnicodeDecodeError in pickle), one in a data file could be loaded as machine code.
+    ggtool's kernels keep theirs behind a CRC-32: a damaged file is one warning, removed, compiled
+    anew; the run after loads the new one."""
+    env = {**_env(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "k")}
+    first = _python(F16, env)
+    assert first.returncode == 0 and first.stdout == "[15360, 16640, 49664] 0\n", first.stderr
+    (index,) = (tmp_path / "k").rglob("quantize.fp32_to_fp16-*.nbi")
+    (data,) = (tmp_path / "k").rglob("quantize.fp32_to_fp16-*.nbc")
+    assert _python(F16, env).stdout == "[15360, 16640, 49664] 1\n"        # loaded from the cache
+    for damaged in (data, index):
+        raw = bytearray(damaged.read_bytes())
+        raw[len(raw) // 2] ^= 0x10
+        damaged.write_bytes(raw)
+        again = _python(F16, env)
+        assert again.returncode == 0 and again.stdout == "[15360, 16640, 49664] 0\n", again.stderr
+        assert again.stderr.count("CacheWarning") == 1
+        assert f"a compiled kernel in the cache was refused and is compiled anew: {damaged} does not match its checksum" \
+            in again.stderr
+        after = _python(F16, env)
+        assert after.stdout == "[15360, 16640, 49664] 1\n" and after.stderr == "", after.stderr

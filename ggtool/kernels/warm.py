@@ -5,7 +5,7 @@ It waits for the command that started it to exit (end of its stdin), takes the c
 leaves it to the process holding it), then compiles every kernel named in ``wanted/`` that is not
 ``ready/`` yet, by calling it on small arrays of the types the engine passes it, and marks it ready.
 
-The queue is only file names: an entry that names no kernel of `kernels()` (a stray file, a name
+The queue is only file names: an entry that names no kernel (`known`: a stray file, a name
 from another version of ggtool, a link) is removed and never stops the others (another Python's
 entries are left to it); a kernel that fails to compile is
 marked in ``failed/`` (with the error) and not tried again in this cache, so a broken one costs
@@ -54,27 +54,38 @@ def _quantizer(kind: str) -> None:
     kernel(np.zeros((1, nval), np.float32), np.zeros((1, nbytes), np.uint8))
 
 
-def kernels() -> dict:
-    """Every name the queue may hold ("dot:<type>", "quantize:<kind>"; ``cache.use_kernel``) -> how
-    to compile it."""
+def _dot_types() -> set[str]:
     from .. import types as T
 
-    named = {f"dot:{T.type_name(t)}": (_dot, T.type_name(t)) for t in T.DOT_TYPES}
-    named.update({f"quantize:{k}": (_quantizer, k) for k in QUANTIZERS})
-    return named
+    return {T.type_name(t) for t in T.DOT_TYPES}
+
+
+# What the queue may name, "<kind>:<argument>" (``cache.use_kernel``): kind -> (how to compile it, the
+# arguments it takes, or None for any: the compile function refuses what it does not know).
+KINDS = {"dot": (_dot, _dot_types), "quantize": (_quantizer, lambda: set(QUANTIZERS))}
+
+
+def known(name: str) -> bool:
+    """Whether `name` names a kernel this version compiles."""
+    kind, _, arg = name.partition(":")
+    if kind not in KINDS:
+        return False
+    args = KINDS[kind][1]
+    return args is None or arg in args()
 
 
 def compile_kernel(name: str) -> None:
-    """Compile (or load) kernel `name`, one of `kernels()`; KeyError for any other name."""
-    fn, arg = kernels()[name]
-    fn(arg)
+    """Compile (or load) kernel `name`, one that is `known`; KeyError for any other name."""
+    if not known(name):
+        raise KeyError(name)
+    kind, _, arg = name.partition(":")
+    KINDS[kind][0](arg)
 
 
 def _pending(root: str) -> list[str]:
     """The queue's kernels not ready yet, in order. An entry of this Python that names no kernel, or
     is no plain file, or names one done already, is removed; another Python's entries are left to it."""
     tag = sys.implementation.cache_tag
-    known = kernels()
     try:
         files = os.listdir(os.path.join(root, "wanted"))
     except OSError:
@@ -85,7 +96,7 @@ def _pending(root: str) -> list[str]:
         name, _, its_tag = f.rpartition(".")
         if its_tag != tag and its_tag.startswith(("cpython-", "pypy")) and name:
             continue
-        if its_tag == tag and name in known and os.path.isfile(path) and not os.path.islink(path) \
+        if its_tag == tag and known(name) and os.path.isfile(path) and not os.path.islink(path) \
                 and not os.path.exists(cache.marker("ready", name, root)) \
                 and not os.path.exists(cache.marker("failed", name, root)):
             names.append(name)
