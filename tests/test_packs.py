@@ -178,6 +178,28 @@ def test_damage_is_reported_once_per_file_and_process(cache_root, tmp_path):
     assert len(w) == 1
 
 
+def test_damage_is_said_once_among_a_pools_processes(cache_root, tmp_path, monkeypatch):
+    """Each participant maps the tiles of its own rows: damage found by the caller and by its
+    workers is said by the first of them only (a `.refused-<caller>` mark in the folder)."""
+    from ggtool import role
+
+    where, tile, packed = _stored(tmp_path)
+    other = KEY[:-1] + (128,)
+    packs.store(where, other, packed)
+    _flip(tile, 5000)
+    _flip(packs._tile_file(where, other), 5000)
+    with pytest.warns(CacheWarning):
+        assert packs.load(where, KEY) is None                     # the caller
+    monkeypatch.setattr(packs, "_reported", set())                # a worker of it
+    monkeypatch.setattr(role, "POOL_WORKER", True)
+    monkeypatch.setattr(os, "getppid", os.getpid)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert packs.load(where, other) is None                   # refused, said by nobody again
+    assert not os.path.exists(packs._tile_file(where, other))
+
+
 def _rewrite_header(tile: str, edit, crc: bool) -> None:
     """Apply edit(header dict) to a tile's header, and recompute its CRC if `crc` (as someone
     forging a tile would)."""
@@ -217,6 +239,43 @@ def test_a_header_that_disagrees_with_the_file_is_refused(cache_root, tmp_path, 
     _rewrite_header(tile, edit, forged)
     with pytest.warns(CacheWarning, match=problem):
         assert packs.load(where, KEY) is None
+
+
+def test_random_damage_never_comes_back_as_data(cache_root, tmp_path):
+    """A seeded corpus of damage (bytes flipped anywhere, cut short, grown, the header's numbers
+    changed): each tile comes back equal or is refused with a warning, never as other data or an
+    exception."""
+    import random
+    import warnings
+
+    rng = random.Random(29)
+    where, tile, packed = _stored(tmp_path)
+    good = Path(tile).read_bytes()
+    refused = 0
+    for _ in range(300):
+        data = bytearray(good)
+        kind = rng.choice(["flip", "flips", "cut", "grow", "number"])
+        if kind in ("flip", "flips"):
+            for _ in range(1 if kind == "flip" else rng.randint(2, 50)):
+                data[rng.randrange(len(data))] ^= rng.randrange(1, 256)
+        elif kind == "cut":
+            del data[rng.randrange(len(data)):]
+        elif kind == "grow":
+            data += bytes(rng.randrange(256) for _ in range(rng.randint(1, 200)))
+        else:
+            digits = [k for k in range(16, 600) if chr(data[k]).isdigit()]
+            data[rng.choice(digits)] = ord(str(rng.randrange(10)))
+        Path(tile).write_bytes(bytes(data))
+        packs._reported.clear()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = packs.load(where, KEY)
+        if got is None:
+            refused += 1
+            assert len(w) == 1 and issubclass(w[0].category, CacheWarning)
+        else:
+            assert bytes(data) == good and _same(got, packed) and not w
+    assert refused >= 290
 
 
 def test_a_tile_cut_shorter_than_its_header_is_refused(cache_root, tmp_path):

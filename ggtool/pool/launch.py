@@ -22,6 +22,7 @@ from . import fork
 from ..blas import THREAD_VARS
 
 _PRESTARTED: list[Launched] = []
+_PRESTARTING: list[bool] = []     # non-empty while prestart (the command line's alone) launches
 
 
 class Launched:
@@ -94,7 +95,7 @@ def _interpreter(sock: int, life: int, bell: int, env: dict):
     from .. import isolation
 
     code = "from ggtool.pool.worker import main; main()"
-    if role.COMMAND_LINE:   # the command line's warnings are lines: so are its workers'
+    if role.COMMAND_LINE or _PRESTARTING:   # the command line's warnings are lines: so are its workers'
         code = "from ggtool.errors import warnings_as_lines; warnings_as_lines(); " + code
     return isolation.popen(code, str(sock), str(life), str(bell), env=env,
                            pass_fds=(sock, life, *([bell] if bell >= 0 else [])), stdin=subprocess.DEVNULL,
@@ -129,9 +130,12 @@ def prestart(n_threads: int = 0) -> None:
         return
     n = min(n_threads, available_cpus())
     at_exit_now(discard)   # a signal while the command line still starts: they stop with it
+    _PRESTARTING.append(True)
     try:
         for _ in range(n - 1):
             with signals_held():   # started and known together: a signal now stops it (discard)
                 _PRESTARTED.append(launch())
     except OSError:  # out of processes or descriptors: the pool will say so when it starts them
         discard()
+    finally:
+        _PRESTARTING.clear()

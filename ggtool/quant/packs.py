@@ -71,6 +71,7 @@ _HEADER = 4096
 _ALIGN = 64
 _PACKERS = ("dot.py", "dot_k.py", "dot_base.py", "simd.py")
 _USED = ".used"           # an identity folder's stamp: its mtime is its last use, its text the bytes it reserves
+_REFUSED = ".refused-"     # a run (its caller's pid) has reported damage here: its pool's other processes say nothing
 _CHECKED = ".checked"     # an identity folder's log of the tiles whose CRC matched, as the file system saw them
 SETTLED_S = 2.0           # a check is logged only for a tile whose ctime is this old (a later write moves it past)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -292,7 +293,7 @@ def usage(base: str) -> list[tuple[float, int, str]]:
                     fst = os.lstat(os.path.join(where, f))
                 except OSError:
                     continue
-                if f.endswith(".tmp") and now - fst.st_mtime > STALE_TMP_S:
+                if (f.endswith(".tmp") or f.startswith(_REFUSED)) and now - fst.st_mtime > STALE_TMP_S:
                     _remove_tree(os.path.join(where, f))
                     continue
                 size += fst.st_size
@@ -442,16 +443,37 @@ def _check_item(item, end: int, size: int) -> str | None:
 
 
 def _damaged(where: str, path: str, problem: str) -> None:
-    """Remove tile `path`, and say once for its folder in this process that it was damaged."""
+    """Remove tile `path`, and say once for its folder in this run that it was damaged: once in this
+    process, and once among a pool's processes (the first to create ``.refused-<caller's pid>``)."""
     _remove_tree(path)
     if where not in _reported:
         _reported.add(where)
         import warnings
 
+        from .. import role
+
+        caller = os.getppid() if role.POOL_WORKER else os.getpid()
+        try:
+            os.close(os.open(os.path.join(where, f"{_REFUSED}{caller}-{_started(caller)}"),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        except FileExistsError:
+            return None               # another process of this run has said it
+        except OSError:
+            pass
+
         source = _sources.get(where, where)
         warnings.warn(CacheWarning(f"repacked weights of {source} in the cache were refused and are rebuilt: "
                                    f"{path} {problem}"), stacklevel=3)
     return None
+
+
+def _started(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot, /proc), so that a reused pid is another run."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return "0"
 
 
 def store(where: str, key, packed: tuple) -> None:
