@@ -10,7 +10,8 @@ For each model (gemma-3-270m Q4_K_M and Qwen2.5-Coder-0.5B, from $GGTOOL_BENCH_M
 - a cached `ggtool generate --gguf MODEL --prompt ... -n N -t 1`, a whole process: as shipped (the
   CRC of a tile computed once, then logged), with the CRC computed at every map ("CRC always"),
   and with no CRC at all (the same code, the CRC taken as the stored value), in the same rounds,
-  interleaved: median wall and CPU seconds, and the ratios;
+  interleaved: median wall and CPU seconds, the CPU seconds spent in packs.load (mapping and
+  checking the tiles: the steadier figure of the check's cost), and the ratios;
 - --other PYTHON: the same cached run by another checkout's `ggtool` (a Python whose `import ggtool`
   is that checkout, e.g. main before this change), in the same rounds too.
 
@@ -51,6 +52,24 @@ EVERY_MAP = """
 import ggtool.quant.packs as P
 P._checked_before = lambda where, signature: False
 """
+TIMED = """
+import atexit, os, time
+import ggtool.quant.packs as P
+spent = [0.0, 0]
+loading = P.load
+def timed_load(where, key):
+    t = time.process_time()
+    try:
+        return loading(where, key)
+    finally:
+        spent[0] += time.process_time() - t
+        spent[1] += 1
+P.load = timed_load
+def report():
+    with open(os.environ["BENCH_LOAD_LOG"], "a") as f:
+        f.write(f"{spent[0]} {spent[1]}\\n")
+atexit.register(report)
+"""
 CLI = "import sys\nsys.argv[0] = 'ggtool'\nfrom ggtool.commands import console\nconsole()\n"
 
 
@@ -59,15 +78,22 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def generate(python: str, prelude: str, model: str, cache: str, tokens: int) -> tuple[float, float]:
-    env = dict(os.environ, GGTOOL_CACHE_DIR=cache)
+def generate(python: str, prelude: str, model: str, cache: str, tokens: int) -> tuple[float, float, float]:
+    """Wall and CPU seconds of one run, and the CPU seconds it spent in packs.load (0 for another checkout)."""
+    log = os.path.join(os.path.dirname(cache), "load.log")
+    env = dict(os.environ, GGTOOL_CACHE_DIR=cache, BENCH_LOAD_LOG=log)
     env.pop("NUMBA_CACHE_DIR", None)
+    if python == sys.executable:
+        prelude = TIMED + prelude
     cmd = [python, "-c", prelude + CLI, "generate", "--gguf", model, "--prompt", PROMPT, "-n", str(tokens), "-t", "1"]
+    if os.path.exists(log):
+        os.unlink(log)
     t, c = time.perf_counter(), _cpu()
     subprocess.run(cmd, env=env, check=True, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     took, cpu = time.perf_counter() - t, _cpu() - c
+    loads = float(open(log).read().split()[0]) if os.path.exists(log) else 0.0
     wait_for_compiler(cache)
-    return took, cpu
+    return took, cpu, loads
 
 
 def wait_for_compiler(cache: str, timeout: float = 600.0) -> None:
@@ -154,14 +180,14 @@ def main() -> None:
                     generate(python, prelude, model, caches[v], a.tokens)
             print(f"{name}: {MODELS[name]}, {a.tokens} tokens, -t 1, {a.runs} rounds")
             subprocess.run([sys.executable, __file__, "--tiles-of", model, caches["shipped"]], check=True)
-            times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+            times: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}
             for _ in range(a.runs):
                 for v, (python, prelude) in variants.items():
                     times[v].append(generate(python, prelude, model, caches[v], a.tokens))
-            med = {v: (statistics.median(t for t, _ in ts), statistics.median(c for _, c in ts)) for v, ts in times.items()}
-            for v, (wall, cpu) in med.items():
-                print(f"  {v:10s} wall {wall:.2f} s  cpu {cpu:.2f} s   shipped/{v}: wall {med['shipped'][0] / wall:.3f}x  "
-                      f"cpu {med['shipped'][1] / cpu:.3f}x")
+            med = {v: tuple(statistics.median(x[k] for x in ts) for k in range(3)) for v, ts in times.items()}
+            for v, (wall, cpu, loads) in med.items():
+                print(f"  {v:10s} wall {wall:.2f} s  cpu {cpu:.2f} s (in packs.load {loads:.3f} s, {loads / cpu:.1%})   "
+                      f"shipped/{v}: wall {med['shipped'][0] / wall:.3f}x  cpu {med['shipped'][1] / cpu:.3f}x")
 
 
 if __name__ == "__main__":

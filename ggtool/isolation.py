@@ -7,7 +7,7 @@ variables steer any interpreter. So a child is `python -I -c CODE` (isolated: ne
 current directory nor PYTHONPATH nor the user site), started in the root directory ("/": nothing
 can be planted there, and numba reads a ``.numba_config.yaml`` from its working directory), whose
 CODE first sets sys.path to this process's own absolute entries (so it imports numpy, numba and
-ggtool from where this process did: a venv, ``pip install --user``, an editable checkout), with
+ggtool from where this process did: a venv, the user site, an editable checkout), with
 ggtool's own root first. A relative entry ('' for "the current directory", as `python -c` and
 `python -m` give) is left out: the child's directory is another.
 
