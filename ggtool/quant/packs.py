@@ -21,17 +21,18 @@ What a tile can be trusted for, and how:
   ``.checked``, and a later map of the same description skips the CRC. Any write to a tile moves
   its ctime (no user can set it; ``touch -r`` restores only the mtime), and a check is logged only
   once the tile's ctime is SETTLED_S old, so whatever writes a tile after its check gives it a new
-  description: a flipped byte is caught at the next map. Why not the CRC at every map: on this
-  shared 2-core machine it cost a cached 8-token gemma-3-270m run 19% of its CPU time (313 MB of
-  tiles) and Qwen2.5-0.5B's FIXME; the log costs a stat and a lookup. Left uncaught: damage below
-  the file system (a disk's bit rot, which moves no ctime), which the model file itself, read
+  description: a flipped byte is caught at the next map. Why not the CRC at every map: it cost a
+  cached 8-token run 0.12 s of CPU for gemma-3-270m (313 MB of tiles) and 0.25 s for Qwen2.5-0.5B
+  (587 MB), 6-10% of the run (bench/bench_packs.py, a shared 2-core machine); logged, the run costs
+  what it costs without any CRC (0.99x, 1.01x). Left uncaught: damage below the file system (a disk's bit rot, which moves no ctime), which the model file itself, read
   unchecked, is as open to. CRC-32 (zlib, ~4 GB/s on an idle core) catches every change of up to
   32 consecutive bits, so any flipped byte, and anything else but one time in 2**32; a
   cryptographic hash would add nothing (whoever can write the tile can write its digest) at a
   quarter of the speed, and a sampled one would miss most single flips.
 - Anything that disagrees (a flipped byte, a header rewritten to match a truncated file, a tile
   that is not a plain file of the user's) is removed, repacked, stored anew and reported once per
-  file and process (a ``CacheWarning``, one `Warning:` line in the command line).
+  file and run (by the first of a pool's processes to find it: ``.refused-<caller>``), as a
+  ``CacheWarning``: one `Warning:` line in the command line.
 - Its writing. A tile is written to a temporary file made exclusively (``mkstemp``: O_CREAT|O_EXCL,
   never through a link) in its own folder, then renamed over its name: a reader sees all of it or
   none, and a link planted at either name is never followed. Folders are ``cache.subfolder``'s
