@@ -47,7 +47,7 @@ Refused, because the file would be corrupt or lie:
   - split.no, split.count, split.tensors.count, and a split model (edit a single file)
   - an array set to a scalar (delete it instead)
   - an empty key, and a key that is not UTF-8 (gguf-py could not open the file)
-quantize --override-kv refuses the same, in the same words.
+quantize refuses the same metadata overrides, in the same words.
 
 \b
 Examples:

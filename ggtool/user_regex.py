@@ -1,5 +1,5 @@
-"""Regular expressions a user gives (quantize's --tensor-type patterns, inspect's and inspect-graph's
---only), run with a time bound.
+"""Regular expressions a user gives (quantize's tensor-type patterns, the patterns inspect and
+inspect-graph select names with), run with a time bound.
 
 A pattern such as `(.|.)*\\d$` backtracks exponentially: Python's `re` would search one tensor name
 with it for hours. These are compiled with the `regex` module (the syntax of `re`, which it keeps

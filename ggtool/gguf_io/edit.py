@@ -14,12 +14,12 @@ belong together), gguf-py's header names (`GGUF.version`, ...), an array set to 
 key, a key or string that is not UTF-8 (gguf-py cannot open a file with such a key), and a value its
 type cannot hold (out of range; a float that overflows, underflows to 0 or, below the normal
 range, loses digits; NaN and infinities). `check_metadata` is that one check: quantize's
-`--override-kv` goes through it too (`quantize_model.KVOverride`), so both refuse the same in the
+quantize's metadata overrides go through it too (`quantize_model.KVOverride`), so both refuse the same in the
 same words.
 
 `plan_edit` decides (nothing written); `write_edited` streams the result into an open file;
 `check_written` reads it back before it is moved into place. The caller makes that file atomic (the
-command line goes through tensor_io.atomic_path, with replace=False unless --force, so that of
+command line goes through tensor_io.atomic_path, with replace=False unless asked to replace, so that of
 writers racing for a new name one wins). `read_value_file` reads a value from a regular file of at
 most MAX_VALUE_FILE_BYTES.
 """
@@ -152,7 +152,7 @@ def check_value(key: str, vtype: int, value, text: str | None = None) -> None:
     in its range; a float that stays finite, is not flushed to 0 and (a subnormal) keeps the type's
     precision (2^-24 relative for FLOAT32, 2^-53 for FLOAT64), judged against `text` (the number
     as the user wrote it) where given; text that is UTF-8. NaN and inf are refused: llama.cpp's readers
-    take them, but no metadata key means them, and JSON (inspect --json) has no such numbers."""
+    take them, but no metadata key means them, and JSON (inspect's) has no such numbers."""
     what = f"metadata '{short(key)}' is {type_name(vtype)}"
     if vtype in INT_TYPES:
         lo, hi = INT_TYPES[vtype]
@@ -222,16 +222,16 @@ def _utf8(b: bytes) -> bool:
 
 def _escaped(s: str) -> str:
     """s with its undecodable bytes (surrogate escapes) as \\xNN, as format.EscapedText shows
-    them; other lone surrogates as \\udNNN."""
+    them; other lone surrogates as the bytes they would be."""
     try:
         return decode_text(s.encode("utf-8", "surrogateescape"))
-    except UnicodeEncodeError:
-        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+    except UnicodeEncodeError:              # a lone surrogate: the bytes it would be
+        return decode_text(s.encode("utf-8", "surrogatepass"))
 
 
 def check_metadata(key: str, vtype: int | None, value=None) -> None:
-    """The one check of a key/value to be written into a GGUF file, by set-metadata (every --set,
-    --delete: vtype None) and quantize's --override-kv alike: the key (check_key), the value
+    """The one check of a key/value to be written into a GGUF file, by set-metadata (every value set,
+    every deletion: vtype None) and quantize's metadata overrides alike: the key (check_key), the value
     (check_value) and what would corrupt the file or make it lie (check_protected)."""
     check_key(key)
     if vtype is not None:
@@ -397,7 +397,7 @@ def check_written(plan: EditPlan, path: str) -> None:
     bad = next((k for k in g.keys() if not _utf8(encode_text(k))), None)
     if bad is not None:
         raise GGToolError(f"the file written has a metadata key that is not UTF-8: {quote_text(bad)}")
-    if g.keys() != keys or g.alignment != plan.alignment:
+    if [encode_text(k) for k in g.keys()] != [encode_text(k) for k in keys] or g.alignment != plan.alignment:
         raise GGToolError("the file written does not hold the planned metadata")
     want = [(t.name, t.type, t.ne, off) for t, off in plan.tensors]
     got = [(t.name, t.type, t.ne, t.offset - g.data_offset) for t in g.own_tensors.values()]

@@ -198,12 +198,15 @@ def windows(items: list[Piece], window_bytes: int):
 def npy_rows(plan: QuantizePlan, it: Piece) -> np.ndarray:
     ne0 = it.t.ne[0]
     x = np.asarray(plan.npy.reshape(-1, ne0)[it.r0:it.r1])
-    return x.astype(np.float32) if x.dtype == np.float64 else x
+    with np.errstate(over="ignore"):           # inf: refused by the quantizers, naming its index
+        return x.astype(np.float32) if x.dtype == np.float64 else x
 
 
 def npy_copy(plan: QuantizePlan, t: TensorPlan) -> np.ndarray:
     """A .npy input's array as the bytes of its own type (float64 rounded to float32)."""
-    return np.ascontiguousarray(plan.npy, dtype=np.float16 if t.src_type == T.F16 else np.float32).view(np.uint8).reshape(-1)
+    with np.errstate(over="ignore"):           # a float64 beyond float32 is inf here: the validator names it
+        a = np.ascontiguousarray(plan.npy, dtype=np.float16 if t.src_type == T.F16 else np.float32)
+    return a.view(np.uint8).reshape(-1)
 
 
 def source_bytes(path: str, offset: int, n_bytes: int) -> np.ndarray:

@@ -154,7 +154,7 @@ class QuantizeOptions:
     allow_requantize: bool = False  # quantize tensors that are already quantized (llama.cpp's flag)
     keep_split: bool = False       # a split input gives as many output files, the same tensors in each
     imatrix: Imatrix | None = None  # importance matrix (ggtool.imatrix): the weighted quantizers
-    dry_run: bool = False          # plan only: a missing required importance matrix is a warning
+    dry_run: bool = False          # plan only: a missing required importance matrix is a refusal kept in the plan
 
     def __post_init__(self):
         self.type = file_type(self.type)
@@ -252,6 +252,7 @@ class QuantizePlan:
     npy: np.ndarray | None = None        # the array of a .npy input
     sources: list[str] = field(default_factory=list)   # every input file (the shards of a split model)
     kept_split: bool = False             # keep_split of a GGUF: shards named PREFIX-0000k-of-0000n.gguf, even one
+    refusals: list[GGToolError] = field(default_factory=list)   # a dry run's: what the real run raises at once
 
     @property
     def tensors(self) -> list[TensorPlan]:
@@ -402,14 +403,14 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     order = ([g.tensors[n] for s in g.shards for n in s.own_tensors] if split
              else sorted(g.tensors.values(), key=lambda t: _llama_order(t.name)))
     mix = new_mix(opts, _model_info(g, opts), [t.name for t in order], has_imatrix=opts.imatrix is not None)
-    plans, warnings, requant = {}, [], []
+    plans, warnings, requant, refusals = {}, [], [], []
     for info in order:
         c = _checked(info.name, mix.choose(info.name, info.ne, info.type))
         if c.type != info.type and T.is_quantized(info.type):
             requant.append((info, c.type))
         if c.type != info.type and not Q.can_dequantize(info.type):
             raise QuantizationError(f"tensor '{info.name}': cannot dequantize {T.type_name(info.type)}")
-        w, warn = _importances(opts, info.name, info.ne, c.type) if c.type != info.type else (None, None)
+        w, warn = _importances(opts, info.name, info.ne, c.type, refusals) if c.type != info.type else (None, None)
         if warn:
             warnings.append(warn)
         plans[info.name] = TensorPlan(0, info.name, info.ne, info.type, c.type, info.offset, info.n_bytes,
@@ -433,14 +434,15 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
                  for k, s in enumerate(g.shards)]
     else:
         files = [OutputFile(kv, list(plans.values()), alignment)]
-    return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths, kept_split=split))
+    return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths, kept_split=split, refusals=refusals))
 
 
-def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType) -> tuple[np.ndarray | None, str | None]:
+def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType,
+                 refusals: list[GGToolError]) -> tuple[np.ndarray | None, str | None]:
     """(the tensor's importances or None, a warning or None), as llama_model_quantize looks them up
     for a tensor it converts: no entry is a warning (quantized without), an entry of another size
     an error (the token embeddings excepted: a warning), a type that needs one and has none an
-    error (in a dry run, a warning)."""
+    error (in a dry run, which completes as llama-quantize's does, it joins `refusals`)."""
     w, warn = None, None
     if opts.imatrix is not None:
         try:
@@ -452,10 +454,10 @@ def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType) -> tuple[n
         if w is None and warn is None:
             warn = f"did not find importance weights for {name}; quantized without"
     if w is None and requires_imatrix(name, t, opts.type):
+        refusal = ImatrixRequiredError(name, t, missing_entry=opts.imatrix is not None)
         if not opts.dry_run:
-            raise ImatrixRequiredError(name, t, missing_entry=opts.imatrix is not None)
-        warn = (f"{name} ({T.type_name(t)}): this quantization will require an importance matrix "
-                f"(the dry run completes without one)")
+            raise refusal
+        refusals.append(refusal)
     return w, warn
 
 

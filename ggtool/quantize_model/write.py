@@ -59,6 +59,17 @@ class QuantizeResult:
     outputs: list[str]           # the files written: [output], or its shards
 
 
+def preflight(plan: QuantizePlan, output_path: str, *, force: bool = False) -> list[str]:
+    """What the run checks before it writes a byte, for a dry run to say too: the plan's refusals
+    (a dry run's plan keeps them: a tensor that needs an importance matrix), then every output new
+    (or `force`), writable and none an input. Raises the first; returns the output paths."""
+    if plan.refusals:
+        raise plan.refusals[0]
+    outputs = plan.output_paths(output_path)
+    check_output_paths(plan.sources or plan.input, outputs, force)
+    return outputs
+
+
 def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = False,
                      on_start: Callable[[TensorPlan], None] | None = None,
                      on_done: Callable[[TensorPlan], None] | None = None,
@@ -70,9 +81,7 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
     a window at a time on `threads` threads (each piece on one, by `converter`); the results are
     written in file order, so memory stays at a window of converted bytes.  Callbacks: on_start(t)
     before a tensor's data is written, on_done(t) after it, on_bytes(n) as source bytes are consumed."""
-    outputs = plan.output_paths(output_path)
-    # every output new (or `force`) and none an input: checked here, so every entry point is covered
-    check_output_paths(plan.sources or plan.input, outputs, force)
+    outputs = preflight(plan, output_path, force=force)
     t0 = time.perf_counter()
     threads = max(1, int(plan.options.threads))
     executor = ThreadPoolExecutor(threads, thread_name_prefix="ggtool-quantize") if threads > 1 else None
