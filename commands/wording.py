@@ -23,7 +23,7 @@ def cli_message(e: BaseException) -> str:
     if isinstance(e, InputError):
         return input_message(e)
     if e.kind in ("regex-timeout", "regex-syntax"):     # a user regex: the flag it came from
-        return f"--{getattr(e, 'origin', 'pattern')}: {e}"
+        return f"--{e.origin}: {e}"
     flag = {"output-exists": " (use --force to overwrite it)",      # quantize's and set-metadata's OUTPUT
             "requantize": "; --allow-requantize does it anyway",        # quantize_model's rules
             "no-llama-cpp-build": ": name one, --numerics llama.cpp-avx2 or --numerics llama.cpp-avx512"}.get(e.kind)

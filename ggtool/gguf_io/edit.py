@@ -64,7 +64,9 @@ FLT_MAX = 3.4028234663852886e38     # the largest FLOAT32
 MAX_VALUE_FILE_BYTES = 64 << 20     # the largest file read as a value (a chat template, a tokenizer's JSON)
 _TINIEST = {W.FLOAT32: 2.0 ** -149, W.FLOAT64: 5e-324}                 # the smallest positive subnormal
 _NORMAL = {W.FLOAT32: 2.0 ** -126, W.FLOAT64: sys.float_info.min}      # the smallest positive normal
-_PRECISION = {W.FLOAT32: decimal.Decimal(2) ** -24, W.FLOAT64: decimal.Decimal(2) ** -53}   # half an ulp, relative
+# half an ulp, relative: what rounding to the type costs a value in its normal range (FLOAT32's with
+# room for the double rounding decimal -> float64 -> float32)
+_PRECISION = {W.FLOAT32: decimal.Decimal(2) ** -24 * (1 + decimal.Decimal(2) ** -28), W.FLOAT64: decimal.Decimal(2) ** -53}
 
 
 def type_name(vtype: int) -> str:
@@ -75,7 +77,8 @@ class MetadataEditError(GGToolError):
     """An edit that cannot be made: `key`, and `reason`, one of `missing` (deleted but absent),
     `twice` (edited twice), `protected` (the edit would corrupt the file or make it lie), `array`
     (an array cannot be set to a scalar), `type` (an unknown type name), `value` (a value that does
-    not parse as, or fit, its type)."""
+    not parse as, or survive, its type; a string that is not UTF-8), `key` (empty, or not UTF-8),
+    `file` (a value's file that cannot be read as one)."""
 
     def __init__(self, key: str, reason: str, message: str):
         self.key, self.reason = key, reason

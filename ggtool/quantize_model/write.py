@@ -92,13 +92,14 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
         t = it.t
         if t.copy:
             data = npy_copy(plan, t) if plan.npy is not None else source_bytes(t.src_path, t.src_offset, t.src_bytes)
-            validate_piece(data, t, 0)
-            return data if plan.npy is not None else None
-        x = (npy_rows(plan, it) if plan.npy is not None else
-             source_rows(t.src_path, t.src_offset, t.src_type, t.ne[0], it.r0, it.r1))
-        data = converter(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0, imatrix=t.imatrix)
-        validate_piece(data, t, it.r0, lambda: source_values(x, t.src_type))
-        return data
+            source = None
+        else:
+            x = (npy_rows(plan, it) if plan.npy is not None else
+                 source_rows(t.src_path, t.src_offset, t.src_type, t.ne[0], it.r0, it.r1))
+            data = converter(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0, imatrix=t.imatrix)
+            source = lambda: source_values(x, t.src_type)   # noqa: E731 (read only to word an error)
+        validate_piece(data, t, it.r0, source)
+        return None if t.copy and plan.npy is None else data
 
     def write_file(out: OutputFile, f, path: str) -> int:
         def write(buf):
