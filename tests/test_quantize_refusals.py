@@ -100,6 +100,15 @@ def test_a_weight_of_1e7_is_refused_in_every_32_block_type(run, tmp_path, npy, q
     assert not out.exists() and os.listdir(tmp_path) == ["big.npy"]
 
 
+def test_a_value_beyond_bf16_is_refused(run, tmp_path, npy):
+    a = np.ones((2, 32), np.float32)
+    a[0, 9] = 3.4e38                                       # rounds to bf16's inf (largest 3.3895e38)
+    out = tmp_path / "o.gguf"
+    assert fails(run("quantize", npy(a, "w.npy"), out, "--type", "bf16", "-q")) == (
+        "Error: tensor 'w': value 3.4e+38 at index (0, 9) is too large for bf16 (it would be inf)\n")
+    assert not out.exists()
+
+
 def _model(tmp_path, cols=256):
     rng = np.random.default_rng(0)
     return write_gguf(tmp_path / "m.gguf", {"blk.0.ffn_up.weight": rng.standard_normal((4, cols)).astype(np.float32)},

@@ -203,6 +203,23 @@ def test_racing_writers_of_a_new_output_one_wins_none_is_lost(tmp_path):
     assert out.read_bytes() == b"writer 0" and os.listdir(tmp_path) == ["o.gguf"]
 
 
+def test_files_that_appear_together_are_all_placed_or_none(tmp_path):
+    """A model's shards without --force: if a later name is taken by the time they are placed, the
+    ones already placed are removed again (they were this writer's), and nothing else is touched."""
+    from ggtool.errors import GGToolError
+    from ggtool.tensor_io import atomic_paths
+
+    a, b = str(tmp_path / "q-00001-of-00002.gguf"), str(tmp_path / "q-00002-of-00002.gguf")
+    with pytest.raises(GGToolError, match="q-00002-of-00002.gguf exists"):
+        with atomic_paths([a, b], replace=False) as tmps:
+            for t in tmps:
+                with open(t, "wb") as f:
+                    f.write(b"mine")
+            with open(b, "wb") as f:                      # another writer, meanwhile
+                f.write(b"theirs")
+    assert sorted(os.listdir(tmp_path)) == ["q-00002-of-00002.gguf"] and open(b, "rb").read() == b"theirs"
+
+
 def test_three_processes_writing_one_new_output(tmp_path):
     """The command line's race, as users meet it: one exit 0, two exit 1 with one line each, and the
     file is the winner's."""
