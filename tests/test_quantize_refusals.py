@@ -286,6 +286,19 @@ def test_a_dry_run_into_a_read_only_directory_refuses(run, tmp_path):
         d.chmod(0o755)
 
 
+def test_a_fifo_or_device_output_needs_no_writable_directory(tmp_path, monkeypatch):
+    """/dev/null is written in place: the directory it is in need not take a temporary file."""
+    from ggtool.gguf_io.write import OutputPathError, check_output_paths
+
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)          # no directory writable
+    check_output_paths(str(STORIES), [str(fifo), "/dev/null"], True)
+    with pytest.raises(OutputPathError) as e:
+        check_output_paths(str(STORIES), str(tmp_path / "new.gguf"), True)
+    assert e.value.reason == "not_writable"
+
+
 # -------------------------------------------------------------------------- user regular expressions
 
 CATASTROPHIC = r"(.|.)*\d$"          # 2^25 ways to fail on blk.10.attn_output.weight

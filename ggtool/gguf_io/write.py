@@ -119,5 +119,6 @@ def check_output_paths(inputs: str | Sequence[str], outputs: str | Sequence[str]
             raise OutputPathError(output, "exists")
         if not os.path.isdir(os.path.dirname(op) or "."):
             raise OutputPathError(output, "no_directory")
-        if not os.access(os.path.dirname(os.path.realpath(op)) or ".", os.W_OK | os.X_OK):
+        in_place = os.path.exists(op) and not os.path.isfile(op)     # a FIFO, a device: written in place
+        if not in_place and not os.access(os.path.dirname(os.path.realpath(op)) or ".", os.W_OK | os.X_OK):
             raise OutputPathError(output, "not_writable")   # the temporary file beside it could not be made
