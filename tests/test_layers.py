@@ -29,7 +29,8 @@ LAYERS = (
      "json_input": ["ggtool.json_input"]},                # JSON from the user, its nesting bounded
     {"role": ["ggtool.role"],                             # whether this process is a pool worker
      "types": ["ggtool.types"],                           # GGML's type table
-     "threads": ["ggtool.threads"]},                      # the one default-thread rule
+     "threads": ["ggtool.threads"],                       # the one default-thread rule
+     "user_regex": ["ggtool.user_regex"]},                # users' regular expressions, time-bounded
     # compiled loops and OS memory: they know types and bytes, never a tensor
     {"kernels": ["ggtool.kernels"],
      "shm": ["ggtool.pool.shm"]},                         # POSIX shared memory (the pool's, below its own layers)
