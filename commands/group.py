@@ -201,6 +201,8 @@ SUBCOMMANDS = (
     "tokenize",
     "detokenize",
     "generate",
+    "perplexity",
+    "imatrix",
 )
 
 

@@ -86,6 +86,16 @@ class Model:
                 if turns and b < n_ctx:
                     saved[i] = s.save_cells()
 
+    def first_graph(self, groups: list[Group], out_from: int):
+        """The graph of the first evaluation `pieces` makes (built now): what the thread rule
+        measures (ggtool.plan.estimate_flops)."""
+        a, b = groups[0].pieces[0]
+        return self.session.graph(b - a, max(1, b - max(a, out_from)))
+
+    def use_threads(self, n_threads: int, pool) -> None:
+        """Compute on n_threads from now on (`pool` for more than one)."""
+        self.session.n_threads, self.session.pool = n_threads, pool
+
     def _chunk(self, tokens: np.ndarray, i: int) -> np.ndarray:
         c = np.array(tokens[i * self.n_ctx:(i + 1) * self.n_ctx], np.int32)
         if self.bos is not None:

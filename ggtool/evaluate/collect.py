@@ -148,6 +148,11 @@ class ImatrixRun:
         self.seconds = 0.0
         self.result: dict | None = None
 
+    def first_graph(self):
+        """The graph of the run's first evaluation (for the thread rule)."""
+        out_from = 0 if self.collector.process_output else self.model.n_ctx // 2
+        return self.model.first_graph(self.schedule.groups(self.n_chunk), out_from)
+
     def __iter__(self) -> Iterator[ChunkReport]:
         m, n_ctx, first = self.model, self.model.n_ctx, self.model.n_ctx // 2
         out_from = 0 if self.collector.process_output else first

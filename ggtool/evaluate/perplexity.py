@@ -141,6 +141,10 @@ class Perplexity:
         self.seconds = 0.0
         self.evaluated = 0
 
+    def first_graph(self):
+        """The graph of the run's first evaluation (for the thread rule)."""
+        return self.model.first_graph(self.schedule.groups(self.n_chunk), self.first)
+
     # -- identity (what a resumed run must share) -----------------------------------------------------
     def identity(self) -> dict:
         m, s = self.model, self.schedule
