@@ -77,10 +77,11 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON on stdout.")
 @click.option("-o", "--output", "out_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="Write the final record as JSON to FILE.")
+@click.option("--force", is_flag=True, help="Replace the file written (the base file, -o FILE) if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr (the final lines still come).")
 @click.option("-v", "--verbose", is_flag=True, help="Say which llama.cpp build --numerics llama.cpp follows.")
 def command(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, base_file, kl, top_k, resume, program_file,
-            n_threads, numerics, as_json, out_file, quiet, verbose):
+            n_threads, numerics, as_json, out_file, force, quiet, verbose):
     from ggtool.evaluate import BaseFile, EvaluateError, Model, Perplexity, Schedule, read_text, tokenize_text
     from ggtool.gguf_io.write import check_output_paths
     from ggtool.plan import estimate_flops
@@ -99,7 +100,7 @@ def command(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, base_file, kl,
     if resume and not writes:
         raise click.UsageError("--resume needs a file this run writes: --kl-divergence-base FILE or -o FILE")
     if writes:
-        check_output_paths([model] + ([text_file] if text_file else []) + ([base_file] if kl else []), writes, True)
+        check_output_paths([model] + ([text_file] if text_file else []) + ([base_file] if kl else []), writes, force)
     base = BaseFile(base_file) if kl else None
     try:
         if base is not None and n_ctx is None:
