@@ -88,6 +88,9 @@ class Journal:
             else:
                 self._create(header)
         except BaseException:
+            if self.partial is not None:
+                self.partial.close()
+                self.partial = None
             self._close()
             raise
 

@@ -218,9 +218,9 @@ class Perplexity:
                 if piece.positions[-1] == n_ctx - 1:          # the chunk's last piece
                     self.evaluated += n_ctx
                     self.seconds = time.perf_counter() - start
+                    if journal is not None and piece.chunk == group.chunks[-1]:   # the batch is done: kept
+                        journal.commit(group.chunks.stop, self._state(kld_from))
                     yield self._report(piece.chunk)
-            if journal is not None:
-                journal.commit(group.chunks.stop, self._state(kld_from))
         self.seconds = time.perf_counter() - start
         self.result = self._final()
 
