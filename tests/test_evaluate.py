@@ -229,7 +229,7 @@ def test_an_interrupted_run_resumes_to_the_same_bytes(tmp_path, tokens):
     next(it), next(it)
     it.close()                                    # as Ctrl-C would: GeneratorExit inside the loop
     assert not cut.exists() and (tmp_path / ".cut.bin.ggtool-journal").exists()
-    with pytest.raises(EvaluateError, match="--resume") as e:
+    with pytest.raises(EvaluateError, match="resume it") as e:
         list(Perplexity(Model(STORIES, 64), tokens=tokens, n_chunks=4, write_base=str(cut), schedule=sched))
     assert e.value.kind == "resume-exists"
     with pytest.raises(EvaluateError, match="n_batch") as e:
@@ -240,6 +240,18 @@ def test_an_interrupted_run_resumes_to_the_same_bytes(tmp_path, tokens):
     assert [r.index for r in reports] == [3, 4]
     assert cut.read_bytes() == whole.read_bytes() and again.result["ppl"] == first.result["ppl"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.bin", "whole.bin"]
+
+
+def test_the_command_says_how_to_resume(run, tmp_path, tokens):
+    cut = tmp_path / "cut.bin"
+    it = iter(Perplexity(Model(STORIES, 64), tokens=tokens, n_chunks=4, write_base=str(cut), schedule=Schedule(64, 64)))
+    next(it), next(it)
+    it.close()
+    args = ("perplexity", "--gguf", STORIES, "-f", TEXT, "-c", "64", "--chunks", "4", "-b", "64",
+            "--kl-divergence-base", cut)
+    fails(run(*args), "an interrupted run left its progress (2 chunks done)", "(--resume continues it)")
+    ok(run(*args, "--resume", "-q"))
+    assert cut.stat().st_size == BASE.stat().st_size and not (tmp_path / ".cut.bin.ggtool-journal").exists()
 
 
 def test_kld_resumes_with_its_percentiles(tmp_path, q4_0):
@@ -273,7 +285,7 @@ def test_a_damaged_journal_is_refused(tmp_path, tokens, damage):
         target = tmp_path / "elsewhere"
         journal.rename(target)
         journal.symlink_to(target)
-    with pytest.raises(EvaluateError, match="--resume") as e:
+    with pytest.raises(EvaluateError, match="cannot resume") as e:
         list(Perplexity(Model(STORIES, 64), tokens=tokens, n_chunks=4, write_base=str(cut), schedule=sched,
                         resume=True))
     assert e.value.kind == "resume-damaged" and not cut.exists()
@@ -395,7 +407,7 @@ def test_a_base_file_for_another_vocabulary_or_context(run, tmp_path):
     fails(run("perplexity", "--gguf", tiny, "--kl-divergence-base", BASE, "--kl-divergence"),
           "a vocabulary of 512 tokens, the model has 32000")
     fails(run("perplexity", "--gguf", STORIES, "--kl-divergence-base", BASE, "--kl-divergence", "-c", "128"),
-          "computed with a context of 64, not 128")
+          "computed with a context of 64, not 128 (give the file's -c")
     other = tmp_path / "other.txt"
     other.write_text(TEXT.read_text()[500:], encoding="utf-8")
     fails(run("perplexity", "--gguf", STORIES, "-f", other, "--kl-divergence-base", BASE, "--kl-divergence"),

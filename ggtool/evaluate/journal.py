@@ -1,4 +1,4 @@
-"""What lets an interrupted evaluation resume (`--resume`): beside its output file NAME, in the
+"""What lets an interrupted evaluation resume (`resume=True`; the CLI's --resume): beside its output file NAME, in the
 directory of the file NAME names (a symlink's target, as outputs are written),
 
 - `.NAME.ggtool-journal`: JSON lines, the run's identity (model, text tokens, sizes, numerics,
@@ -11,7 +11,7 @@ Each batch's rows are written and synced before its journal line, so the journal
 rows the partial file lacks. The journal is locked (flock) while a run holds it: a second run on
 the same output is refused. A finished run moves the partial file over NAME (tensor_io.install) and
 removes the journal; a failed or interrupted one keeps both if a batch was finished, else removes
-them. A run that finds a journal without --resume refuses to start over it.
+them. A run that finds a journal and is not resuming refuses to start over it.
 """
 
 from __future__ import annotations
@@ -75,13 +75,14 @@ class Journal:
         self._fd = -1
         exists = os.path.lexists(self.path)
         if resume and not exists:
-            raise EvaluateError("--resume: no interrupted run to continue (no " + os.path.basename(self.path) + ")",
+            raise EvaluateError("cannot resume: no interrupted run to continue (no " + os.path.basename(self.path) + ")",
                                 kind="resume-none", file=anchor)
         if not resume and exists:
             done = self._peek_done()
-            raise EvaluateError(f"an interrupted run left its progress ({done} chunks) in {self.path}: resume it with "
-                                f"--resume, or delete that file (and {os.path.basename(self.partial_path)}) to start "
-                                "over", kind="resume-exists", file=anchor)
+            chunks = f"{done} chunk{'s' if done != 1 else ''} done"
+            raise EvaluateError(f"an interrupted run left its progress ({chunks}) in {self.path}: resume it, or "
+                                f"delete that file (and {os.path.basename(self.partial_path)}) to start over",
+                                kind="resume-exists", file=anchor)
         try:
             if resume:
                 self._reopen(header)
@@ -122,7 +123,7 @@ class Journal:
         try:
             self._fd = _open_nofollow(self.path, os.O_RDWR)
         except OSError as e:
-            raise EvaluateError(f"--resume: cannot open {self.path}: {e.strerror or e}", kind="resume-damaged",
+            raise EvaluateError(f"cannot resume: cannot open {self.path}: {e.strerror or e}", kind="resume-damaged",
                                 file=self.anchor) from None
         self._lock(self._fd)
         lines = self._lines()
@@ -132,7 +133,7 @@ class Journal:
         theirs = first["identity"]
         differ = sorted(k for k in set(theirs) | set(self.identity) if theirs.get(k) != self.identity.get(k))
         if differ:
-            raise EvaluateError("--resume: the interrupted run differs from this one in " + ", ".join(
+            raise EvaluateError("cannot resume: the interrupted run differs from this one in " + ", ".join(
                 f"{k} ({_short(theirs.get(k))} then, {_short(self.identity.get(k))} now)" for k in differ),
                 kind="resume-mismatch", file=self.anchor, keys=differ)
         self.states = lines[1:]
@@ -144,7 +145,7 @@ class Journal:
             try:
                 fd = _open_nofollow(self.partial_path, os.O_RDWR)
             except OSError as e:
-                raise EvaluateError(f"--resume: cannot open {self.partial_path}: {e.strerror or e}",
+                raise EvaluateError(f"cannot resume: cannot open {self.partial_path}: {e.strerror or e}",
                                     kind="resume-damaged", file=self.anchor) from None
             self.partial = os.fdopen(fd, "r+b")
             size = self.states[-1]["bytes"] if self.states else len(header)
@@ -187,7 +188,7 @@ class Journal:
             return 0
 
     def _damaged(self, why: str):
-        raise EvaluateError(f"--resume: the journal {self.path} is damaged: {why}", kind="resume-damaged",
+        raise EvaluateError(f"cannot resume: the journal {self.path} is damaged: {why}", kind="resume-damaged",
                             file=self.anchor)
 
     # -- running --------------------------------------------------------------------------------

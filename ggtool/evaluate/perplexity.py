@@ -203,7 +203,7 @@ class Perplexity:
         done = journal.done if journal is not None else 0
         groups = [g for g in self.schedule.groups(self.n_chunk) if g.chunks.stop > done]
         if groups and groups[0].chunks.start != done:
-            raise EvaluateError(f"--resume: the journal stops inside a batch of chunks (after {done})",
+            raise EvaluateError(f"cannot resume: the journal stops inside a batch of chunks (after {done})",
                                 kind="resume-damaged", file=self.anchor)
         start = time.perf_counter() - self.seconds
         for group in groups:
