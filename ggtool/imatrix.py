@@ -221,7 +221,7 @@ class ImatrixSums:
 
 
 def read_imatrix_sums(path: str | os.PathLike, chunk_size: int) -> ImatrixSums:
-    """A file's raw sums, as llama-imatrix's --in-file loads them (IMatrixCollector::load_imatrix):
+    """A file's raw sums, as llama-imatrix loads an in-file (IMatrixCollector::load_imatrix):
     a GGUF file's in_sum2 and counts (counts rounded with lround); a legacy .dat's averaged values
     times `chunk_size`, its ncall times chunk_size as the count (the run's n_ctx: what llama-imatrix
     multiplies by)."""

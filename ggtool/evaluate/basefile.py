@@ -1,5 +1,5 @@
-"""Base-logits files: what `--kl-divergence-base` writes from the base model and `--kl-divergence`
-reads back against another.
+"""Base-logits files: what a perplexity run of the base model writes, and a KL-divergence run reads
+back against another.
 
 **llama.cpp's** (llama-perplexity writes and reads it; ggtool writes the same bytes): `_logits_`,
 uint32 n_ctx, int32 n_vocab, int32 n_chunk, the n_chunk * n_ctx int32 tokens of the text (the
@@ -7,7 +7,7 @@ chunks as the text has them, before BOS replaces their first token), then for ea
 n_ctx - 1 - n_ctx/2 scored rows of `row_width(n_vocab)` uint16 (logprobs.encode_full). n_vocab x
 tokens x 2 bytes: 11 GiB for a LLaMA-2 model on wikitext-2's test set.
 
-**ggtool's top-K** (`--kl-top-k K`; llama.cpp cannot read it): `_ggtopk_`, uint32 version (1),
+**ggtool's top-K** (`top_k=K`; llama.cpp cannot read it): `_ggtopk_`, uint32 version (1),
 uint32 n_ctx, int32 n_vocab, int32 n_chunk, int32 K, the tokens, then per scored row K int32 ids
 and K float32 log-probabilities (by decreasing probability), float32 log of the rest's mass and
 float32 log-probability of the next token: 8K + 8 bytes a row (264 for K = 32, against 64 KiB a

@@ -5,9 +5,9 @@ For each MUL_MAT whose weight (src0) is a `blk.*` tensor, or `output.weight` wit
 `process_output`, and whose activations (src1) are F32 with at least 16 rows in llama.cpp's
 micro-batch: per input column, the squared activations summed over the rows (float32, row after
 row in llama.cpp's order: each chunk of a batch in turn, so the sums round as llama.cpp's do) and
-the rows counted. `--in-file` sums are added first, as llama-imatrix loads them. The file written
-is llama-imatrix's GGUF (ggtool.imatrix.imatrix_gguf_bytes), which `ggtool quantize --imatrix` and
-llama-quantize read.
+the rows counted. Earlier matrices' sums (llama-imatrix's in-files) are added first, as it loads them.
+The file written is llama-imatrix's GGUF (ggtool.imatrix.imatrix_gguf_bytes), which ggtool's quantizer
+and llama-quantize read.
 
 Mixture-of-experts weights (MUL_MAT_ID, per expert) will come with the op.
 """
@@ -116,7 +116,7 @@ def check_against_model(stats: ImatrixSums, model_path: str, file: str) -> None:
 
 
 def load_in_files(paths: list[str], chunk_size: int) -> ImatrixSums | None:
-    """The --in-file matrices added together, as llama-imatrix loads them."""
+    """The matrices of `paths` added together, as llama-imatrix loads its in-files."""
     from ..imatrix import merge_sums
 
     stats = None

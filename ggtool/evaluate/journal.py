@@ -1,4 +1,4 @@
-"""What lets an interrupted evaluation resume (`resume=True`; the CLI's --resume): beside its output file NAME, in the
+"""What lets an interrupted evaluation resume (`resume=True`): beside its output file NAME, in the
 directory of the file NAME names (a symlink's target, as outputs are written),
 
 - `.NAME.ggtool-journal`: JSON lines, the run's identity (model, text tokens, sizes, numerics,

@@ -3,7 +3,7 @@ perplexity.cpp, built without -march: no FMA), vectorized over the rows of a pie
 
 - `nll`: its log_softmax for PPL: float max, the sum of expf(l - max) in double, and
   -(logit[tok] - max - log(sum)) in double.
-- `encode_full`: the base-logits row it writes (`--kl-divergence-base`): scale and the smallest
+- `encode_full`: the base-logits row it writes for a KL divergence: scale and the smallest
   log-probability as two floats in the first four uint16, then each logit as uint16 steps of
   (max - min) / 65535 above min, where min is at most 16 nats below the max (llama.cpp's floor:
   anything lower is stored as 0); and the nll, computed there in float.

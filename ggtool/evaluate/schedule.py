@@ -1,6 +1,6 @@
 """How llama-perplexity and llama-imatrix cut chunks into evaluations, so that ggtool computes each
 chunk in the same pieces (the same KV-cache sizes, the same rows per matrix product, hence the same
-sums under --numerics llama.cpp).
+sums under llama.cpp's numerics).
 
 Both tools give llama.cpp `n_seq = max(1, n_batch // n_ctx)` chunks per batch, one sequence each
 (a KV cache of n_seq streams, `n_ctx` rounded up to 256 cells each). llama.cpp splits a batch into
