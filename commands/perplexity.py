@@ -134,6 +134,7 @@ def command(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, base_file, kl,
 
 
 def _run(run, quiet: bool) -> None:
+    run.open()
     s = run.schedule
     what = "kl_divergence: computing" if run.mode == "kld" else "perplexity: calculating perplexity"
     log(f"{what} over {run.n_chunk} chunks, n_ctx={s.n_ctx}, batch_size={min(s.n_batch, s.n_seq * s.n_ctx)}, "

@@ -140,6 +140,7 @@ class Perplexity:
         self.kld = lp.KLDSums()
         self.seconds = 0.0
         self.evaluated = 0
+        self._journal: Journal | None = None
 
     def first_graph(self):
         """The graph of the run's first evaluation (for the thread rule)."""
@@ -157,12 +158,18 @@ class Perplexity:
         return ident
 
     # -- the run --------------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[ChunkReport]:
-        journal = None
-        if self.anchor is not None:
+    def open(self) -> None:
+        """Open the output's journal now (iterating does it otherwise): a run that cannot start
+        there (a journal left over, another run on it, a resumed run that differs) fails before it
+        says anything."""
+        if self.anchor is not None and self._journal is None:
             head = self.header.header_bytes(self.tokens) if self.header is not None else None
-            journal = Journal(self.anchor, self.identity(), resume=self.resume, header=head)
-            self._restore(journal)
+            self._journal = Journal(self.anchor, self.identity(), resume=self.resume, header=head)
+            self._restore(self._journal)
+
+    def __iter__(self) -> Iterator[ChunkReport]:
+        self.open()
+        journal = self._journal
         ok = False
         try:
             yield from self._run(journal)
