@@ -30,9 +30,8 @@ SHORT = 256         # a text this short is cut without numpy
 
 
 class SPM:
-    """A vocabulary's merge table: for every token of 2 characters or more, its score's rank (0:
-    the highest score); the pairs of characters that occur inside some token; a bounded cache of
-    piece -> ids."""
+    """A vocabulary's merge table: each token's score rank (0: the highest score); the pairs of
+    characters that occur inside some token; a bounded cache of piece -> ids."""
 
     CACHE_PIECES = 1 << 16   # pieces remembered (then forgotten all at once)
     CACHE_CHARS = 64         # longer pieces are not remembered
@@ -41,14 +40,20 @@ class SPM:
                  byte_token: Callable[[int], int]):
         self.token_to_id = token_to_id
         self.byte_token = byte_token
-        multi = [i for i, t in enumerate(tokens) if len(t) > 1]
-        order = {s: r for r, s in enumerate(sorted({scores[i] for i in multi}, reverse=True))}
-        self.rank = {tokens[i]: order[scores[i]] for i in multi}
-        self.longest = max((len(tokens[i]) for i in multi), default=1)
-        joined = {(ord(t[k]) << 21) | ord(t[k + 1]) for t in self.rank for k in range(len(t) - 1)}
-        self.joined = np.array(sorted(joined) or [-1], np.int64)   # pairs that some token holds
+        # each token's score rank, 0 the highest (np.unique: -0.0 and 0.0 are one score, as in C)
+        _, order = np.unique(-np.asarray(scores, np.float64), return_inverse=True)
+        self.rank_of = order.ravel().tolist()
+        lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))
+        self.longest = int(lengths.max(initial=1))
+        # every pair of adjacent characters in a token, as (first << 21) | second: the tokens of 2
+        # characters or more joined by NUL, whose pairs with NUL beside them are extra and harmless
+        # (fewer cuts, never a wrong one)
+        multi = np.flatnonzero(lengths > 1).tolist()
+        cp = np.frombuffer("\0".join([tokens[i] for i in multi]).encode("utf-32-le"), np.uint32).astype(np.int64)
+        codes = np.sort((cp[:-1] << 21) | cp[1:])
+        self.joined = codes[np.r_[True, codes[1:] != codes[:-1]]] if codes.size else np.array([-1], np.int64)
         # the same pairs as text, with a space for each U+2581 too (short texts: no numpy)
-        pairs = {chr(c >> 21) + chr(c & 0x1FFFFF) for c in joined}
+        pairs = {chr(c >> 21) + chr(c & 0x1FFFFF) for c in self.joined.tolist() if c >= 0}
         self.pairs = frozenset(pairs | {p.replace(ESCAPED_SPACE, " ") for p in pairs}
                                | {p[0] + p[1].replace(ESCAPED_SPACE, " ") for p in pairs}
                                | {p[0].replace(ESCAPED_SPACE, " ") + p[1] for p in pairs})
@@ -96,8 +101,8 @@ class SPM:
         n = len(text)
         if n == 0:
             return
-        rank = self.rank.get
         get = self.token_to_id.get
+        rank_of = self.rank_of
         if n == 1:
             tok = get(text)
             out.append(tok) if tok is not None else out.extend(map(self.byte_token, text.encode("utf-8")))
@@ -115,7 +120,7 @@ class SPM:
         # a queue entry is one int: (score rank, left position, characters in the pair), in that order
         span = self.longest + 1
         pos = n * span
-        heap = [r * pos + i * span + 2 for i in range(n - 1) if (r := rank(text[i:i + 2])) is not None]
+        heap = [rank_of[t] * pos + i * span + 2 for i in range(n - 1) if (t := get(text[i:i + 2])) is not None]
         heapq.heapify(heap)
         pop, push = heapq.heappop, heapq.heappush
         while heap:
@@ -134,12 +139,12 @@ class SPM:
             p = prv[left]
             if p >= 0:
                 t = size[p] + total
-                if t < span and (r := rank(text[p:p + t])) is not None:
-                    push(heap, r * pos + p * span + t)
+                if t < span and (tok := get(text[p:p + t])) is not None:
+                    push(heap, rank_of[tok] * pos + p * span + t)
             if r_next >= 0:
                 t = total + size[r_next]
-                if t < span and (r := rank(text[left:left + t])) is not None:
-                    push(heap, r * pos + left * span + t)
+                if t < span and (tok := get(text[left:left + t])) is not None:
+                    push(heap, rank_of[tok] * pos + left * span + t)
         i = 0
         while i != -1:
             piece = text[i:i + size[i]]
