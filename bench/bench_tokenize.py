@@ -20,8 +20,8 @@ llama.cpp: `llama-tokenize -m VOCAB -f FILE --ids --no-escape --no-parse-special
 (the bench environment's build, never a dependency of ggtool), the same files; time and peak RSS
 of the process (os.wait4) minus those of the same command on a one-byte file (the load). Of
 --repeat runs: the shortest time, the median memory (ggtool's likewise). Its ids are checked
-equal to ggtool's. Its time includes reading the file and printing the ids; below a few tenths
-of a second it is within the noise of its load. Its memory can only be had as the whole
+equal to ggtool's. Its time includes reading the file and printing the ids; a net time within
+the spread of the load's own times is shown as "< spread", without a ratio. Its memory can only be had as the whole
 process's peak: what tokenizing took hides under the load's peak up to the load's transient
 memory, so its figure is a lower bound (the ratio favours llama.cpp), and a memory ratio is
 shown only where it grew by 1 MB or more.
@@ -151,7 +151,9 @@ def main() -> None:
             base = None
             if llama:
                 base = [run_llama(llama, vocab, one, tmp / "out.txt") for _ in range(args.repeat)]
-                base = (min(b[0] for b in base), statistics.median(b[1] for b in base))
+                # the load's time, and how much it varies (a net time below that is noise)
+                base = (min(b[0] for b in base), statistics.median(b[1] for b in base),
+                        max(b[0] for b in base) - min(b[0] for b in base))
             for label, src in files:
                 size = src.stat().st_size
                 gs = [run_ggtool(vocab, src, tmp / "ids.npy") for _ in range(args.repeat)]
@@ -159,12 +161,14 @@ def main() -> None:
                 line = f"{name:10s} {label:22s} {g['seconds']:9.3f} {g['grew'] / size:7.1f} |"
                 if llama:
                     runs = [run_llama(llama, vocab, src, tmp / "out.txt") for _ in range(args.repeat)]
-                    secs = max(min(r[0] for r in runs) - base[0], 1e-3)
+                    secs = min(r[0] for r in runs) - base[0]
                     mem = max(statistics.median(r[1] for r in runs) - base[1], 0)
                     same = llama_ids(tmp / "out.txt") == np.load(tmp / "ids.npy").tolist()
-                    ratio = f"{g['grew'] / mem:6.2f}x" if mem >= 1 << 20 else f"{'-':>7s}"
-                    line += (f" {secs:11.3f} {mem / size:7.1f} | {g['seconds'] / secs:6.1f}x {ratio}  "
-                             f"{'equal' if same else 'DIFFER'}")
+                    noise = max(base[2], 0.01)
+                    t_col, t_ratio = ((f"{secs:11.3f}", f"{g['seconds'] / secs:6.1f}x") if secs > noise else
+                                      (f"{'< ' + format(noise, '.2f'):>11s}", f"{'-':>7s}"))
+                    m_ratio = f"{g['grew'] / mem:6.2f}x" if mem >= 1 << 20 else f"{'-':>7s}"
+                    line += f" {t_col} {mem / size:7.1f} | {t_ratio} {m_ratio}  {'equal' if same else 'DIFFER'}"
                 print(line, flush=True)
 
 if __name__ == "__main__":

@@ -316,7 +316,7 @@ def test_bpe_queue_on_a_small_table_with_ties():
     ties to the leftmost, a merge whose result is no token."""
     from ggtool.tokenizer.bpe import BPE
 
-    merges = [("a", "a"), ("b", "b"), ("aa", "a"), ("a", "b"), ("aa", "aa"), ("ab", "b"), ("aaa", "a"), ("b", "a")]
+    merges = ["a a", "b b", "aa a", "a b", "aa aa", "ab b", "aaa a", "b a"]
     bpe = BPE({}, merges, ignore_merges=False)
     for w in _random_texts(2, "aab", 2000, 40) + ["a" * 1001, "ab" * 700]:
         assert bpe.merge(w) == _greedy_merges(list(w), bpe.ranks), w

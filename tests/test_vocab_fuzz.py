@@ -135,6 +135,8 @@ LIES = {
     "a merge with an empty side": (BPE, {"merges": ("arr", ("str", ["a b", "c "]))},
                                    "tokenizer.ggml.merges[1] 'c ' is not a pair"),
     "a merge of three": (BPE, {"merges": ("arr", ("str", ["a b c"]))}, "tokenizer.ggml.merges[0] 'a b c' is not a pair"),
+    "a merge with a newline, two spaces": (BPE, {"merges": ("arr", ("str", ["a b", "a\nb c d"]))},
+                                           "tokenizer.ggml.merges[1] 'a\\nb c d' is not a pair"),
     "a merge not UTF-8": (BPE, {"merges": ("arr", ("str", [b"a \xff"]))},
                           "tokenizer.ggml.merges[0] is not UTF-8 text (b'a \\xff')"),
     "merges a string": (BPE, {"merges": ("str", "a b")}, "tokenizer.ggml.merges is STRING, not an array"),

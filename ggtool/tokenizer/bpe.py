@@ -53,18 +53,18 @@ def decode_text(text: str) -> bytes:
 
 class BPE:
     """Merge ranks and a bounded cache of pre-token -> ids for one vocabulary. `merges` are
-    (left, right) pairs in rank order, already checked (Vocab)."""
+    "left right" strings in rank order, already checked (Vocab): one space, never inside a symbol
+    (GPT-2's byte characters have none), so the string is the pair's key."""
 
     CACHE_WORDS = 1 << 16   # pre-tokens remembered (then forgotten all at once)
     CACHE_CHARS = 64        # longer pre-tokens are not remembered
 
-    def __init__(self, token_to_id: dict[str, int], merges: list[tuple[str, str]], ignore_merges: bool):
+    def __init__(self, token_to_id: dict[str, int], merges: list[str], ignore_merges: bool):
         self.token_to_id = token_to_id
         # llama.cpp keeps the first rank of a merge listed twice
-        keys = [f"{a} {b}" for a, b in merges]
-        n = len(keys)
-        self.ranks = dict(zip(reversed(keys), range(n - 1, -1, -1)))
-        self.longest = max((len(a) + len(b) for a, b in merges), default=2)
+        n = len(merges)
+        self.ranks = dict(zip(reversed(merges), range(n - 1, -1, -1)))
+        self.longest = max(map(len, merges), default=3) - 1   # characters in the longest merged pair
         self.ignore_merges = ignore_merges
         self.cache: dict[str, list[int]] = {}
 

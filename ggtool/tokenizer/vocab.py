@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class _Meta:
     tokens: list[str]
     scores: list[float] | None
     types: list[int] | None
-    merges: list[tuple[str, str]] | None
+    merges: list[str] | None
     keys: dict
 
 
@@ -108,8 +109,8 @@ def _read_meta(path: str) -> _Meta:
         return g.metadata(KEY + key)
 
     def not_text(key: str, items: list) -> None:
-        bad = next((i for i, t in enumerate(items) if isinstance(t, EscapedText)), None)
-        if bad is not None:
+        if EscapedText in set(map(type, items)):
+            bad = next(i for i, t in enumerate(items) if isinstance(t, EscapedText))
             fail(f"{key}[{bad}]", f"is not UTF-8 text ({items[bad].raw!r})")
 
     model = typed("model", ("STRING",), "a string")
@@ -141,11 +142,9 @@ def _read_meta(path: str) -> _Meta:
     merges = typed("merges", ("ARRAY[STRING]",), 'an array of strings ("left right" pairs)')
     if merges is not None:
         not_text("merges", merges)
-        pairs = [m.split(" ") for m in merges]
-        bad = next((i for i, p in enumerate(pairs) if len(p) != 2 or not p[0] or not p[1]), None)
+        bad = _first_not_a_pair(merges)
         if bad is not None:
             fail(f"merges[{bad}]", f"{merges[bad]!r} is not a pair \"left right\" (two non-empty parts, one space)")
-        merges = [(a, b) for a, b in pairs]
 
     keys = {}
     for k in sorted(present):
@@ -162,6 +161,19 @@ def _read_meta(path: str) -> _Meta:
             v = g.metadata(k)
         keys[short] = v
     return _Meta(model, pre, tokens, scores, types, merges, keys)
+
+
+_NOT_A_PAIR = re.compile(r"^(?![^ \n]+ [^ \n]+$)", re.M)
+
+
+def _first_not_a_pair(merges: list[str]) -> int | None:
+    """The index of the first merge that is not "left right" (two non-empty parts, one space),
+    or None: one regex over the merges joined by newlines (a merge holding one: item by item)."""
+    joined = "\n".join(merges)
+    if joined.count("\n") == len(merges) - 1:
+        m = _NOT_A_PAIR.search(joined) if merges else None
+        return None if m is None else joined.count("\n", 0, m.start())
+    return next((i for i, x in enumerate(merges) if x.count(" ") != 1 or x[0] == " " or x[-1] == " "), None)
 
 
 class Vocab:
@@ -240,11 +252,20 @@ class Vocab:
         special = np.flatnonzero(np.asarray(self.attrs) & (CONTROL | USER_DEFINED | UNKNOWN)).tolist()
         self.special_ids = sorted(special, key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogatepass")))
         self._pieces: dict[int, bytes] = {}
-        if self.is_spm:
-            self._spm = SPM(self.tokens, self.scores, self.token_to_id, self.byte_to_token)
-        else:
-            self._bpe = BPE(self.token_to_id, meta.merges, self.pre.ignore_merges)
-            self._splitter = Splitter(self.pre.regexes)
+        self._merges = meta.merges
+
+    # the tokenizers' tables, made on the first tokenize (detokenizing needs none of them)
+    @cached_property
+    def _spm(self) -> SPM:
+        return SPM(self.tokens, self.scores, self.token_to_id, self.byte_to_token)
+
+    @cached_property
+    def _bpe(self) -> BPE:
+        return BPE(self.token_to_id, self._merges, self.pre.ignore_merges)
+
+    @cached_property
+    def _splitter(self) -> Splitter:
+        return Splitter(self.pre.regexes)
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> Vocab:
