@@ -45,10 +45,19 @@ def _quantizer(kind: str) -> None:
     kernel(np.zeros((1, nval), np.float32), np.zeros((1, nbytes), np.uint8))
 
 
+def _float_rows(kind: str) -> None:
+    import numpy as np
+
+    from . import float_rows
+
+    {"exp": float_rows.exp_f32, "seq_sum": float_rows.seq_sum}[kind](np.zeros((1, 1), np.float32))
+
+
 def compile_kernel(name: str) -> None:
-    """Compile (or load) kernel `name`: "dot:<type>" or "quantize:<kind>" (``cache.use_kernel``)."""
+    """Compile (or load) kernel `name`: "dot:<type>", "quantize:<kind>" or "float_rows:<kind>"
+    (``cache.use_kernel``)."""
     what, arg = name.split(":", 1)
-    {"dot": _dot, "quantize": _quantizer}[what](arg)
+    {"dot": _dot, "quantize": _quantizer, "float_rows": _float_rows}[what](arg)
 
 
 def _pending(root: str) -> list[str]:
