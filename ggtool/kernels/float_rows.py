@@ -5,7 +5,8 @@ soft_max's, the norms').
 The same IEEE operations in the same order as the numpy forms in ``portable_math``, so the same
 bits (tests/test_portable_math.py checks both on the same values, NaN and the extremes included):
 no fast-math (no fused multiply-add, no reassociation; the sum's loop is not vectorised), the same
-constants, rint for the reduction, exact powers of two for the scaling. The numpy forms stay the
+constants (``portable_math`` passes them: this module imports nothing of it), rint for the
+reduction, exact powers of two for the scaling. The numpy forms stay the
 twins (``kernels.cache``): a command line whose kernels are not compiled yet runs them, and so does
 a process that has not loaded numba, for small arrays (``portable_math.use_compiled``).
 """
@@ -14,42 +15,37 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import portable_math as pm
 from .jit import njit
-
-_INV, _HI, _LO = pm._EXP_INV, pm._EXP_HI, pm._EXP_LO
-_C0, _C1, _C2, _C3, _C4 = pm._EXP_C
-_T_HI, _T_LO = pm._T_HI, pm._T_LO                      # 32 entries each: frozen into the kernel
-_POW2 = np.array([2.0 ** e for e in range(-600, 601)])  # 2**e, exactly, e in [-600, 600]
 
 
 @njit
-def _exp64(v):
-    """portable_math.exp for one float64, operation for operation."""
+def _exp64(v, k0, t_hi, t_lo, pow2):
+    """portable_math.exp for one float64, operation for operation; k0 holds its constants (32/ln2,
+    ln2/32 in two parts, 1/2! .. 1/6!), t_hi/t_lo its table 2**(j/32), pow2[e + 600] = 2**e."""
     if v != v:
         return v
     xc = min(max(v, -800.0), 800.0)
-    k = np.rint(xc * _INV)
+    k = np.rint(xc * k0[0])
     ki = np.int64(k)
-    r = (xc - k * _HI) - k * _LO
-    p = r + (r * r) * ((((_C4 * r + _C3) * r + _C2) * r + _C1) * r + _C0)
+    r = (xc - k * k0[1]) - k * k0[2]
+    p = r + (r * r) * ((((k0[7] * r + k0[6]) * r + k0[5]) * r + k0[4]) * r + k0[3])
     j = ki & 31
     e = ki >> 5
-    hi = _T_HI[j]
-    y = hi + (_T_LO[j] + hi * p)
+    hi = t_hi[j]
+    y = hi + (t_lo[j] + hi * p)
     e1 = e >> 1
-    return (y * _POW2[e1 + 600]) * _POW2[e - e1 + 600]
+    return (y * pow2[e1 + 600]) * pow2[e - e1 + 600]
 
 
 @njit
-def _exp_f32(x, out):
+def _exp_f32(x, out, k0, t_hi, t_lo, pow2):
     xb, ob = x.view(np.uint32), out.view(np.uint32)
     for i in range(x.shape[0]):
         v = x[i]
         if v != v:              # NaN: itself, made quiet (as the numpy form's float64 round trip makes it;
             ob[i] = xb[i] | np.uint32(0x400000)   # LLVM folds that round trip away)
         else:
-            out[i] = np.float32(_exp64(np.float64(v)))
+            out[i] = np.float32(_exp64(np.float64(v), k0, t_hi, t_lo, pow2))
 
 
 @njit
@@ -68,11 +64,11 @@ def _plain(x: np.ndarray) -> np.ndarray:
     return x if x.flags.writeable else x.copy()
 
 
-def exp_f32(x) -> np.ndarray:
-    """portable_math.exp_f32, compiled."""
+def exp_f32(x, consts: tuple) -> np.ndarray:
+    """portable_math.exp_f32, compiled; `consts` is portable_math.EXP_CONSTS (its constants and tables)."""
     x = _plain(x)
     out = np.empty(x.shape, np.float32)
-    _exp_f32(x.reshape(-1), out.reshape(-1))
+    _exp_f32(x.reshape(-1), out.reshape(-1), *consts)
     return out
 
 

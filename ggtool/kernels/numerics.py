@@ -91,7 +91,7 @@ CPU_FLAGS_VAR = "GGTOOL_CPU_FLAGS"
 def cpu_flags_override() -> str | None:
     """GGTOOL_CPU_FLAGS, where set and not blank: the CPU flags ggtool reads instead of this CPU's
     (space- or comma-separated, /proc/cpuinfo's names), so that a run acts as another host would,
-    e.g. an AVX2 one (``--numerics llama.cpp`` then means llama.cpp-avx2; .ci/avx2-host)."""
+    e.g. an AVX2 one (numerics "llama.cpp" then means llama.cpp-avx2; .ci/avx2-host)."""
     value = os.environ.get(CPU_FLAGS_VAR, "")
     return value if value.strip() else None
 

@@ -299,9 +299,7 @@ def _f32(fn, x) -> np.ndarray:
 def exp_f32(x) -> np.ndarray:
     """expf: float32 in and out (compiled, ``float_rows``, where ``use_compiled`` says so: the same bits)."""
     if use_compiled("exp", np.size(x)):
-        from . import float_rows
-
-        return float_rows.exp_f32(x)
+        return compiled("exp")(x)
     return _f32(exp, x)
 
 
@@ -333,9 +331,7 @@ def seq_sum(terms) -> np.ndarray:
     if terms.shape[-1] == 0:
         return np.zeros(terms.shape[:-1])
     if terms.dtype == F32 and use_compiled("seq_sum", terms.size):
-        from . import float_rows
-
-        return float_rows.seq_sum(terms)
+        return compiled("seq_sum")(terms)
     with np.errstate(invalid="ignore", over="ignore"):                   # inf - inf: NaN, as GGML's
         return np.add.accumulate(terms.astype(F64), axis=-1)[..., -1] + 0.0   # -0.0 -> +0.0, as from +0.0
 
@@ -355,6 +351,21 @@ def use_compiled(name: str, size: int) -> bool:
     from . import cache
 
     return cache.use_kernel(f"float_rows:{name}")
+
+
+# exp's constants and tables, as float_rows' compiled exp takes them
+EXP_CONSTS = (np.array([_EXP_INV, _EXP_HI, _EXP_LO, *_EXP_C]), _T_HI, _T_LO,
+              np.array([float(Fraction(2) ** e) for e in range(-600, 601)]))
+
+
+def compiled(name: str):
+    """float_rows' compiled form of `name` ("exp": x -> expf(x), "seq_sum": terms -> sums), numba
+    loaded (the same bits as the numpy forms here)."""
+    from . import float_rows
+
+    if name == "exp":
+        return lambda x: float_rows.exp_f32(x, EXP_CONSTS)
+    return {"seq_sum": float_rows.seq_sum}[name]
 
 
 # -- powf, for scalars -------------------------------------------------------------------------------

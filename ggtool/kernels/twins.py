@@ -1,10 +1,10 @@
 """numpy twins of the compiled kernels the command line's first runs call: the Q4_0/Q8_0 quantizers
 and fp32 -> fp16 (``quantize``), the activation quantizers (Q8_0 and Q8_1 as the x86 CPU makes
 them, Q8_K), the dot products of every type ``dot`` registers (F32/F16: ``float_dot``, GGML's
-scalar order as ``dot_float``, its double sums in order one k at a time across the outputs), and the Q4_0/Q8_0
-dequantizers (which the kernels themselves run for small inputs, SMALL_BLOCKS). They give the kernels' bits, and they need no compiling: a process whose
-kernels are not in the cache yet runs them instead (``cache``), while the kernels compile for next
-time.
+scalar order as ``dot_float``, its double sums in order one k at a time across the outputs), and
+the Q4_0/Q8_0 dequantizers (which the kernels themselves run for small inputs, SMALL_BLOCKS). They
+give the kernels' bits, and they need no compiling: a process whose kernels are not in the cache
+yet runs them instead (``cache``), while the kernels compile for next time.
 
 How the bits come out equal: the integer sums of a block are computed as float sums of integer
 values by BLAS (float32 for the 32-value blocks: every partial sum stays below 2**24; float64 for the
