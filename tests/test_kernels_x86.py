@@ -422,8 +422,10 @@ def test_named_builds_and_the_x86_alias_whatever_the_cpu():
             "ggml", "llama.cpp-avx512", "llama.cpp-avx512", "llama.cpp-avx2"]
 
 
-def test_host_flags_are_the_first_flags_line(tmp_path):
+def test_host_flags_are_the_first_flags_line(tmp_path, monkeypatch):
     from ggtool.kernels.numerics import host_flags
+
+    monkeypatch.delenv("GGTOOL_CPU_FLAGS", raising=False)     # (a run acting as another host sets it)
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t: x\n\nprocessor\t: 1\nflags\t: fpu\n")
