@@ -158,6 +158,16 @@ class Session:
             freeze(built.graph)
         return step
 
+    def llama_cpp_gaps(self) -> list:
+        """Under llama.cpp's numerics, what the one-token step computes in GGML's order where llama.cpp's
+        x86 build computes otherwise (``ggtool.ops.llama_cpp_gaps``: mul_mat weight types, silu);
+        empty under the default numerics or where every node is covered."""
+        if not is_llama_cpp(self.numerics):
+            return []
+        from ..ops import llama_cpp_gaps
+
+        return llama_cpp_gaps(self.graph(1).nodes)
+
     def reset(self) -> None:
         """An empty KV cache (the graphs are kept): the next batch starts at position 0."""
         for t in self._state.values():
