@@ -309,22 +309,35 @@ def test_cli_threads_and_verbose(run):
     assert ok(r) and "prompt: 3 tokens in" in r.stderr and "generated: 3 tokens in" in r.stderr
 
 
-def test_cli_llama_cpp_numerics_name_what_they_do_not_cover(run):
-    """stories260K's silu has no llama.cpp order in ggtool (llama.cpp's x86 build runs ggml_v_silu, its
-    own vector expf): under --numerics llama.cpp* one line on stderr says so, naming the nodes, as
-    compute's warning does (Session.llama_cpp_gaps); the default numerics say nothing."""
+def test_cli_llama_cpp_numerics_name_what_they_do_not_cover(run, monkeypatch):
+    """stories260K has llama.cpp's order for every node (its f32 mul_mats, silu): under --numerics
+    llama.cpp* nothing is said. Were silu without it (taken away here), one line on stderr would say
+    so, naming the nodes, as compute's warning does (Session.llama_cpp_gaps); the default numerics say
+    nothing."""
+    from ggtool.ops import matmul, unary
+
     args = ("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "2", "--format", "json")
+    covered = run(*args, "--numerics", "llama.cpp-avx2")
+    assert ok(covered) and covered.stderr == ""
+    monkeypatch.setattr(unary, "X86_UNMODELLED", ("SILU",))
+    monkeypatch.setattr(matmul, "X86_COVERED", "f32")
     r = run(*args, "--numerics", "llama.cpp-avx2")
     assert ok(r) and r.stderr == (
-        "Warning: --numerics llama.cpp-avx2 follows llama.cpp's order for mul_mat with f32, q8_0, q5_0, q4_0, q6_K "
-        "and q4_K (2-D, rows in eights: the repacked kernels) weights, soft_max, rope and gelu; 5 silu nodes "
-        "(first: 'gate_act-0') compute in GGML's order and may differ from llama.cpp's in the last bits\n")
+        "Warning: --numerics llama.cpp-avx2 follows llama.cpp's order for mul_mat with f32 weights, soft_max, "
+        "rope, gelu and silu; 5 silu nodes (first: 'gate_act-0') compute in GGML's order and may differ from "
+        "llama.cpp's in the last bits\n")
     default = run(*args)
     assert ok(default) and default.stderr == ""
 
 
-def test_session_names_the_llama_cpp_gaps_of_its_step(stories):
-    """The engine's side: records of op, weight type and nodes; none under the default numerics."""
+def test_session_names_the_llama_cpp_gaps_of_its_step(stories, monkeypatch):
+    """The engine's side: no gaps for stories260K under either build's numerics, nor under the
+    default numerics; records of op, weight type and nodes where there are (silu's form taken away)."""
+    from ggtool.ops import unary
+
+    for numerics in ("llama.cpp-avx512", "llama.cpp-avx2", "ggml"):
+        assert Session(STORIES, stories, n_ctx=8, numerics=numerics).llama_cpp_gaps() == []
+    monkeypatch.setattr(unary, "X86_UNMODELLED", ("SILU",))
     gaps = Session(STORIES, stories, n_ctx=8, numerics="llama.cpp-avx512").llama_cpp_gaps()
     assert [(g.op, g.weight_type, len(g.nodes)) for g in gaps] == [("SILU", None, 5)]
     assert all(n.op_desc == "SILU" for n in gaps[0].nodes)
