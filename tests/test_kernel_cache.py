@@ -201,8 +201,8 @@ console()
 
 F16 = """
 import warnings
+import numpy as np          # before the filter: numpy's ImportWarning on NPY_DISABLE_CPU_FEATURES (.ci/avx2-host) is not ours
 warnings.simplefilter("always")
-import numpy as np
 from ggtool.kernels import quantize
 out = np.zeros(3, np.uint16)
 quantize.fp32_to_fp16(np.array([1.0, 2.5, -3.0], np.float32), out)
