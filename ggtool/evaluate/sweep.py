@@ -344,7 +344,9 @@ class Sweep:
             q = quant[ft.name]
             rec = {"kind": "ggtool-sweep-cell", "identity": self._cell_identity(ft), "file": q["file"],
                    "tensor_bytes": q["tensor_bytes"], "n_elements": q["n_elements"],
-                   "quantize_seconds": q["seconds"], "eval_seconds": run.result["seconds"],
+                   "quantize_seconds": q["seconds"],
+                   # its tasks' own seconds with an executor (they ran beside others'), else the run's
+                   "eval_seconds": getattr(run, "task_seconds", None) or run.result["seconds"],
                    "kld": _kld_summary(run.result)}
             self._write_record(f"{ft.name}.json", rec)
             evals[ft.name] = rec
@@ -401,7 +403,7 @@ class Sweep:
         rec = {"kind": "ggtool-sweep-base", "identity": {"model": self._ident(self.base_model)},
                "file": {"name": BASE, "size": os.path.getsize(path), "digest": head_digest(path)},
                "model_bytes": os.path.getsize(self.base_model), "ppl": run.result["ppl"],
-               "ppl_unc": run.result["ppl_unc"], "seconds": run.result["seconds"]}
+               "ppl_unc": run.result["ppl_unc"], "seconds": getattr(run, "task_seconds", None) or run.result["seconds"]}
         self._write_record("base.json", rec)
         return rec
 
