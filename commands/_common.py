@@ -317,3 +317,24 @@ class Timer:
             total = sum(s for _, s in self.phases)
             parts = ", ".join(f"{p} {s * 1000:.1f} ms" for p, s in self.phases)
             log(f"time: {parts} (total {total * 1000:.1f} ms)")
+
+
+# -- clusters ---------------------------------------------------------------------------------------------
+def ray_options(f):
+    """--ray ADDRESS (or RAY_ADDRESS) and --ray-ship, for the commands whose work splits into tasks."""
+    f = click.option("--ray-ship", "ray_ship", type=click.Choice(["auto", "shared", "ship"]), default="auto",
+                     show_default=True,
+                     help="How files reach the Ray nodes: asked per node (auto), a shared file system, or Ray's object store.")(f)
+    return click.option("--ray", "ray_address", metavar="ADDRESS", envvar="RAY_ADDRESS", show_envvar=True, default=None,
+                        help="Run each chunk as a task on the Ray cluster at HOST:PORT (pip install 'ggtool[cluster]').")(f)
+
+
+def open_cluster(address: str | None, ship: str):
+    """The Ray executor for --ray ADDRESS, or None (ggtool.evaluate.cluster: Ray imported only here)."""
+    if not address:
+        return None
+    from ggtool.evaluate.cluster import RayExecutor
+
+    ex = RayExecutor(address, ship=ship)
+    log(f"on the Ray cluster at {address} ({ex.workers} CPUs)")
+    return ex

@@ -67,6 +67,23 @@ def check_reachable(address: str, seconds: float = CONNECT_SECONDS) -> None:
                            address=address) from None
 
 
+def _diagnostics_to_stderr(ray) -> None:
+    """Ray's driver prints the cluster's error messages (a worker died, a task is retried) on stdout,
+    where ggtool's data goes (a CSV, a JSON record): they go to stderr instead. Ray's printer is
+    looked up by its module at each message, so wrapping it there is enough; where a Ray release
+    moves it, nothing is wrapped (tests/test_cluster.py's killed-worker test then fails on stdout)."""
+    w = getattr(getattr(ray, "_private", None), "worker", None)
+    printer = getattr(w, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "ggtool_stderr", False):
+        return
+
+    def to_stderr(data, *args, **kw):
+        return printer({**data, "is_err": True}, *args, **kw)
+
+    to_stderr.ggtool_stderr = True
+    w.print_to_stdstream = to_stderr
+
+
 def _run_task(fn, *args):
     """What a Ray worker runs: a distribute task, its shipped files fetched from the object store."""
     import ray
@@ -96,6 +113,7 @@ class RayExecutor:
         kw = {}
         if host in ("127.0.0.1", "localhost", "::1"):
             kw["_node_ip_address"] = "127.0.0.1"
+        _diagnostics_to_stderr(ray)
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=True,
                      include_dashboard=False, **kw)

@@ -96,6 +96,30 @@ class _Observer:
         self.c.add(node)
 
 
+def imatrix_group(job, fetch=None):
+    """One batch of chunks of an importance matrix as a task (distribute.GroupJob -> GroupSums): its
+    sums from zero and its pieces' nll, for the caller to add in chunk order."""
+    from .distribute import GroupSums, open_model
+    from .schedule import Group
+
+    t0 = time.perf_counter()
+    model = open_model(job.model, fetch)
+    n_ctx, first = model.n_ctx, model.n_ctx // 2
+    tokens = np.asarray(job.tokens, np.int32)
+    c = Collector(n_ctx, job.process_output)
+    out_from = 0 if job.process_output else first
+    nll = []
+    for piece in model.pieces(tokens, [Group(range(job.n_chunks), tuple(job.pieces))], out_from,
+                              observe=c.observer):
+        keep = (piece.positions >= first) & (piece.positions < n_ctx - 1)
+        v = None
+        if job.ppl and keep.any():
+            pos = piece.positions[keep]
+            v = lp.nll(piece.logits[keep], tokens[piece.chunk * n_ctx + pos + 1])
+        nll.append((piece.chunk, v, bool(piece.positions[-1] == n_ctx - 1)))
+    return GroupSums(job.index, c.stats.sums, c.stats.counts, nll, time.perf_counter() - t0)
+
+
 def check_against_model(stats: ImatrixSums, model_path: str, file: str) -> None:
     """Every entry read from `file` must be a matrix of the model, of its width: an importance
     matrix made for another model is refused before anything runs."""
@@ -183,7 +207,7 @@ class ImatrixRun:
         the order one process adds them. The same bits on one worker or many; against a run in one
         process, whose float32 sums run on across batches, they differ by that regrouping."""
         from ..imatrix import ImatrixSums, merge_sums
-        from .distribute import GroupJob, ModelSpec, imatrix_group, map_ordered
+        from .distribute import GroupJob, ModelSpec, map_ordered
 
         ex, n_ctx = self.executor, self.model.n_ctx
         spec = ModelSpec.of(self.model)

@@ -7,7 +7,7 @@ depend on where or in which order the tasks ran.
   pieces' values (not their sums): the nll per scored token, a base file's encoded rows, the
   arguments `KLDSums.add` takes. Chunks of one batch are independent (each starts from a fresh KV
   cache), so a chunk is a task.
-- `GroupJob` -> `imatrix_group`: one batch of chunks (llama.cpp's, whose chunks take turns piece by
+- `GroupJob` -> `collect.imatrix_group`: one batch of chunks (llama.cpp's, whose chunks take turns piece by
   piece) of an importance matrix: its sums from zero, added to the others in chunk order.
 - `QuantizeJob` -> `quantize_task`: one file type written from a model.
 
@@ -260,30 +260,6 @@ class GroupSums:
     counts: dict
     nll: list
     seconds: float = 0.0
-
-
-def imatrix_group(job: GroupJob, fetch=None) -> GroupSums:
-    import time
-
-    from . import logprobs as lp
-    from .collect import Collector
-
-    t0 = time.perf_counter()
-    model = open_model(job.model, fetch)
-    n_ctx, first = model.n_ctx, model.n_ctx // 2
-    tokens = np.asarray(job.tokens, np.int32)
-    c = Collector(n_ctx, job.process_output)
-    out_from = 0 if job.process_output else first
-    nll = []
-    for piece in model.pieces(tokens, [Group(range(job.n_chunks), tuple(job.pieces))], out_from,
-                              observe=c.observer):
-        keep = (piece.positions >= first) & (piece.positions < n_ctx - 1)
-        v = None
-        if job.ppl and keep.any():
-            pos = piece.positions[keep]
-            v = lp.nll(piece.logits[keep], tokens[piece.chunk * n_ctx + pos + 1])
-        nll.append((piece.chunk, v, bool(piece.positions[-1] == n_ctx - 1)))
-    return GroupSums(job.index, c.stats.sums, c.stats.counts, nll, time.perf_counter() - t0)
 
 
 # -- executors ---------------------------------------------------------------------------------------------
