@@ -329,12 +329,11 @@ def ray_options(f):
                         help="Run each chunk as a task on the Ray cluster at HOST:PORT (pip install 'ggtool[cluster]').")(f)
 
 
-def open_cluster(address: str | None, ship: str):
-    """The Ray executor for --ray ADDRESS, or None (ggtool.evaluate.cluster: Ray imported only here)."""
-    if not address:
-        return None
-    from ggtool.evaluate.cluster import RayExecutor
+def open_cluster(address: str | None, ship: str, command: str):
+    """The Ray executor for --ray ADDRESS, or None (ggtool.evaluate.cluster: Ray imported only there)."""
+    from ggtool.evaluate.cluster import executor_for
 
-    ex = RayExecutor(address, ship=ship)
-    log(f"on the Ray cluster at {address} ({ex.workers} CPUs)")
+    ex = executor_for(address, ship=ship)
+    if ex is not None:
+        log(f"{command}: on the Ray cluster at {address} ({ex.workers} CPUs)")
     return ex

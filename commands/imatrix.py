@@ -102,7 +102,7 @@ def command(model, text_file, out_file, n_ctx, n_chunks, n_batch, n_ubatch, proc
     program = (program_file.read(), program_file.name) if program_file is not None else None
     m = Model(model, n_ctx, program=program, numerics=numerics)
     tokens = tokenize_text(m.vocab, read_text(text_file))
-    executor = open_cluster(ray_address, ray_ship)
+    executor = open_cluster(ray_address, ray_ship, "imatrix")
     run = ImatrixRun(m, tokens, dataset=text_file, n_chunks=n_chunks, schedule=Schedule(n_ctx, n_batch, n_ubatch),
                      process_output=process_output, start=start, ppl=not no_ppl, text_file=text_file,
                      executor=executor)

@@ -109,7 +109,7 @@ def command(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, base_file, kl,
     base = BaseFile(base_file) if kl else None
     executor = None
     try:
-        executor = open_cluster(ray_address, ray_ship)
+        executor = open_cluster(ray_address, ray_ship, "perplexity")
         if base is not None and n_ctx is None:
             n_ctx = base.header.n_ctx
         n_ctx = n_ctx or 512

@@ -7,14 +7,14 @@ import sys
 
 import click
 
-from ._common import log, numerics_option, pick_numerics
+from ._common import log, numerics_option, open_cluster, pick_numerics, ray_options
 from ._json import document
 from ._progress import progress_bar
 from ._table import table
 
 HELP = """Quantize a model to several file types and measure what each costs: its size, bits
 per weight, and on a text the perplexity and the KL divergence of its predictions from the
-source model's (or --base's), as `ggtool perplexity --kl-divergence` measures them.
+source model's (or --base's), as `ggtool perplexity` measures them.
 
 \b
 The source's log-probabilities on the text (-f TEXT, chunks of -c N tokens) are computed once
@@ -32,7 +32,7 @@ record that is damaged, of other settings, or of a file that is not the one ther
 
 \b
 --base FILE: evaluate against another model (a GGUF, e.g. the F16 when MODEL is a BF16), or
-against a base-logits file made by `ggtool perplexity --kl-divergence-base` or llama-perplexity
+against a base-logits file made by `ggtool perplexity` or llama-perplexity
 (its chunks are the text's; -c must be its n_ctx).
 
 \b
@@ -54,7 +54,7 @@ Examples:
 @click.option("--gguf", "model", required=True, metavar="MODEL", type=click.Path(exists=True, dir_okay=False),
               help="The source model (F16, BF16, F32, Q8_0...).")
 @click.option("--types", "types", required=True, metavar="T1,T2,...",
-              help="File types, as `ggtool quantize --type` names them (q4_0,q4_k_m,q8_0,...).")
+              help="File types, as `ggtool quantize` names them (q4_0,q4_k_m,q8_0,...).")
 @click.option("-f", "--file", "text_file", required=True, metavar="TEXT", type=click.Path(exists=True, dir_okay=False),
               help="The text (UTF-8).")
 @click.option("-o", "--output-dir", "out_dir", required=True, metavar="DIR", type=click.Path(),
@@ -74,10 +74,7 @@ Examples:
 @click.option("--kl-top-k", "top_k", type=click.IntRange(min=1), default=None, metavar="K",
               help="Keep each row's K largest base log-probabilities (a small base file; KLD a lower bound).")
 @click.option("--allow-requantize", is_flag=True, help="MODEL is quantized already: quantize it again anyway.")
-@click.option("--ray", "ray_address", metavar="ADDRESS", envvar="RAY_ADDRESS", show_envvar=True, default=None,
-              help="Run the tasks on the Ray cluster at HOST:PORT.")
-@click.option("--ray-ship", "ship", type=click.Choice(["auto", "shared", "ship"]), default="auto", show_default=True,
-              help="How files reach the Ray nodes.")
+@ray_options
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=None, metavar="N",
               help="Threads on this machine (without --ray): quantizing, and evaluating (this process and N-1 workers).")
 @numerics_option
@@ -86,7 +83,7 @@ Examples:
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Say which llama.cpp build --numerics llama.cpp follows.")
 def command(model, types, text_file, out_dir, imatrix, base, n_ctx, n_chunks, n_batch, n_ubatch, top_k,
-            allow_requantize, ray_address, ship, n_threads, numerics, as_json, as_csv, quiet, verbose):
+            allow_requantize, ray_address, ray_ship, n_threads, numerics, as_json, as_csv, quiet, verbose):
     from ggtool.evaluate.sweep import Sweep, SweepOptions, csv_text, parse_types
     from ggtool.quantize_model import FileTypeError
 
@@ -97,12 +94,7 @@ def command(model, types, text_file, out_dir, imatrix, base, n_ctx, n_chunks, n_
         parse_types(types)
     except FileTypeError as e:
         raise click.BadParameter(str(e), param_hint="--types") from None
-    executor = None
-    if ray_address:
-        from ggtool.evaluate.cluster import RayExecutor
-
-        executor = RayExecutor(ray_address, ship=ship)
-        log(f"sweep: on the Ray cluster at {ray_address} ({executor.workers} CPUs)")
+    executor = open_cluster(ray_address, ray_ship, "sweep")
     try:
         sweep = Sweep(SweepOptions(model, types, text_file, out_dir, imatrix=imatrix, base=base, n_ctx=n_ctx,
                                    n_chunks=n_chunks, n_batch=n_batch, n_ubatch=n_ubatch, top_k=top_k,

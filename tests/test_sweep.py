@@ -176,6 +176,54 @@ def test_bad_dirs(run, tmp_path):
     assert os.listdir(busy) == ["notes.txt"] and os.listdir(elsewhere) == []
 
 
+def test_a_sweep_running_in_dir_refuses_a_second(swept, run, tmp_path):
+    """Two sweeps in one DIR at once: the second is refused (DIR's lock, held by the first) and
+    touches nothing; a lock planted as a symbolic link is not followed."""
+    import fcntl
+
+    d, out = swept
+    d2 = tmp_path / "copy"
+    shutil.copytree(d, d2)
+    os.unlink(d2 / "Q8_0.json")
+    before = sorted(os.listdir(d2))
+    with open(d2 / ".ggtool-sweep.lock", "a") as held:           # the first sweep, still running
+        fcntl.flock(held, fcntl.LOCK_EX)
+        fails(run("sweep", "--gguf", STORIES, "--types", TYPES, "-f", TEXT, "-o", d2, *ARGS, "-q"),
+              f"Error: {d2}: another sweep is running in this directory; wait for it, or give another")
+        assert sorted(os.listdir(d2)) == before
+    assert numbers(ok(run("sweep", "--gguf", STORIES, "--types", TYPES, "-f", TEXT, "-o", d2, *ARGS, "--csv",
+                          "-q"))) == numbers(out)                 # released: it runs
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    os.unlink(d2 / ".ggtool-sweep.lock")
+    os.symlink(victim, d2 / ".ggtool-sweep.lock")
+    fails(run("sweep", "--gguf", STORIES, "--types", TYPES, "-f", TEXT, "-o", d2, *ARGS, "-q"),
+          "cannot open its lock .ggtool-sweep.lock")
+    assert victim.read_text() == "keep me"
+
+
+def test_a_symlinked_quantized_file_is_replaced_not_followed(swept, run, tmp_path):
+    """DIR/T.gguf planted as a link to a file elsewhere: the cell is redone, the link replaced by
+    the file, and the file it pointed to left as it was."""
+    d, out = swept
+    d2 = tmp_path / "copy"
+    shutil.copytree(d, d2)
+    victim = tmp_path / "victim.gguf"
+    victim.write_bytes((d / "Q8_0.gguf").read_bytes())             # even the right bytes: not trusted
+    os.unlink(d2 / "Q8_0.gguf")
+    os.symlink(victim, d2 / "Q8_0.gguf")
+    r = run("sweep", "--gguf", STORIES, "--types", TYPES, "-f", TEXT, "-o", d2, *ARGS, "--csv")
+    assert numbers(ok(r)) == numbers(out)
+    assert "Q8_0.json describes Q8_0.gguf, which is missing" in r.stderr
+    assert not os.path.islink(d2 / "Q8_0.gguf") and victim.read_bytes() == (d / "Q8_0.gguf").read_bytes()
+    assert victim.stat().st_nlink == 1 and victim.stat().st_ino != (d2 / "Q8_0.gguf").stat().st_ino
+    # the results planted as a link: replaced in DIR, the file elsewhere untouched
+    os.unlink(d2 / "results.csv")
+    os.symlink(victim, d2 / "results.csv")
+    ok(run("sweep", "--gguf", STORIES, "--types", TYPES, "-f", TEXT, "-o", d2, *ARGS, "-q"))
+    assert not os.path.islink(d2 / "results.csv") and victim.read_bytes() == (d / "Q8_0.gguf").read_bytes()
+
+
 def test_short_text_and_json(run, tmp_path, swept):
     short = tmp_path / "short.txt"
     short.write_text("In the beginning God created the heaven and the earth.")

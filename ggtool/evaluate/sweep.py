@@ -36,6 +36,7 @@ from .distribute import FileSource, QuantizeJob, head_digest, quantize_task
 
 VERSION = 1
 MANIFEST = "manifest.json"
+LOCK = ".ggtool-sweep.lock"      # held (flock) while a sweep runs in DIR
 BASE = "base.bin"
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
@@ -45,7 +46,7 @@ COLUMNS = ("type", "bytes", "bpw", "ppl", "ppl_unc", "kld", "kld_unc", "same_top
 
 
 class SweepError(GGToolError):
-    """A sweep cannot run: `kind` ("types", "dir", "manifest", "cell", "base"), `path` where it matters."""
+    """A sweep cannot run: `kind` ("types", "dir", "busy", "manifest", "cell", "base"), `path` where it matters."""
 
     def __init__(self, message: str, *, kind: str, path: str | None = None, **details):
         self.kind, self.path, self.details = kind, path, details
@@ -214,6 +215,16 @@ class Sweep:
     def _path(self, name: str) -> str:
         return os.path.join(self.dir, name)
 
+    def _own_path(self, name: str) -> str:
+        """DIR/name, to be written: a symbolic link (or a FIFO, a socket) planted there is removed
+        first, so that a sweep writes into DIR and nowhere else (ggtool's outputs follow a user's
+        links; DIR's files are the sweep's own)."""
+        path = self._path(name)
+        st = _lstat(path)
+        if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            os.unlink(path)
+        return path
+
     # -- the manifest and the cells -------------------------------------------------------------------
     def _manifest(self) -> None:
         from ..tensor_io.outputs import write_text_atomic
@@ -284,11 +295,42 @@ class Sweep:
     def _write_record(self, name: str, rec: dict) -> None:
         from ..tensor_io.outputs import write_text_atomic
 
-        write_text_atomic(self._path(name), [json.dumps(rec, indent=1, allow_nan=False, default=_plain) + "\n"])
+        write_text_atomic(self._own_path(name), [json.dumps(rec, indent=1, allow_nan=False, default=_plain) + "\n"])
 
     # -- the run -------------------------------------------------------------------------------------
     def run(self) -> Iterator[SweepEvent]:
-        """Do what is not done; yield events (see SweepEvent); `.result` at the end."""
+        """Do what is not done; yield events (see SweepEvent); `.result` at the end. DIR is locked
+        meanwhile (LOCK, flock): a second sweep in it is refused, never interleaved with this one."""
+        fd = self._lock()
+        try:
+            yield from self._run()
+        finally:
+            os.close(fd)
+
+    def _lock(self) -> int:
+        import fcntl
+
+        os.makedirs(self.dir, exist_ok=True)
+        path = self._path(LOCK)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise SweepError(f"cannot open its lock {LOCK} ({e.strerror}: a symbolic link is not followed)",
+                             kind="busy", path=self.dir) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SweepError(f"its lock {LOCK} is not a regular file", kind="busy", path=self.dir)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise SweepError("another sweep is running in this directory; wait for it, or give another",
+                                 kind="busy", path=self.dir) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _run(self) -> Iterator[SweepEvent]:
         t0 = time.perf_counter()
         self._events: list[SweepEvent] = []
         self._manifest()
@@ -314,7 +356,7 @@ class Sweep:
             shared = src.ref is None
             for k, ft in enumerate(self.types):
                 if ft.name in quant and quant[ft.name] is None:
-                    job = QuantizeJob(k, src, ft.name, self._path(f"{ft.name}.gguf") if shared else None, imx,
+                    job = QuantizeJob(k, src, ft.name, self._own_path(f"{ft.name}.gguf") if shared else None, imx,
                                       self.opts.allow_requantize)
                     pending_q[ft.name] = ex.submit(quantize_task, job)
         if base_rec is None:
@@ -410,7 +452,7 @@ class Sweep:
     # -- a type ---------------------------------------------------------------------------------------
     def _quantized(self, k: int, ft, handle) -> dict:
         """Quantize (or collect the task that did) and record it."""
-        out = self._path(f"{ft.name}.gguf")
+        out = self._own_path(f"{ft.name}.gguf")
         if handle is not None:
             done = self.executor.get(handle)
             if done.data is not None:
@@ -477,8 +519,8 @@ class Sweep:
                   "n_ctx": o.n_ctx, "n_chunk": self.n_chunk, "numerics": self.numerics,
                   "imatrix": o.imatrix, "executor": getattr(self.executor, "name", "local"),
                   "base_row": base_row, "rows": rows, "seconds": seconds}
-        outputs = {"json": self._path(RESULTS_JSON), "csv": self._path(RESULTS_CSV),
-                   "png": self._path(CHART + ".png"), "svg": self._path(CHART + ".svg")}
+        outputs = {"json": self._own_path(RESULTS_JSON), "csv": self._own_path(RESULTS_CSV),
+                   "png": self._own_path(CHART + ".png"), "svg": self._own_path(CHART + ".svg")}
         write_text_atomic(outputs["json"], [json.dumps(record, indent=1, allow_nan=False, default=_plain) + "\n"])
         write_text_atomic(outputs["csv"], [csv_text(([base_row] if base_row else []) + rows)])
         chart = Chart([(r["bytes"] / (1 << 20), r["kld"], r["type"]) for r in rows], front,
