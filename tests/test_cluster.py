@@ -3,8 +3,8 @@
 The cluster tests start `ray start --head --num-cpus 2` inside a network namespace of their own
 (`unshare -n`, then `ip link set lo up`): Ray binds to a machine's first non-loopback address
 whatever it is told, and test traffic must stay on loopback. They need root, unshare and ip, and
-Ray importable (the `cluster` extra; .ci/run installs it); where any is missing they skip, saying
-which. The head is stopped by ending the `ray start --block` process this test started, never by
+Ray importable (the `cluster` extra: `pip install -e '.[test,cluster]'`; the README's test command
+installs `test` only, so there they skip); where any is missing they skip, saying which. The head is stopped by ending the `ray start --block` process this test started, never by
 `ray stop` (which would stop every Ray cluster of the machine).
 """
 
@@ -25,6 +25,7 @@ from conftest import ROOT, STORIES, fails, ok
 TEXT = ROOT / "fixtures" / "genesis.txt"
 TYPES = "q4_0,q8_0,q4_k_m,q2_k"
 ARGS = ["-c", "64", "--chunks", "4"]
+NO_RAY = "Ray is not installed: pip install -e '.[cluster]' (the cluster extra) to run the Ray tests"
 NUMBERS = ("type", "bytes", "bpw", "ppl", "ppl_unc", "kld", "kld_unc", "same_top", "pareto")
 
 
@@ -81,7 +82,7 @@ def test_ray_not_installed(tmp_path, command):
 
 
 def test_unreachable_address_is_one_line_within_seconds(run, tmp_path):
-    pytest.importorskip("ray", reason="Ray is not installed (the cluster extra)")
+    pytest.importorskip("ray", reason=NO_RAY)
     import socket
 
     s = socket.socket()
@@ -99,7 +100,7 @@ def test_unreachable_address_is_one_line_within_seconds(run, tmp_path):
 # -- a real cluster, in a namespace of its own ---------------------------------------------------------------
 
 def _namespace_or_skip() -> None:
-    pytest.importorskip("ray", reason="Ray is not installed (the cluster extra)")
+    pytest.importorskip("ray", reason=NO_RAY)
     if os.geteuid() != 0:
         pytest.skip("a network namespace needs root (unshare -n)")
     for tool in ("unshare", "ip"):

@@ -1,4 +1,4 @@
-"""A sweep over file types (docs/evaluate.md#sweep): a model quantized to each, each evaluated
+"""A sweep over file types (docs/cluster.md): a model quantized to each, each evaluated
 against the source (or a given base) on one text, by its KL divergence through a base-logits file
 computed once; a record per type (size, bits per weight, PPL, mean KLD, same top p, time), the
 Pareto front of KLD against size, and the chart of it (ggtool.evaluate.chart).
