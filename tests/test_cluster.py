@@ -97,6 +97,72 @@ def test_unreachable_address_is_one_line_within_seconds(run, tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+# -- files a task reads: the caller's path, or shipped bytes (no Ray needed) ------------------------------
+
+def test_a_node_seeing_another_file_at_the_path_is_refused(tmp_path):
+    from ggtool.evaluate import EvaluateError
+    from ggtool.evaluate.distribute import FileSource
+
+    p = tmp_path / "model.gguf"
+    p.write_bytes(STORIES.read_bytes())
+    src = FileSource.of(p)
+    assert src.local_path() == str(p)
+    with open(p, "r+b") as f:                        # an older copy on a node: same size, other bytes
+        f.seek(64)
+        f.write(b"\0\1\2\3")
+    with pytest.raises(EvaluateError, match="does not see the file the caller sees") as e:
+        src.local_path()
+    assert e.value.kind == "not-shared"
+    p.unlink()
+    with pytest.raises(EvaluateError, match="does not see the file"):
+        src.local_path()
+
+
+def test_shipped_bytes_are_written_once_checked_and_rewritten_when_damaged(tmp_path, monkeypatch):
+    import tempfile
+
+    from ggtool.evaluate import EvaluateError
+    from ggtool.evaluate.distribute import FileSource
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    data = STORIES.read_bytes()
+    src = FileSource.of(STORIES).shipped(data)                      # the object store's value, fetched as is
+    copy = src.local_path()
+    assert copy.startswith(str(tmp_path / f"ggtool-shipped-{os.getuid()}")) and open(copy, "rb").read() == data
+    assert os.stat(copy).st_ino == os.stat(src.local_path()).st_ino   # written once
+    with open(copy, "r+b") as f:
+        f.truncate(1000)                                              # damaged: written again
+    assert src.local_path() == copy and open(copy, "rb").read() == data
+    bad = FileSource.of(STORIES).shipped(data[:-1])
+    os.unlink(copy)
+    with pytest.raises(EvaluateError, match=f"the shipped copy is {len(data) - 1} bytes, not {len(data)}"):
+        bad.local_path()
+    assert not os.path.exists(copy) and [n for n in os.listdir(os.path.dirname(copy)) if n.startswith(".part")] == []
+
+
+@pytest.mark.parametrize("planted", ["symlink", "open-to-others", "file"])
+def test_a_planted_folder_of_shipped_files_is_refused(tmp_path, monkeypatch, planted):
+    import tempfile
+
+    from ggtool.evaluate import EvaluateError
+    from ggtool.evaluate.distribute import FileSource
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = tmp_path / f"ggtool-shipped-{os.getuid()}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if planted == "symlink":
+        os.symlink(elsewhere, folder)
+    elif planted == "open-to-others":
+        folder.mkdir()
+        os.chmod(folder, 0o777)
+    else:
+        folder.write_text("x")
+    with pytest.raises(EvaluateError, match="not this user's own private directory") as e:
+        FileSource.of(STORIES).shipped(STORIES.read_bytes()).local_path()
+    assert e.value.kind == "ship-cache" and os.listdir(elsewhere) == []
+
+
 # -- a real cluster, in a namespace of its own ---------------------------------------------------------------
 
 def _namespace_or_skip() -> None:

@@ -83,9 +83,29 @@ class FileSource:
 _CACHE_LOCK = threading.Lock()
 
 
-def _cached_copy(src: FileSource, fetch) -> str:
+def shipped_folder() -> str:
+    """This user's folder of shipped files, in the temporary directory: made 0700, and refused if
+    it is a symbolic link, not a directory, another user's or open to others (a folder planted in
+    a shared /tmp would hand them the model and the files written from it)."""
+    import stat
+
     folder = os.path.join(tempfile.gettempdir(), f"ggtool-shipped-{os.getuid()}")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise EvaluateError(f"cannot make the folder of shipped files: {e.strerror}", kind="ship-cache",
+                            file=folder) from None
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise EvaluateError("the folder of shipped files is not this user's own private directory (a link, "
+                            "another user's, or open to others): remove it", kind="ship-cache", file=folder)
+    return folder
+
+
+def _cached_copy(src: FileSource, fetch) -> str:
+    folder = shipped_folder()
     path = os.path.join(folder, f"{src.digest}-{src.size}{os.path.splitext(src.path)[1]}")
     with _CACHE_LOCK:
         try:
