@@ -335,5 +335,5 @@ def open_cluster(address: str | None, ship: str, command: str):
 
     ex = executor_for(address, ship=ship)
     if ex is not None:
-        log(f"{command}: on the Ray cluster at {address} ({ex.workers} CPUs)")
+        log(f"{command}: on the Ray cluster at {address} ({ex.workers} CPU{'' if ex.workers == 1 else 's'})")
     return ex
