@@ -163,6 +163,33 @@ def test_a_planted_folder_of_shipped_files_is_refused(tmp_path, monkeypatch, pla
     assert e.value.kind == "ship-cache" and os.listdir(elsewhere) == []
 
 
+def test_imatrix_as_tasks_is_the_one_process_matrix_within_float32_rounding():
+    """The local executor (the tasks a cluster runs, here): the same entries and counts as a run in
+    one process, the sums within float32 rounding (batches summed from zero, then added), PPL equal."""
+    import numpy as np
+
+    from ggtool.evaluate import Model, read_text, tokenize_text
+    from ggtool.evaluate.collect import ImatrixRun
+    from ggtool.evaluate.distribute import LocalExecutor
+    from ggtool.evaluate.schedule import Schedule
+
+    m = Model(STORIES, 64)
+    tokens = tokenize_text(m.vocab, read_text(TEXT))
+    runs = []
+    for ex in (None, LocalExecutor()):
+        run = ImatrixRun(m, tokens, dataset=str(TEXT), n_chunks=12, schedule=Schedule(64, 128, 64), executor=ex)
+        reports = [(r.index, round(r.ppl, 9)) for r in run]
+        runs.append((run, reports))
+    (one, rep1), (tasks, rep2) = runs
+    assert rep1 == rep2 and len(rep1) == 12                        # 6 batches of 2 chunks, PPL chunk by chunk
+    a, b = one.collector.stats, tasks.collector.stats
+    assert sorted(a.sums) == sorted(b.sums) and len(a.sums) > 10
+    for name in a.sums:
+        assert np.array_equal(a.counts[name], b.counts[name])
+        np.testing.assert_allclose(b.sums[name], a.sums[name], rtol=1e-5, atol=0)
+    assert one.result["ppl"] == tasks.result["ppl"]
+
+
 # -- a real cluster, in a namespace of its own ---------------------------------------------------------------
 
 def _namespace_or_skip() -> None:
