@@ -4,7 +4,7 @@ checks), timed in the same run, in interleaved rounds, the same way for both.
     git worktree add /tmp/before 8ae83fe          # the code before issue 19
     python bench/bench_checks.py --before /tmp/before --runs 11
 
-- llama: fixtures/llama.gg on fixtures/stories260K.gguf, 512 tokens, `ggtool compute --threads 1
+- llama: ggtool/programs/llama.gg on fixtures/stories260K.gguf, 512 tokens, `ggtool compute --threads 1
   -o logits.npy --time`: the whole process's wall time and ggtool's own build and compute phases
   (the views' checks run as the graph is built, the walks' as it computes), median of the rounds.
 - chain: bench_alloc's 21 f32 mul_mats of 2048x2048 by 512 rows summed, `--threads 2 -o y.npy`.

@@ -23,7 +23,8 @@ LAYERS = (
     # the ground: nothing of ggtool below them
     {"errors": ["ggtool.errors"],                         # GGToolError and its fields
      "interrupts": ["ggtool.interrupts"],                 # signals, from the command line's first line
-     "blas": ["ggtool.blas"]},                            # BLAS's thread count (light: the pool launches early)
+     "blas": ["ggtool.blas"],                             # BLAS's thread count (light: the pool launches early)
+     "programs": ["ggtool.programs"]},                    # the DSL programs generate ships (data)
     {"environment": ["ggtool.environment"],               # every GGTOOL_* variable, read
      "json_input": ["ggtool.json_input"]},                # JSON from the user, its nesting bounded
     {"role": ["ggtool.role"],                             # whether this process is a pool worker

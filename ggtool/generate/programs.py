@@ -1,20 +1,22 @@
-"""The DSL programs generate ships, by GGUF `general.architecture`.
-
-They are the repository's fixtures/*.gg (this package's programs/ holds links to them, which a wheel
-turns into copies), so compute on fixtures/llama.gg and generate run one program.
-"""
+"""The DSL programs generate ships, by GGUF `general.architecture`: files of the package folder
+ggtool/programs/ (installed with ggtool), so `compute -f ggtool/programs/llama.gg` and generate run
+one program. SHIPPED is the one list; the help and docs name the architectures from it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import GGToolError
-
-PROGRAMS_DIR = Path(__file__).resolve().parent / "programs"
+from ..programs import DIR as PROGRAMS_DIR
 
 # general.architecture -> program file; llama.gg falls back to token_embd.weight when a model ties
 # its output to the embedding (no output.weight), as llama.cpp does
 SHIPPED = {"llama": "llama.gg", "gemma3": "gemma3.gg", "qwen2": "qwen2.gg", "qwen3": "qwen3.gg"}
+
+
+def shipped_names() -> str:
+    """'gemma3, llama, qwen2, qwen3': the architectures a program ships for."""
+    return ", ".join(sorted(SHIPPED))
 
 
 class NoProgramError(GGToolError):
@@ -22,9 +24,8 @@ class NoProgramError(GGToolError):
 
     def __init__(self, architecture: str):
         self.architecture, self.kind = architecture, "no-program"
-        known = ", ".join(sorted(SHIPPED))
-        super().__init__(f"no program ships for architecture '{architecture}' (shipped: {known}); write one in the "
-                         "DSL (docs/dsl.md) and pass it as the program")
+        super().__init__(f"no program ships for architecture '{architecture}' (shipped: {shipped_names()}); write one "
+                         "in the DSL (docs/dsl.md) and pass it as the program")
 
 
 def shipped_program(architecture: str) -> Path:

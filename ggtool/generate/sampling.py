@@ -55,8 +55,8 @@ def _show(value) -> str:
 
 @dataclass(frozen=True)
 class Sampling:
-    """llama.cpp's sampling parameters (common_params_sampling), with its defaults. `seed` None (or
-    RANDOM_SEED) draws one at random; the chain reports the one it used. Checked when made: a value
+    """llama.cpp's sampling parameters (common_params_sampling), with its defaults. `seed` None, -1
+    or RANDOM_SEED draws one at random; the chain reports the one it used. Checked when made: a value
     llama.cpp would misread or refuse is a SamplingError naming the field."""
 
     seed: int | None = None
@@ -92,9 +92,9 @@ class Sampling:
         for f in fields(self):
             if f.type in ("float",):
                 _check_float(f.name, getattr(self, f.name))
-        if self.seed is not None and not 0 <= self.seed <= RANDOM_SEED:
-            raise SamplingError("seed", self.seed, f"a seed is 0 to {RANDOM_SEED} ({RANDOM_SEED}, or none, "
-                                "draws one at random)")
+        if self.seed is not None and not (0 <= self.seed <= RANDOM_SEED or self.seed == -1):
+            raise SamplingError("seed", self.seed, f"a seed is 0 to {RANDOM_SEED}; -1 (or {RANDOM_SEED}) draws one "
+                                "at random")
         _range("temperature", self.temperature, 0.0, None)
         for name in ("top_p", "min_p", "typical_p", "xtc_probability", "xtc_threshold"):
             _range(name, getattr(self, name), 0.0, 1.0)
@@ -191,7 +191,7 @@ class SamplerChain:
     def __init__(self, sampling: Sampling, n_vocab: int, eog_ids=(), suppress_ids=(), vocab=None):
         self.sampling, self.n_vocab = sampling, n_vocab
         seed = sampling.seed
-        self.seed = secrets.randbelow(RANDOM_SEED) if seed is None or seed == RANDOM_SEED else seed
+        self.seed = secrets.randbelow(RANDOM_SEED) if seed is None or seed in (-1, RANDOM_SEED) else seed
         self.samplers = self._build(vocab, eog_ids, suppress_ids)
 
     def _build(self, vocab, eog_ids, suppress_ids) -> list[S.Sampler]:
@@ -280,6 +280,21 @@ class SamplerChain:
         token = int(cur.ids[cur.selected])
         self.accept(token)
         return token
+
+
+def parse_logit_bias(text: str) -> tuple[int, float]:
+    """llama.cpp's --logit-bias TOKEN_ID(+/-)BIAS: "15043+1" -> (15043, 1.0), "2-inf" -> (2, -inf)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)\s*", text)
+    if m is None:
+        raise SamplingError("logit_bias", text, "expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 2-inf")
+    token, sign, value = int(m[1]), m[2], float(m[3])
+    bias = -value if sign == "-" else value
+    if bias == math.inf:
+        raise SamplingError("logit_bias", text, "+inf is no bias (use a number, or -inf to forbid the token)")
+    _check_float("logit_bias", bias) if math.isfinite(bias) else None
+    return token, bias
 
 
 def log_probs(logits: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:

@@ -150,6 +150,23 @@ class Session:
             freeze(built.graph)
         return step
 
+    def logits_width(self) -> int:
+        """How many logits a token gets (the program's output rows: the vocabulary it computes)."""
+        return int(self._step(1, self.n_kv(1)).logits.ne[0])
+
+    def state_bytes(self) -> int:
+        """The bytes of every state tensor made so far (the KV cache)."""
+        return sum(int(t.nbytes) for t in self._state.values())
+
+    def attach_pool(self, n_threads: int, pool) -> None:
+        """Compute on `pool` with n_threads participants from now on; the graphs built so far are
+        described to it once (WorkerPool.freeze), as those built later are."""
+        self.n_threads, self.pool = n_threads, pool
+        freeze = getattr(pool, "freeze", None)
+        if freeze is not None:
+            for step in self._steps.values():
+                freeze(step.graph)
+
     def reset(self) -> None:
         """An empty KV cache (the graphs are kept): the next batch starts at position 0."""
         for t in self._state.values():
