@@ -72,10 +72,10 @@ class Model:
         self.path = os.fspath(path)
         self.gguf = open_gguf(self.path)
         self.architecture = self.metadata("general.architecture", "") or ""
+        self.program = self._program(program)
         self.vocab = Vocab.from_gguf(self.path)
         train = self.metadata(f"{self.architecture}.context_length")
         self.n_ctx_train = train if isinstance(train, int) and not isinstance(train, bool) and train > 0 else None
-        self.program = self._program(program)
         suppress = self.metadata("tokenizer.ggml.suppress_tokens")
         self.suppress_ids = [int(t) for t in suppress if isinstance(t, int) and 0 <= t < self.vocab.n_tokens] \
             if isinstance(suppress, list) else []
@@ -87,7 +87,7 @@ class Model:
         from ..dsl import parse
 
         if program is None:
-            path = shipped_program(self.architecture)
+            path = shipped_program(self.architecture, self.path)
             return parse(path.read_text(encoding="utf-8"), filename=str(path))
         if isinstance(program, (str, os.PathLike)):
             return parse(Path(program).read_text(encoding="utf-8"), filename=os.fspath(program))

@@ -22,15 +22,15 @@ def shipped_names() -> str:
 class NoProgramError(GGToolError):
     """No shipped program computes this architecture; `architecture` names it."""
 
-    def __init__(self, architecture: str):
-        self.architecture, self.kind = architecture, "no-program"
-        super().__init__(f"no program ships for architecture '{architecture}' (shipped: {shipped_names()}); write one "
-                         "in the DSL (docs/dsl.md) and pass it as the program")
+    def __init__(self, architecture: str, path: str | None = None):
+        self.architecture, self.path, self.kind = architecture, path, "no-program"
+        super().__init__(f"{path + ': ' if path else ''}no program ships for architecture '{architecture}' (shipped: "
+                         f"{shipped_names()}); write one in the DSL (docs/dsl.md) and pass it as the program")
 
 
-def shipped_program(architecture: str) -> Path:
-    """The shipped program for `architecture` (NoProgramError if there is none)."""
+def shipped_program(architecture: str, path: str | None = None) -> Path:
+    """The shipped program for `architecture` (NoProgramError, naming the model at `path`, if none)."""
     name = SHIPPED.get(architecture)
     if name is None:
-        raise NoProgramError(architecture)
+        raise NoProgramError(architecture, path)
     return PROGRAMS_DIR / name
