@@ -184,7 +184,8 @@ def main() -> None:
             for _, numerics, _ in refs:
                 if numerics not in got:
                     got[numerics] = [json.loads(ggtool("generate", "--gguf", gemma, "--tokens", json.dumps(p), "-n", "32",
-                                                       "--ignore-eos", "--numerics", numerics, "--threads", str(nth),
+                                                       "--ignore-eos", "--temp", "0", "--numerics", numerics,
+                                                       "--threads", str(nth),
                                                        "--format", "json").stdout) for p in prompts]
             for what, numerics, want in refs:
                 counts = [same_prefix(g, w) for g, w in zip(got[numerics], want)]

@@ -387,8 +387,10 @@ def _interactive(model, template, messages, sampling, n_predict, ctx_size, n_thr
     pending = bool(messages) and messages[-1]["role"] == "user"
     while True:
         if not pending:
+            sys.stderr.write("> ")     # the prompt goes where diagnostics go: stdout carries the replies only
+            sys.stderr.flush()
             try:
-                line = input("> ")
+                line = input()
             except EOFError:
                 log("")
                 return
@@ -402,7 +404,7 @@ def _interactive(model, template, messages, sampling, n_predict, ctx_size, n_thr
             log(f"The conversation fills the KV cache ({n_ctx} cells, --ctx-size): it ends here.")
             return
         limit = room if n_predict is None else min(n_predict, room)
-        reply = []
+        reply, end = [], None
         for step in gen.generate(ids, limit, chain, model.stop_ids(ignore_eos), stops):
             reply.append(step.text)
             sys.stdout.write(step.text)
@@ -410,6 +412,8 @@ def _interactive(model, template, messages, sampling, n_predict, ctx_size, n_thr
             end = step.end
         sys.stdout.write("\n")
         sys.stdout.flush()
+        if verbose:
+            log(f"turn: {len(ids)} prompt tokens, {gen.reused} of them from the KV cache")
         messages.append({"role": "assistant", "content": "".join(reply)})
         if end == "context-full":
             log(f"The KV cache is full ({n_ctx} cells, --ctx-size): the conversation ends here.")

@@ -184,3 +184,51 @@ def test_cli_chat_options_need_chat(run):
           code=2)
     fails(run("generate", "--gguf", STORIES, "--chat", "--tokens", "[1]"), "not --tokens", code=2)
     fails(run("generate", "--gguf", STORIES, "--chat", "-i", "--prompt", "u"), "-i talks on a terminal", code=2)
+
+
+def test_cli_interactive_keeps_the_cache_between_turns(tmp_path):
+    """-i on a terminal: two lines typed, two replies, Ctrl-D ends; the second turn's prompt starts
+    with the first turn's tokens, which the KV cache still holds (-v says how many)."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    t = tmp_path / "t.jinja"
+    t.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    main, tty = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "ggtool", "generate", "--gguf", str(STORIES), "--chat",
+                          "--chat-template", str(t), "-i", "--temp", "0", "-n", "6", "-v"],
+                         stdin=tty, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(tty)
+    err = b""
+
+    def wait_for(n_prompts: int) -> None:   # the "> " prompts come on stderr
+        nonlocal err
+        deadline = time.monotonic() + 120
+        while err.count(b"> ") < n_prompts and time.monotonic() < deadline:
+            if select.select([p.stderr], [], [], 1)[0]:
+                chunk = os.read(p.stderr.fileno(), 4096)
+                if not chunk:
+                    break
+                err += chunk
+
+    wait_for(1)
+    os.write(main, b"Once upon a time\n")
+    wait_for(2)
+    os.write(main, b" there was\n")
+    wait_for(3)
+    os.write(main, b"\x04")
+    stdout, rest = p.communicate(timeout=120)
+    os.close(main)
+    stderr = (err + rest).decode()
+    assert p.returncode == 0, stderr
+    replies = stdout.decode().splitlines()
+    turns = [ln.split("turn: ")[1] for ln in stderr.splitlines() if "turn: " in ln]
+    assert len(replies) == 2 and all(replies) and len(turns) == 2, (stdout, stderr)
+    assert turns[0].endswith(", 0 of them from the KV cache")
+    n_first = int(turns[0].split()[0])
+    # the second prompt begins with the first turn's (and its reply's) tokens, kept in the cache
+    assert int(turns[1].split(", ")[1].split()[0]) >= n_first - 1 > 0

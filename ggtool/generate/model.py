@@ -182,6 +182,7 @@ class Generator:
 
             self.session.attach_pool(threads, get_pool(threads))
         self.cached: list[int] = []        # the tokens whose K and V are in the cache, in order
+        self.reused = 0                    # the last prompt's tokens found in the cache
         self.notes: list[Note] = []        # for the caller to show (e.g. numerics not covered)
 
     @property
@@ -214,7 +215,7 @@ class Generator:
             return
         s = self.session
         s.n_past = keep
-        self.cached = self.cached[:keep]
+        self.cached, self.reused = self.cached[:keep], keep
         t0 = clock()
         logits = s.eval(prompt[keep:])
         self.cached += prompt[keep:]
