@@ -198,7 +198,7 @@ def completion_check(binary: str, path, prompt: str, model, gen) -> None:
         # llama-completion's stdout goes through its asynchronous log, which at exit may lose a tail
         # (on a loaded machine, 188 to 205 of the same 205 bytes): its text must begin ggtool's
         printed = r.stdout
-        ok = len(printed) > len(prompt) and text.startswith(printed.rstrip("\n")) if printed else False
+        ok = len(printed.strip()) > len(prompt) and text.strip().startswith(printed.strip())
         print(f"  llama-completion {setting} seed {seed}: its {len(printed)} bytes "
               f"{'begin' if ok else 'DO NOT BEGIN'} ggtool's {len(text)}"
               + ("" if ok else f"\n    llama: {printed!r}\n    ggtool: {text!r}"))

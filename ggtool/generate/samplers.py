@@ -75,23 +75,25 @@ def _ties(values: np.ndarray, n: int) -> bool:
     return bool(len(head) > 1 and (head[1:] == head[:-1]).any())
 
 
-def sorted_prefix(cur: Candidates, n: int) -> np.ndarray:
+def sorted_prefix(cur: Candidates, n: int, need: int | None = None) -> np.ndarray:
     """The positions llama.cpp's llama_token_data_array_partial_sort_inplace(cur, n) leaves in its
-    first n places, in order."""
+    first `need` places (default n), in order."""
     n = min(n, cur.size)
-    order = _descending(cur.logit, n)
-    if not _ties(cur.logit[order], n):
-        return order[:n]
-    keys = -cur.logit.astype(np.float64)
+    need = n if need is None else min(need, n)
+    order = _descending(cur.logit, need)
+    if not _ties(cur.logit[order], need):
+        return order[:need]
     if n <= _PARTIAL_SORT_MAX:
-        return partial_sort(keys, np.arange(cur.size), n)[1]
-    return bucket_sort(cur.logit, n)
+        return partial_sort(-cur.logit.astype(np.float64), np.arange(cur.size), n)[1][:need]
+    return bucket_sort(cur.logit, n, need)
 
 
-def bucket_sort(logit: np.ndarray, n: int) -> np.ndarray:
+def bucket_sort(logit: np.ndarray, n: int, need: int | None = None) -> np.ndarray:
     """llama_token_data_array_partial_sort (n > 128): the logits cut into 128 buckets over [-10, 10]
     (the outer ones open), the buckets that hold the n largest taken in input order, each sorted with
-    std::sort, the last with std::partial_sort to what is missing. The positions of the first n."""
+    std::sort, the last with std::partial_sort to what is missing. The positions of the first `need`
+    (default n): the buckets past them are not sorted at all."""
+    need = n if need is None else need
     scale = f32(128 / 20.0)
     inter = f32(10.0) * scale
     with np.errstate(invalid="ignore", over="ignore"):
@@ -105,15 +107,17 @@ def bucket_sort(logit: np.ndarray, n: int) -> np.ndarray:
     out, done = [], 0
     keys = -logit.astype(np.float64)
     for j in range(127, last - 1, -1):
+        if done >= need:
+            break
         pos = np.flatnonzero(ib == j)
         if not len(pos):
             continue
         if j > last:
             out.append(sort(keys[pos], pos)[1])
-            done += len(pos)
         else:
             out.append(partial_sort(keys[pos], pos, n - done)[1])
-    return np.concatenate(out)[:n]
+        done += len(pos)
+    return np.concatenate(out)[:need]
 
 
 def softmax(cur: Candidates, do_sort: bool) -> None:
@@ -426,28 +430,23 @@ class TopP(Sampler):
     def apply(self, cur):
         softmax(cur, False)
         if cur.sorted:
-            order = None
-            probs = cur.p
-        elif cur.size > 1024:
-            order = sorted_prefix(cur, 256)             # an adaptive top-k first, then all if needed
-            probs = cur.p[order]
-        else:
-            partial_sort_inplace(cur, cur.size)
-            order, probs = None, cur.p
-        cum = np.cumsum(probs, dtype=np.float32)
-        last = self._last(cum)
-        if last is None and order is not None:
-            # past the first 256 without reaching p: all of them sorted (the running sum over the
-            # first 256 is the same: equal logits have equal probabilities)
-            order = sorted_prefix(cur, cur.size)
+            last = self._last(np.cumsum(cur.p, dtype=np.float32))
+            cur.take(slice(0, cur.size if last is None else last))
+            return
+        order, last = None, None
+        if cur.size > 1024:                              # an adaptive top-k first: the 256 most likely
+            order = sorted_prefix(cur, 256)
             last = self._last(np.cumsum(cur.p[order], dtype=np.float32))
         if last is None:
-            last = cur.size
-        if order is not None:
-            cur.take(order[:last])
-            cur.sorted = True
-        else:
-            cur.take(slice(0, last))
+            # all of them sorted (llama.cpp: std::partial_sort or the bucket sort of every token).
+            # Where the running sum reaches p depends on the values alone (equal logits, equal
+            # probabilities), so it is found in numpy's order, and only the tokens kept are put in
+            # llama.cpp's order
+            fast = _descending(cur.logit, cur.size)
+            last = self._last(np.cumsum(cur.p[fast], dtype=np.float32)) or cur.size
+            order = sorted_prefix(cur, cur.size, last)
+        cur.take(order[:last])
+        cur.sorted = True
 
     def _last(self, cum: np.ndarray):
         """The first i whose running sum reaches p with at least min_keep kept, + 1 (None if none)."""

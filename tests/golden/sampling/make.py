@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import llama_cpp as L
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -78,10 +79,9 @@ def draws(cfg: dict, seed: int, vocab) -> list[int]:
         L.llama_sampler_accept(c, t)
     out = []
     data = (L.llama_token_data * n)()
+    view = np.frombuffer(data, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
     for step in range(cases.STEPS):
-        x = LOGITS[n][step]
-        for i in range(n):
-            data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
+        view["id"], view["logit"], view["p"] = np.arange(n), LOGITS[n][step], 0.0
         arr = L.llama_token_data_array(data=ctypes.cast(data, L.llama_token_data_p), size=n, selected=-1, sorted=False)
         L.llama_sampler_apply(c, ctypes.byref(arr))
         token = arr.data[arr.selected].id
@@ -110,7 +110,7 @@ def main() -> None:
     for cfg in cases.CONFIGS:
         n = cases.vocab_size(cfg)
         if n not in LOGITS:
-            LOGITS[n] = [cases.logits(n, s).tolist() for s in range(cases.STEPS)]
+            LOGITS[n] = [cases.logits(n, s) for s in range(cases.STEPS)]
     digests, full = {}, {}
     for seed in range(a.seeds):
         d = draws(cases.config(seed), seed, vocab)
