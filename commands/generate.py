@@ -13,7 +13,8 @@ from ggtool.generate.programs import shipped_names
 from ._common import PROGRAM_FILE, log, numerics_option, pick_numerics, read_program, threads_option
 from .tokenize import ids_json, parse_ids
 
-HELP = f"""Continue a prompt with a GGUF model, as llama.cpp's llama-completion does: the prompt is
+HELP = f"""\b
+Continue a prompt with a GGUF model, as llama.cpp's llama-completion does: the prompt is
 evaluated in one batch, then each new token computes only its own row against the KV cache, and
 each is chosen by llama.cpp's sampler chain, bit for bit (the same seed and logits give the same
 tokens). The text is printed as it comes. Generation ends at the model's end-of-generation token
@@ -37,8 +38,9 @@ off), top-n-sigma (off), --top-k 40, --typical 1 (off), --top-p 0.95, --min-p 0.
 --temp 0 is greedy. --mirostat 1|2 replaces the chain.
 
 \b
-The program: -f PROGRAM, or the one shipped for the model's general.architecture ({shipped_names()};
-ggtool/programs/). Another architecture needs a program of your own (docs/dsl.md).
+The program: -f PROGRAM, or the one shipped for the model's general.architecture
+({shipped_names()}: ggtool/programs/). Another architecture needs a program of your own
+(docs/dsl.md).
 
 \b
 Output: --format text (the new text as it comes), json (the new ids, one array at the end) or

@@ -301,7 +301,7 @@ def usage_error(result, fragment: str) -> None:
 
 
 def test_cli_threads_and_verbose(run):
-    r = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "4", "--threads", "2", "-v")
+    r = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "4", "--threads", "2", "-v", "--temp", "0")
     assert ok(r) and "prompt: 3 tokens in" in r.stderr and "generated: 3 tokens in" in r.stderr
 
 
@@ -362,7 +362,7 @@ def test_ctrl_c_mid_generation_ends_cleanly(run, threads):
     from ggtool.pool.shm import list_segments
 
     p = subprocess.Popen([sys.executable, "-m", "ggtool", "generate", "--gguf", str(STORIES), "--prompt", "Once",
-                          "-n", "4000", "--ctx-size", "4096", "--ignore-eos", "--threads", threads, "--temp", "0"],
+                          "-n", "2000", "--ctx-size", "2048", "--ignore-eos", "--threads", threads, "--temp", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = os.read(p.stdout.fileno(), 1)   # generation has started: the prompt is in, a token is out

@@ -593,7 +593,7 @@ class Dist(Sampler):
         target = total * uniform_double(self.rng)
         hit = int(np.searchsorted(run, target, side="left")) if target == target else cur.size
         cur.selected = hit if hit < cur.size else cur.size - 1
-        cur.p = (p.astype(np.float64) / total).astype(np.float32)
+        cur.p = p   # llama.cpp divides them by the sum here; nothing reads them after the draw
 
 
 class Mirostat(Sampler):
