@@ -157,7 +157,7 @@ def cmd_models(a) -> None:
         gen = model.generator(N_CTX, threads=1, numerics="llama.cpp")
         t0 = time.perf_counter()
         rows = {}
-        for (p, seed, s), r in zip(jobs, ref):
+        for (_, seed, s), r in zip(jobs, ref):
             setting = next(k for k, v in SETTINGS.items() if v == s)
             got = ggtool_run(gen, model, r["prompt_ids"], Sampling(seed=seed, **s), a.tokens)
             same = next((i for i, (x, y) in enumerate(zip(got, r["tokens"])) if x != y), None)

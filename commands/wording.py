@@ -13,7 +13,6 @@ import sys
 
 from ggtool.errors import GGToolError, ImatrixError, InputError
 
-
 # generate's sampling parameters (ggtool.generate.Sampling fields) -> the options that set them
 SAMPLING_OPTIONS = {
     "seed": "--seed", "temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",

@@ -484,9 +484,8 @@ def test_console_seed_minus_one_is_a_random_seed():
 
 def shorter_vocab(path):
     """stories260K with 500 of its 512 tokens: logits for ids the vocabulary does not have."""
-    from gguf import GGUFReader
-
     from conftest import write_gguf
+    from gguf import GGUFReader
 
     r = GGUFReader(str(STORIES))
     kv = {}

@@ -13,8 +13,7 @@ from .chat import ChatTemplate, ChatTemplateError, MessagesError, check_message,
 from .loop import Event, generate
 from .model import END_CONTEXT, END_EOS, END_LENGTH, END_STOP, Generator, Model, Note, PromptError, Step, open_model
 from .programs import SHIPPED, NoProgramError, shipped_names, shipped_program
-from .sampling import (ORDER, RANDOM_SEED, LogitsError, SamplerChain, Sampling, SamplingError, log_probs,
-                       parse_logit_bias)
+from .sampling import ORDER, RANDOM_SEED, LogitsError, SamplerChain, Sampling, SamplingError, log_probs, parse_logit_bias
 from .session import ContextFullError, NoCacheError, Session
 from .text import TextStream
 

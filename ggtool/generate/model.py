@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import GGToolError, human_bytes
 from .chat import ChatTemplate, ChatTemplateError, model_template
 from .programs import shipped_program
-from .sampling import LogitsError, Sampling, SamplerChain, log_probs
+from .sampling import LogitsError, SamplerChain, Sampling, log_probs
 from .text import TextStream
 
 END_EOS, END_STOP, END_LENGTH, END_CONTEXT = "eos", "stop", "length", "context-full"
