@@ -4,6 +4,7 @@
     python bench/check_sampling.py fixed   [--regenerate] [--llama-python PY] [--lib DIR]
     python bench/check_sampling.py cost    [--rounds 5]
     python bench/check_sampling.py expf
+    python bench/check_sampling.py golden  [--lib /work/bench-env/build-avx2/bin]
 
 - models: stories260K, SmolLM2-135M-Instruct Q4_1 and gemma-3-270m Q4_K_M, each x --seeds seeds x 3
   settings (llama.cpp's defaults; --temp 1.2 --top-k 0 --top-p 1 --min-p 0; penalties on) and greedy:
@@ -19,6 +20,7 @@
   compares the two files.
 - cost: the sampler chain at llama.cpp's defaults on gemma-3-270m's logits (262144 tokens) against
   one decode step of gemma in the same run (ggtool's Session, one thread).
+- golden: tests/golden/generate/llama-cpp-sampled.json (give --lib the AVX2 build's folder).
 - expf: ggtool.generate.libm.expf against the C library's expf on every float from -104 to 88.7
   (compiles a small C helper with cc).
 """
@@ -204,6 +206,25 @@ def completion_check(binary: str, path, prompt: str, model, gen) -> None:
               + ("" if ok else f"\n    llama: {printed!r}\n    ggtool: {text!r}"))
 
 
+def cmd_golden(a) -> None:
+    """tests/golden/generate/llama-cpp-sampled.json: llama.cpp's AVX2 build (--lib) on stories260K,
+    3 seeds x the three sampled settings, 64 tokens (tests/test_generate.py checks them with
+    --numerics llama.cpp-avx2, which gives that build's logits on any x86-64 host)."""
+    path, prompt = MODELS["stories260K"]
+    settings = {k: v for k, v in SETTINGS.items() if k != "greedy"}
+    jobs = [(prompt, seed, s) for s in settings.values() for seed in (1, 2, 3)]
+    ref = llama_runs(a.llama_python, a.lib, path, jobs, a.tokens)
+    doc = {"made_by": "llama-cpp-python 0.3.36, llama.cpp's AVX2 build (GGML_NATIVE=OFF), bench/check_sampling.py golden",
+           "model": "fixtures/stories260K.gguf", "prompt": prompt, "n_ctx": N_CTX, "tokens": a.tokens, "runs": []}
+    for (_, seed, s), r in zip(jobs, ref):
+        name = next(k for k, v in settings.items() if v == s)
+        doc["runs"].append({"setting": name, "sampling": s, "seed": seed, "prompt_ids": r["prompt_ids"],
+                            "tokens": r["tokens"]})
+    out = ROOT / "tests" / "golden" / "generate" / "llama-cpp-sampled.json"
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out} ({len(doc['runs'])} runs)")
+
+
 def cmd_fixed(a) -> None:
     sys.path.insert(0, str(ROOT / "tests" / "golden" / "sampling"))
     import cases
@@ -313,7 +334,7 @@ def cmd_expf(a) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["models", "fixed", "cost", "expf"])
+    ap.add_argument("what", choices=["models", "fixed", "cost", "expf", "golden"])
     ap.add_argument("--llama-python", default=str(BENCH / "venv" / "bin" / "python"))
     ap.add_argument("--lib", default=str(BENCH / "build-native" / "bin"))
     ap.add_argument("--completion", default=str(BENCH / "build-native" / "bin" / "llama-completion"))
@@ -323,7 +344,7 @@ def main() -> None:
     ap.add_argument("--regenerate", action="store_true")
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    {"models": cmd_models, "fixed": cmd_fixed, "cost": cmd_cost, "expf": cmd_expf}[a.what](a)
+    {"models": cmd_models, "fixed": cmd_fixed, "cost": cmd_cost, "expf": cmd_expf, "golden": cmd_golden}[a.what](a)
 
 
 if __name__ == "__main__":

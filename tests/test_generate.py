@@ -510,3 +510,34 @@ def test_console_a_context_beyond_the_trained_one_is_said():
     warn = [ln for ln in r.stderr.splitlines() if ln.startswith("Warning:")]
     assert r.returncode == 0 and r.stdout.strip() and len(warn) == 1, r.stderr
     assert "trained on only 2048 tokens of context (1000000 --ctx-size)" in warn[0] and "1.2 GiB" in warn[0]
+
+
+SAMPLED = json.loads((ROOT / "tests" / "golden" / "generate" / "llama-cpp-sampled.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def stories_generator():
+    from ggtool.generate import open_model
+
+    model = open_model(STORIES)
+    return model, model.generator(SAMPLED["n_ctx"], threads=1, numerics="llama.cpp-avx2")
+
+
+@pytest.mark.parametrize("run_", SAMPLED["runs"], ids=lambda r: f"{r['setting']}-seed{r['seed']}")
+def test_sampled_as_llama_cpp(stories_generator, run_):
+    """llama.cpp's own sampled continuations (its AVX2 build, whose logits --numerics llama.cpp-avx2
+    gives on any x86-64 host; bench/check_sampling.py golden made them): the same 64 tokens."""
+    model, gen = stories_generator
+    gen.cached = []
+    gen.session.reset()
+    chain = model.sampler(Sampling(seed=run_["seed"], **run_["sampling"]))
+    got = [s.token for s in gen.generate(run_["prompt_ids"], SAMPLED["tokens"], chain, model.stop_ids())]
+    assert got == run_["tokens"]
+
+
+def test_cli_sampled_as_llama_cpp(run):
+    r = SAMPLED["runs"][0]
+    assert r["setting"] == "defaults"
+    out = ok(run("generate", "--gguf", STORIES, "--prompt", SAMPLED["prompt"], "-n", SAMPLED["tokens"], "--seed",
+                 r["seed"], "--ctx-size", SAMPLED["n_ctx"], "--numerics", "llama.cpp-avx2", "--format", "json"))
+    assert json.loads(out) == r["tokens"]
