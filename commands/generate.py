@@ -197,7 +197,7 @@ def command(stdin_text, model_path, program_file, prompt, tokens_json, chat, sys
         raise click.UsageError(f"the prompt has {len(ids)} tokens, more than the cache's {n_ctx} (--ctx-size)")
     _check_stops(model, stops, n_ctx - len(ids) + 1, n_predict)
     gen = model.generator(n_ctx, n_threads, numerics)
-    _warn(notes, gen, ctx_size)
+    _warn(notes, gen)
     chain = model.sampler(sampling)
     if verbose:
         log(f"sampler seed: {chain.seed}; chain: {' -> '.join(chain.names)}")
@@ -310,10 +310,12 @@ def _check_stops(model, stops, room: int, n_predict: int) -> None:
                                    f"tokens this run generates (-n, --ctx-size) spell at most {most} bytes")
 
 
-def _warn(notes, gen, ctx_size) -> None:
+def _warn(notes, gen) -> None:
     for note in notes:
         if note.kind == "over-trained":
-            log(f"Warning: {note.message.replace('asked', '--ctx-size')}; {gen.cache_note().message}")
+            d = note.details
+            log(f"Warning: the model was trained on only {d['n_ctx_train']} tokens of context (--ctx-size "
+                f"{d['n_ctx']}); {gen.cache_note().message}")
         else:
             log(f"Warning: {note.message}")
     for note in gen.notes:
@@ -378,10 +380,9 @@ def _interactive(model, template, messages, sampling, n_predict, ctx_size, n_thr
                  verbose):
     """A conversation on the terminal: each line typed is the user's message; the reply streams; the
     KV cache keeps what the next turn shares with this one. Ctrl-D (or an empty line twice) ends."""
-    n_ctx, notes = model.context_size(ctx_size if ctx_size is not None else
-                                      min(4096, model.n_ctx_train or 4096), 0, 0)
+    n_ctx, notes = model.context_size(ctx_size, 0, 0, conversation=True)
     gen = model.generator(n_ctx, n_threads, numerics)
-    _warn(notes, gen, ctx_size)
+    _warn(notes, gen)
     chain = model.sampler(sampling)
     if verbose:
         log(f"sampler seed: {chain.seed}; chain: {' -> '.join(chain.names)}")

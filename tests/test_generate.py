@@ -509,7 +509,7 @@ def test_console_a_context_beyond_the_trained_one_is_said():
     r = console("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "2", "--temp", "0", "--ctx-size", "1000000")
     warn = [ln for ln in r.stderr.splitlines() if ln.startswith("Warning:")]
     assert r.returncode == 0 and r.stdout.strip() and len(warn) == 1, r.stderr
-    assert "trained on only 2048 tokens of context (1000000 --ctx-size)" in warn[0] and "1.2 GiB" in warn[0]
+    assert "trained on only 2048 tokens of context (--ctx-size 1000000)" in warn[0] and "1.2 GiB" in warn[0]
 
 
 SAMPLED = json.loads((ROOT / "tests" / "golden" / "generate" / "llama-cpp-sampled.json").read_text())

@@ -20,6 +20,7 @@ from .sampling import LogitsError, SamplerChain, Sampling, log_probs
 from .text import TextStream
 
 END_EOS, END_STOP, END_LENGTH, END_CONTEXT = "eos", "stop", "length", "context-full"
+CONVERSATION_CTX = 4096   # a conversation's KV cache when none is asked (llama.cpp's default n_ctx)
 
 
 class PromptError(GGToolError):
@@ -94,19 +95,21 @@ class Model:
         return program
 
     # -- policy --------------------------------------------------------------------------------------
-    def context_size(self, requested: int | None, n_prompt: int, n_predict: int) -> tuple[int, list[Note]]:
-        """The KV cache's cells: `requested`, or the prompt's tokens plus n_predict, at most the
-        trained context; a request beyond the trained context is kept, with a note (llama.cpp's
-        "model was trained on only N context tokens")."""
+    def context_size(self, requested: int | None, n_prompt: int, n_predict: int,
+                     conversation: bool = False) -> tuple[int, list[Note]]:
+        """The KV cache's cells: `requested`, or the prompt's tokens plus n_predict (a conversation:
+        CONVERSATION_CTX, llama.cpp's default n_ctx), at most the trained context; a request beyond
+        the trained context is kept, with a note (llama.cpp's "model was trained on only N context
+        tokens")."""
         notes = []
         if requested is None:
-            n_ctx = n_prompt + n_predict
+            n_ctx = CONVERSATION_CTX if conversation else n_prompt + n_predict
             if self.n_ctx_train is not None:
                 n_ctx = min(n_ctx, self.n_ctx_train)
             return max(n_ctx, 1), notes
         if self.n_ctx_train is not None and requested > self.n_ctx_train:
             notes.append(Note("over-trained", f"the model was trained on only {self.n_ctx_train} tokens of context "
-                              f"({requested} asked)", {"n_ctx": requested, "n_ctx_train": self.n_ctx_train}))
+                              f"(n_ctx {requested})", {"n_ctx": requested, "n_ctx_train": self.n_ctx_train}))
         return requested, notes
 
     def sampler(self, sampling: Sampling) -> SamplerChain:
