@@ -232,3 +232,16 @@ def test_cli_interactive_keeps_the_cache_between_turns(tmp_path):
     n_first = int(turns[0].split()[0])
     # the second prompt begins with the first turn's (and its reply's) tokens, kept in the cache
     assert int(turns[1].split(", ")[1].split()[0]) >= n_first - 1 > 0
+
+
+def test_cli_bos_leads_once(run, tmp_path):
+    """A template that writes bos_token itself (gemma's does) gets no second BOS; its ids begin with
+    one BOS, as llama-cpp-python's tokenization of the rendered text (no BOS added) gives."""
+    from ggtool.generate import open_model
+
+    t = tmp_path / "t.jinja"
+    t.write_text("{{ bos_token }}{{ messages[0].content }}")
+    assert ok(run("generate", "--gguf", STORIES, "--chat", "--chat-template", t, "--prompt", "Once", "--dry-run")) == "<s>Once"
+    model = open_model(STORIES)
+    text, ids = model.chat_prompt(model.chat_template(t.read_text(), str(t)).render([{"role": "user", "content": "Once"}]))
+    assert text == "<s>Once" and ids[0] == 1 and ids.count(1) == 1
