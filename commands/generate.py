@@ -10,7 +10,7 @@ import click
 
 from ggtool.generate.programs import shipped_names
 
-from ._common import PROGRAM_FILE, log, numerics_option, pick_numerics, read_program, threads_option
+from ._common import PROGRAM_FILE, log, numerics_option, pick_numerics, read_program, threads_option, warn_llama_cpp_gaps
 from .tokenize import ids_json, parse_ids
 
 HELP = f"""\b
@@ -197,7 +197,7 @@ def command(stdin_text, model_path, program_file, prompt, tokens_json, chat, sys
         raise click.UsageError(f"the prompt has {len(ids)} tokens, more than the cache's {n_ctx} (--ctx-size)")
     _check_stops(model, stops, n_ctx - len(ids) + 1, n_predict)
     gen = model.generator(n_ctx, n_threads, numerics)
-    _warn(notes, gen)
+    _warn(notes, gen, numerics)
     chain = model.sampler(sampling)
     if verbose:
         log(f"sampler seed: {chain.seed}; chain: {' -> '.join(chain.names)}")
@@ -310,7 +310,7 @@ def _check_stops(model, stops, room: int, n_predict: int) -> None:
                                    f"tokens this run generates (-n, --ctx-size) spell at most {most} bytes")
 
 
-def _warn(notes, gen) -> None:
+def _warn(notes, gen, numerics: str) -> None:
     for note in notes:
         if note.kind == "over-trained":
             d = note.details
@@ -320,6 +320,7 @@ def _warn(notes, gen) -> None:
             log(f"Warning: {note.message}")
     for note in gen.notes:
         log(f"Warning: {note.message}")
+    warn_llama_cpp_gaps(gen.session.llama_cpp_gaps(), numerics)
 
 
 def _print(steps, model, fmt: str, logprobs, seed: int):
@@ -382,7 +383,7 @@ def _interactive(model, template, messages, sampling, n_predict, ctx_size, n_thr
     KV cache keeps what the next turn shares with this one. Ctrl-D (or an empty line twice) ends."""
     n_ctx, notes = model.context_size(ctx_size, 0, 0, conversation=True)
     gen = model.generator(n_ctx, n_threads, numerics)
-    _warn(notes, gen)
+    _warn(notes, gen, numerics)
     chain = model.sampler(sampling)
     if verbose:
         log(f"sampler seed: {chain.seed}; chain: {' -> '.join(chain.names)}")

@@ -26,7 +26,7 @@ import sys
 import click
 
 from ggtool import __version__, environment, interrupts, role
-from ggtool.errors import GGToolError
+from ggtool.errors import GGToolError, warnings_as_lines
 from ggtool.interrupts import Interrupted  # noqa: F401  (its home; named here too)
 
 DEBUG_ENV = environment.DEBUG.name
@@ -137,6 +137,7 @@ class GGToolGroup(click.Group):
         interrupts.running()   # from here a signal raises Interrupted, and clean-ups run
         try:
             try:
+                environment.check()   # a bad GGTOOL_* value is one line before any work
                 rv = super().invoke(ctx)
                 sys.stdout.flush()   # here, not at exit, where a broken pipe could no longer be handled
                 return rv
@@ -205,6 +206,8 @@ SUBCOMMANDS = (
     "tokenize",
     "detokenize",
     "generate",
+    "perplexity",
+    "imatrix",
 )
 
 
@@ -224,6 +227,7 @@ def buffered_stdout() -> None:
 def main() -> None:
     install_signal_handlers()
     role.COMMAND_LINE = True   # this process is ggtool's: e.g. a mapped input truncated under us is one Error line
+    warnings_as_lines()   # the engine's warnings: one `Warning: ...` line each
     buffered_stdout()
     code = 0
     try:

@@ -49,11 +49,23 @@ llama.cpp's rules choose each tensor's type:
 as llama-quantize --imatrix does; Q2_K_S needs one.
 --pure gives every eligible tensor the file type's own type (no mix, no output rule).
 --tensor-type PATTERN=TYPE (repeatable; the first regular expression found in
-a tensor's name wins) sets the type of the tensors it matches.
+a tensor's name wins) sets the type of the tensors it matches (a pattern that
+backtracks for more than 1 s of CPU is refused; one that gives no tensor its
+type is warned about).
 --dry-run prints each tensor's type and why (the rule or fallback that moved
-it), the file size and bits per weight, writing nothing.
+it), the file size and bits per weight, writing nothing; where the real run
+would refuse before writing (OUTPUT exists, a tensor needs an importance
+matrix), it then ends with the same error, exit 1. It reads no tensor data:
+values that do not fit their type are found by the real run.
 Source tensors are dequantized to f32 exactly as GGML does; each block is
-GGML's reference quantizer bit for bit.
+GGML's reference quantizer bit for bit. Every byte of tensor data, converted
+or copied, is checked before it is written as llama.cpp's
+ggml_validate_row_data checks it (no NaN or inf in a value or a block's
+scale); a tensor that fails is an error naming it, the block and the cause.
+--override-kv refuses what set-metadata refuses (split keys, GGUF.version,
+general.architecture other than a string, an empty or non-UTF-8 key, a
+value its type cannot hold); general.alignment=int:N (a power of two up to
+65536) lays the tensors out for N.
 
 The output is written to a temporary file beside OUTPUT and renamed at the end: an error or
 Ctrl-C leaves no partial file (a symlink's target is replaced, the link kept; a FIFO or a device
@@ -205,13 +217,16 @@ def command(input_path, output_path, ftype, pure, leave_output_tensor, output_te
     if dry_run:
         if as_json:
             sys.stdout.write(document(plan_json(plan, plan.output_paths(output_path))))
-            return
-        out = sys.stdout
-        for t in plan.tensors:
-            out.write(tensor_line(t, n, why=True) + "\n")
-        for line in summary_lines(plan):
-            out.write(line + "\n")
-        out.write(f"would write {plan.file_bytes():,} bytes to {', '.join(plan.output_paths(output_path))} (dry run)\n")
+        else:
+            out = sys.stdout
+            for t in plan.tensors:
+                out.write(tensor_line(t, n, why=True) + "\n")
+            for line in summary_lines(plan):
+                out.write(line + "\n")
+        # what the real run would refuse before writing, refused here in its words (exit 1)
+        QM.preflight(plan, output_path, force=force)
+        if not as_json:
+            out.write(f"would write {plan.file_bytes():,} bytes to {', '.join(plan.output_paths(output_path))} (dry run)\n")
         return
     def emit(line: str) -> None:   # `bar` is bound by the `with` below, before any line is emitted
         if bar is not None:

@@ -195,3 +195,17 @@ def pool_worker() -> bool:
 def read(name: str):
     """The value of the variable `name` (one of VARIABLES), or None if unset."""
     return BY_NAME[name].read()
+
+
+def check() -> None:
+    """Read every variable once: a value its parser refuses is a GGToolError naming it now (the
+    command line calls this before a command runs), not in the middle of a compute."""
+    for v in VARIABLES:
+        v.read()
+
+
+def foreign(names) -> dict[str, str | None]:
+    """Other programs' variables (numba's code-generation settings, ...) by name, as set or None:
+    what ggtool's caches key on. Never a GGTOOL_* one (those are read above, parsed)."""
+    assert not any(n.startswith("GGTOOL_") for n in names)
+    return {n: os.environ.get(n) for n in names}

@@ -185,9 +185,9 @@ def test_cpu_flags_and_switches(monkeypatch):
 
 
 @pytest.mark.parametrize("name, args, code, message", [
-    # click reads GGTOOL_THREADS for --threads (envvar=environment.THREADS.name): a usage error
-    ("GGTOOL_THREADS", ["plan", "relu(a)", "--tensor", "a=f32[4]"], 2,
-     "Invalid value for '--threads' / '-t' (env var: 'GGTOOL_THREADS'): 'zero'"),
+    # every variable is read once before a command runs (environment.check): one line, exit 1
+    ("GGTOOL_THREADS", ["plan", "relu(a)", "--tensor", "a=f32[4]"], 1,
+     "GGTOOL_THREADS must be a positive integer, got 'zero'"),
     # the engine reads GGTOOL_QUANT_THREADS when a q4_0 conversion quantizes
     ("GGTOOL_QUANT_THREADS", ["compute", "a", "--tensor", f"a=q4_0:{list(range(32))}"], 1,
      "GGTOOL_QUANT_THREADS must be a positive integer, got 'zero'"),

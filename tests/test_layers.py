@@ -24,12 +24,14 @@ LAYERS = (
     {"errors": ["ggtool.errors"],                         # GGToolError and its fields
      "interrupts": ["ggtool.interrupts"],                 # signals, from the command line's first line
      "blas": ["ggtool.blas"],                             # BLAS's thread count (light: the pool launches early)
-     "programs": ["ggtool.programs"]},                    # the DSL programs generate ships (data)
+     "programs": ["ggtool.programs"],                     # the DSL programs generate ships (data)
+     "isolation": ["ggtool.isolation"]},                  # how ggtool starts a Python process of its own
     {"environment": ["ggtool.environment"],               # every GGTOOL_* variable, read
      "json_input": ["ggtool.json_input"]},                # JSON from the user, its nesting bounded
     {"role": ["ggtool.role"],                             # whether this process is a pool worker
      "types": ["ggtool.types"],                           # GGML's type table
-     "threads": ["ggtool.threads"]},                      # the one default-thread rule
+     "threads": ["ggtool.threads"],                       # the one default-thread rule
+     "user_regex": ["ggtool.user_regex"]},                # users' regular expressions, time-bounded
     # compiled loops and OS memory: they know types and bytes, never a tensor
     {"kernels": ["ggtool.kernels"],
      "shm": ["ggtool.pool.shm"]},                         # POSIX shared memory (the pool's, below its own layers)
@@ -51,6 +53,7 @@ LAYERS = (
      "inspect_graph": ["ggtool.inspect_graph"]},
     {"quantize_model": ["ggtool.quantize_model"],         # whole models, file to file
      "generate": ["ggtool.generate"]},                    # programs run token after token over a KV cache
+    {"evaluate": ["ggtool.evaluate"]},                    # perplexity, KL divergence, imatrix over a text
     {"facade": ["ggtool"]},                               # `import ggtool`: the names, loaded on first use
     {"commands": ["ggtool.commands"]},                    # the click layer
     {"main": ["ggtool.__main__"]},                        # `python -m ggtool`: starts workers, runs the CLI

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from ..errors import GGToolError
+from ..kernels import portable_math
 from . import samplers as S
 
 RANDOM_SEED = 0xFFFFFFFF   # LLAMA_DEFAULT_SEED: a seed drawn at random
@@ -299,10 +300,11 @@ def parse_logit_bias(text: str) -> tuple[int, float]:
 
 def log_probs(logits: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:
     """The token's log-probability under softmax(logits) (the model's distribution, before any
-    sampler), and the `top` most likely tokens with theirs (largest first, ties by id)."""
+    sampler), and the `top` most likely tokens with theirs (largest first, ties by id). exp and log
+    are portable_math's, so the printed values have the same bits on every host."""
     x = np.asarray(logits, np.float64)
     mx = x.max()
-    lse = mx + math.log(float(np.exp(x - mx).sum()))
+    lse = mx + float(portable_math.log(np.array([portable_math.exp(x - mx).sum()]))[0])
     alts = []
     if top > 0:
         k = min(top, len(x))

@@ -28,7 +28,8 @@ Modules: ``threads`` (worker threads), ``blocks`` (shared block plumbing), ``f16
 ``q8_0``, ``kquants`` (native Q5_0/Q4_K/Q6_K/IQ4_NL dequantizers; the quantizers of ``ggtool.kquants``
 (K-quants, Q4_1, Q5_0, Q5_1, IQ4_NL, and every importance-matrix path) run over arrays),
 ``generic`` (quantize/dequantize/convert for any type, ``quantize(..., imatrix=)``), ``matmul``
-(``mul_mat_quantized``).  This package re-exports the public names.
+(``mul_mat_quantized``), ``validate`` (GGML's ggml_validate_row_data, which every output is checked
+with before it is written).  This package re-exports the public names.
 """
 
 from __future__ import annotations
