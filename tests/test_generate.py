@@ -492,11 +492,68 @@ def error_lines(r) -> list[str]:
     (["--top-p", "2"], "Error: --top-p 2.0: must be from 0 to 1"),
     (["--min-p", "nan"], "Error: --min-p nan: not a number"),
     (["--stop", "x" * 5000, "--ctx-size", "8"], "Error: --stop: a text of 5000 bytes can never appear"),
+    (["--top-k", "99999999999"], "Error: --top-k 99999999999: must be at most 2147483647"),
+    (["--repeat-penalty", "-1"], "Error: --repeat-penalty -1.0: must be greater than 0"),
 ])
 def test_console_bad_sampling_input_is_one_line(args, line):
     r = console("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "4", *args)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert len(error_lines(r)) == 1 and error_lines(r)[0].startswith(line), r.stderr
+
+
+@pytest.mark.parametrize("args, line", [
+    # issue 29.7's sampling parameters: NaN, negative, infinite, huge, denormal; one line, exit 2
+    (["--temp", "-1"], "--temp -1.0: must be 0 or more"),
+    (["--temp", "inf"], "--temp inf: must be finite"),
+    (["--temp", "1e39"], "--temp 1e+39: too large for the sampler's float"),
+    (["--temp", "1e-40"], "--temp 1e-40: too small for the sampler's float"),
+    (["--top-p", "-0.5"], "--top-p -0.5: must be from 0 to 1"),
+    (["--top-p", "-inf"], "--top-p -inf: must be finite"),
+    (["--top-k", "-1"], "--top-k -1: must be 0 or more"),
+    (["--top-k", "2147483648"], "--top-k 2147483648: must be at most 2147483647"),
+    (["--min-p", "-0.1"], "--min-p -0.1: must be from 0 to 1"),
+    (["--min-p", "inf"], "--min-p inf: must be finite"),
+    (["--repeat-penalty", "nan"], "--repeat-penalty nan: not a number"),
+    (["--repeat-penalty", "0"], "--repeat-penalty 0.0: must be greater than 0"),
+    (["--repeat-penalty", "-1"], "--repeat-penalty -1.0: must be greater than 0"),
+    (["--repeat-penalty", "1e39"], "--repeat-penalty 1e+39: too large"),
+    (["--repeat-last-n", "-1"], "--repeat-last-n -1: must be 0 or more"),
+    (["--frequency-penalty", "inf"], "--frequency-penalty inf: must be finite"),
+    (["--presence-penalty", "nan"], "--presence-penalty nan: not a number"),
+    (["--typical", "1.5"], "--typical 1.5: must be from 0 to 1"),
+    (["--xtc-probability", "nan"], "--xtc-probability nan: not a number"),
+    (["--dynatemp-range", "-1"], "--dynatemp-range -1.0: must be 0 or more"),
+    (["--top-n-sigma", "nan"], "--top-n-sigma nan: not a number"),
+    (["--mirostat", "3"], "--mirostat 3: is 0 (off), 1 or 2"),
+    (["--mirostat-lr", "inf"], "--mirostat-lr inf: must be finite"),
+    (["--dry-multiplier", "-1"], "--dry-multiplier -1.0: must be 0 or more"),
+    (["--seed", "4294967296"], "--seed 4294967296: a seed is 0 to 4294967295"),
+    (["--seed", "-2"], "--seed -2: a seed is 0 to 4294967295"),
+    (["--seed", "1.5"], "'1.5' is not a valid integer"),
+    (["--seed", "nan"], "'nan' is not a valid integer"),
+    (["--samplers", "top_k;nucleus"], "--samplers nucleus: not a sampler"),
+    (["-l", "1+inf"], "--logit-bias 1+inf: +inf is no bias"),
+])
+def test_cli_bad_sampling_values_are_one_usage_line(run, args, line):
+    err = fails(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "4", *args), line, code=2)
+    assert sum(ln.startswith("Error:") for ln in err.splitlines()) == 1
+
+
+def test_cli_values_whose_arithmetic_overflows_are_one_error_line(run):
+    """In range each, but logits / 1.5e-38 overflow float: an error, not a draw from NaN."""
+    fails(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "4", "--temp", "1.5e-38", "--top-k", "0"),
+          "the temp-ext sampler's float arithmetic overflowed")
+    fails(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "4", "-l", "5+3e38"),
+          "float arithmetic overflowed")
+
+
+def test_cli_a_models_bad_sampling_default_names_the_key(run, tmp_path):
+    """A model whose general.sampling.top_p is 2: the file and key named (no option was given);
+    --top-p given replaces it."""
+    model = with_kv(tmp_path / "bad-default.gguf", {"general.sampling.top_p": 2.0})
+    fails(run("generate", "--gguf", model, "--prompt", "Once", "-n", "2"),
+          f"{model}: general.sampling.top_p 2.0: must be from 0 to 1 (the model's default")
+    assert ok(run("generate", "--gguf", model, "--prompt", "Once", "-n", "2", "--top-p", "0.9", "--seed", "1")).strip()
 
 
 def test_console_seed_minus_one_is_a_random_seed():
@@ -517,6 +574,17 @@ def shorter_vocab(path):
         v = f.contents()
         kv[name] = v[:500] if isinstance(v, list) else v
     return write_gguf(path, {t.name: np.array(t.data) for t in r.tensors}, arch="llama", kv=kv)
+
+
+def with_kv(path, extra: dict):
+    """stories260K with these metadata keys added (or replaced)."""
+    from conftest import write_gguf
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(STORIES))
+    kv = {name: f.contents() for name, f in r.fields.items()
+          if not name.startswith("GGUF.") and name != "general.architecture"}
+    return write_gguf(path, {t.name: np.array(t.data) for t in r.tensors}, arch="llama", kv={**kv, **extra})
 
 
 def test_console_a_vocabulary_shorter_than_the_logits_is_refused(tmp_path):

@@ -165,11 +165,107 @@ def test_nan_logits_and_a_mismatched_vocabulary_are_refused():
     ({"mirostat": 3}, "is 0 (off), 1 or 2"),
     ({"order": ("top_k", "nucleus")}, "order nucleus: not a sampler"),
     ({"frequency_penalty": math.inf}, "must be finite"),
+    # the rest of the hostile values (issue 29.7: NaN, negative, huge, denormal, each field)
+    ({"temperature": math.inf}, "temperature inf: must be finite"),
+    ({"temperature": 1e-40}, "too small for the sampler's float"),      # a float32 denormal
+    ({"top_p": -0.1}, "top_p -0.1: must be from 0 to 1"),
+    ({"top_p": math.inf}, "top_p inf: must be finite"),
+    ({"top_k": 2**31}, "top_k 2147483648: must be at most 2147483647"),
+    ({"top_k": 10**30}, "must be at most 2147483647"),
+    ({"min_p": -1.0}, "min_p -1.0: must be from 0 to 1"),
+    ({"min_p": 1.5}, "min_p 1.5: must be from 0 to 1"),
+    ({"min_p": math.inf}, "min_p inf: must be finite"),
+    ({"repeat_penalty": math.nan}, "repeat_penalty nan: not a number"),
+    ({"repeat_penalty": -1.0}, "must be greater than 0"),
+    ({"repeat_penalty": math.inf}, "repeat_penalty inf: must be finite"),
+    ({"repeat_penalty": 1e39}, "too large for the sampler's float"),
+    ({"repeat_last_n": -1}, "repeat_last_n -1: must be 0 or more"),
+    ({"repeat_last_n": 2**40}, "must be at most 2147483647"),
+    ({"presence_penalty": -math.inf}, "must be finite"),
+    ({"typical_p": math.nan}, "typical_p nan: not a number"),
+    ({"typical_p": 1.5}, "must be from 0 to 1"),
+    ({"xtc_probability": 2.0}, "must be from 0 to 1"),
+    ({"xtc_threshold": math.nan}, "not a number"),
+    ({"dynatemp_range": -1.0}, "must be 0 or more"),
+    ({"dynatemp_exponent": math.nan}, "not a number"),
+    ({"top_n_sigma": math.nan}, "not a number"),
+    ({"top_n_sigma": math.inf}, "must be finite"),
+    ({"mirostat": -1}, "is 0 (off), 1 or 2"),
+    ({"mirostat_eta": math.nan}, "not a number"),
+    ({"mirostat_tau": math.inf}, "must be finite"),
+    ({"dry_multiplier": math.nan}, "not a number"),
+    ({"dry_base": math.inf}, "must be finite"),
+    ({"dry_allowed_length": 2**40}, "must be at most 2147483647"),
+    ({"dry_penalty_last_n": -1}, "must be 0 or more"),
+    ({"min_keep": 2**40}, "must be at most 2147483647"),
+    ({"seed": -2}, "a seed is 0 to 4294967295"),
+    ({"seed": 2**64}, "a seed is 0 to 4294967295"),
 ])
 def test_bad_parameters_name_the_field(kw, fragment):
     with pytest.raises(SamplingError) as e:
         Sampling(**kw)
     assert fragment in str(e.value) and e.value.field == next(iter(kw))
+
+
+@pytest.mark.parametrize("kw, accepted, sampler", [
+    ({"temperature": 1.5e-38, "top_k": 0, "top_p": 1.0, "min_p": 0.0}, (), "temp-ext"),   # logits / T: inf
+    ({"repeat_penalty": 1.2e-38}, (0, 1, 2), "penalties"),                              # a seen logit / X: inf
+    ({"presence_penalty": -3e38}, (0, 1, 2), "temp-ext"),                                # 3e38 / 0.8: inf
+    ({"logit_bias": ((7, 3e38),)}, (), "temp-ext"),
+])
+def test_float_overflow_in_a_sampler_is_refused_not_drawn_from(kw, accepted, sampler):
+    """Values each in range whose arithmetic overflows float (llama.cpp would draw from NaN
+    probabilities): one LogitsError naming the sampler, and no numpy warning on the way."""
+    import warnings
+
+    from ggtool.generate import LogitsError
+
+    logits = (np.random.default_rng(0).standard_normal(64) * 10).astype(np.float32)
+    chain = Sampling(seed=1, **kw).chain(64)
+    for t in accepted:
+        chain.accept(t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(LogitsError, match=f"the {sampler} sampler's float arithmetic overflowed"):
+            chain.sample(logits)
+
+
+def test_overflow_to_minus_inf_is_llama_cpps_and_silent():
+    """A huge repeat penalty sends a seen negative logit to -inf and a positive one to about 0, as
+    llama.cpp's float arithmetic does: a valid draw, no warning."""
+    import warnings
+
+    logits = np.array([-1.0, 9.0, 8.5, 8.0, -2.0], np.float32)
+    draws = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for seed in range(30):
+            chain = Sampling(seed=seed, repeat_penalty=3e38, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0).chain(5)
+            chain.accept(0)
+            chain.accept(1)
+            draws.append(chain.sample(logits))
+    assert 0 not in draws and 1 not in draws and {2, 3} <= set(draws)
+
+
+def test_no_token_left_and_plus_inf_logits_are_refused():
+    from ggtool.generate import LogitsError
+
+    every = tuple((t, -math.inf) for t in range(4))
+    with pytest.raises(LogitsError, match="after the logit-bias sampler every token's logit is -inf"):
+        Sampling(seed=1, logit_bias=every).chain(4).sample(np.zeros(4, np.float32))
+    with pytest.raises(LogitsError, match=r"the model's logits hold \+inf \(1 of 3\)"):
+        Sampling(seed=1).chain(3).sample(np.array([0, np.inf, 1], np.float32))
+
+
+def test_a_models_bad_default_names_its_key():
+    """general.sampling.* out of range: the key is named, not an option the user never gave; an
+    option given replaces the model's value, bad or not."""
+    with pytest.raises(SamplingError, match=r"general.sampling.top_p 2.0: must be from 0 to 1 \(the model's default"):
+        Sampling(seed=1).with_model_defaults({"general.sampling.top_p": 2.0}.get)
+    with pytest.raises(SamplingError, match="general.sampling.penalty_last_n -1: must be 0 or more"):
+        Sampling(seed=1).with_model_defaults({"general.sampling.penalty_last_n": -1}.get)
+    s = Sampling(seed=1, top_p=0.5, given=frozenset({"top_p"})).with_model_defaults({"general.sampling.top_p": 2.0}.get)
+    assert s.top_p == 0.5
 
 
 def test_logit_bias_as_llama_cpp_writes_it():

@@ -121,7 +121,10 @@ class Model:
             if not 0 <= token < self.vocab.n_tokens:
                 raise SamplingError("logit_bias", token, f"token {token} is outside the vocabulary "
                                     f"({self.vocab.n_tokens} tokens)")
-        s = sampling.with_model_defaults(lambda k: self.metadata(k))
+        try:
+            s = sampling.with_model_defaults(lambda k: self.metadata(k))
+        except SamplingError as e:     # a default the model's metadata gives: the file is where
+            raise SamplingError(f"{self.path}: {e.field}", e.value, e.reason) from None
         return s.chain(self.vocab.n_tokens, self.vocab.eog_ids, self.suppress_ids, self.vocab)
 
     def stop_ids(self, ignore_eos: bool = False) -> frozenset:

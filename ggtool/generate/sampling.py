@@ -29,6 +29,7 @@ ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", 
 NAMES = frozenset(ORDER)
 _F32_TINY = float(np.finfo(np.float32).tiny)
 _F32_MAX = float(np.finfo(np.float32).max)
+_INT32_MAX = 2**31 - 1     # llama.cpp reads its integer options as int32 (std::stoi refuses more)
 
 
 class SamplingError(GGToolError):
@@ -43,7 +44,8 @@ class SamplingError(GGToolError):
 
 
 class LogitsError(GGToolError):
-    """The model's logits cannot be sampled (NaN), or do not match its vocabulary."""
+    """The model's logits cannot be sampled (NaN, +inf), do not match its vocabulary, or became
+    NaN or +inf in a sampler's float arithmetic (a parameter too large or too small for it)."""
 
     kind = "logits"
 
@@ -102,6 +104,8 @@ class Sampling:
         for name in ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "min_keep"):
             if getattr(self, name) < 0:
                 raise SamplingError(name, getattr(self, name), "must be 0 or more")
+            if getattr(self, name) > _INT32_MAX:
+                raise SamplingError(name, getattr(self, name), f"must be at most {_INT32_MAX} (llama.cpp's int32)")
         if not self.repeat_penalty > 0 or not math.isfinite(float(np.float32(1.0) / np.float32(self.repeat_penalty))):
             raise SamplingError("repeat_penalty", self.repeat_penalty, "must be greater than 0 (1 is off)")
         for name in ("dynatemp_range", "dry_multiplier", "dry_base", "mirostat_tau", "mirostat_eta"):
@@ -144,7 +148,14 @@ class Sampling:
                 changes["order"] = names
         if not changes:
             return self
-        return replace(self, **changes)
+        try:
+            return replace(self, **changes)
+        except SamplingError as e:      # the model's value, not the caller's: name its key
+            if e.field not in changes:
+                raise
+            key = "sequence" if e.field == "order" else next(k for k, n, _ in _MODEL_KEYS if n == e.field)
+            raise SamplingError(f"general.sampling.{key}", e.value, f"{e.reason} (the model's default; "
+                                "giving the option replaces it)") from None
 
     def chain(self, n_vocab: int, eog_ids=(), suppress_ids=(), vocab=None) -> SamplerChain:
         """The sampler chain for a vocabulary of n_vocab tokens. `eog_ids` get -inf with
@@ -193,7 +204,8 @@ class SamplerChain:
         self.sampling, self.n_vocab = sampling, n_vocab
         seed = sampling.seed
         self.seed = secrets.randbelow(RANDOM_SEED) if seed is None or seed in (-1, RANDOM_SEED) else seed
-        self.samplers = self._build(vocab, eog_ids, suppress_ids)
+        with np.errstate(all="ignore"):    # float32 set-up as llama.cpp's (2 * tau may be inf)
+            self.samplers = self._build(vocab, eog_ids, suppress_ids)
 
     def _build(self, vocab, eog_ids, suppress_ids) -> list[S.Sampler]:
         s, seed = self.sampling, self.seed
@@ -268,9 +280,15 @@ class SamplerChain:
             raise LogitsError(f"the logits have {len(logits)} values, the vocabulary {self.n_vocab} tokens")
         if np.isnan(logits).any():
             raise LogitsError(f"the model's logits hold NaN ({int(np.isnan(logits).sum())} of {len(logits)})")
+        if np.isposinf(logits).any():
+            raise LogitsError(f"the model's logits hold +inf ({int(np.isposinf(logits).sum())} of {len(logits)})")
         cur = S.Candidates(logits)
-        for s in self.samplers:
-            s.apply(cur)
+        # float arithmetic as llama.cpp's: an overflow gives an inf, no warning; what that makes of
+        # the candidates is checked after each sampler (a NaN or +inf would draw nonsense)
+        with np.errstate(all="ignore"):
+            for s in self.samplers:
+                s.apply(cur)
+                _check_candidates(cur, s)
         if not 0 <= cur.selected < cur.size:
             raise LogitsError("no token was selected (every candidate was removed)")   # pragma: no cover
         return cur
@@ -281,6 +299,17 @@ class SamplerChain:
         token = int(cur.ids[cur.selected])
         self.accept(token)
         return token
+
+
+def _check_candidates(cur: S.Candidates, sampler: S.Sampler) -> None:
+    """A LogitsError where a sampler left a NaN or +inf logit, NaN probabilities, or no token that
+    can be drawn (every logit -inf)."""
+    logit = cur.logit
+    if np.isnan(logit).any() or np.isposinf(logit).any() or np.isnan(cur.p).any():
+        raise LogitsError(f"the {sampler.name} sampler's float arithmetic overflowed (its logits or probabilities "
+                          "hold +inf or NaN): a sampling parameter too large or too small for it")
+    if cur.size and np.isneginf(logit).all():
+        raise LogitsError(f"after the {sampler.name} sampler every token's logit is -inf: no token can be drawn")
 
 
 def parse_logit_bias(text: str) -> tuple[int, float]:
