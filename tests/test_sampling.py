@@ -285,13 +285,28 @@ def test_the_models_defaults_where_none_is_given():
     assert Sampling().with_model_defaults({}.get) == Sampling()
 
 
-def test_log_probs_are_the_models_softmax():
+def test_log_probs_are_the_models_softmax(monkeypatch):
     x = np.array([1.0, 2.0, 3.0, 3.0], np.float32)
     lp, top = log_probs(x, 1, 3)
     x64 = x.astype(np.float64)
     ref = np.log(np.exp(x64 - x64.max()) / np.exp(x64 - x64.max()).sum())
-    assert math.isclose(lp, ref[1], rel_tol=1e-12)
-    assert [t for t, _ in top] == [2, 3, 1] and math.isclose(top[0][1], ref[2], rel_tol=1e-12)
+    assert math.isclose(lp, ref[1], abs_tol=2e-7)          # exp in float, summed in double
+    assert [t for t, _ in top] == [2, 3, 1] and math.isclose(top[0][1], ref[2], abs_tol=2e-7)
+    # a gemma-sized row: near the exact value, the same bits with numba's compiled exp or without
+    big = (np.random.default_rng(3).standard_normal(262144) * 6).astype(np.float32)
+    b64 = big.astype(np.float64)
+    exact = b64[17] - (b64.max() + math.log(np.exp(b64 - b64.max()).sum()))
+    from ggtool.kernels import portable_math
+
+    forms = []
+    for compiled in (True, False):
+        monkeypatch.setattr(portable_math, "use_compiled", lambda name, size, c=compiled: c)
+        forms.append(log_probs(big, 17, 2))
+    assert forms[0] == forms[1] and math.isclose(forms[0][0], exact, abs_tol=2e-7)
+    # ties at the cut: the lowest ids among equal logits, whatever order a partition leaves them in
+    tied = np.zeros(1000, np.float32)
+    tied[[900, 3]] = 1.0
+    assert [t for t, _ in log_probs(tied, 0, 5)[1]] == [3, 900, 0, 1, 2]
 
 
 # -- stop strings --------------------------------------------------------------------------------------

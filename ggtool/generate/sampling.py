@@ -329,15 +329,23 @@ def parse_logit_bias(text: str) -> tuple[int, float]:
 
 def log_probs(logits: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:
     """The token's log-probability under softmax(logits) (the model's distribution, before any
-    sampler), and the `top` most likely tokens with theirs (largest first, ties by id). exp and log
-    are portable_math's, so the printed values have the same bits on every host."""
-    x = np.asarray(logits, np.float64)
-    mx = x.max()
-    lse = mx + float(portable_math.log(np.array([portable_math.exp(x - mx).sum()]))[0])
+    sampler), and the `top` most likely tokens with theirs (largest first, ties by id).
+
+    exp and log are portable_math's, so the printed values have the same bits on every host: exp in
+    float (its compiled form where numba is loaded: 1 ms for gemma's 262144 logits, not the 35 ms of
+    float64 in numpy), the sum in double. A float32 logit is itself good to 6e-8 of its size; the
+    log-sum-exp is within about 1e-7 of the exact one. The top tokens: every logit at least the
+    top-th largest (np.partition, 2x faster than argpartition), then the first `top` by (logit, id)."""
+    x32 = np.asarray(logits, np.float32)
+    mx = x32.max()
+    d = x32 - mx
+    e = portable_math.compiled("exp")(d) if portable_math.use_compiled("exp", d.size) else portable_math.exp_f32(d)
+    lse = float(mx) + float(portable_math.log(np.array([e.sum(dtype=np.float64)]))[0])
+    x = x32.astype(np.float64)
     alts = []
     if top > 0:
         k = min(top, len(x))
-        idx = np.argpartition(-x, k - 1)[:k] if k < len(x) else np.arange(len(x))
-        idx = idx[np.lexsort((idx, -x[idx]))]
+        idx = np.flatnonzero(x32 >= np.partition(x32, len(x32) - k)[len(x32) - k]) if k < len(x) else np.arange(len(x))
+        idx = idx[np.lexsort((idx, -x[idx]))][:k]
         alts = [(int(i), float(x[i] - lse)) for i in idx]
     return float(x[token] - lse), alts
