@@ -97,6 +97,16 @@ def test_unreachable_address_is_one_line_within_seconds(run, tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+def test_ray_auto_finds_this_hosts_cluster_or_says_none_runs(run, tmp_path, monkeypatch):
+    """RAY_ADDRESS=auto (Ray's own convention: the cluster `ray start` left on this host) is taken as
+    Ray takes it; with none running, one line."""
+    pytest.importorskip("ray", reason=NO_RAY)
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))     # where Ray looks for this host's cluster: none there
+    fails(run("perplexity", "--gguf", STORIES, "-f", TEXT, "-c", "128", "--chunks", "1"),
+          "Error: cannot join the Ray cluster at auto")
+
+
 # -- files a task reads: the caller's path, or shipped bytes (no Ray needed) ------------------------------
 
 def test_a_node_seeing_another_file_at_the_path_is_refused(tmp_path):

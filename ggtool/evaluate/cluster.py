@@ -108,11 +108,12 @@ class RayExecutor:
         if ship not in SHIP_MODES:
             raise ClusterError(f"ship mode {ship!r}: use one of {', '.join(SHIP_MODES)}", kind="ship")
         ray = import_ray()
-        check_reachable(address)
-        host, _ = _host_port(address)
         kw = {}
-        if host in ("127.0.0.1", "localhost", "::1"):
-            kw["_node_ip_address"] = "127.0.0.1"
+        if address.strip() != "auto":   # "auto": Ray finds the cluster this host started (`ray start`)
+            check_reachable(address)
+            host, _ = _host_port(address)
+            if host in ("127.0.0.1", "localhost", "::1"):
+                kw["_node_ip_address"] = "127.0.0.1"
         _diagnostics_to_stderr(ray)
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=True,
