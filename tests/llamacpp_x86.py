@@ -4,7 +4,7 @@ written out in numpy: a test oracle, never used by ggtool itself.
 `tests/golden/llama/gemma3-270m-top64.npz` was computed by that build. ggtool's default kernels
 follow GGML's scalar reference; llama.cpp's x86 build sums in other orders, and gemma's 8-bit
 activations make a last-bit difference show now and then (docs/gemma.md, "How close"). Patched into
-ggtool in place of its kernels, these functions made `fixtures/gemma3.gg` reproduce llama.cpp's
+ggtool in place of its kernels, these functions made `ggtool/programs/gemma3.gg` reproduce llama.cpp's
 logits bit for bit; they are now the oracle of ggtool's compiled `numerics="x86"` kernels
 (ggtool.kernels.x86, tests/test_kernels_x86.py). What each function follows:
 
@@ -392,4 +392,10 @@ def gelu_table():
     with np.errstate(all="ignore"):
         inner = (s * h) * fma(a * h, h, f32(1))
         t = np.tanh(inner.astype(f64)).astype(f32)
-        return ((f32(0.5) * h) * (f32(1) + t)).astype(np.float16).astype(f32)
+        table = ((f32(0.5) * h) * (f32(1) + t)).astype(np.float16).astype(f32)
+    # NaN entries as F16C makes them: vcvtph2ps quiets h keeping its payload, every operation keeps
+    # the first NaN operand's, vcvtps2ph keeps the top 10 bits (numpy's conversions vary by version)
+    i = np.arange(1 << 16, dtype=np.uint32)
+    nan = ((i & 0x7C00) == 0x7C00) & ((i & 0x3FF) != 0)
+    table[nan] = (((i & 0x8000) << 16) | np.uint32(0x7FC00000) | ((i & 0x3FF) << 13))[nan].view(f32)
+    return table
