@@ -147,7 +147,7 @@ def warn_llama_cpp_gaps(gaps, numerics: str) -> None:
         parts.append(f"{n} {what} (first: '{gap.nodes[0].name}')")
     one = len(gaps) == 1 and len(gaps[0].nodes) == 1
     log(f"Warning: --numerics {numerics} follows llama.cpp's order for mul_mat with {X86_COVERED} weights, "
-        f"soft_max, rope and gelu; {', '.join(parts)} {'computes' if one else 'compute'} in GGML's order and may "
+        f"soft_max, rope, gelu and silu; {', '.join(parts)} {'computes' if one else 'compute'} in GGML's order and may "
         f"differ from llama.cpp's in the last bits")
 
 

@@ -19,7 +19,7 @@ class Work:
     """What a kernel gets besides its node: the work buffer, the barrier, and the numerics, resolved
     (``ggtool.kernels.numerics``): "ggml" (GGML's scalar reference order of float operations),
     "llama.cpp-avx512" or "llama.cpp-avx2" (llama.cpp's x86-64 builds' orders,
-    ``ggtool.kernels.x86``), which mul_mat, soft_max, rope and gelu follow."""
+    ``ggtool.kernels.x86``), which mul_mat, soft_max, rope, gelu and silu follow."""
 
     __slots__ = ("wdata", "_barrier", "numerics")
 

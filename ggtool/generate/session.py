@@ -177,7 +177,7 @@ class Session:
 
     def llama_cpp_gaps(self) -> list:
         """Under llama.cpp's numerics, what the one-token step computes in GGML's order where llama.cpp's
-        x86 build computes otherwise (``ggtool.ops.llama_cpp_gaps``: mul_mat weight types, silu);
+        x86 build computes otherwise (``ggtool.ops.llama_cpp_gaps``: none today, every weight type and silu have it);
         empty under the default numerics or where every node is covered."""
         if not is_llama_cpp(self.numerics):
             return []

@@ -25,6 +25,7 @@ from .base import ALL, check, fmt_ne, function, kernel, new_op
 from .walk import grid_chunks, require, require_type
 
 WEIGHT_TYPES = (T.F32, T.F16, *T.DOT_TYPES)
+LLAMA_CPP_ONLY = (T.GGMLType.IQ4_NL,)    # weights only llama.cpp's numerics compute (kernels.x86_legacy)
 
 
 def _work_size(node, n_tasks: int) -> int:
@@ -116,7 +117,8 @@ def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray, tile: tuple) ->
 def forward_mul_mat(node, ith, nth, work):
     a, b = node.src
     _check_layout(node, a, b)
-    require_type(a, "mul_mat", WEIGHT_TYPES)
+    llama_cpp = is_llama_cpp(work.numerics)
+    require_type(a, "mul_mat", WEIGHT_TYPES + (LLAMA_CPP_ONLY if llama_cpp else ()))
     vdt = T.vec_dot_type(a.type)
     if b.type != vdt:
         require(b.type == T.F32, "mul_mat",
@@ -129,7 +131,7 @@ def forward_mul_mat(node, ith, nth, work):
     ne0, ne1, ne2, _ = node.ne
     r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
     w = a.data
-    x86 = _x86_block(a, b, wide(work.numerics)) if is_llama_cpp(work.numerics) else None
+    x86 = _x86_block(a, b, wide(work.numerics)) if llama_cpp else None
     if x86 is None and a.type in (T.F32, T.F16):
         return _float_mul_mat(a, act, out, r2, r3, ith, nth)
     for row0, row1, col0, col1 in _my_tiles(ne0, ne1 * ne2 * b.ne[3], ne1, ith, nth, tile_shape(a.type)):
@@ -171,22 +173,27 @@ def _float_mul_mat(a, act, out, r2: int, r3: int, ith: int, nth: int) -> None:
         out[i13, i12, i11, col0:col1] = res
 
 
-X86_TYPES = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
-X86_COVERED = "f32, q8_0, q5_0, q4_0, q6_K and q4_K (2-D, rows in eights: the repacked kernels)"
+# llama.cpp's x86 forms (ggtool.kernels.x86, x86_kquants, x86_legacy, x86_float), by weight type
+X86_TYPES = (T.F32, T.F16, T.BF16, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_1, T.GGMLType.Q5_1,
+             T.GGMLType.IQ4_NL, T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
+X86_COVERED = ", ".join(T.type_name(t) for t in X86_TYPES)
+# types llama.cpp's x86 CPU_REPACK buffer takes (2-D weights, rows in eights), per build: Q2_K on AVX-512 only
+_REPACKED = (T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.IQ4_NL)
+_K_QUANTS = {T.GGMLType.Q2_K: 0, T.GGMLType.Q3_K: 1, T.GGMLType.Q4_K: 2, T.GGMLType.Q5_K: 3}
+TILED_ROWS = 8        # ggml-cpu's tiled K-quant kernel from 8 activation rows (ggml_tiled_min_batch)
 
 
-def x86_repacked(a) -> bool:
-    """Whether llama.cpp's x86 build repacks weights `a` for mul_mat (ggml-cpu's CPU_REPACK:
-    q4_0_8x8, q4_K_8x8): Q4_0 or Q4_K, 2-D, rows in eights. A tied output projection is repacked
-    too: llama.cpp loads it as the output layer's own copy of the token embeddings."""
-    return a.type in (T.Q4_0, T.GGMLType.Q4_K) and a.ne[1] % 8 == 0 and a.ne[2] == a.ne[3] == 1
+def x86_repacked(a, wide_lanes: bool = True) -> bool:
+    """Whether llama.cpp's x86 build (`wide_lanes`: the AVX-512 one) repacks weights `a` for mul_mat
+    (ggml-cpu's CPU_REPACK: q4_0_8x8, q4_K_8x8, iq4_nl_8x8, and q2_K_8x8 on AVX-512): 2-D, rows in
+    eights. A tied output projection is repacked too: llama.cpp loads it as the output layer's own
+    copy of the token embeddings."""
+    types = _REPACKED + ((T.GGMLType.Q2_K,) if wide_lanes else ())
+    return a.type in types and a.ne[1] % 8 == 0 and a.ne[2] == a.ne[3] == 1
 
 
 def x86_order(a) -> bool:
-    """Whether mul_mat with weights `a` has llama.cpp's x86 order here (Q4_K: repacked only; its
-    other kernel, ggml_vec_dot_q4_K_q8_K, is not modelled)."""
-    if a.type == T.GGMLType.Q4_K:
-        return x86_repacked(a)
+    """Whether mul_mat with weights `a` has llama.cpp's x86 order here."""
     return a.type in X86_TYPES
 
 
@@ -196,34 +203,73 @@ def without_x86_order(nodes) -> list:
     return [n for n in nodes if n.op == "MUL_MAT" and not x86_order(n.src[0])]
 
 
+def _sgemm_takes(a, b, lanes: int) -> bool:
+    """Whether llamafile_sgemm takes F32/F16/BF16 weights `a` (tinyBLAS<lanes>): 2 rows of b or more,
+    k a multiple of the lanes, a's rows in fours; b contiguous where it is not converted first. A product
+    of attention (a computed, not a tensor of the model: kq . v) runs over llama.cpp's KV cache,
+    whose cells come in multiples of 256 (the padding adds zeros): k passes."""
+    converted = b.type != T.vec_dot_type(a.type)
+    k_fits = a.ne[0] % lanes == 0 or a.root.op != "NONE"
+    return b.ne[1] >= 2 and k_fits and a.ne[1] % 4 == 0 and (converted or b.is_contiguous())
+
+
 def _x86_block(a, b, wide_lanes: bool = True):
-    """llama.cpp's x86-64 order for a's type (``ggtool.kernels.x86``), as (w, x, out, i0) -> None,
-    i0 being x's first row in its matrix; None for the types it leaves to the default kernels.
-    `wide_lanes`: the AVX-512 build's F32 lanes (16), else AVX2's (8); the quantized kernels sum
-    alike in both."""
+    """llama.cpp's x86-64 order for a's type, as (w, x, out, i0) -> None, i0 being x's first row in
+    its matrix; None for the types it leaves to the default kernels. `wide_lanes`: the AVX-512 build
+    (16 F32 lanes, vdpbf16ps, Q2_K repacked), else AVX2's (8 lanes). Which of llama.cpp's paths a
+    mul_mat takes (ggml_compute_forward_mul_mat): the repacked gemm/gemv for CPU_REPACK weights; the
+    tiled kernel for K-quants from 8 rows; llamafile's sgemm (F32/F16/BF16 tinyBLAS, tinyBLAS_Q0 for
+    Q8_0/Q5_0/Q4_0/IQ4_NL) from 2 rows; else the vec_dot of the type."""
     if not x86_order(a):
         return None
     from ..kernels import x86
     from ..kernels.tables import F16_TO_F32 as f16
 
     t, ne11 = a.type, b.ne[1]
-    tiny = b.is_contiguous() and ne11 >= 2 and a.ne[1] % 4 == 0   # llamafile_sgemm takes F32 x F32
-    repacked = x86_repacked(a)
-    kind = {T.Q8_0: x86.Q8_0_KIND, T.GGMLType.Q5_0: x86.Q5_0_KIND, T.Q4_0: x86.Q4_0_KIND}.get(t)
+    repacked = x86_repacked(a, wide_lanes)
+    tiled = ne11 >= TILED_ROWS
+    if t == T.F32:
+        tiny = _sgemm_takes(a, b, 16 if wide_lanes else 8)
+        tiny = tiny and b.is_contiguous()
+    elif t in (T.F16, T.BF16):
+        from ..kernels import x86_float
+        from ..kernels.tables import BF16_TO_F32
+
+        kind, table = (x86_float.F16_KIND, f16) if t == T.F16 else (x86_float.BF16_KIND, BF16_TO_F32)
+        lanes = 32 if (t == T.BF16 and wide_lanes) else (16 if wide_lanes else 8)
+        tiny = _sgemm_takes(a, b, lanes)
+    elif t in _K_QUANTS and not (t == T.GGMLType.Q4_K and repacked):
+        from ..kernels import x86_kquants
+    elif t in (T.GGMLType.Q4_1, T.GGMLType.Q5_1, T.GGMLType.IQ4_NL):
+        from ..kernels import x86_legacy
+    kind_q0 = {T.Q8_0: x86.Q8_0_KIND, T.GGMLType.Q5_0: x86.Q5_0_KIND, T.Q4_0: x86.Q4_0_KIND,
+               T.GGMLType.IQ4_NL: x86.IQ4_NL_KIND}.get(t)
+    gemm_rows = ne11 - ne11 % 4                 # the repacked gemm takes rows in fours, the gemv the rest
 
     def block(w, x, out, i0):
         w, x = np.ascontiguousarray(w), np.ascontiguousarray(x)
         tmp = np.empty(out.shape, np.float32)
         if t == T.F32:
             x86.dot_f32(w, x, tmp, tiny, wide_lanes)
-        elif t == T.GGMLType.Q4_K:      # the repacked gemm takes rows in fours, the gemv the rest
-            x86.dot_q4_k(w, x, tmp, i0, ne11 - ne11 % 4, f16)
-        elif t == T.GGMLType.Q6_K:      # the tiled kernel from 8 rows, the AVX2 dot below
-            x86.dot_q6_k(w, x, tmp, ne11 >= 8, f16)
-        elif repacked:                  # Q4_0: the q4_0_8x8 gemm and gemv add alike
-            x86.dot_q4_0(w, x, tmp, f16)
-        else:                           # Q8_0, Q5_0, and Q4_0 unpacked: tinyBLAS_Q0's lanes
-            x86.dot_q0(w, kind, x, tmp, f16)
+        elif t in (T.F16, T.BF16):
+            x86_float.dot_half(w.view(np.uint16), kind, x.view(np.uint16), tmp, tiny, wide_lanes, table)
+        elif t == T.GGMLType.Q6_K:              # the tiled kernel from 8 rows, the AVX2 dot below
+            x86.dot_q6_k(w, x, tmp, tiled, f16)
+        elif t == T.GGMLType.Q4_K and repacked:
+            x86.dot_q4_k(w, x, tmp, i0, gemm_rows, f16)
+        elif t == T.GGMLType.Q2_K and repacked:
+            x86_kquants.repacked_q2_k(w, x, tmp, i0, gemm_rows, f16)
+        elif t in _K_QUANTS:
+            (x86_kquants.tiled_k if tiled else x86_kquants.vec_dot_k)(w, _K_QUANTS[t], x, tmp, f16)
+        elif t in (T.GGMLType.Q4_1, T.GGMLType.Q5_1):
+            x86_legacy.vec_dot_q1(w, x86_legacy.Q4_1_KIND if t == T.GGMLType.Q4_1 else x86_legacy.Q5_1_KIND,
+                                  x, tmp, f16)
+        elif repacked:                          # Q4_0, IQ4_NL: the q4_0_8x8 / iq4_nl_8x8 gemm and gemv add alike
+            x86.dot_b32_repacked(w, kind_q0, x, tmp, f16)
+        elif t == T.GGMLType.IQ4_NL and ne11 == 1:
+            x86_legacy.vec_dot_iq4_nl(w, x, tmp, not wide_lanes, f16)
+        else:                                   # Q8_0, Q5_0, Q4_0/IQ4_NL unpacked: tinyBLAS_Q0's lanes
+            x86.dot_q0(w, kind_q0, x, tmp, f16)
         out[...] = tmp
     return block
 
