@@ -1,0 +1,954 @@
+"""The compiled loops of IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S (numba; imported by the records
+of ``iq2`` and ``iq3`` at first use, so that the registry loads without numba).
+
+* ``iq2_tables`` / ``iq3_tables``: ggml-quants.c's iq2xs_init_impl / iq3xs_init_impl: the
+  quantizer's grid (levels 2l+1 of each point), the map from a point's levels to its grid index
+  (or, off the grid, to its list of neighbours) and the neighbour lists, in GGML's order.
+* ``quantize_*``: quantize_iq2_xxs .. quantize_iq3_s (their ``_impl``), bit for bit: every float
+  operation is float32 in C's order (numba promotes int x float32 and Python float literals to
+  float64, so every constant is a float32 and every integer that meets a float is made one first).
+  Each takes (x float32 (nrows, n), out uint8 (nrows, n // 256 * type size), qw float32 (n,) or
+  (0,) for none, tables...) and returns -1, the flat index in x of its first NaN/inf (then it
+  writes nothing), or -2 - b where block b (flat over x) makes GGML abort (a GGML_ASSERT: no
+  neighbour nearer than FLT_MAX, a point off the grid, a NaN scale); blocks before b are written.
+* ``dot_*``: ggml_vec_dot_*_q8_K_generic of one row of weight blocks and one of Q8_K blocks, the
+  integer sums exact and the float ones in GGML's order; ``mul_mat_*``: that dot for every pair of
+  rows of two matrices.
+
+All of it lives in one file: numba's disk cache checks a kernel against its own file only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from ..kernels.jit import njit, numba
+
+F32 = np.float32
+_F0 = F32(0.0)
+_F1 = F32(1.0)
+_F05 = F32(0.5)
+_F01 = F32(0.1)
+_F02 = F32(0.2)
+_F025 = F32(0.25)
+_F2 = F32(2.0)
+_F31 = F32(31.0)
+_F256 = F32(256.0)
+_MAGIC = F32(12582912.0)                 # 1.5 * 2**23
+_FLT_MAX = F32(3.4028234663852886e38)
+_EPS = F32(1e-15)                        # GROUP_MAX_EPS
+_EPS_8 = F32(1e-8)                       # GROUP_MAX_EPS_IQ2_S, GROUP_MAX_EPS_IQ3_XXS
+_FUDGE_IQ2_S = F32(0.9875)
+_FUDGE_IQ3_XXS = F32(1.0125)
+_FUDGE_IQ3_S = F32(1.033)
+_ABS = np.uint32(0x7FFFFFFF)
+_INF = np.uint32(0x7F800000)
+QK_K = 256
+Q8_K_BYTES = 292
+
+_types = numba.types
+
+
+@numba.extending.intrinsic
+def _bits(typingctx, v):
+    """The bits of a float32 as an int32 (C's memcpy from float to int)."""
+    if not isinstance(v, _types.Float) or v.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return _types.int32(_types.float32), codegen
+
+
+@numba.extending.intrinsic
+def _float(typingctx, v):
+    """The float32 with the bits of an int32."""
+    if not isinstance(v, _types.Integer) or v.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return _types.float32(v), codegen
+
+
+@njit
+def nearest_int(fval):
+    """GGML's nearest_int: the low 23 bits of fval + 1.5*2**23, less 2**22 (round half to even for
+    |fval| < 2**22; outside it GGML's bits, which release builds return unchecked)."""
+    return np.int64((_bits(F32(fval + _MAGIC)) & np.int32(0x7FFFFF)) - np.int32(0x400000))
+
+
+@njit
+def fp16_bits(f):
+    """GGML_FP32_TO_FP16 (ggml_compute_fp32_to_fp16's float trick: round to nearest even, overflow
+    to inf, NaN to 0x7e00 with the sign)."""
+    base = F32(F32(abs(f) * F32(5.192296858534828e33)) * F32(7.703719777548943e-34))   # 2**112, 2**-110
+    w = np.uint32(_bits(f)) & np.uint32(0xFFFFFFFF)
+    shl1_w = np.uint32(w + w)
+    sign = w & np.uint32(0x80000000)
+    bias = shl1_w & np.uint32(0xFF000000)
+    if bias < np.uint32(0x71000000):
+        bias = np.uint32(0x71000000)
+    base = F32(_float(np.int32((bias >> np.uint32(1)) + np.uint32(0x07800000))) + base)
+    b = np.uint32(_bits(base)) & np.uint32(0xFFFFFFFF)
+    nonsign = ((b >> np.uint32(13)) & np.uint32(0x7C00)) + (b & np.uint32(0x0FFF))
+    h = np.uint32(0x7E00) if shl1_w > np.uint32(0xFF000000) else nonsign
+    return np.uint16((sign >> np.uint32(16)) | h)
+
+
+@njit
+def _first_bad(x):
+    """-1, or the flat index of the first NaN/inf of x (2-D, C order)."""
+    xi = x.reshape(-1).view(np.uint32)
+    for k in range(xi.shape[0]):
+        if (xi[k] & _ABS) >= _INF:
+            return k
+    return -1
+
+
+@njit
+def _put16(out, r, at, v):
+    out[r, at] = np.uint8(v & 0xFF)
+    out[r, at + 1] = np.uint8((v >> 8) & 0xFF)
+
+
+@njit
+def _put32(out, r, at, v):
+    for b in range(4):
+        out[r, at + b] = np.uint8((v >> (8 * b)) & 0xFF)
+
+
+# -- iq2xs_init_impl / iq3xs_init_impl ------------------------------------------------------------------
+@njit
+def _init_tables(kgrid, bits, npos, kmap_size, nwant):
+    """The quantizer's tables of one grid: grid (G, npos) int8 of levels 2l+1, map (kmap_size,)
+    int32 (a point's index, or -(offset + 1) of its neighbour list), neighbours uint16 (lists of
+    [count, index...] for every point off the grid, in increasing order of the point): each list
+    holds the grid points at the nwant smallest distances, sorted by (distance, index), as the C's
+    qsort with iq2_compare_func leaves them."""
+    G = kgrid.shape[0]
+    mask = (1 << bits) - 1
+    grid = np.empty((G, npos), np.int8)
+    gt = np.empty((npos, G), np.int32)           # the grid transposed: the distances vectorise over points
+    kmap = np.full(kmap_size, -1, np.int32)
+    for k in range(G):
+        for i in range(npos):
+            grid[k, i] = 2 * ((np.int64(kgrid[k]) >> (bits * i)) & mask) + 1
+            gt[i, k] = grid[k, i]
+        kmap[np.int64(kgrid[k])] = k
+    maxd = npos * (2 * mask) * (2 * mask) + 1
+    dist = np.empty(nwant, np.int32)
+    d2 = np.empty(G, np.int32)
+    out = np.empty(16 * kmap_size, np.uint16)
+    at = 0
+    for u in range(kmap_size):
+        if kmap[u] >= 0:
+            continue
+        d2[:] = 0
+        for i in range(npos):
+            p = np.int32(2 * ((u >> (bits * i)) & mask) + 1)
+            for j in range(G):
+                t = gt[i, j] - p
+                d2[j] += t * t
+        # the distances kept: the nwant smallest distinct ones (min reductions: they vectorise)
+        n = 0
+        nd = 0
+        lo = np.int32(-1)
+        for _ in range(nwant):
+            m = np.int32(maxd)
+            for j in range(G):
+                v = d2[j]
+                m = v if (v > lo and v < m) else m
+            if m == maxd:
+                break
+            dist[nd] = m
+            nd += 1
+            lo = m
+        for j in range(G):
+            n += d2[j] <= lo
+        if at + 1 + n > out.shape[0]:
+            bigger = np.empty(2 * out.shape[0] + n + 1, np.uint16)
+            bigger[:at] = out[:at]
+            out = bigger
+        kmap[u] = -(at + 1)
+        out[at] = n
+        at += 1
+        for q in range(nd):                      # sorted by distance, then index
+            dq = dist[q]
+            for j in range(G):
+                if d2[j] == dq:
+                    out[at] = j
+                    at += 1
+    return grid, kmap, out[:at].copy()
+
+
+def iq2_tables(kgrid, nwant):
+    """iq2xs_init_impl of a 2-bit grid (IQ2_XXS: 256 points, IQ2_XS: 512, IQ2_S: 1024; nwant 2, 2, 1)."""
+    return _init_tables(np.ascontiguousarray(kgrid, np.uint16), 2, 8, 43692, nwant)
+
+
+def iq3_tables(kgrid, nwant):
+    """iq3xs_init_impl of a 3-bit grid (IQ3_XXS: 256 points, nwant 2; IQ3_S: 512, nwant 3)."""
+    return _init_tables(np.ascontiguousarray(kgrid, np.uint16), 3, 4, 4096, nwant)
+
+
+# -- the searches the quantizers share --------------------------------------------------------------------
+@njit
+def _best_neighbour(nb, start, grid, xval, waux, o, npos, scale, L):
+    """iq2/iq3_find_best_neighbour: the grid point of the list at nb[start] nearest xval[o:o+npos]
+    (weighted by waux), its levels into L[o:o+npos]; its index, or -1 where none is nearer than
+    FLT_MAX (GGML_ASSERT: GGML aborts)."""
+    best_d2 = _FLT_MAX
+    gi = -1
+    for j in range(1, np.int64(nb[start]) + 1):
+        g = np.int64(nb[start + j])
+        d2 = _F0
+        for i in range(npos):
+            diff = F32(F32(scale * F32(grid[g, i])) - xval[o + i])
+            d2 = F32(d2 + F32(F32(waux[o + i] * diff) * diff))
+        if d2 < best_d2:
+            best_d2 = d2
+            gi = g
+    if gi >= 0:
+        for i in range(npos):
+            L[o + i] = (grid[gi, i] - 1) // 2
+    return gi
+
+
+@njit
+def _levels(xval, o, npos, bits, kmax, idv, L):
+    """Levels max(0, min(kmax-1, nearest_int(0.5*(id*x - 1)))) of xval[o:o+npos] into L, and the
+    point's map index."""
+    u = 0
+    for i in range(npos):
+        lv = nearest_int(F32(_F05 * F32(F32(idv * xval[o + i]) - _F1)))
+        lv = max(0, min(kmax - 1, lv))
+        L[o + i] = lv
+        u |= lv << (bits * i)
+    return u
+
+
+@njit
+def _sums(weight, xval, L, n):
+    sumqx = _F0
+    sumq2 = _F0
+    for i in range(n):
+        w = weight[i]
+        q = F32(2 * np.int64(L[i]) + 1)
+        sumqx = F32(sumqx + F32(F32(w * xval[i]) * q))
+        sumq2 = F32(sumq2 + F32(F32(w * q) * q))
+    return sumqx, sumq2
+
+
+@njit
+def _signs(xb, o, weight, xval, ngroups, parity, block_signs):
+    """xval = |x| of the groups of 8 and their sign bits; with parity (IQ2_XXS, IQ2_XS, IQ3_XXS)
+    an odd count of minus signs flips the value of least weight*x*x (7 bits kept)."""
+    for k in range(ngroups):
+        nflip = 0
+        s = 0
+        for i in range(8):
+            v = xb[o + 8 * k + i]
+            if v >= _F0:
+                xval[8 * k + i] = v
+            else:
+                xval[8 * k + i] = -v
+                nflip += 1
+                s |= 1 << i
+        if parity:
+            if nflip % 2:
+                imin = 0
+                mn = F32(F32(weight[8 * k] * xb[o + 8 * k]) * xb[o + 8 * k])
+                for i in range(1, 8):
+                    ax = F32(F32(weight[8 * k + i] * xb[o + 8 * k + i]) * xb[o + 8 * k + i])
+                    if ax < mn:
+                        mn = ax
+                        imin = i
+                xval[8 * k + imin] = -xval[8 * k + imin]
+                s ^= 1 << imin
+            block_signs[k] = s & 127
+        else:
+            block_signs[k] = s
+
+
+@njit
+def _weights(xb, o, n, qw, qo, sigma2, mode, weight, waux):
+    """weight: qw * sqrt(sigma2 + x*x) with an importance matrix (qw of the row, from column qo);
+    without one x*x (mode 0: IQ3) or 0.25*sigma2 + x*x (mode 1: IQ2_S); waux = sqrt(weight)."""
+    for i in range(n):
+        x = xb[o + i]
+        if qw.shape[0]:
+            weight[i] = F32(qw[qo + i] * F32(np.sqrt(F32(sigma2 + F32(x * x)))))
+        elif mode == 0:
+            weight[i] = F32(x * x)
+        else:
+            weight[i] = F32(F32(_F025 * sigma2) + F32(x * x))
+    for i in range(n):
+        waux[i] = F32(np.sqrt(weight[i]))
+
+
+@njit
+def _sumx2(xb, o):
+    s = _F0
+    for i in range(QK_K):
+        s = F32(s + F32(xb[o + i] * xb[o + i]))
+    return s
+
+
+@njit
+def _max(xval, n):
+    m = xval[0]
+    for i in range(1, n):
+        m = m if m > xval[i] else xval[i]          # MAX(a, b): a > b ? a : b
+    return m
+
+
+@njit
+def _search(xval, weight, waux, n, npos, bits, kmax, nis, step, on_grid_start, refine_all,
+            grid, kmap, nb, L, Laux, on_grid, on_grid_aux, mx):
+    """The scale search of IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S (one sub-block of n values in groups
+    of npos): the scale, its levels in L; NaN marks a GGML abort (no neighbour)."""
+    ng = n // npos
+    fk = F32(2 * kmax - 1)
+    best = _F0
+    scale = F32(mx / fk)
+    for k in range(ng):
+        on_grid[k] = on_grid_start
+    for is_ in range(-nis, nis + 1):
+        idv = F32(F32(fk + F32(F32(is_) * step)) / mx)
+        this_scale = F32(_F1 / idv)
+        for k in range(ng):
+            u = _levels(xval, npos * k, npos, bits, kmax, idv, Laux)
+            on_grid_aux[k] = True
+            if kmap[u] < 0:
+                on_grid_aux[k] = False
+                if _best_neighbour(nb, -kmap[u] - 1, grid, xval, waux, npos * k, npos, this_scale, Laux) < 0:
+                    return np.float32(np.nan)
+        sumqx, sumq2 = _sums(weight, xval, Laux, n)
+        if sumq2 > _F0 and F32(sumqx * sumqx) > F32(best * sumq2):
+            scale = F32(sumqx / sumq2)
+            best = F32(scale * sumqx)
+            for i in range(n):
+                L[i] = Laux[i]
+            for k in range(ng):
+                on_grid[k] = on_grid_aux[k]
+    n_off = 0
+    for k in range(ng):
+        if not on_grid[k]:
+            n_off += 1
+    if n_off > 0 and scale > _F0:
+        idv = F32(_F1 / scale)
+        for k in range(ng):
+            if on_grid[k] and not refine_all:
+                continue
+            u = _levels(xval, npos * k, npos, bits, kmax, idv, L)
+            if kmap[u] < 0:
+                if _best_neighbour(nb, -kmap[u] - 1, grid, xval, waux, npos * k, npos, scale, L) < 0:
+                    return np.float32(np.nan)
+        sumqx, sumq2 = _sums(weight, xval, L, n)
+        if sumq2 > _F0:
+            scale = F32(sumqx / sumq2)
+    return scale
+
+
+@njit
+def _point(L, o, npos, bits, kmap):
+    """The grid index of the levels L[o:o+npos], or -1 off the grid (GGML aborts: "Oops")."""
+    u = 0
+    for i in range(npos):
+        u |= np.int64(L[o + i]) << (bits * i)
+    g = kmap[u]
+    return g if g >= 0 else -1
+
+
+@njit
+def _scale_nibble(idv, s):
+    lv = nearest_int(F32(_F05 * F32(F32(idv * s) - _F1)))
+    return max(0, min(15, lv))
+
+
+# -- IQ2_XXS --------------------------------------------------------------------------------------------
+@njit
+def _make_qp_quants(n, nmax, x, L, qw):
+    """make_qp_quants(n, nmax, x, (uint8_t *)L, quant_weights): the scale (L's codes wrap as uint8_t)."""
+    mx = _F0
+    for i in range(n):
+        mx = mx if mx > x[i] else x[i]
+    if mx < _EPS:
+        for i in range(n):
+            L[i] = 0
+        return _F0
+    fn = F32(nmax)
+    iscale = F32(fn / mx)
+    for i in range(n):
+        L[i] = nearest_int(F32(iscale * x[i])) & 0xFF
+    scale = F32(_F1 / iscale)
+    best_mse = _F0
+    for i in range(n):
+        diff = F32(x[i] - F32(scale * F32(L[i])))
+        best_mse = F32(best_mse + F32(F32(qw[i] * diff) * diff))
+    for is_ in range(-4, 5):
+        if is_ == 0:
+            continue
+        iscale_is = F32(F32(F32(_F01 * F32(is_)) + fn) / mx)
+        scale_is = F32(_F1 / iscale_is)
+        mse = _F0
+        for i in range(n):
+            lv = min(nmax, nearest_int(F32(iscale_is * x[i])))
+            diff = F32(x[i] - F32(scale_is * F32(lv)))
+            mse = F32(mse + F32(F32(qw[i] * diff) * diff))
+        if mse < best_mse:
+            best_mse = mse
+            iscale = iscale_is
+    sumlx = _F0
+    suml2 = _F0
+    for i in range(n):
+        lv = min(nmax, nearest_int(F32(iscale * x[i])))
+        L[i] = lv & 0xFF
+        fl = F32(lv)
+        sumlx = F32(sumlx + F32(F32(qw[i] * x[i]) * fl))
+        suml2 = F32(suml2 + F32(F32(qw[i] * fl) * fl))
+    for _ in range(5):
+        changed = 0
+        for i in range(n):
+            w = qw[i]
+            li = F32(L[i])
+            slx = F32(sumlx - F32(F32(w * x[i]) * li))
+            sl2 = F32(suml2 - F32(F32(w * li) * li))
+            if slx > _F0 and sl2 > _F0:
+                new_l = min(nmax, nearest_int(F32(F32(x[i] * sl2) / slx)))
+                if new_l != L[i]:
+                    fl = F32(new_l)
+                    slx = F32(slx + F32(F32(w * x[i]) * fl))
+                    sl2 = F32(sl2 + F32(F32(w * fl) * fl))
+                    if F32(F32(slx * slx) * suml2) > F32(F32(sumlx * sumlx) * sl2):
+                        L[i] = new_l & 0xFF
+                        sumlx = slx
+                        suml2 = sl2
+                        changed += 1
+        if not changed:
+            break
+    return F32(sumlx / suml2) if suml2 > _F0 else _F0
+
+
+@njit
+def quantize_iq2_xxs(x, out, qw, grid, kmap, nb):
+    """quantize_iq2_xxs (quantize_row_iq2_xxs_impl; quant_weights required): 66-byte blocks of
+    fp16 d and uint32 pairs per 32 values: 4 grid indices (a byte each), then 4 x 7 sign bits and
+    a 4-bit scale in the top bits."""
+    bad = _first_bad(x)
+    if bad >= 0:
+        return bad
+    nrows, n = x.shape
+    nbl = n // QK_K
+    weight = np.empty(32, F32)
+    waux = np.empty(32, F32)
+    xval = np.empty(32, F32)
+    L = np.zeros(32, np.int64)
+    Laux = np.zeros(32, np.int64)
+    qpl = np.zeros(32, np.int64)
+    bsg = np.zeros(4, np.int64)
+    scales = np.empty(8, F32)
+    q2 = np.zeros(16, np.uint32)
+    for r in range(nrows):
+        for ibl in range(nbl):
+            o0 = QK_K * ibl
+            ob = 66 * ibl
+            for i in range(16):
+                q2[i] = 0
+            max_scale = _F0
+            sigma2 = F32(_sumx2(x[r], o0) / _F256)
+            for ib in range(8):
+                o = o0 + 32 * ib
+                _weights(x[r], o, 32, qw, o, sigma2, 0, weight, waux)
+                _signs(x[r], o, weight, xval, 4, True, bsg)
+                mx = _max(xval, 32)
+                if mx < _EPS:
+                    scales[ib] = _F0
+                    continue
+                scale = _make_qp_quants(32, 4, xval, qpl, weight)
+                eff_max = F32(scale * F32(3.0))
+                if eff_max <= _F0:
+                    scales[ib] = _F0
+                    continue
+                best = _F0
+                for is_ in range(-6, 7):
+                    idv = F32(F32(F32(5.0) + F32(F32(is_) * _F01)) / eff_max)
+                    this_scale = F32(_F1 / idv)
+                    for k in range(4):
+                        u = _levels(xval, 8 * k, 8, 2, 3, idv, Laux)
+                        if kmap[u] < 0:
+                            if _best_neighbour(nb, -kmap[u] - 1, grid, xval, waux, 8 * k, 8, this_scale, Laux) < 0:
+                                return -2 - (r * nbl + ibl)
+                    sumqx, sumq2 = _sums(weight, xval, Laux, 32)
+                    if sumq2 > _F0 and F32(sumqx * sumqx) > F32(best * sumq2):
+                        scale = F32(sumqx / sumq2)
+                        best = F32(scale * sumqx)
+                        for i in range(32):
+                            L[i] = Laux[i]
+                if scale > _F0:
+                    idv = F32(_F1 / scale)
+                    for k in range(4):
+                        u = _levels(xval, 8 * k, 8, 2, 3, idv, L)
+                        gi = kmap[u]
+                        if gi < 0:
+                            gi = _best_neighbour(nb, -gi - 1, grid, xval, waux, 8 * k, 8, scale, L)
+                            if gi < 0:
+                                return -2 - (r * nbl + ibl)
+                    sumqx, sumq2 = _sums(weight, xval, L, 32)
+                    if sumq2 > _F0:
+                        scale = F32(sumqx / sumq2)
+                if scale < _F0:
+                    scale = -scale
+                    for k in range(4):
+                        bsg[k] = (~bsg[k]) & 127
+                for k in range(4):
+                    gi = _point(L, 8 * k, 8, 2, kmap)
+                    if gi < 0:
+                        return -2 - (r * nbl + ibl)
+                    q2[2 * ib] |= np.uint32(gi) << np.uint32(8 * k)
+                    q2[2 * ib + 1] |= np.uint32(bsg[k]) << np.uint32(7 * k)
+                if not scale >= _F0:
+                    return -2 - (r * nbl + ibl)
+                scales[ib] = scale
+                max_scale = max_scale if max_scale > scale else scale
+            if max_scale == _F0:
+                for i in range(66):
+                    out[r, ob + i] = 0
+                continue
+            d = F32(max_scale / _F31)
+            _put16(out, r, ob, fp16_bits(d))
+            idv = F32(_F1 / d)
+            for ib in range(8):
+                q2[2 * ib + 1] |= np.uint32(_scale_nibble(idv, scales[ib])) << np.uint32(28)
+            for i in range(16):
+                _put32(out, r, ob + 2 + 4 * i, q2[i])
+    return -1
+
+
+# -- IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S ------------------------------------------------------------------------
+@njit
+def quantize_iq2_xs(x, out, qw, grid, kmap, nb):
+    """quantize_iq2_xs (quant_weights required): 74-byte blocks of fp16 d, uint16 qs[32] (a 9-bit
+    grid index and 7 sign bits per 8 values), scales[8] (a 4-bit scale per 16 values)."""
+    return _quantize_16(x, out, qw, grid, kmap, nb, False)
+
+
+@njit
+def quantize_iq2_s(x, out, qw, grid, kmap, nb):
+    """quantize_iq2_s (quant_weights optional): 82-byte blocks of fp16 d, qs[32] (grid index low
+    bytes), signs[32] (8 bits per 8 values), qh[8] (the index's 2 high bits), scales[8]."""
+    return _quantize_16(x, out, qw, grid, kmap, nb, True)
+
+
+@njit
+def _quantize_16(x, out, qw, grid, kmap, nb, is_s):
+    bad = _first_bad(x)
+    if bad >= 0:
+        return bad
+    nrows, n = x.shape
+    nbl = n // QK_K
+    nbytes = 82 if is_s else 74
+    weight = np.empty(16, F32)
+    waux = np.empty(16, F32)
+    xval = np.empty(16, F32)
+    L = np.zeros(16, np.int64)
+    Laux = np.zeros(16, np.int64)
+    bsg = np.zeros(2, np.int64)
+    og = np.zeros(2, np.bool_)
+    oga = np.zeros(2, np.bool_)
+    scales = np.empty(16, F32)
+    eps = _EPS_8 if is_s else _EPS
+    for r in range(nrows):
+        for ibl in range(nbl):
+            o0 = QK_K * ibl
+            ob = nbytes * ibl
+            for i in range(nbytes):
+                out[r, ob + i] = 0
+            max_scale = _F0
+            s2 = _sumx2(x[r], o0)
+            sigma2 = F32(F32(_F2 * s2) / _F256) if is_s else F32(s2 / _F256)
+            for ib in range(16):
+                o = o0 + 16 * ib
+                _weights(x[r], o, 16, qw, o, sigma2, 1, weight, waux)
+                _signs(x[r], o, weight, xval, 2, not is_s, bsg)
+                mx = _max(xval, 16)
+                for i in range(16):
+                    L[i] = 0
+                if mx < eps:
+                    scales[ib] = _F0
+                    continue
+                scale = _search(xval, weight, waux, 16, 8, 2, 3, 9, _F01, True, False,
+                                grid, kmap, nb, L, Laux, og, oga, mx)
+                if scale != scale:
+                    return -2 - (r * nbl + ibl)
+                if scale < _F0:
+                    scale = -scale
+                    for k in range(2):
+                        bsg[k] = (~bsg[k]) & (255 if is_s else 127)
+                for k in range(2):
+                    gi = _point(L, 8 * k, 8, 2, kmap)
+                    if gi < 0:
+                        return -2 - (r * nbl + ibl)
+                    if is_s:
+                        i8 = 2 * ib + k
+                        out[r, ob + 2 + i8] = np.uint8(gi & 255)
+                        out[r, ob + 66 + i8 // 4] |= np.uint8((gi >> 8) << (2 * (i8 % 4)))
+                        out[r, ob + 2 + 32 + i8] = np.uint8(bsg[k])
+                    else:
+                        _put16(out, r, ob + 2 + 2 * (2 * ib + k), gi | (bsg[k] << 9))
+                scales[ib] = scale
+                max_scale = max_scale if max_scale > scale else scale
+            if max_scale == _F0:
+                if not is_s:
+                    for i in range(2, 66):     # IQ2_XS: qs zeroed, d and scales (zero) stay
+                        out[r, ob + i] = 0
+                continue
+            d = F32(max_scale / _F31)
+            _put16(out, r, ob, fp16_bits(F32(d * _FUDGE_IQ2_S) if is_s else d))
+            idv = F32(_F1 / d)
+            at = ob + (74 if is_s else 66)
+            for ib in range(16):
+                lv = _scale_nibble(idv, scales[ib])
+                if ib % 2 == 0:
+                    out[r, at + ib // 2] = np.uint8(lv)
+                else:
+                    out[r, at + ib // 2] |= np.uint8(lv << 4)
+    return -1
+
+
+@njit
+def quantize_iq3_xxs(x, out, qw, grid, kmap, nb):
+    """quantize_iq3_xxs (quantize_row_iq3_xxs_impl(256, ...); quant_weights optional): 98-byte
+    blocks of fp16 d, qs[64] (a grid index a byte per 4 values), then per 32 values a uint32 of
+    4 x 7 sign bits and a 4-bit scale on top."""
+    bad = _first_bad(x)
+    if bad >= 0:
+        return bad
+    nrows, n = x.shape
+    nbl = n // QK_K
+    weight = np.empty(32, F32)
+    waux = np.empty(32, F32)
+    xval = np.empty(32, F32)
+    L = np.zeros(32, np.int64)
+    Laux = np.zeros(32, np.int64)
+    bsg = np.zeros(4, np.int64)
+    og = np.zeros(8, np.bool_)
+    oga = np.zeros(8, np.bool_)
+    scales = np.empty(8, F32)
+    sas = np.zeros(8, np.uint32)
+    for r in range(nrows):
+        for ibl in range(nbl):
+            o0 = QK_K * ibl
+            ob = 98 * ibl
+            for i in range(98):
+                out[r, ob + i] = 0
+            for i in range(8):
+                sas[i] = 0
+            max_scale = _F0
+            sigma2 = F32(F32(_F2 * _sumx2(x[r], o0)) / _F256)
+            for ib in range(8):
+                o = o0 + 32 * ib
+                _weights(x[r], o, 32, qw, o, sigma2, 0, weight, waux)
+                _signs(x[r], o, weight, xval, 4, True, bsg)
+                mx = _max(xval, 32)
+                for i in range(32):
+                    L[i] = 0
+                if mx < _EPS_8:
+                    scales[ib] = _F0
+                    continue
+                scale = _search(xval, weight, waux, 32, 4, 3, 8, 15, _F02, True, False,
+                                grid, kmap, nb, L, Laux, og, oga, mx)
+                if scale != scale:
+                    return -2 - (r * nbl + ibl)
+                if scale < _F0:
+                    scale = -scale
+                    for k in range(4):
+                        bsg[k] = (~bsg[k]) & 127
+                for k in range(8):
+                    gi = _point(L, 4 * k, 4, 3, kmap)
+                    if gi < 0:
+                        return -2 - (r * nbl + ibl)
+                    out[r, ob + 2 + 8 * ib + k] = np.uint8(gi)
+                sas[ib] = np.uint32(bsg[0] | (bsg[1] << 7) | (bsg[2] << 14) | (bsg[3] << 21))
+                scales[ib] = scale
+                max_scale = max_scale if max_scale > scale else scale
+            if max_scale == _F0:
+                for i in range(2, 98):
+                    out[r, ob + i] = 0
+                continue
+            d = F32(max_scale / _F31)
+            _put16(out, r, ob, fp16_bits(F32(d * _FUDGE_IQ3_XXS)))
+            idv = F32(_F1 / d)
+            for ib in range(8):
+                v = sas[ib] | (np.uint32(_scale_nibble(idv, scales[ib])) << np.uint32(28))
+                _put32(out, r, ob + 2 + 64 + 4 * ib, v)
+    return -1
+
+
+@njit
+def quantize_iq3_s(x, out, qw, grid, kmap, nb):
+    """quantize_iq3_s (quantize_row_iq3_s_impl with block_size 32; quant_weights optional):
+    110-byte blocks of fp16 d, qs[64] (grid index low bytes), qh[8] (their 9th bits), signs[32]
+    (8 bits per 8 values), scales[4] (4 bits per 32 values)."""
+    bad = _first_bad(x)
+    if bad >= 0:
+        return bad
+    nrows, n = x.shape
+    nbl = n // QK_K
+    weight = np.empty(32, F32)
+    waux = np.empty(32, F32)
+    xval = np.empty(32, F32)
+    L = np.zeros(32, np.int64)
+    Laux = np.zeros(32, np.int64)
+    bsg = np.zeros(4, np.int64)
+    og = np.zeros(8, np.bool_)
+    oga = np.zeros(8, np.bool_)
+    scales = np.empty(8, F32)
+    for r in range(nrows):
+        for ibl in range(nbl):
+            o0 = QK_K * ibl
+            ob = 110 * ibl
+            for i in range(110):
+                out[r, ob + i] = 0
+            max_scale = _F0
+            sigma2 = F32(F32(_F2 * _sumx2(x[r], o0)) / _F256)
+            for ib in range(8):
+                o = o0 + 32 * ib
+                _weights(x[r], o, 32, qw, o, sigma2, 0, weight, waux)
+                _signs(x[r], o, weight, xval, 4, False, bsg)
+                mx = _max(xval, 32)
+                for i in range(32):
+                    L[i] = 0
+                if mx == _F0:
+                    scales[ib] = _F0
+                    continue
+                scale = _search(xval, weight, waux, 32, 4, 3, 8, 9, _F02, False, True,
+                                grid, kmap, nb, L, Laux, og, oga, mx)
+                if scale != scale:
+                    return -2 - (r * nbl + ibl)
+                if scale < _F0:
+                    scale = -scale
+                    for k in range(4):
+                        bsg[k] = (~bsg[k]) & 255
+                for k in range(8):
+                    gi = _point(L, 4 * k, 4, 3, kmap)
+                    if gi < 0:
+                        return -2 - (r * nbl + ibl)
+                    out[r, ob + 2 + 8 * ib + k] = np.uint8(gi & 255)
+                    out[r, ob + 66 + ib] |= np.uint8((gi >> 8) << k)
+                for k in range(4):
+                    out[r, ob + 74 + 4 * ib + k] = np.uint8(bsg[k])
+                scales[ib] = scale
+                max_scale = max_scale if max_scale > scale else scale
+            if max_scale == _F0:
+                continue
+            d = F32(max_scale / _F31)
+            _put16(out, r, ob, fp16_bits(F32(d * _FUDGE_IQ3_S)))
+            idv = F32(_F1 / d)
+            for ib in range(0, 8, 2):
+                l1 = _scale_nibble(idv, scales[ib])
+                l2 = _scale_nibble(idv, scales[ib + 1])
+                out[r, ob + 106 + ib // 2] = np.uint8(l1 | (l2 << 4))
+    return -1
+
+
+# -- dot products with Q8_K (ggml_vec_dot_*_q8_K_generic) -------------------------------------------------
+@njit
+def _f32_at(a, o):
+    """The float32 stored little-endian at a[o:o+4] (Q8_K's d)."""
+    v = np.int64(a[o]) | (np.int64(a[o + 1]) << 8) | (np.int64(a[o + 2]) << 16) | (np.int64(a[o + 3]) << 24)
+    return _float(np.int32(v))
+
+
+@njit
+def _u16(w, o):
+    return np.int64(w[o]) | (np.int64(w[o + 1]) << 8)
+
+
+@njit
+def _u32(w, o):
+    return _u16(w, o) | (_u16(w, o + 2) << 16)
+
+
+@njit
+def _group8(gb, g, signs, q8, o):
+    """sum_j grid[g][j] * q8[o+j] * (-1 if bit j of signs), 8 values (exact, int64)."""
+    s = 0
+    for j in range(8):
+        v = np.int64(gb[8 * g + j]) * np.int64(q8[o + j])
+        s += -v if (signs >> j) & 1 else v
+    return s
+
+
+@njit
+def _group4x2(gb, g1, g2, signs, q8, o):
+    """Two 4-value points (IQ3): grid g1 against q8[o:o+4], g2 against q8[o+4:o+8]."""
+    s = 0
+    for j in range(4):
+        v = np.int64(gb[4 * g1 + j]) * np.int64(q8[o + j])
+        s += -v if (signs >> j) & 1 else v
+        v = np.int64(gb[4 * g2 + j]) * np.int64(q8[o + 4 + j])
+        s += -v if (signs >> (j + 4)) & 1 else v
+    return s
+
+
+@njit
+def dot_iq2_xxs(w, a, gb, ksigns, f16):
+    """ggml_vec_dot_iq2_xxs_q8_K_generic: one row of IQ2_XXS blocks . one row of Q8_K blocks."""
+    nb = w.shape[0] // 66
+    q8 = a.view(np.int8)
+    sumf = _F0
+    for i in range(nb):
+        ow, oa = 66 * i, Q8_K_BYTES * i
+        d = F32(f16[_u16(w, ow)] * _f32_at(a, oa))
+        bsum = 0
+        for ib in range(8):
+            o = ow + 2 + 8 * ib
+            hi = _u32(w, o + 4)
+            ls = 2 * (hi >> 28) + 1
+            sumi = 0
+            for l in range(4):
+                sumi += _group8(gb, np.int64(w[o + l]), np.int64(ksigns[(hi >> (7 * l)) & 127]), q8, oa + 4 + 32 * ib + 8 * l)
+            bsum += sumi * ls
+        sumf = F32(sumf + F32(d * F32(np.int32(bsum))))
+    return F32(F32(0.125) * sumf)
+
+
+@njit
+def dot_iq2_xs(w, a, gb, ksigns, f16):
+    """ggml_vec_dot_iq2_xs_q8_K_generic."""
+    nb = w.shape[0] // 74
+    q8 = a.view(np.int8)
+    sumf = _F0
+    for i in range(nb):
+        ow, oa = 74 * i, Q8_K_BYTES * i
+        d = F32(f16[_u16(w, ow)] * _f32_at(a, oa))
+        bsum = 0
+        for ib in range(8):
+            sc = np.int64(w[ow + 66 + ib])
+            for half in range(2):
+                sumi = 0
+                for l in range(2 * half, 2 * half + 2):
+                    q = _u16(w, ow + 2 + 8 * ib + 2 * l)
+                    sumi += _group8(gb, q & 511, np.int64(ksigns[q >> 9]), q8, oa + 4 + 32 * ib + 8 * l)
+                bsum += sumi * (2 * ((sc >> (4 * half)) & 15) + 1)
+        sumf = F32(sumf + F32(d * F32(np.int32(bsum))))
+    return F32(F32(0.125) * sumf)
+
+
+@njit
+def dot_iq2_s(w, a, gb, ksigns, f16):
+    """ggml_vec_dot_iq2_s_q8_K_generic."""
+    nb = w.shape[0] // 82
+    q8 = a.view(np.int8)
+    sumf = _F0
+    for i in range(nb):
+        ow, oa = 82 * i, Q8_K_BYTES * i
+        d = F32(f16[_u16(w, ow)] * _f32_at(a, oa))
+        bsum = 0
+        for ib in range(8):
+            sc = np.int64(w[ow + 74 + ib])
+            qh = np.int64(w[ow + 66 + ib])
+            sumi1 = 0
+            sumi2 = 0
+            for l in range(4):
+                g = np.int64(w[ow + 2 + 4 * ib + l]) | ((qh << (8 - 2 * l)) & 0x300)
+                s = _group8(gb, g, np.int64(w[ow + 34 + 4 * ib + l]), q8, oa + 4 + 32 * ib + 8 * l)
+                if l < 2:
+                    sumi1 += s
+                else:
+                    sumi2 += s
+            bsum += (1 + 2 * (sc & 15)) * sumi1 + (1 + 2 * (sc >> 4)) * sumi2
+        sumf = F32(sumf + F32(d * F32(np.int32(bsum))))
+    return F32(F32(0.125) * sumf)
+
+
+@njit
+def dot_iq3_xxs(w, a, gb, ksigns, f16):
+    """ggml_vec_dot_iq3_xxs_q8_K_generic."""
+    nb = w.shape[0] // 98
+    q8 = a.view(np.int8)
+    sumf = _F0
+    for i in range(nb):
+        ow, oa = 98 * i, Q8_K_BYTES * i
+        d = F32(f16[_u16(w, ow)] * _f32_at(a, oa))
+        bsum = 0
+        for ib in range(8):
+            aux = _u32(w, ow + 66 + 4 * ib)
+            ls = 2 * (aux >> 28) + 1
+            sumi = 0
+            for l in range(4):
+                o = ow + 2 + 8 * ib + 2 * l
+                sumi += _group4x2(gb, np.int64(w[o]), np.int64(w[o + 1]), np.int64(ksigns[(aux >> (7 * l)) & 127]),
+                                  q8, oa + 4 + 32 * ib + 8 * l)
+            bsum += sumi * ls
+        sumf = F32(sumf + F32(d * F32(np.int32(bsum))))
+    return F32(F32(0.25) * sumf)
+
+
+@njit
+def dot_iq3_s(w, a, gb, ksigns, f16):
+    """ggml_vec_dot_iq3_s_q8_K_generic."""
+    nb = w.shape[0] // 110
+    q8 = a.view(np.int8)
+    sumf = _F0
+    for i in range(nb):
+        ow, oa = 110 * i, Q8_K_BYTES * i
+        d = F32(f16[_u16(w, ow)] * _f32_at(a, oa))
+        bsum = 0
+        for ib in range(8):
+            qh = np.int64(w[ow + 66 + ib])
+            sumi = 0
+            for l in range(4):
+                o = ow + 2 + 8 * ib + 2 * l
+                g1 = np.int64(w[o]) | ((qh << (8 - 2 * l)) & 256)
+                g2 = np.int64(w[o + 1]) | ((qh << (7 - 2 * l)) & 256)
+                sumi += _group4x2(gb, g1, g2, np.int64(w[ow + 74 + 4 * ib + l]), q8, oa + 4 + 32 * ib + 8 * l)
+            sc = np.int64(w[ow + 106 + ib // 2])
+            bsum += sumi * (2 * ((sc >> (4 * (ib % 2))) & 15) + 1)
+        sumf = F32(sumf + F32(d * F32(np.int32(bsum))))
+    return sumf
+
+
+@njit
+def mul_mat_iq2_xxs(w, a, out, gb, ksigns, f16):
+    """out[m, r] = dot_iq2_xxs(w[r], a[m]) for every weight row r and activation row m."""
+    for m in range(a.shape[0]):
+        for r in range(w.shape[0]):
+            out[m, r] = dot_iq2_xxs(w[r], a[m], gb, ksigns, f16)
+
+
+@njit
+def mul_mat_iq2_xs(w, a, out, gb, ksigns, f16):
+    """out[m, r] = dot_iq2_xs(w[r], a[m]) for every weight row r and activation row m."""
+    for m in range(a.shape[0]):
+        for r in range(w.shape[0]):
+            out[m, r] = dot_iq2_xs(w[r], a[m], gb, ksigns, f16)
+
+
+@njit
+def mul_mat_iq2_s(w, a, out, gb, ksigns, f16):
+    """out[m, r] = dot_iq2_s(w[r], a[m]) for every weight row r and activation row m."""
+    for m in range(a.shape[0]):
+        for r in range(w.shape[0]):
+            out[m, r] = dot_iq2_s(w[r], a[m], gb, ksigns, f16)
+
+
+@njit
+def mul_mat_iq3_xxs(w, a, out, gb, ksigns, f16):
+    """out[m, r] = dot_iq3_xxs(w[r], a[m]) for every weight row r and activation row m."""
+    for m in range(a.shape[0]):
+        for r in range(w.shape[0]):
+            out[m, r] = dot_iq3_xxs(w[r], a[m], gb, ksigns, f16)
+
+
+@njit
+def mul_mat_iq3_s(w, a, out, gb, ksigns, f16):
+    """out[m, r] = dot_iq3_s(w[r], a[m]) for every weight row r and activation row m."""
+    for m in range(a.shape[0]):
+        for r in range(w.shape[0]):
+            out[m, r] = dot_iq3_s(w[r], a[m], gb, ksigns, f16)
