@@ -693,7 +693,8 @@ def quantize_iq3_xxs(x, out, qw, grid, kmap, nb):
 def quantize_iq3_s(x, out, qw, grid, kmap, nb):
     """quantize_iq3_s (quantize_row_iq3_s_impl with block_size 32; quant_weights optional):
     110-byte blocks of fp16 d, qs[64] (grid index low bytes), qh[8] (their 9th bits), signs[32]
-    (8 bits per 8 values), scales[4] (4 bits per 32 values)."""
+    (8 bits per 8 values), scales[4] (4 bits per 32 values). As in GGML, an all-zero sub-block
+    writes no qs or signs and the next sub-block's take its place (qh and scales stay in place)."""
     bad = _first_bad(x)
     if bad >= 0:
         return bad
@@ -715,6 +716,7 @@ def quantize_iq3_s(x, out, qw, grid, kmap, nb):
             for i in range(110):
                 out[r, ob + i] = 0
             max_scale = _F0
+            done = 0           # sub-blocks written: GGML's qs and signs pointers move on only for these
             sigma2 = F32(F32(_F2 * _sumx2(x[r], o0)) / _F256)
             for ib in range(8):
                 o = o0 + 32 * ib
@@ -738,10 +740,11 @@ def quantize_iq3_s(x, out, qw, grid, kmap, nb):
                     gi = _point(L, 4 * k, 4, 3, kmap)
                     if gi < 0:
                         return -2 - (r * nbl + ibl)
-                    out[r, ob + 2 + 8 * ib + k] = np.uint8(gi & 255)
+                    out[r, ob + 2 + 8 * done + k] = np.uint8(gi & 255)
                     out[r, ob + 66 + ib] |= np.uint8((gi >> 8) << k)
                 for k in range(4):
-                    out[r, ob + 74 + 4 * ib + k] = np.uint8(bsg[k])
+                    out[r, ob + 74 + 4 * done + k] = np.uint8(bsg[k])
+                done += 1
                 scales[ib] = scale
                 max_scale = max_scale if max_scale > scale else scale
             if max_scale == _F0:

@@ -125,7 +125,8 @@ def _forked(lib, t: str, x: np.ndarray, qw) -> np.ndarray | None:
     pid = os.fork()
     if pid == 0:                                     # the child: quantize into the shared page, exit
         try:
-            os.close(2)                              # GGML's "Oops" lines and abort messages
+            os.close(1)                              # GGML's "Oops" lines and abort messages
+            os.close(2)
             out = np.frombuffer(buf, np.uint8, nbytes).reshape(x.shape[0], -1)
             _call_quantize(lib, t, x, out, qw)
             os._exit(0)
@@ -203,7 +204,7 @@ def random_blocks(rng, t: str, nblocks: int) -> np.ndarray:
 
 # -- the golden rows ------------------------------------------------------------------------------------
 def _stories_rows(rng) -> tuple[list, list]:
-    """64 blocks of real weights: 256 consecutive values of fixtures/stories260K.gguf's F32 tensors."""
+    """Blocks of real weights: 256 consecutive values, two of each F32 weight of fixtures/stories260K.gguf."""
     from gguf import GGUFReader
 
     r = GGUFReader(str(ROOT / "fixtures" / "stories260K.gguf"))
@@ -211,7 +212,7 @@ def _stories_rows(rng) -> tuple[list, list]:
     for t in r.tensors:
         if t.name.endswith("weight") and len(t.shape) >= 2 and "norm" not in t.name:
             v = np.asarray(t.data, np.float32).reshape(-1)
-            for s in rng.choice(v.size // QK_K, 4, replace=False):
+            for s in rng.choice(v.size // QK_K, 2, replace=False):
                 rows.append(v[s * QK_K:(s + 1) * QK_K])
                 cats.append(f"stories260K:{t.name}")
     return rows, cats
@@ -281,13 +282,18 @@ def weights(rng, n: int) -> np.ndarray:
     return np.stack([pos, zer])
 
 
+def golden_rows(x_new: np.ndarray, cats_new) -> tuple[np.ndarray, np.ndarray]:
+    """The golden rows: kquants.npz's 101 blocks (its edge rows and real weights), then iquants.npz's own."""
+    k = np.load(ROOT / "tests" / "golden" / "kquants" / "kquants.npz")
+    return np.concatenate([k["x"], x_new]).astype(np.float32), np.array([*k["category"], *cats_new])
+
+
 def make(ggml_dir: str) -> None:
     rng = np.random.default_rng(3131)
-    k = np.load(ROOT / "tests" / "golden" / "kquants" / "kquants.npz")
     ex, ecats = edge_rows(rng)
     srows, scats = _stories_rows(rng)
-    x = np.concatenate([k["x"], ex, np.asarray(srows, np.float32)]).astype(np.float32)
-    cats = np.array([*k["category"], *ecats, *scats])
+    x_new = np.concatenate([ex, np.asarray(srows, np.float32)]).astype(np.float32)
+    x, cats = golden_rows(x_new, [*ecats, *scats])
     w = weights(rng, QK_K)
     out: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as d:
@@ -302,14 +308,14 @@ def make(ggml_dir: str) -> None:
                 out[f"{t}_{path}_aborts"] = ab
             # GGML's dequantize_row_* of its own bytes (and of random bytes), and its generic dot
             b = out[f"{t}_w0"][~out[f"{t}_w0_aborts"]]
-            rb = random_blocks(rng, t, 64)
+            rb = random_blocks(rng, t, 32)
             out[f"{t}_random_blocks"] = rb
             out[f"{t}_dequant_sha256"] = np.array(digest(dequantize_ref(lib, b, t), dequantize_ref(lib, rb, t)))
             a = random_q8_k(rng, len(rb))
             out[f"{t}_q8_k"] = a
             out[f"{t}_dot"] = np.array([dot_ref(lib, rb[i:i + 4].reshape(-1), a[i:i + 4].reshape(-1), t)
                                         for i in range(0, len(rb), 4)], np.float32)
-    np.savez_compressed(HERE / "iquants.npz", x=x, category=cats, imatrix=w, **out)
+    np.savez_compressed(HERE / "iquants.npz", x_new=x_new, category=cats, imatrix=w, **out)
     print(json.dumps({"rows": len(x), "bytes": os.path.getsize(HERE / "iquants.npz"),
                       "aborts": {k2: int(v.sum()) for k2, v in out.items() if k2.endswith("_aborts")}}))
 
@@ -325,13 +331,35 @@ def _random_rows(rng, rows: int, width: int, extreme: bool) -> np.ndarray:
                  np.where(kind == 1, rng.laplace(size=(rows, width)), rng.uniform(-1, 1, (rows, width))))
     x = np.clip(x * scale, -3e38, 3e38).astype(np.float32)
     x[rng.random(x.shape) < 0.02] = 0
+    sub = x.reshape(rows, -1, 32)                 # a tenth of the rows: some 32-value sub-blocks all zero
+    sub[(rng.random((rows, 1)) < 0.1) & (rng.random(sub.shape[:2]) < 0.3)] = 0
     return x
 
 
-def check(ggml_dir: str, n: int, types: list[str], threads: int) -> int:
+def mine(rec, x: np.ndarray, qw) -> tuple[np.ndarray, np.ndarray]:
+    """ggtool's bytes of x's rows (zeros where it refuses a row) and which rows it refuses."""
+    from ggtool.errors import QuantizationError
+
+    out = np.zeros((x.shape[0], x.shape[1] // QK_K * rec.type_size), np.uint8)
+    refused = np.zeros(x.shape[0], bool)
+
+    def go(r0, r1):
+        try:
+            out[r0:r1] = rec.quantize(x[r0:r1], qw)
+        except QuantizationError:
+            if r1 - r0 == 1:
+                refused[r0] = True
+            else:
+                go(r0, (r0 + r1) // 2)
+                go((r0 + r1) // 2, r1)
+
+    go(0, len(x))
+    return out, refused
+
+
+def check(ggml_dir: str, n: int, types: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     from ggtool import qtypes
-    from ggtool.errors import QuantizationError
 
     seed = int.from_bytes(os.urandom(4), "little")
     rng = np.random.default_rng(seed)
@@ -342,8 +370,8 @@ def check(ggml_dir: str, n: int, types: list[str], threads: int) -> int:
         for t in types:
             rec = qtypes.get(t)
             g, m, nb = init_tables(lib, t)
-            mine = rec.quantizer_tables()
-            same = digest(g, m, nb) == digest(mine[0], mine[1], mine[2])
+            ours = rec.quantizer_tables()
+            same = digest(g, m, nb) == digest(ours[0], ours[1], ours[2])
             print(f"{t:8} tables (grid, map, neighbours) equal GGML's: {same}", flush=True)
             failures += not same
             nbytes = TYPES[t][1]
@@ -355,19 +383,10 @@ def check(ggml_dir: str, n: int, types: list[str], threads: int) -> int:
                     bad = aborts = blocks = 0
                     for s in range(0, rows, max(1, 65536 // width)):
                         r = min(rows - s, max(1, 65536 // width))
-                        x = _random_rows(rng, r, width, extreme=rng.random() < 0.1)
+                        x = _random_rows(rng, r, width, extreme=rng.random() < 0.05)
                         qw = weights(rng, width)[rng.integers(2)] if path == "imatrix" else None
                         want, ab = reference(lib, x, t, qw)
-                        got = np.zeros_like(want)
-                        refused = np.zeros(r, bool)
-                        try:
-                            got = rec.quantize(x, qw)
-                        except QuantizationError:
-                            for i in range(r):      # which rows ggtool refuses
-                                try:
-                                    got[i] = rec.quantize(x[i:i + 1], qw)
-                                except QuantizationError:
-                                    refused[i] = True
+                        got, refused = mine(rec, x, qw)
                         ok = ~ab & ~refused
                         bad += int((want[ok].reshape(-1, nbytes) != got[ok].reshape(-1, nbytes)).any(axis=1).sum())
                         bad += int((ab != refused).sum()) * (width // QK_K)
@@ -395,10 +414,9 @@ def main() -> None:
     ap.add_argument("ggml", help="the ggml folder (vendor/llama.cpp/ggml)")
     ap.add_argument("--check", type=int, default=0, metavar="N", help="compare N random blocks a type and path")
     ap.add_argument("--types", nargs="+", default=list(TYPES))
-    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     if a.check:
-        sys.exit(check(a.ggml, a.check, a.types, a.threads))
+        sys.exit(check(a.ggml, a.check, a.types))
     make(a.ggml)
 
 
