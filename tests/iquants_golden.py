@@ -29,7 +29,7 @@ def golden() -> dict:
 
 def paths(t: str) -> list[str]:
     """The golden paths of a type: each importance matrix, and none where GGML allows none."""
-    return ["w0", "w1"] + ([] if qtypes.get(t).needs_imatrix else ["ref"])
+    return ["w0", "w1"] + ([] if qtypes.get(t).ggml_requires_imatrix else ["ref"])
 
 
 def digest(*arrays) -> str:
@@ -104,6 +104,15 @@ def check_dot(t: str, oracle) -> None:
     m = rec.mul_mat(rb.reshape(8, -1), a.reshape(8, -1))
     assert m.shape == (8, 8)
     assert np.array_equal(np.diagonal(m).view(np.uint32), want.view(np.uint32))
+    # the K form (what the K-quant dots multiply) gives the same sums: integer scale per 16 codes
+    codes, scales, d = rec.decode_k(rb.reshape(8, -1))
+    assert codes.shape == (8, 4, 256) and scales.shape == (8, 4, 16) and d.shape == (8, 4)
+    for i, w in enumerate(want):
+        d_a, q8 = q8_k_parts(a[4 * i:4 * i + 4].reshape(-1))
+        prods = (codes[i].astype(np.int64) * q8).reshape(4, 16, 16).sum(-1)
+        bsum = (prods * scales[i]).sum(-1)
+        got = generic_sum(d[i], d_a, bsum, float(rec.dot_final))
+        assert np.float32(got).view(np.uint32) == np.float32(w).view(np.uint32), (t, i)
 
 
 def random_q8_k(rng, nblocks: int) -> np.ndarray:
@@ -144,14 +153,14 @@ def check_errors(t: str) -> None:
     with pytest.raises(QuantizationError, match=r"cannot quantize inf at index \(2, 400\)"):
         rec.quantize(bad, qw, name="w")
     with pytest.raises(QuantizationError, match=f"row length 500 is not a multiple of 256 \\({t} block size\\)"):
-        rec.quantize(x[:, :500], None if not rec.needs_imatrix else qw[:500])
+        rec.quantize(x[:, :500], None if not rec.ggml_requires_imatrix else qw[:500])
     with pytest.raises(QuantizationError, match="importance matrix has 256 values for rows of 512"):
         rec.quantize(x, qw[:256])
     with pytest.raises(QuantizationError, match="importance matrix holds NaN or inf \\(column 7\\)"):
         q = qw.copy()
         q[7] = np.nan
         rec.quantize(x, q)
-    if rec.needs_imatrix:
+    if rec.ggml_requires_imatrix:
         with pytest.raises(QuantizationError, match=f"{t} needs an importance matrix"):
             rec.quantize(x)
     else:

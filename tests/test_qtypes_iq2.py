@@ -127,7 +127,9 @@ def test_every_record_is_complete(t):
     for field in qtypes.FIELDS:
         owner = next(c for c in rec.__mro__ if field in vars(c))
         assert owner is not qtypes.QType, f"{rec.name} does not set {field}"
-    assert isinstance(rec.needs_imatrix, bool) and isinstance(rec.llama_cpp, dict)
+    assert isinstance(rec.needs_imatrix, bool) and isinstance(rec.ggml_requires_imatrix, bool)
+    assert rec.needs_imatrix or not rec.ggml_requires_imatrix
+    assert isinstance(rec.llama_cpp, dict)
     assert rec.grids() and all(isinstance(v, np.ndarray) for v in rec.grids().values())
     assert callable(rec.quantize_kernel) and callable(rec.dot_kernel) and callable(rec.mul_mat_kernel)
     assert rec.quantize_ref is None or callable(rec.quantize_ref)

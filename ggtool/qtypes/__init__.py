@@ -35,9 +35,9 @@ REGISTRY: dict[T.GGMLType, type[QType]] = {}
 
 # What a record sets (class attributes, or methods that a subclass overrides): the registry's
 # completeness test checks every one.
-FIELDS = ("block_size", "type_size", "vec_dot_type", "needs_imatrix", "grids", "dequantize_blocks",
+FIELDS = ("block_size", "type_size", "vec_dot_type", "needs_imatrix", "ggml_requires_imatrix", "grids", "dequantize_blocks",
           "quantize_kernel", "quantizer_tables", "quantize_ref", "dot_kernel", "dot_args", "mul_mat_kernel",
-          "llama_cpp")
+          "k_form", "dot_final", "llama_cpp")
 
 
 class compiled:
@@ -68,7 +68,11 @@ class QType:
     block_size: ClassVar[int]            # values per block (must equal types' table)
     type_size: ClassVar[int]             # bytes per block
     vec_dot_type: ClassVar[T.GGMLType]   # what mul_mat converts the activations to (type_traits_cpu)
-    needs_imatrix: ClassVar[bool] = False   # ggml_quantize_requires_imatrix: GGML asserts one is given
+    # llama-quantize refuses the type without an importance matrix (tensor_requires_imatrix of
+    # llama-quant.cpp: a file-type rule, token_embd and output apart)
+    needs_imatrix: ClassVar[bool] = False
+    # ggml_quantize_requires_imatrix: GGML's quantizer asserts one is given (quantize refuses None)
+    ggml_requires_imatrix: ClassVar[bool] = False
     quantize_ref: ClassVar[Callable | None] = None   # quantize_row_*_ref where GGML has one (set by each record)
     # the x86 forms of the dot (ggml-cpu/arch/x86/quants.c: the orders of llama.cpp's AVX2 and
     # AVX-512 builds), "llama.cpp-avx2" / "llama.cpp-avx512" -> kernel; empty: not modelled yet
@@ -111,9 +115,15 @@ class QType:
     #   *quantizer_tables()) -> -1 | flat index of x's first NaN/inf | -2 - b (GGML aborts on block b)
     # dot_kernel(w uint8 (row bytes,), a uint8 (row bytes of vec_dot_type,), *dot_args()) -> float32
     # mul_mat_kernel(w uint8 (n, row bytes), a uint8 (m, ...), out float32 (m, n), *dot_args())
+    # k_form(w uint8 (n, row bytes), *dot_args()) -> (codes int8 (n, nb, 256), scales int32 (n, nb, 16),
+    #   d float32 (n, nb)): the rows in the form of the K-quant dots (kernels.dot_k: an integer scale
+    #   per 16 codes, no min); sum over blocks of (d * d_act) * sum_j scale_j * (codes_j . act_j),
+    #   in block order, times dot_final is the dot, bit for bit (None: the type's dot has another form)
     quantize_kernel: ClassVar[Callable]
     dot_kernel: ClassVar[Callable]
     mul_mat_kernel: ClassVar[Callable]
+    k_form: ClassVar[Callable | None]
+    dot_final: ClassVar[np.float32]
 
     # -- shared drivers ---------------------------------------------------------------------------
     @classmethod
@@ -133,7 +143,7 @@ class QType:
     def quantize(cls, x, imatrix=None, *, name: str = "tensor", run=serial) -> np.ndarray:
         """GGML's bytes of x (rows of a multiple of block_size values) as ggml_quantize_chunk writes
         them: with `imatrix` (one importance per column) its quant_weights path, without it the
-        path GGML takes with none (QuantizationError where GGML asserts one: ``needs_imatrix``).
+        path GGML takes with none (QuantizationError where GGML asserts one: ``ggml_requires_imatrix``).
         QuantizationError for NaN/inf (naming the first), for an imatrix of another length or not
         finite, and for a block GGML's quantizer aborts on. `run(fn, n_items, chunk)` runs
         fn(start, stop) over the rows (``serial``; ``quant`` passes its threads)."""
@@ -147,7 +157,7 @@ class QType:
             raise QuantizationError(f"tensor '{name}': row length {n} is not a multiple of "
                                     f"{cls.block_size} ({cls.name} block size)")
         if imatrix is None:
-            if cls.needs_imatrix:
+            if cls.ggml_requires_imatrix:
                 raise QuantizationError(f"tensor '{name}': {cls.name} needs an importance matrix "
                                         "(GGML's quantizer refuses to work without one)")
             qw = np.zeros(0, np.float32)
@@ -193,6 +203,11 @@ class QType:
         """The dot product of one row of blocks and one row of vec_dot_type blocks, in GGML's order."""
         return cls.dot_kernel(np.ascontiguousarray(w, np.uint8).reshape(-1), np.ascontiguousarray(a, np.uint8).reshape(-1),
                               *cls.dot_args())
+
+    @classmethod
+    def decode_k(cls, w) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """k_form of weight rows w (uint8 (n, row bytes)): (codes, scales, d)."""
+        return cls.k_form(np.ascontiguousarray(w, np.uint8), *cls.dot_args())
 
     @classmethod
     def mul_mat(cls, w, a) -> np.ndarray:

@@ -14,6 +14,8 @@ of ``iq2`` and ``iq3`` at first use, so that the registry loads without numba).
 * ``dot_*``: ggml_vec_dot_*_q8_K_generic of one row of weight blocks and one of Q8_K blocks, the
   integer sums exact and the float ones in GGML's order; ``mul_mat_*``: that dot for every pair of
   rows of two matrices.
+* ``k_form_*``: rows decoded into the form of ggtool's K-quant dots (int8 codes, an int32 scale
+  per 16 values, float32 d, no min), whose sum times the type's final factor is the generic dot.
 
 All of it lives in one file: numba's disk cache checks a kernel against its own file only.
 """
@@ -955,3 +957,122 @@ def mul_mat_iq3_s(w, a, out, gb, ksigns, f16):
     for m in range(a.shape[0]):
         for r in range(w.shape[0]):
             out[m, r] = dot_iq3_s(w[r], a[m], gb, ksigns, f16)
+
+
+# -- the K form: what GGML's generic dots multiply ----------------------------------------------------------
+# Each type's dot is sum over blocks of (d_w * d_a) * bsum, bsum = sum_j scale_j * (codes_j . q8_j)
+# over 16-value groups j, times a final constant (0.125 for IQ2, 0.25 for IQ3_XXS, 1 for IQ3_S):
+# the form of ggtool's K-quant dots (int8 codes, an integer scale per 16 values, float d, no min).
+@njit
+def _k_alloc(w, nbytes):
+    n, nb = w.shape[0], w.shape[1] // nbytes
+    return np.empty((n, nb, 256), np.int8), np.empty((n, nb, 16), np.int32), np.empty((n, nb), np.float32), n, nb
+
+
+@njit
+def _k_put8(codes, i, b, at, gb, g, signs):
+    for j in range(8):
+        v = np.int8(gb[8 * g + j])
+        codes[i, b, at + j] = -v if (signs >> j) & 1 else v
+
+
+@njit
+def _k_put4x2(codes, i, b, at, gb, g1, g2, signs):
+    for j in range(4):
+        v = np.int8(gb[4 * g1 + j])
+        codes[i, b, at + j] = -v if (signs >> j) & 1 else v
+        v = np.int8(gb[4 * g2 + j])
+        codes[i, b, at + 4 + j] = -v if (signs >> (j + 4)) & 1 else v
+
+
+@njit
+def k_form_iq2_xxs(w, gb, ksigns, f16):
+    """IQ2_XXS rows (uint8 (n, nb * 66)) in the K form: codes int8 (n, nb, 256), scales int32
+    (n, nb, 16), d float32 (n, nb); the dot's final factor is 0.125."""
+    codes, sc, d, n, nb = _k_alloc(w, 66)
+    for i in range(n):
+        for b in range(nb):
+            ow = 66 * b
+            d[i, b] = f16[_u16(w[i], ow)]
+            for ib in range(8):
+                o = ow + 2 + 8 * ib
+                hi = _u32(w[i], o + 4)
+                sc[i, b, 2 * ib] = sc[i, b, 2 * ib + 1] = 2 * (hi >> 28) + 1
+                for l in range(4):
+                    _k_put8(codes, i, b, 32 * ib + 8 * l, gb, np.int64(w[i, o + l]), np.int64(ksigns[(hi >> (7 * l)) & 127]))
+    return codes, sc, d
+
+
+@njit
+def k_form_iq2_xs(w, gb, ksigns, f16):
+    """IQ2_XS rows in the K form (final factor 0.125)."""
+    codes, sc, d, n, nb = _k_alloc(w, 74)
+    for i in range(n):
+        for b in range(nb):
+            ow = 74 * b
+            d[i, b] = f16[_u16(w[i], ow)]
+            for ib in range(8):
+                s = np.int64(w[i, ow + 66 + ib])
+                sc[i, b, 2 * ib] = 2 * (s & 15) + 1
+                sc[i, b, 2 * ib + 1] = 2 * (s >> 4) + 1
+                for l in range(4):
+                    q = _u16(w[i], ow + 2 + 8 * ib + 2 * l)
+                    _k_put8(codes, i, b, 32 * ib + 8 * l, gb, q & 511, np.int64(ksigns[q >> 9]))
+    return codes, sc, d
+
+
+@njit
+def k_form_iq2_s(w, gb, ksigns, f16):
+    """IQ2_S rows in the K form (final factor 0.125)."""
+    codes, sc, d, n, nb = _k_alloc(w, 82)
+    for i in range(n):
+        for b in range(nb):
+            ow = 82 * b
+            d[i, b] = f16[_u16(w[i], ow)]
+            for ib in range(8):
+                s = np.int64(w[i, ow + 74 + ib])
+                sc[i, b, 2 * ib] = 2 * (s & 15) + 1
+                sc[i, b, 2 * ib + 1] = 2 * (s >> 4) + 1
+                qh = np.int64(w[i, ow + 66 + ib])
+                for l in range(4):
+                    g = np.int64(w[i, ow + 2 + 4 * ib + l]) | ((qh << (8 - 2 * l)) & 0x300)
+                    _k_put8(codes, i, b, 32 * ib + 8 * l, gb, g, np.int64(w[i, ow + 34 + 4 * ib + l]))
+    return codes, sc, d
+
+
+@njit
+def k_form_iq3_xxs(w, gb, ksigns, f16):
+    """IQ3_XXS rows in the K form (final factor 0.25)."""
+    codes, sc, d, n, nb = _k_alloc(w, 98)
+    for i in range(n):
+        for b in range(nb):
+            ow = 98 * b
+            d[i, b] = f16[_u16(w[i], ow)]
+            for ib in range(8):
+                aux = _u32(w[i], ow + 66 + 4 * ib)
+                sc[i, b, 2 * ib] = sc[i, b, 2 * ib + 1] = 2 * (aux >> 28) + 1
+                for l in range(4):
+                    o = ow + 2 + 8 * ib + 2 * l
+                    _k_put4x2(codes, i, b, 32 * ib + 8 * l, gb, np.int64(w[i, o]), np.int64(w[i, o + 1]),
+                              np.int64(ksigns[(aux >> (7 * l)) & 127]))
+    return codes, sc, d
+
+
+@njit
+def k_form_iq3_s(w, gb, ksigns, f16):
+    """IQ3_S rows in the K form (final factor 1)."""
+    codes, sc, d, n, nb = _k_alloc(w, 110)
+    for i in range(n):
+        for b in range(nb):
+            ow = 110 * b
+            d[i, b] = f16[_u16(w[i], ow)]
+            for ib in range(8):
+                s = (np.int64(w[i, ow + 106 + ib // 2]) >> (4 * (ib % 2))) & 15
+                sc[i, b, 2 * ib] = sc[i, b, 2 * ib + 1] = 2 * s + 1
+                qh = np.int64(w[i, ow + 66 + ib])
+                for l in range(4):
+                    o = ow + 2 + 8 * ib + 2 * l
+                    g1 = np.int64(w[i, o]) | ((qh << (8 - 2 * l)) & 256)
+                    g2 = np.int64(w[i, o + 1]) | ((qh << (7 - 2 * l)) & 256)
+                    _k_put4x2(codes, i, b, 32 * ib + 8 * l, gb, g1, g2, np.int64(w[i, ow + 74 + 4 * ib + l]))
+    return codes, sc, d

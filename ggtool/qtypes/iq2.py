@@ -14,7 +14,7 @@ of the block's fp16 d: value = d * (0.5 + s) * 0.25 * grid * sign.
 
 The quantizers are ggml-quants.c's quantize_iq2_xxs / _xs / _s with iq2xs_init_impl's tables
 (``_iq23_kernels``); IQ2_XXS and IQ2_XS need an importance matrix (GGML asserts one), IQ2_S takes
-one or none. The dot is ggml_vec_dot_iq2_*_q8_K_generic (the integer sums exact, the float ones in
+one or none (llama-quantize refuses all three without one). The dot is ggml_vec_dot_iq2_*_q8_K_generic (the integer sums exact, the float ones in
 GGML's order).
 """
 
@@ -75,10 +75,13 @@ class _IQ2(QType):
 class IQ2_XXS(_IQ2, ggml_type=T.GGMLType.IQ2_XXS):
     type_size = 66
     needs_imatrix = True
+    ggml_requires_imatrix = True
     quantize_ref = None                    # GGML has no quantize_row_iq2_xxs_ref
     quantize_kernel = compiled(_K, "quantize_iq2_xxs")
     dot_kernel = compiled(_K, "dot_iq2_xxs")
     mul_mat_kernel = compiled(_K, "mul_mat_iq2_xxs")
+    k_form = compiled(_K, "k_form_iq2_xxs")
+    dot_final = F32(0.125)
 
     @classmethod
     def grids(cls) -> dict[str, np.ndarray]:
@@ -99,10 +102,13 @@ class IQ2_XXS(_IQ2, ggml_type=T.GGMLType.IQ2_XXS):
 class IQ2_XS(_IQ2, ggml_type=T.GGMLType.IQ2_XS):
     type_size = 74
     needs_imatrix = True
+    ggml_requires_imatrix = True
     quantize_ref = None                    # GGML has no quantize_row_iq2_xs_ref
     quantize_kernel = compiled(_K, "quantize_iq2_xs")
     dot_kernel = compiled(_K, "dot_iq2_xs")
     mul_mat_kernel = compiled(_K, "mul_mat_iq2_xs")
+    k_form = compiled(_K, "k_form_iq2_xs")
+    dot_final = F32(0.125)
 
     @classmethod
     def grids(cls) -> dict[str, np.ndarray]:
@@ -123,10 +129,13 @@ class IQ2_XS(_IQ2, ggml_type=T.GGMLType.IQ2_XS):
 
 class IQ2_S(_IQ2, ggml_type=T.GGMLType.IQ2_S):
     type_size = 82
-    needs_imatrix = False
+    needs_imatrix = True                   # llama-quantize's rule; GGML's quantizer takes none too
+    ggml_requires_imatrix = False
     quantize_kernel = compiled(_K, "quantize_iq2_s")
     dot_kernel = compiled(_K, "dot_iq2_s")
     mul_mat_kernel = compiled(_K, "mul_mat_iq2_s")
+    k_form = compiled(_K, "k_form_iq2_s")
+    dot_final = F32(0.125)
 
     @classmethod
     def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:

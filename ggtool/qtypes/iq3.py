@@ -11,7 +11,7 @@ points of levels 4..62; iq3s_grid: 512 points of levels 1..15), signs per 8 valu
 
 The quantizers are ggml-quants.c's quantize_iq3_xxs / quantize_iq3_s (block size 32) with
 iq3xs_init_impl's tables (``_iq23_kernels``); both take an importance matrix or none (without one
-the weights are x*x). The dot is ggml_vec_dot_iq3_*_q8_K_generic.
+the weights are x*x), but llama-quantize refuses IQ3_XXS tensors without one. The dot is ggml_vec_dot_iq3_*_q8_K_generic.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _dot_args(name: str) -> tuple:
 class _IQ3(QType):
     block_size = 256
     vec_dot_type = T.GGMLType.Q8_K
-    needs_imatrix = False
+    ggml_requires_imatrix = False
     llama_cpp: dict = {}
 
     @classmethod
@@ -75,9 +75,12 @@ class _IQ3(QType):
 
 class IQ3_XXS(_IQ3, ggml_type=T.GGMLType.IQ3_XXS):
     type_size = 98
+    needs_imatrix = True                   # llama-quantize's rule; GGML's quantizer takes none too
     quantize_kernel = compiled(_K, "quantize_iq3_xxs")
     dot_kernel = compiled(_K, "dot_iq3_xxs")
     mul_mat_kernel = compiled(_K, "mul_mat_iq3_xxs")
+    k_form = compiled(_K, "k_form_iq3_xxs")
+    dot_final = F32(0.25)
 
     @classmethod
     def grids(cls) -> dict[str, np.ndarray]:
@@ -99,9 +102,12 @@ class IQ3_XXS(_IQ3, ggml_type=T.GGMLType.IQ3_XXS):
 
 class IQ3_S(_IQ3, ggml_type=T.GGMLType.IQ3_S):
     type_size = 110
+    needs_imatrix = False
     quantize_kernel = compiled(_K, "quantize_iq3_s")
     dot_kernel = compiled(_K, "dot_iq3_s")
     mul_mat_kernel = compiled(_K, "mul_mat_iq3_s")
+    k_form = compiled(_K, "k_form_iq3_s")
+    dot_final = F32(1.0)
 
     @classmethod
     def grids(cls) -> dict[str, np.ndarray]:
