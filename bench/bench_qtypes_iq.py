@@ -12,8 +12,10 @@ values as float32, their importances from the same imatrix), on THREADS threads,
 (the F16 read and conversion left out), and its bytes compared with llama-quantize's. Rounds
 interleave the two; medians of --runs.
 
-dot: ggtool's mul_mat kernel (GGML's generic order) for a ROWS x COLS weight of each type times one
-Q8_K row, one thread, GFLOP/s = 2*rows*cols / time; beside it GGML's own mul_mat of the same bytes
+dot: for a ROWS x COLS weight of each type times one Q8_K row, one thread, GFLOP/s = 2*rows*cols /
+time: the record's generic dot kernel (mul_mat), and its K form (decode_k, repacked once as a
+model's weights are) through the K-quant dots' tile (kernels.dot_k, as the registry will wire it;
+bits compared with the generic dot); beside them GGML's own mul_mat of the same bytes
 (ggml_graph_compute_with_ctx on one thread, the activation row F32: its Q8_K conversion included)
 through the libggml of --ggml-build (a small C timer compiled against it), and ggtool's Q4_K kernel (ggtool.kernels.dot
 on its repacked weights) as a yardstick.
@@ -168,9 +170,30 @@ def ggml_mulmat(build: Path, ggml_dir: Path) -> Path:
     return exe
 
 
+def k_form_interleaver():
+    """A compiled function that puts a record's K form (codes, scales, d) into the K-quant dots'
+    interleaved layout (kernels.dot_k's _alloc_k/_scatter_k: what the registry's wiring does)."""
+    from ggtool.kernels import dot_base, dot_k
+    from ggtool.kernels.jit import njit
+
+    @njit(cache=False)
+    def interleave(codes, sc, d):
+        n, nb = codes.shape[0], codes.shape[1]
+        c, s, mn, dw, dmw = dot_k._alloc_k(n, nb)
+        m16 = np.zeros(16, np.int32)
+        for i in range(n):
+            for b in range(nb):
+                dot_k._scatter_k(c, s, mn, dw, dmw, i // dot_base.GROUP, nb, b, i % dot_base.GROUP,
+                                 codes[i, b], sc[i, b], m16, d[i, b], np.float32(0.0))
+        return c, s, mn, dw, dmw, n, nb
+
+    return interleave
+
+
 def dot_bench(a) -> None:
     from ggtool import qtypes, quant
     from ggtool import types as T
+    from ggtool.kernels.tables import F16_TO_F32
 
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((a.rows, a.cols)) * 0.02).astype(np.float32)
@@ -197,18 +220,32 @@ def dot_bench(a) -> None:
     out = np.empty((1, a.rows), np.float32)
     yard = timed(lambda: kdot.dot(T.GGMLType.Q4_K, packed, a8, out))
     print(f"q4_K (ggtool.kernels.dot on repacked weights, yardstick): {flops / yard / 1e9:6.2f} GFLOP/s")
+    interleave = k_form_interleaver()
     for t in a.types:
         rec = qtypes.get(t)
         w = rec.quantize(x, np.ones(a.cols, np.float32))
         ours = timed(lambda: rec.mul_mat(w, a8))
-        line = f"{t:8} ggtool {flops / ours / 1e9:6.2f} GFLOP/s ({flops / ours / 1e9 / (flops / yard / 1e9):.2f}x q4_K)"
+        direct = rec.mul_mat(w, a8)
+        packed = interleave(*rec.decode_k(w))
+        tile = np.empty((1, a.rows), np.float32)
+
+        def via_k():
+            kdot.DOTS[T.GGMLType.Q4_K].dot(*packed, a8, F16_TO_F32, tile)
+            np.multiply(tile, rec.dot_final, out=tile)
+
+        k_time = timed(via_k)
+        exact = np.array_equal(tile.view(np.uint32), direct.view(np.uint32))
+        line = (f"{t:8} ggtool generic dot {flops / ours / 1e9:6.2f} GFLOP/s; its K form through the K-quant tile "
+                f"{flops / k_time / 1e9:6.2f} GFLOP/s ({flops / k_time / 1e9 / (flops / yard / 1e9):.2f}x q4_K, "
+                f"bits equal: {exact})")
+        ours = k_time
         if exe is not None:
             wf = Path(tempfile.mkdtemp(prefix="bench-iq-w-")) / "w.bin"
             w.tofile(wf)
             got = subprocess.run([exe, str(int(rec.ggml_type)), str(a.rows), str(a.cols), str(4 * a.runs), "1", wf],
                                  check=True, capture_output=True, text=True).stdout.split()
             c = float(got[0])
-            line += f"; GGML's mul_mat ({Path(a.ggml_build).parent.name}) {flops / c / 1e9:6.2f} GFLOP/s: ggtool/GGML {c / ours:.2f}"
+            line += f"; GGML's mul_mat ({Path(a.ggml_build).parent.name}) {flops / c / 1e9:6.2f} GFLOP/s: K form/GGML {c / ours:.2f}"
         print(line, flush=True)
 
 

@@ -63,6 +63,9 @@ def check_tables(t: str) -> None:
     """iq2xs_init_impl / iq3xs_init_impl's grid, map and neighbour lists, as GGML built them."""
     grid, kmap, nb = qtypes.get(t).quantizer_tables()
     assert digest(grid.reshape(-1), kmap, nb) == str(golden()[f"{t}_tables_sha256"])
+    for a in (grid, kmap, nb, *qtypes.get(t).grids().values()):   # built once, shared: read-only
+        with pytest.raises(ValueError, match="read-only"):
+            a[0] = 0
 
 
 def check_dequantize(t: str) -> None:

@@ -187,14 +187,20 @@ def _init_tables(kgrid, bits, npos, kmap_size, nwant):
     return grid, kmap, out[:at].copy()
 
 
+def _read_only(tables):
+    for a in tables:
+        a.flags.writeable = False           # shared by every call of the process: nobody may change them
+    return tables
+
+
 def iq2_tables(kgrid, nwant):
     """iq2xs_init_impl of a 2-bit grid (IQ2_XXS: 256 points, IQ2_XS: 512, IQ2_S: 1024; nwant 2, 2, 1)."""
-    return _init_tables(np.ascontiguousarray(kgrid, np.uint16), 2, 8, 43692, nwant)
+    return _read_only(_init_tables(np.ascontiguousarray(kgrid, np.uint16), 2, 8, 43692, nwant))
 
 
 def iq3_tables(kgrid, nwant):
     """iq3xs_init_impl of a 3-bit grid (IQ3_XXS: 256 points, nwant 2; IQ3_S: 512, nwant 3)."""
-    return _init_tables(np.ascontiguousarray(kgrid, np.uint16), 3, 4, 4096, nwant)
+    return _read_only(_init_tables(np.ascontiguousarray(kgrid, np.uint16), 3, 4, 4096, nwant))
 
 
 # -- the searches the quantizers share --------------------------------------------------------------------
