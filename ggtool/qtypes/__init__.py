@@ -35,7 +35,7 @@ REGISTRY: dict[T.GGMLType, type[QType]] = {}
 
 # What a record sets (class attributes, or methods that a subclass overrides): the registry's
 # completeness test checks every one.
-FIELDS = ("block_size", "type_size", "vec_dot_type", "needs_imatrix", "grids", "dequantize_blocks",
+FIELDS = ("block_size", "type_size", "vec_dot_type", "needs_imatrix", "ggml_requires_imatrix", "grids", "dequantize_blocks",
           "quantize_kernel", "quantizer_tables", "quantize_ref", "dot_kernel", "dot_args", "mul_mat_kernel",
           "llama_cpp")
 
@@ -68,7 +68,11 @@ class QType:
     block_size: ClassVar[int]            # values per block (must equal types' table)
     type_size: ClassVar[int]             # bytes per block
     vec_dot_type: ClassVar[T.GGMLType]   # what mul_mat converts the activations to (type_traits_cpu)
-    needs_imatrix: ClassVar[bool] = False   # ggml_quantize_requires_imatrix: GGML asserts one is given
+    # llama-quantize refuses the type without an importance matrix (tensor_requires_imatrix of
+    # llama-quant.cpp: a file-type rule, token_embd and output apart)
+    needs_imatrix: ClassVar[bool] = False
+    # ggml_quantize_requires_imatrix: GGML's quantizer asserts one is given (quantize refuses None)
+    ggml_requires_imatrix: ClassVar[bool] = False
     quantize_ref: ClassVar[Callable | None] = None   # quantize_row_*_ref where GGML has one (set by each record)
     # the x86 forms of the dot (ggml-cpu/arch/x86/quants.c: the orders of llama.cpp's AVX2 and
     # AVX-512 builds), "llama.cpp-avx2" / "llama.cpp-avx512" -> kernel; empty: not modelled yet
@@ -133,7 +137,7 @@ class QType:
     def quantize(cls, x, imatrix=None, *, name: str = "tensor", run=serial) -> np.ndarray:
         """GGML's bytes of x (rows of a multiple of block_size values) as ggml_quantize_chunk writes
         them: with `imatrix` (one importance per column) its quant_weights path, without it the
-        path GGML takes with none (QuantizationError where GGML asserts one: ``needs_imatrix``).
+        path GGML takes with none (QuantizationError where GGML asserts one: ``ggml_requires_imatrix``).
         QuantizationError for NaN/inf (naming the first), for an imatrix of another length or not
         finite, and for a block GGML's quantizer aborts on. `run(fn, n_items, chunk)` runs
         fn(start, stop) over the rows (``serial``; ``quant`` passes its threads)."""
@@ -147,7 +151,7 @@ class QType:
             raise QuantizationError(f"tensor '{name}': row length {n} is not a multiple of "
                                     f"{cls.block_size} ({cls.name} block size)")
         if imatrix is None:
-            if cls.needs_imatrix:
+            if cls.ggml_requires_imatrix:
                 raise QuantizationError(f"tensor '{name}': {cls.name} needs an importance matrix "
                                         "(GGML's quantizer refuses to work without one)")
             qw = np.zeros(0, np.float32)

@@ -13,7 +13,7 @@ Layouts (ggml-common.h):
   bits; their top 4 bits together are the fp16 super-block scale d. A value is
   ``d * (2 ls + 1) * (grid + delta)`` per group.
 
-Quantizers (``quantize_iq1_s`` / ``quantize_iq1_m``; ``_iq1_kernels``): per 32 (IQ1_S) or 16 (IQ1_M)
+Quantizers (``quantize_iq1_s`` / ``quantize_iq1_m``; ``_lowbit_kernels``): per 32 (IQ1_S) or 16 (IQ1_M)
 values an exhaustive search of the two boundaries splitting the sorted values into -1, 0, +1 (and
 of the shift's sign), weights ``qw * sqrt(sigma2 + x*x)`` (IQ1_M without an importance matrix:
 ``x*x``; IQ1_S requires one, as GGML asserts); groups of 8 not on the grid move to their nearest
@@ -36,20 +36,21 @@ from .. import types as T
 from . import QType, compiled, grids
 
 F32 = np.float32
-_K = "_iq1_kernels"
+_K = "_lowbit_kernels"
 GRID_VALUES = grids.IQ1S_GRID.view(np.int8).reshape(2048, 8)    # the grid's values, -1/0/+1 (little-endian bytes)
 
 
 @cache
 def quantizer_tables() -> tuple:
-    """(f16 table, grid (2048, 8) int64 of the values + 1, kmap int32, neighbours uint16): the
-    quantizers' lookup tables as iq2xs_init_impl builds them for IQ1_S/IQ1_M, built once a process
-    (~0.3 s, compiled; not kept on disk)."""
-    from ..kernels.tables import F16_TO_F32
-    from . import _iq1_kernels
+    """(grid (2048, 8) int64 of the values + 1, kmap int32, neighbours uint16): the quantizers'
+    lookup tables as iq2xs_init_impl builds them for IQ1_S/IQ1_M, built once a process (0.25 s,
+    compiled; not worth a file on disk)."""
+    from . import _lowbit_kernels
     grid = GRID_VALUES.astype(np.int64) + 1
-    kmap, neighbours = _iq1_kernels.build_neighbours(grid)
-    return F16_TO_F32, grid, kmap, neighbours
+    kmap, neighbours = _lowbit_kernels.build_neighbours(grid)
+    for a in (grid, kmap, neighbours):
+        a.flags.writeable = False
+    return grid, kmap, neighbours
 
 
 @cache
@@ -83,7 +84,8 @@ class _IQ1(QType):
 
 class IQ1_S(_IQ1, ggml_type=T.GGMLType.IQ1_S):
     type_size = 50
-    needs_imatrix = True
+    needs_imatrix = True                        # llama-quantize refuses it without one
+    ggml_requires_imatrix = True                # and GGML asserts quant_weights
     quantize_kernel = compiled(_K, "quantize_iq1_s")
     dot_kernel = compiled(_K, "dot_iq1_s")
     mul_mat_kernel = compiled(_K, "mul_mat_iq1_s")
@@ -94,16 +96,18 @@ class IQ1_S(_IQ1, ggml_type=T.GGMLType.IQ1_S):
         d = _f16(blocks[:, 0:2])                                               # (n, 1)
         qs = blocks[:, 2:34].astype(np.int64).reshape(n, 8, 4)
         qh = np.ascontiguousarray(blocks[:, 34:50]).view(np.uint16).astype(np.int64)   # (n, 8)
-        dl = d * (2 * ((qh >> 12) & 7) + 1).astype(F32)
         delta = np.where(qh & 0x8000, F32(-0.125), F32(0.125))
         idx = qs | (((qh[:, :, None] >> (3 * np.arange(4))) & 7) << 8)        # (n, 8, 4)
-        g = GRID_VALUES[idx].astype(F32)                               # (n, 8, 4, 8)
-        return (dl[:, :, None, None] * (g + delta[:, :, None, None])).reshape(n, 256)
+        g = GRID_VALUES[idx].astype(F32)                                      # (n, 8, 4, 8)
+        with np.errstate(over="ignore"):                     # an fp16 d near 65504 times 15: inf, as in GGML
+            dl = d * (2 * ((qh >> 12) & 7) + 1).astype(F32)
+            return (dl[:, :, None, None] * (g + delta[:, :, None, None])).reshape(n, 256)
 
 
 class IQ1_M(_IQ1, ggml_type=T.GGMLType.IQ1_M):
     type_size = 56
-    needs_imatrix = False                       # GGML takes none (weights x*x); llama-quantize still asks for one
+    needs_imatrix = True                        # llama-quantize refuses it without one
+    ggml_requires_imatrix = False               # GGML takes none (weights x*x)
     quantize_kernel = compiled(_K, "quantize_iq1_m")
     dot_kernel = compiled(_K, "dot_iq1_m")
     mul_mat_kernel = compiled(_K, "mul_mat_iq1_m")
@@ -122,7 +126,6 @@ class IQ1_M(_IQ1, ggml_type=T.GGMLType.IQ1_M):
         ib = np.arange(8)
         s = sc[:, ib // 2]                                                               # (n, 8)
         ls = np.stack([(s >> (6 * (ib % 2))) & 7, (s >> (6 * (ib % 2) + 3)) & 7], axis=2)   # (n, 8, 2)
-        dl = d * (2 * ls + 1).astype(F32)                                          # (n, 8, 2)
         qs = blocks[:, 0:32].astype(np.int64).reshape(n, 8, 4)
         qh = blocks[:, 32:48].astype(np.int64).reshape(n, 8, 2)
         qh4 = np.repeat(qh, 2, axis=2)                                                    # group l: qh[l // 2]
@@ -131,5 +134,7 @@ class IQ1_M(_IQ1, ggml_type=T.GGMLType.IQ1_M):
         mask = np.array([0x08, 0x80, 0x08, 0x80])
         delta = np.where(qh4 & mask, F32(-0.125), F32(0.125))               # (n, 8, 4)
         g = GRID_VALUES[idx].astype(F32)                                           # (n, 8, 4, 8)
-        scale = np.repeat(dl, 2, axis=2)                                                  # groups 0,1: dl1; 2,3: dl2
-        return (scale[..., None] * (g + delta[..., None])).reshape(n, 256)
+        with np.errstate(over="ignore"):                     # an fp16 d near 65504 times 15: inf, as in GGML
+            dl = d * (2 * ls + 1).astype(F32)                                             # (n, 8, 2)
+            scale = np.repeat(dl, 2, axis=2)                                              # groups 0,1: dl1; 2,3: dl2
+            return (scale[..., None] * (g + delta[..., None])).reshape(n, 256)

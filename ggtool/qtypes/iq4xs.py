@@ -25,11 +25,11 @@ from .. import types as T
 from ..kernels.tables import KVALUES_IQ4NL
 from . import QType, compiled, serial
 
-_K = "_iq4xs_kernels"
+_K = "_lowbit_kernels"
 
 
 @cache
-def _tables() -> tuple:
+def _dot_args() -> tuple:
     from ..kernels.tables import F16_TO_F32
     return (F16_TO_F32,)
 
@@ -39,6 +39,7 @@ class IQ4_XS(QType, ggml_type=T.GGMLType.IQ4_XS):
     type_size = 136
     vec_dot_type = T.GGMLType.Q8_K
     needs_imatrix = False
+    ggml_requires_imatrix = False
     llama_cpp: dict = {}
     quantize_kernel = compiled(_K, "quantize_iq4_xs")
     dot_kernel = compiled(_K, "dot_iq4_xs")
@@ -55,11 +56,11 @@ class IQ4_XS(QType, ggml_type=T.GGMLType.IQ4_XS):
 
     @classmethod
     def quantizer_tables(cls) -> tuple:
-        return _tables()
+        return ()                                   # the quantizer needs no table
 
     @classmethod
     def dot_args(cls) -> tuple:
-        return _tables()
+        return _dot_args()
 
     @classmethod
     def dequantize_blocks(cls, blocks):
@@ -68,7 +69,8 @@ class IQ4_XS(QType, ggml_type=T.GGMLType.IQ4_XS):
         sh = blocks[:, 2].astype(np.int32) | (blocks[:, 3].astype(np.int32) << 8)
         ib = np.arange(8)
         ls = ((blocks[:, 4 + ib // 2].astype(np.int32) >> (4 * (ib % 2))) & 15) | (((sh[:, None] >> (2 * ib)) & 3) << 4)
-        dl = d * (ls - 32).astype(np.float32)                                  # (n, 8)
         qs = blocks[:, 8:].reshape(n, 8, 16)
         codes = np.concatenate([qs & 15, qs >> 4], axis=2)                      # (n, 8, 32)
-        return (dl[:, :, None] * KVALUES_IQ4NL[codes]).reshape(n, 256)
+        with np.errstate(invalid="ignore", over="ignore"):   # inf * 0: NaN, as GGML's floats give
+            dl = d * (ls - 32).astype(np.float32)                              # (n, 8)
+            return (dl[:, :, None] * KVALUES_IQ4NL[codes]).reshape(n, 256)

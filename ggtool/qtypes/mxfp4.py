@@ -23,7 +23,7 @@ from .. import types as T
 from . import QType, compiled, grids, serial
 
 F32 = np.float32
-_K = "_mxfp4_kernels"
+_K = "_lowbit_kernels"
 
 
 def e8m0_half(e) -> np.ndarray:
@@ -34,7 +34,7 @@ def e8m0_half(e) -> np.ndarray:
 
 
 @cache
-def _tables() -> tuple:
+def _dot_args() -> tuple:
     from ..kernels.tables import F16_TO_F32
     return (F16_TO_F32,)
 
@@ -44,6 +44,7 @@ class MXFP4(QType, ggml_type=T.GGMLType.MXFP4):
     type_size = 17
     vec_dot_type = T.GGMLType.Q8_0
     needs_imatrix = False
+    ggml_requires_imatrix = False
     llama_cpp: dict = {}
     quantize_kernel = compiled(_K, "quantize_mxfp4")
     dot_kernel = compiled(_K, "dot_mxfp4")
@@ -60,15 +61,16 @@ class MXFP4(QType, ggml_type=T.GGMLType.MXFP4):
 
     @classmethod
     def quantizer_tables(cls) -> tuple:
-        return _tables()
+        return ()                                   # the quantizer needs no table
 
     @classmethod
     def dot_args(cls) -> tuple:
-        return _tables()
+        return _dot_args()
 
     @classmethod
     def dequantize_blocks(cls, b: np.ndarray) -> np.ndarray:
         d = e8m0_half(b[:, 0])[:, None]
         kv = grids.KVALUES_MXFP4.astype(F32)
         qs = b[:, 1:17]
-        return np.concatenate([kv[qs & 15] * d, kv[qs >> 4] * d], axis=1)
+        with np.errstate(over="ignore"):                     # 12 * 2**127: inf, as GGML's floats give
+            return np.concatenate([kv[qs & 15] * d, kv[qs >> 4] * d], axis=1)

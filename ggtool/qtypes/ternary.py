@@ -27,11 +27,11 @@ from .. import types as T
 from . import QType, compiled, serial
 
 F32 = np.float32
-_K = "_ternary_kernels"
+_K = "_lowbit_kernels"
 
 
 @cache
-def _tables() -> tuple:
+def _dot_args() -> tuple:
     from ..kernels.tables import F16_TO_F32
     return (F16_TO_F32,)
 
@@ -50,6 +50,7 @@ class _Ternary(QType):
     block_size = 256
     vec_dot_type = T.GGMLType.Q8_K
     needs_imatrix = False
+    ggml_requires_imatrix = False
     llama_cpp: dict = {}
 
     @classmethod
@@ -63,11 +64,11 @@ class _Ternary(QType):
 
     @classmethod
     def quantizer_tables(cls) -> tuple:
-        return _tables()
+        return ()                                   # the quantizer needs no table
 
     @classmethod
     def dot_args(cls) -> tuple:
-        return _tables()
+        return _dot_args()
 
 
 class TQ1_0(_Ternary, ggml_type=T.GGMLType.TQ1_0):
@@ -86,7 +87,8 @@ class TQ1_0(_Ternary, ggml_type=T.GGMLType.TQ1_0):
         qh = blocks[:, 48:52]
         parts += [tq1_trits(qh, n) for n in range(4)]
         t = np.concatenate(parts, axis=1)
-        return (t - 1).astype(np.float32) * d
+        with np.errstate(invalid='ignore', over='ignore'):   # inf * 0: NaN, as GGML's floats give
+            return (t - 1).astype(np.float32) * d
 
 
 class TQ2_0(_Ternary, ggml_type=T.GGMLType.TQ2_0):
@@ -103,4 +105,5 @@ class TQ2_0(_Ternary, ggml_type=T.GGMLType.TQ2_0):
             qs = blocks[:, j:j + 32].astype(np.int32)
             parts += [(qs >> (2 * n)) & 3 for n in range(4)]
         t = np.concatenate(parts, axis=1)
-        return (t - 1).astype(np.float32) * d
+        with np.errstate(invalid='ignore', over='ignore'):   # inf * 0: NaN, as GGML's floats give
+            return (t - 1).astype(np.float32) * d

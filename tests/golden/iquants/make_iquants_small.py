@@ -16,15 +16,18 @@ called through ctypes with nrow rows of n_per_row values. IQ1_S/IQ1_M call iq2xs
 
 --check prints, per type and path, how many of N random blocks (rows of 256 and of 4096, random
 scales per row, a fifth of them from fp32 subnormals to 3e38, 2% zeros, random importances)
-differ from ggtool's bytes, and how many blocks ggtool refuses because llama.cpp's result there is
-undefined (IQ1's grid search overflowing: see ggtool/qtypes/iq1.py); nothing is written. Each
-batch of C runs in a forked child, so that a GGML_ASSERT abort is reported, not fatal.
+differ from ggtool's bytes, how many blocks ggtool refuses because llama.cpp's result there is
+undefined (IQ1's grid search overflowing: see ggtool/qtypes/iq1.py) and on how many of those
+llama.cpp aborts (each refused row is run alone), and on how many others llama.cpp aborts (none
+should); nothing is written. Each batch of C runs in a forked child, so that a GGML_ASSERT abort
+is reported, not fatal.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import json
 import os
 import pickle
@@ -117,6 +120,43 @@ def reference_forked(lib, x, t, qw=None):
     return pickle.loads(data), None
 
 
+def reference_rows(lib, x, t, qw=None) -> tuple[np.ndarray, np.ndarray]:
+    """reference() of x's rows (forked), and which rows GGML aborts on (their bytes left zero)."""
+    b, _ = reference_forked(lib, x, t, qw)
+    if b is not None:
+        return b, np.zeros(len(x), bool)
+    _, qk, nb, _ = TYPES[t]
+    out = np.zeros((x.shape[0], x.shape[1] // qk * nb), np.uint8)
+    aborts = np.zeros(len(x), bool)
+    for i in range(len(x)):
+        bi, _ = reference_forked(lib, x[i:i + 1], t, qw)
+        if bi is None:
+            aborts[i] = True
+        else:
+            out[i] = bi[0]
+    return out, aborts
+
+
+def abort_rows(lib, rng, count: int = 2) -> np.ndarray:
+    """Rows of 256 that IQ1_M's quantizer aborts on without quant_weights (GGML_ASSERT(scale >= 0):
+    a NaN scale from overflowing sums), found among random rows at extreme scales (ggtool screens
+    them: it refuses exactly these)."""
+    sys.path.insert(0, str(ROOT))
+    from ggtool import qtypes
+
+    rec = qtypes.get("iq1_m")
+    found = []
+    while len(found) < count:
+        scale = 10.0 ** rng.uniform(20, 38, (2000, 1))
+        x = np.clip(rng.standard_normal((2000, 256)) * scale, -3e38, 3e38).astype(np.float32)
+        x[rng.random(x.shape) < 0.02] = 0
+        _, und = ggtool_rows(rec, x, None)
+        for i in np.nonzero(und)[0]:
+            if reference_forked(lib, x[i:i + 1], "iq1_m")[0] is None and len(found) < count:
+                found.append(x[i])
+    return np.asarray(found, np.float32)
+
+
 def dequantize(lib, raw: np.ndarray, t: str) -> np.ndarray:
     _, qk, nb, _ = TYPES[t]
     raw = np.ascontiguousarray(raw)
@@ -204,14 +244,19 @@ def edge_rows(rng) -> tuple[np.ndarray, list[str]]:
     add("powers_of_two", 2.0 ** rng.integers(-10, 10, 256) * rng.choice([-1, 1], 256))
     add("sparse", np.where(rng.random(256) < 0.05, n(), 0.0))
     add("heavy_tail", rng.standard_t(2, 256))
-    for s in (0.01, 1.0, 100.0):
-        for _ in range(3):
+    for s in (1e-3, 0.01, 1.0, 100.0):
+        for _ in range(12):
             add(f"normal_{s:g}", n(s))
+    for _ in range(12):
+        add("uniform", rng.uniform(-1, 1, 256))
+        add("laplace", rng.laplace(0, 0.05, 256))
+        add("mixed_scales", n() * 10.0 ** rng.uniform(-3, 1, 256))
+        add("positive_skew", np.abs(n(0.1)) + rng.uniform(0, 0.02))
     return np.asarray(rows, np.float32), cats
 
 
 def real_rows() -> tuple[np.ndarray, list[str]]:
-    """Rows of 256 from fixtures/stories260K.gguf's F32 weights (flattened, first 24 rows a tensor)."""
+    """Rows of 256 from fixtures/stories260K.gguf's F32 weights (flattened, first 16 rows a tensor)."""
     from gguf import GGUFReader
 
     rows, cats = [], []
@@ -221,10 +266,30 @@ def real_rows() -> tuple[np.ndarray, list[str]]:
                           "blk.2.ffn_up.weight", "blk.4.attn_output.weight", "output.weight"):
             continue
         v = np.asarray(t.data, np.float32).reshape(-1)
-        v = v[:v.size // 256 * 256].reshape(-1, 256)[:24]
+        v = v[:v.size // 256 * 256].reshape(-1, 256)[:16]
         rows.append(v)
         cats += [f"stories260K:{t.name}"] * len(v)
     return np.concatenate(rows), cats
+
+
+def random_blocks(rng, t: str, n: int) -> np.ndarray:
+    """n blocks of random bytes (every index, sign, scale and trit pattern) whose scales are finite
+    and moderate: fp16 d in 1e-3..10 where the type has one, MXFP4's exponent in 100..140."""
+    _, qk, nb, _ = TYPES[t]
+    b = rng.integers(0, 256, (n, nb)).astype(np.uint8)
+    d = (rng.choice([-1, 1], n) * 10.0 ** rng.uniform(-3, 1, n)).astype(np.float16).view(np.uint16)
+    if t == "iq1_s" or t == "iq4_xs":
+        b[:, 0:2] = d.view(np.uint8).reshape(n, 2)
+    elif t in ("tq1_0", "tq2_0"):
+        b[:, nb - 2:] = d.view(np.uint8).reshape(n, 2)
+    elif t == "iq1_m":                  # d's 16 bits in the top nibbles of the four uint16 scales
+        sc = b[:, 48:56].copy().view(np.uint16) & 0x0FFF
+        for k in range(4):
+            sc[:, k] |= ((d >> (4 * k)) & 0xF) << 12
+        b[:, 48:56] = sc.view(np.uint8)
+    elif t == "mxfp4":
+        b[:, 0] = rng.integers(100, 141, n)
+    return b
 
 
 def weights(rng, n: int) -> np.ndarray:
@@ -239,33 +304,36 @@ def make(ggml_dir: str) -> None:
     rng = np.random.default_rng(3131)
     xe, ce = edge_rows(rng)
     xr, cr = real_rows()
-    x = np.concatenate([xe, xr])
-    cats = np.array(ce + cr)
     w = weights(rng, 256)
-    act = (rng.standard_normal(x.shape) * rng.uniform(0.1, 10, (len(x), 1))).astype(np.float32)
     out = {}
     with tempfile.TemporaryDirectory() as d:
         lib = build(ggml_dir, Path(d))
+        xa = abort_rows(lib, rng)
+        x = np.concatenate([xe, xr, xa])
+        cats = np.array(ce + cr + ["iq1_m_aborts"] * len(xa))
+        act = (rng.standard_normal(x.shape) * rng.uniform(0.1, 10, (len(x), 1))).astype(np.float32)
         acts = {vt: activations(lib, act, vt) for vt in ACT}
+        racts = {vt: activations(lib, (rng.standard_normal((32, 4 * ACT[vt][0])) * rng.uniform(0.1, 10, (32, 1))).astype(np.float32),
+                                 vt) for vt in ACT}               # rows of 4 blocks, for the random blocks
         for t, (_, qk, nb, paths) in TYPES.items():
             for path in paths:
                 key = t if path == "ref" else f"{t}_w"
                 qs = [None] if path == "ref" else list(w)
-                got = []
-                for qw in qs:
-                    b, why = reference_forked(lib, x, t, qw)
-                    if b is None:
-                        raise SystemExit(f"{t} {path}: llama.cpp ended with {why}")
-                    got.append(b)
-                out[key] = got[0] if path == "ref" else np.stack(got)
+                got = [reference_rows(lib, x, t, qw) for qw in qs]
+                out[key] = got[0][0] if path == "ref" else np.stack([b for b, _ in got])
+                out[f"{key}_aborts"] = got[0][1] if path == "ref" else np.stack([a for _, a in got])
             main = out[t] if "ref" in paths else out[f"{t}_w"][0]
-            out[f"{t}_dequantized"] = dequantize(lib, main, t)
+            out[f"{t}_dequantized_sha256"] = np.array(hashlib.sha256(dequantize(lib, main, t).tobytes()).hexdigest())
             out[f"{t}_dot"] = dots(lib, main, acts[VEC_DOT[t]], t)
+            rb = random_blocks(rng, t, 128).reshape(32, -1)                          # rows of 4 blocks
+            out[f"{t}_random_blocks"] = rb
+            out[f"{t}_random_dot"] = dots(lib, rb, racts[VEC_DOT[t]], t)
+            out[f"{t}_random_dequantized_sha256"] = np.array(hashlib.sha256(dequantize(lib, rb, t).tobytes()).hexdigest())
             wide = main[:len(main) // 16 * 16].reshape(-1, 16 * main.shape[1])      # rows of 4096: the sum's order
             awide = acts[VEC_DOT[t]][:len(wide) * 16].reshape(len(wide), -1)
             out[f"{t}_dot_wide"] = dots(lib, wide, awide, t)
-    np.savez_compressed(HERE / "iquants_small.npz", x=x, category=cats, imatrix=w, activations=act,
-                        q8_K=acts["q8_K"], q8_0=acts["q8_0"], **out)
+    np.savez_compressed(HERE / "iquants_small.npz", x=x, category=cats, imatrix=w, q8_K=acts["q8_K"], q8_0=acts["q8_0"],
+                        random_q8_K=racts["q8_K"], random_q8_0=racts["q8_0"], **out)
     print(json.dumps({"rows": len(x), "bytes": os.path.getsize(HERE / "iquants_small.npz")}))
 
 
@@ -299,7 +367,7 @@ def check(ggml_dir: str, n: int, types: list[str]) -> None:
             rec = qtypes.get(tid)
             for width in (256, 4096):
                 for path in paths:
-                    total = bad = undef = aborted = 0
+                    total = bad = undef = undef_aborts = aborted = 0
                     t_c = t_g = 0.0
                     left = max(1, -(-n * qk // width))
                     while left > 0:
@@ -319,6 +387,9 @@ def check(ggml_dir: str, n: int, types: list[str]) -> None:
                         per_row = width // qk
                         total += rows * per_row
                         undef += int(und.sum()) * per_row
+                        for i in np.nonzero(und)[0]:     # what llama.cpp does there
+                            if reference_forked(lib, x[i:i + 1], t, qw)[0] is None:
+                                undef_aborts += per_row
                         if want is None:          # a GGML abort: find the rows one by one
                             for i in np.nonzero(~und)[0]:
                                 wi, why = reference_forked(lib, x[i:i + 1], t, qw)
@@ -329,8 +400,9 @@ def check(ggml_dir: str, n: int, types: list[str]) -> None:
                             continue
                         diff = (want.reshape(-1, nb) != got[~und].reshape(-1, nb)).any(axis=1)
                         bad += int(diff.sum())
-                    print(f"{t:6} {path:8} rows of {width:4}: {total:7} blocks, {bad} differ, {undef} refused as "
-                          f"undefined in llama.cpp, {aborted} where llama.cpp aborts (C {t_c:.1f} s, ggtool {t_g:.1f} s)",
+                    print(f"{t:6} {path:8} rows of {width:4}: {total:7} blocks, {bad} differ; ggtool refuses {undef} "
+                          f"(in rows llama.cpp aborts on: {undef_aborts}); llama.cpp aborts on {aborted} others "
+                          f"(C {t_c:.1f} s, ggtool {t_g:.1f} s)",
                           flush=True)
 
 

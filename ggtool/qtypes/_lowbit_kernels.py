@@ -1,15 +1,17 @@
-"""IQ1_S / IQ1_M's compiled kernels (``iq1`` describes the formats): the grid's map and neighbours
-as iq2xs_init_impl builds them, quantize_row_iq1_s_impl / quantize_row_iq1_m_impl, and
-ggml_vec_dot_iq1_{s,m}_q8_K_generic, GGML's float32 order (every constant float32; integers made
-float32 before they meet a float, as C's conversions do).
+"""The compiled kernels of IQ1_S, IQ1_M, IQ4_XS, TQ1_0, TQ2_0 and MXFP4 (the records: ``iq1``,
+``iq4xs``, ``ternary``, ``mxfp4``), in one module because numba's cache checks a kernel against
+its own file only: the helpers they share live beside them. IQ4_XS's per-32 search is IQ4_NL's own
+(``ggtool.kquants.legacy``, whose file the kernel cache's key covers), not a copy.
 
-The quantizers take (x float32 (rows, n), out uint8 (rows, row bytes), qw float32 (n,) or (0,):
-none, f16, grid (2048, 8) int64 (the values + 1: 0, 1, 2), kmap int32, neighbours uint16) and
-return -1, the flat index of x's first NaN/inf, or -2 - b for the first block b (counted over
-x's rows) where llama.cpp's result is undefined: its neighbour search found no candidate (every
-distance inf or NaN: the values and weights overflow float32), so GGML goes on to a search that
-reads past the 8 values it was given (and asserts if that finds nothing), or a scale that is NaN,
-where GGML_ASSERT aborts.
+GGML's float32 order throughout (ggml-quants.c, ggml-cpu/quants.c ``*_generic``): every constant
+float32, integers made float32 before they meet a float, as C's conversions do (numba would
+promote int x float32 to float64).
+
+Quantizers: (x float32 (rows, n), out uint8 (rows, row bytes), qw float32 (n,) or (0,): none,
+*the record's quantizer_tables()) -> -1, the flat index of x's first NaN/inf (nothing written
+then), or -2 - b for the first block b (counted over x's rows) GGML aborts on or leaves undefined
+(IQ1: see ``iq1``). Dots: (w uint8 (row bytes,), a uint8 (vec_dot_type row bytes,), f16) ->
+float32; mul_mat: (w (N, row bytes), a (M, ...), out float32 (M, N), f16).
 """
 
 from __future__ import annotations
@@ -17,14 +19,410 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llvmlite import ir
 
-from ..kernels.jit import njit
-from ..kquants.blocks import _first_bad, _fp16_round, nearest_int
-from .grids import IQ1S_GRID
+from ..kernels.jit import njit, numba
+from ..kernels.tables import KVALUES_IQ4NL
+from ..kquants.blocks import nearest_int
+from ..kquants.legacy import best_index, iq4_nl_block
+from .grids import IQ1S_GRID, KVALUES_MXFP4
+from .mxfp4 import e8m0_half
 
 F32 = np.float32
 _F0 = F32(0.0)
 _F1 = F32(1.0)
+_ABS = np.uint32(0x7FFFFFFF)
+_INF = np.uint32(0x7F800000)
+Q8_K_BYTES = 292
+_types = numba.types
+
+
+# -- shared helpers ---------------------------------------------------------------------------------------
+@numba.extending.intrinsic
+def _bits(typingctx, v):
+    """The bits of a float32 as an int32 (C's memcpy): an LLVM bitcast."""
+    if not isinstance(v, _types.Float) or v.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return _types.int32(_types.float32), codegen
+
+
+@numba.extending.intrinsic
+def _float(typingctx, v):
+    """The float32 with the bits of an int32."""
+    if not isinstance(v, _types.Integer) or v.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return _types.float32(v), codegen
+
+
+@njit
+def fp16_bits(f):
+    """GGML_FP32_TO_FP16 (ggml_compute_fp32_to_fp16: the float trick, round to nearest even,
+    overflow to inf, NaN to 0x7e00 with its sign) as an int64 of 16 bits."""
+    base = F32(F32(abs(f) * F32(5.192296858534828e33)) * F32(7.703719777548943e-34))   # 2**112, 2**-110
+    w = np.int64(_bits(f)) & 0xFFFFFFFF
+    shl1 = (w + w) & 0xFFFFFFFF
+    bias = max(shl1 & 0xFF000000, 0x71000000)
+    base = F32(_float(np.int32(((bias >> 1) + 0x07800000) - (1 << 32) if ((bias >> 1) + 0x07800000) >= (1 << 31)
+                                else (bias >> 1) + 0x07800000)) + base)
+    b = np.int64(_bits(base)) & 0xFFFFFFFF
+    nonsign = ((b >> 13) & 0x7C00) + (b & 0x0FFF)
+    return ((w & 0x80000000) >> 16) | (0x7E00 if shl1 > 0xFF000000 else nonsign)
+
+
+@njit
+def _first_bad(x):
+    """-1, or the flat index of the first NaN/inf of x (C order)."""
+    xi = x.reshape(-1).view(np.uint32)
+    for k in range(xi.shape[0]):
+        if (xi[k] & _ABS) >= _INF:
+            return k
+    return -1
+
+
+@njit
+def _put16(out, r, at, v):
+    out[r, at] = np.uint8(v & 0xFF)
+    out[r, at + 1] = np.uint8((v >> 8) & 0xFF)
+
+
+@njit
+def _f16_at(w, o, f16):
+    """The fp16 at bytes [o, o + 2) of w, as float32 (the table: exact)."""
+    return f16[np.int64(w[o]) | (np.int64(w[o + 1]) << 8)]
+
+
+# -- MXFP4 ---------------------------------------------------------------------------------------------
+_KV4 = KVALUES_MXFP4.astype(np.float32)     # small tables: frozen into the kernels
+_KV4_INT = KVALUES_MXFP4.astype(np.int64)
+_E8M0_HALF = e8m0_half(np.arange(256))      # GGML_E8M0_TO_FP32_HALF of every exponent
+
+
+@njit
+def _best(x, d):
+    """best_index_mxfp4: the first level i of least |kvalues[i] * d - x|."""
+    best = 0
+    err = abs(F32(_KV4[0] * d) - x)
+    for i in range(1, 16):
+        e = abs(F32(_KV4[i] * d) - x)
+        if e < err:
+            best = i
+            err = e
+    return best
+
+
+@njit
+def quantize_mxfp4(x, out, qw):
+    """x float32 (rows, n) -> out uint8 (rows, n / 32 * 17); qw ignored (GGML ignores it). -1, or
+    the flat index of x's first NaN/inf."""
+    bad = _first_bad(x)
+    if bad >= 0:
+        return bad
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            xb = x[r, 32 * b:32 * b + 32]
+            o = 17 * b
+            amax = _F0
+            for j in range(32):
+                if amax < abs(xb[j]):
+                    amax = abs(xb[j])
+            e = 0
+            if amax > _F0:
+                e = (np.int64(math.floor(math.log2(amax))) - 2 + 127) & 0xFF   # (uint8_t) of the float: x86 truncation
+            d = _E8M0_HALF[e]
+            out[r, o] = np.uint8(e)
+            for j in range(16):
+                out[r, o + 1 + j] = np.uint8(_best(xb[j], d) | (_best(xb[j + 16], d) << 4))
+    return -1
+
+
+@njit
+def dot_mxfp4(w, a, f16):
+    """ggml_vec_dot_mxfp4_q8_0_generic: one row of MXFP4 blocks (17 bytes) . one row of Q8_0 (34)."""
+    nb = w.shape[0] // 17
+    sumf = _F0
+    for ib in range(nb):
+        o, p = 17 * ib, 34 * ib
+        d = F32(_f16_at(a, p, f16) * _E8M0_HALF[w[o]])
+        s1 = 0
+        s2 = 0
+        for j in range(16):
+            q = w[o + 1 + j]
+            s1 += np.int64(np.int8(a[p + 2 + j])) * _KV4_INT[q & 15]
+            s2 += np.int64(np.int8(a[p + 18 + j])) * _KV4_INT[q >> 4]
+        sumf = F32(sumf + F32(d * F32(s1 + s2)))
+    return sumf
+
+
+@njit
+def mul_mat_mxfp4(w, a, out, f16):
+    """out[m, r] = dot_mxfp4(w[r], a[m])."""
+    for m in range(a.shape[0]):
+        for r in range(w.shape[0]):
+            out[m, r] = dot_mxfp4(w[r], a[m], f16)
+
+
+# -- TQ1_0, TQ2_0 -------------------------------------------------------------------------------------
+_POW3 = np.array([1, 3, 9, 27, 81, 243], np.int64)
+
+
+@njit
+def _scale(x):
+    """amax of the block (MAX over fabsf), and id = 1/amax (0 for amax 0)."""
+    amax = _F0
+    for j in range(256):
+        a = abs(x[j])
+        amax = amax if amax > a else a
+    return amax, (F32(F32(1.0) / amax) if amax != _F0 else _F0)
+
+
+@njit
+def _trit(v, id_):
+    """lroundf(v * id) + 1 as the low byte C keeps: half away from zero; inf/NaN (id = inf) give
+    x86's 0x8000000000000000, so 1."""
+    r = F32(v * id_)
+    if not math.isfinite(r):
+        return 1
+    a = math.floor(abs(np.float64(r)) + 0.5)
+    return np.int64(-a if r < 0 else a) + 1
+
+
+@njit
+def _tq1_0_block(x, out, i, o):
+    """quantize_row_tq1_0_ref of one block of 256 into out[i, o:o + 54]."""
+    d, id_ = _scale(x)
+    _put16(out, i, o + 52, fp16_bits(d))
+    for m in range(32):                       # qs[0:32]: values m + 32n
+        q = 0
+        for n in range(5):
+            q = (q * 3 + _trit(x[m + 32 * n], id_)) & 0xFF
+        out[i, o + m] = np.uint8(((q * 256 + 242) // 243) & 0xFF)
+    for m in range(16):                       # qs[32:48]: values 160 + m + 16n
+        q = 0
+        for n in range(5):
+            q = (q * 3 + _trit(x[160 + m + 16 * n], id_)) & 0xFF
+        out[i, o + 32 + m] = np.uint8(((q * 256 + 242) // 243) & 0xFF)
+    for j in range(4):                        # qh: values 240 + j + 4n, the first trit most significant
+        q = 0
+        for m in range(4):
+            q = (q * 3 + _trit(x[240 + j + 4 * m], id_)) & 0xFF
+        q = (q * 3) & 0xFF
+        out[i, o + 48 + j] = np.uint8(((q * 256 + 242) // 243) & 0xFF)
+
+
+@njit
+def _tq2_0_block(x, out, i, o):
+    d, id_ = _scale(x)
+    _put16(out, i, o + 64, fp16_bits(d))
+    for j in range(0, 64, 32):
+        for m in range(32):
+            q = 0
+            for n in range(4):
+                q += (_trit(x[4 * j + m + 32 * n], id_) & 3) << (2 * n)
+            out[i, o + j + m] = np.uint8(q & 0xFF)
+
+
+@njit
+def quantize_tq1_0(x, out, qw):
+    """quantize_tq1_0 (quantize_row_tq1_0_ref): x float32 (rows, n) -> out uint8 (rows, n / 256 * 54);
+    qw ignored. -1, or the flat index of x's first NaN/inf."""
+    bad = _first_bad(x)
+    if bad >= 0:
+        return bad
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 256):
+            _tq1_0_block(x[r, 256 * b:256 * b + 256], out, r, 54 * b)
+    return -1
+
+
+@njit
+def quantize_tq2_0(x, out, qw):
+    """quantize_tq2_0 (quantize_row_tq2_0_ref): x float32 (rows, n) -> out uint8 (rows, n / 256 * 66)."""
+    bad = _first_bad(x)
+    if bad >= 0:
+        return bad
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 256):
+            _tq2_0_block(x[r, 256 * b:256 * b + 256], out, r, 66 * b)
+    return -1
+
+
+@njit
+def _tq1_trit(byte, n):
+    q = (np.int64(byte) * _POW3[n]) & 0xFF
+    return (q * 3) >> 8
+
+
+@njit
+def dot_tq1_0(w, a, f16):
+    """ggml_vec_dot_tq1_0_q8_K_generic: one row of TQ1_0 blocks (54 bytes) . one row of Q8_K (292)."""
+    nb = w.shape[0] // 54
+    af = a.view(np.float32)      # Q8_K's d: the first 4 bytes of each 292 (73 floats)
+    sumf = _F0
+    for i in range(nb):
+        o, p = 54 * i, Q8_K_BYTES * i + 4
+        s = 0
+        for l in range(5):
+            for m in range(32):
+                s += (_tq1_trit(w[o + m], l) - 1) * np.int64(np.int8(a[p + l * 32 + m]))
+        for l in range(5):
+            for m in range(16):
+                s += (_tq1_trit(w[o + 32 + m], l) - 1) * np.int64(np.int8(a[p + 160 + l * 16 + m]))
+        for l in range(4):
+            for j in range(4):
+                s += (_tq1_trit(w[o + 48 + j], l) - 1) * np.int64(np.int8(a[p + 240 + l * 4 + j]))
+        sumf = F32(sumf + F32(F32(s) * F32(_f16_at(w, o + 52, f16) * af[73 * i])))
+    return sumf
+
+
+@njit
+def dot_tq2_0(w, a, f16):
+    """ggml_vec_dot_tq2_0_q8_K_generic: one row of TQ2_0 blocks (66 bytes) . one row of Q8_K (292)."""
+    nb = w.shape[0] // 66
+    af = a.view(np.float32)
+    sumf = _F0
+    for i in range(nb):
+        o, p = 66 * i, Q8_K_BYTES * i + 4
+        s = 0
+        for j in range(0, 64, 32):
+            for l in range(4):
+                for k in range(32):
+                    s += np.int64(np.int8(a[p + 4 * j + 32 * l + k])) * (((np.int64(w[o + j + k]) >> (2 * l)) & 3) - 1)
+        d = F32(af[73 * i] * _f16_at(w, o + 64, f16))
+        sumf = F32(sumf + F32(F32(s) * d))
+    return sumf
+
+
+@njit
+def mul_mat_tq1_0(w, a, out, f16):
+    """out[m, r] = dot_tq1_0(w[r], a[m])."""
+    for m in range(a.shape[0]):
+        for r in range(w.shape[0]):
+            out[m, r] = dot_tq1_0(w[r], a[m], f16)
+
+
+@njit
+def mul_mat_tq2_0(w, a, out, f16):
+    """out[m, r] = dot_tq2_0(w[r], a[m])."""
+    for m in range(a.shape[0]):
+        for r in range(w.shape[0]):
+            out[m, r] = dot_tq2_0(w[r], a[m], f16)
+
+
+# -- IQ4_XS -------------------------------------------------------------------------------------------
+_KV_INT = KVALUES_IQ4NL.astype(np.int64)
+
+
+@njit
+def _iq4_xs_block(x, qw, weighted, out, i, o, L, weight, scales):
+    """quantize_row_iq4_nl_impl(QK_K, 32, ...) for one block of 256 into out[i, o:o + 136]."""
+    kv = KVALUES_IQ4NL
+    sigma2 = _F0
+    for j in range(256):
+        sigma2 = F32(sigma2 + F32(x[j] * x[j]))
+    sigma2 = F32(sigma2 * F32(0.0078125))                  # 2.f / 256
+    max_scale = _F0
+    amax_scale = _F0
+    for ib in range(8):
+        xb = x[32 * ib:32 * ib + 32]
+        if weighted:
+            for j in range(32):
+                weight[j] = F32(qw[32 * ib + j] * F32(math.sqrt(F32(sigma2 + F32(xb[j] * xb[j])))))
+        else:
+            for j in range(32):
+                weight[j] = F32(xb[j] * xb[j])
+        d = iq4_nl_block(xb, weight, kv, L[32 * ib:32 * ib + 32], 7)
+        scales[ib] = d
+        if abs(d) > amax_scale:
+            amax_scale = abs(d)
+            max_scale = d
+    d = F32(-max_scale / F32(32.0))
+    _put16(out, i, o, fp16_bits(d))
+    id_ = F32(_F1 / d) if d != _F0 else _F0
+    sh = 0
+    for ib in range(8):
+        l = nearest_int(F32(id_ * scales[ib]))
+        l = max(-32, min(31, l))
+        dl = F32(d * F32(l))
+        idl = F32(_F1 / dl) if dl != _F0 else _F0
+        for j in range(32):
+            L[32 * ib + j] = best_index(kv, F32(idl * x[32 * ib + j]))
+        l += 32
+        if ib % 2 == 0:
+            out[i, o + 4 + ib // 2] = np.uint8(l & 15)
+        else:
+            out[i, o + 4 + ib // 2] |= np.uint8((l & 15) << 4)
+        sh |= (l >> 4) << (2 * ib)
+    out[i, o + 2] = np.uint8(sh & 0xFF)
+    out[i, o + 3] = np.uint8(sh >> 8)
+    for ib in range(8):
+        for j in range(16):
+            out[i, o + 8 + 16 * ib + j] = np.uint8(L[32 * ib + j] | (L[32 * ib + 16 + j] << 4))
+
+
+@njit
+def quantize_iq4_xs(x, out, qw):
+    """quantize_iq4_xs: x float32 (rows, n) -> out uint8 (rows, n / 256 * 136), with quant_weights
+    qw (n,), or without (qw of size 0: weights x*x). -1, or the flat index of x's first NaN/inf."""
+    bad = _first_bad(x)
+    if bad >= 0:
+        return bad
+    weighted = qw.shape[0] > 0
+    L = np.zeros(256, np.int64)
+    weight = np.zeros(32, np.float32)
+    scales = np.zeros(8, np.float32)
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 256):
+            q = qw[256 * b:256 * b + 256] if weighted else qw
+            _iq4_xs_block(x[r, 256 * b:256 * b + 256], q, weighted, out, r, 136 * b, L, weight, scales)
+    return -1
+
+
+@njit
+def dot_iq4_xs(w, a, f16):
+    """ggml_vec_dot_iq4_xs_q8_K_generic: one row of IQ4_XS blocks (136 bytes) . one row of Q8_K (292)."""
+    nb = w.shape[0] // 136
+    af = a.view(np.float32)
+    sumf = _F0
+    for ibl in range(nb):
+        o, p = 136 * ibl, Q8_K_BYTES * ibl + 4
+        d4d8 = F32(_f16_at(w, o, f16) * af[73 * ibl])
+        h = np.int64(w[o + 2]) | (np.int64(w[o + 3]) << 8)
+        for ib in range(0, 8, 2):
+            sl = np.int64(w[o + 4 + ib // 2])
+            ls1 = (sl & 15) | ((h << 4) & 0x30)
+            ls2 = (sl >> 4) | ((h << 2) & 0x30)
+            h >>= 4
+            d1 = F32(d4d8 * F32(ls1 - 32))
+            d2 = F32(d4d8 * F32(ls2 - 32))
+            for half in range(2):
+                q = o + 8 + 16 * (ib + half)
+                r = p + 32 * (ib + half)
+                s1 = 0
+                s2 = 0
+                for j in range(16):
+                    s1 += np.int64(np.int8(a[r + j])) * _KV_INT[w[q + j] & 15]
+                    s2 += np.int64(np.int8(a[r + 16 + j])) * _KV_INT[w[q + j] >> 4]
+                sumf = F32(sumf + F32((d1 if half == 0 else d2) * F32(s1 + s2)))
+    return sumf
+
+
+@njit
+def mul_mat_iq4_xs(w, a, out, f16):
+    """out[m, r] = dot_iq4_xs(w[r], a[m])."""
+    for m in range(a.shape[0]):
+        for r in range(w.shape[0]):
+            out[m, r] = dot_iq4_xs(w[r], a[m], f16)
+
+
+# -- IQ1_S, IQ1_M -------------------------------------------------------------------------------------
 _FLT_MAX = F32(3.4028234663852886e38)
 _DELTA = F32(0.125)                                  # IQ1S_DELTA, IQ1M_DELTA
 _EPS_S = F32(1e-12)                                  # GROUP_MAX_EPS_IQ1_S
@@ -34,7 +432,6 @@ _XM = np.array([-1 - 0.125, -0.125, 1 - 0.125], np.float32)   # x_m: shifted dow
 _GRID = IQ1S_GRID.view(np.int8).reshape(2048, 8).astype(np.int64)   # the dots' table (16 KiB frozen)
 KMAP_SIZE = 43692
 NWANT = 3                                            # IQ1's neighbours: the 3 nearest distances
-Q8_K_BYTES = 292
 
 
 # -- the grid's map and neighbours (iq2xs_init_impl for IQ1_S / IQ1_M) ------------------------------------
@@ -160,7 +557,7 @@ def _amax(xb, n):
 
 # -- IQ1_S -------------------------------------------------------------------------------------------------
 @njit
-def _iq1_s_block(x, qw, out, row, o, f16, grid, kmap, nb, weight, sumx, sumw, idx, L, index, scales, shifts):
+def _iq1_s_block(x, qw, out, row, o, grid, kmap, nb, weight, sumx, sumw, idx, L, index, scales, shifts):
     """quantize_row_iq1_s_impl for one block of 256 into out[row, o:o + 50]; False where llama.cpp's
     result is undefined (see the module's docstring)."""
     for k in range(50):
@@ -253,9 +650,7 @@ def _iq1_s_block(x, qw, out, row, o, f16, grid, kmap, nb, weight, sumx, sumw, id
     if max_scale == _F0:
         return True
     d = F32(max_scale / F32(15.0))
-    hd, _ = _fp16_round(F32(d * F32(1.125)), f16)
-    out[row, o] = np.uint8(hd & np.uint32(0xFF))
-    out[row, o + 1] = np.uint8(hd >> np.uint32(8))
+    _put16(out, row, o, fp16_bits(F32(d * F32(1.125))))
     id_ = F32(_F1 / d)
     for ib in range(8):
         l = nearest_int(F32(F32(0.5) * F32(F32(id_ * scales[ib]) - _F1)))
@@ -267,7 +662,7 @@ def _iq1_s_block(x, qw, out, row, o, f16, grid, kmap, nb, weight, sumx, sumw, id
 
 
 @njit
-def quantize_iq1_s(x, out, qw, f16, grid, kmap, nb):
+def quantize_iq1_s(x, out, qw, grid, kmap, nb):
     """quantize_iq1_s: x float32 (rows, n) -> out uint8 (rows, n / 256 * 50) with quant_weights qw
     (n,) (GGML has no path without: the record refuses none)."""
     bad = _first_bad(x)
@@ -284,7 +679,7 @@ def quantize_iq1_s(x, out, qw, f16, grid, kmap, nb):
     nbl = x.shape[1] // 256
     for r in range(x.shape[0]):
         for b in range(nbl):
-            if not _iq1_s_block(x[r, 256 * b:256 * b + 256], qw[256 * b:256 * b + 256], out, r, 50 * b, f16, grid, kmap,
+            if not _iq1_s_block(x[r, 256 * b:256 * b + 256], qw[256 * b:256 * b + 256], out, r, 50 * b, grid, kmap,
                                 nb, weight, sumx, sumw, idx, L, index, scales, shifts):
                 return -2 - (r * nbl + b)
     return -1
@@ -295,7 +690,7 @@ _MASKS = np.array([0x00, 0x80, 0x08, 0x88], np.int64)
 
 
 @njit
-def _iq1_m_block(x, qw, weighted, out, row, o, f16, grid, kmap, nb, weight, px, pw, idx, L, index, scales, shifts):
+def _iq1_m_block(x, qw, weighted, out, row, o, grid, kmap, nb, weight, px, pw, idx, L, index, scales, shifts):
     """quantize_row_iq1_m_impl for one block of 256 into out[row, o:o + 56]; False where llama.cpp's
     result is undefined."""
     for k in range(56):
@@ -448,8 +843,7 @@ def _iq1_m_block(x, qw, weighted, out, row, o, f16, grid, kmap, nb, weight, px, 
                 sumq2 = F32(sumq2 + F32(F32(w * q) * q))
     if sumq2 > _F0:
         d = F32(sumqx / sumq2)
-    s, _ = _fp16_round(F32(d * F32(1.1125)), f16)
-    s = np.int64(s)
+    s = fp16_bits(F32(d * F32(1.1125)))
     sc[0] |= (s & 0x000F) << 12
     sc[1] |= (s & 0x00F0) << 8
     sc[2] |= (s & 0x0F00) << 4
@@ -461,7 +855,7 @@ def _iq1_m_block(x, qw, weighted, out, row, o, f16, grid, kmap, nb, weight, px, 
 
 
 @njit
-def quantize_iq1_m(x, out, qw, f16, grid, kmap, nb):
+def quantize_iq1_m(x, out, qw, grid, kmap, nb):
     """quantize_iq1_m: x float32 (rows, n) -> out uint8 (rows, n / 256 * 56), with quant_weights qw
     (n,), or without (qw of size 0: weights x*x)."""
     bad = _first_bad(x)
@@ -480,7 +874,7 @@ def quantize_iq1_m(x, out, qw, f16, grid, kmap, nb):
     for r in range(x.shape[0]):
         for b in range(nbl):
             q = qw[256 * b:256 * b + 256] if weighted else qw
-            if not _iq1_m_block(x[r, 256 * b:256 * b + 256], q, weighted, out, r, 56 * b, f16, grid, kmap, nb, weight,
+            if not _iq1_m_block(x[r, 256 * b:256 * b + 256], q, weighted, out, r, 56 * b, grid, kmap, nb, weight,
                                 px, pw, idx, L, index, scales, shifts):
                 return -2 - (r * nbl + b)
     return -1
@@ -511,7 +905,7 @@ def dot_iq1_s(w, a, f16):
             b1 = np.int64(np.int16(np.uint16(a[bs + 2]) | (np.uint16(a[bs + 3]) << np.uint16(8))))
             sumi += ls * lsum
             sumi1 += ls * delta * (b0 + b1)
-        d = F32(f16[np.int64(w[o]) | (np.int64(w[o + 1]) << 8)] * af[73 * i])
+        d = F32(_f16_at(w, o, f16) * af[73 * i])
         sumf = F32(sumf + F32(d * F32(F32(sumi) + F32(_DELTA * F32(sumi1)))))
     return sumf
 
