@@ -64,3 +64,26 @@ def test_bad_input_is_refused():
 
 def test_threads_do_not_change_bytes():
     G.check_threads("iq4_xs")
+
+
+@pytest.mark.parametrize("rows,cols,m", [(1, 256, 1), (130, 512, 1), (257, 1024, 5), (128, 256, 9)])
+def test_packed_mul_mat_is_the_generic_dot(rows, cols, m):
+    """The packed vector tile (mat-vec speed) gives mul_mat's numbers bit for bit: rows padded to
+    whole groups of 128, activation rows in tiles of 4 and a remainder, the golden bytes too."""
+    from ggtool import quant as Q
+
+    rec = qtypes.get("iq4_xs")
+    rng = np.random.default_rng(rows)
+    x = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 10, (rows, 1))).astype(F32)
+    w = rec.quantize(x)
+    a = Q.quantize_q8_k((rng.standard_normal((m, cols)) * 3).astype(F32))
+    got = rec.mul_mat_packed(rec.pack(w), a)
+    assert got.shape == (m, rows)
+    assert np.array_equal(got.view(np.uint32), rec.mul_mat(w, a).view(np.uint32))
+
+
+def test_packed_mul_mat_on_golden_rows():
+    g = G.golden()
+    rec = qtypes.get("iq4_xs")
+    w, a = g["iq4_xs"], g["q8_K"][:7]
+    assert np.array_equal(rec.mul_mat_packed(rec.pack(w), a).view(np.uint32), rec.mul_mat(w, a).view(np.uint32))

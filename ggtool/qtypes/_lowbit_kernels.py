@@ -422,6 +422,188 @@ def mul_mat_iq4_xs(w, a, out, f16):
             out[m, r] = dot_iq4_xs(w[r], a[m], f16)
 
 
+
+# -- IQ4_XS x Q8_K for many rows: packed weights and a vector tile ----------------------------------------
+# The generic dot above looks each nibble up in kvalues, a loop no vectoriser turns into SIMD. For
+# mat-vec speed the weights are unpacked once (``pack_iq4_xs``: the int8 levels themselves, 2x the
+# bytes) into the interleaved layout of ggtool.kernels.simd: GROUP rows a group, their codes L rows
+# side by side in quads (byte t of quad q of row r at ((chunk * 64 + q) * L + r % L) * 4 + t, chunk =
+# r // L); per row and block d as float32 and the 8 sub-block scales ls - 32 as int8. The tile
+# (``_tile_iq4_xs``: LLVM vector IR, no target intrinsics, so any x86 numba targets compiles it)
+# multiplies int16 pairs of codes and activations into int32 (x86's pmaddwd) and then, per row and
+# sub-block of 32, adds ``(d4d8 * float(ls - 32)) * float(sumi)`` to the row's sum exactly as
+# ggml_vec_dot_iq4_xs_q8_K_generic does: the same numbers as dot_iq4_xs, bit for bit.
+GROUP = 128          # weight rows a group
+LANES = 16           # rows a vector (int32 / float32 lanes)
+MT = 4               # activation rows a tile
+_I16, _I32, _F32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
+_VW = ir.VectorType(_I16, 2 * LANES)
+_VD = ir.VectorType(_I32, LANES)
+_VF = ir.VectorType(_F32, LANES)
+_EVEN = ir.Constant(ir.VectorType(_I32, LANES), list(range(0, 2 * LANES, 2)))
+_ODD = ir.Constant(ir.VectorType(_I32, LANES), list(range(1, 2 * LANES, 2)))
+
+
+def _k(v, t=ir.IntType(64)):
+    return ir.Constant(t, v)
+
+
+def _splat_ir(b, val, n):
+    vt = ir.VectorType(val.type, n)
+    v = b.insert_element(ir.Constant(vt, None), val, _k(0, _I32))
+    return b.shuffle_vector(v, ir.Constant(vt, None), ir.Constant(ir.VectorType(_I32, n), [0] * n))
+
+
+def _madd_ir(b, acc, x, pair):
+    """acc + (x . splat(pair)) word pair by word pair: x <32 x i16>, pair an i32 of two i16."""
+    a = b.bitcast(_splat_ir(b, pair, LANES), _VW)
+    wide = ir.VectorType(_I32, 2 * LANES)
+    p = b.mul(b.sext(x, wide), b.sext(a, wide), flags=["nsw"])
+    e = b.shuffle_vector(p, ir.Constant(wide, None), _EVEN)
+    o = b.shuffle_vector(p, ir.Constant(wide, None), _ODD)
+    return b.add(acc, b.add(e, o))
+
+
+def _tile_iq4_xs_codegen(context, builder, sig, args):
+    from numba.core import cgutils
+
+    names = ("codes", "co", "lsf", "lo", "d", "wo", "ap", "po", "da", "so", "acc", "ao", "mt")
+    p = {}
+    for name, ty, val in zip(names, sig.args, args):
+        p[name] = context.make_array(ty)(context, builder, val).data if isinstance(ty, _types.Array) else val
+    b = builder
+
+    def load(name, off, vt=None, align=1):
+        ptr = b.gep(p[name], [off])
+        if vt is not None:
+            ptr = b.bitcast(ptr, vt.as_pointer())
+        return b.load(ptr, align=align)
+
+    def body(mt):
+        das = [load("da", b.add(p["so"], _k(i))) for i in range(mt)]
+        eight = ir.Constant(_VW, [8] * (2 * LANES))
+        with cgutils.for_range(b, _k(GROUP // LANES)) as chunk:
+            c = chunk.index
+            r0 = b.mul(c, _k(LANES))
+            dv = load("d", b.add(p["wo"], r0), _VF, align=4)
+            d4d8 = [b.fmul(dv, _splat_ir(b, das[i], LANES)) for i in range(mt)]
+            accs = [cgutils.alloca_once_value(b, load("acc", b.add(b.add(p["ao"], _k(i * GROUP)), r0), _VF, align=4))
+                    for i in range(mt)]
+            with cgutils.for_range(b, _k(8)) as sub:                      # sub-blocks of 32 values
+                s = sub.index
+                sumi = [ir.Constant(_VD, None)] * mt
+                for q in range(8):
+                    quad = b.add(b.mul(s, _k(8)), _k(q))
+                    v = load("codes", b.add(p["co"], b.mul(b.add(b.mul(c, _k(64)), quad), _k(4 * LANES))), _VW)
+                    xs = (b.ashr(b.shl(v, eight), eight), b.ashr(v, eight))
+                    for i in range(mt):
+                        for kk, x in enumerate(xs):
+                            pair = load("ap", b.add(p["po"], b.add(_k(i * 128 + kk), b.mul(quad, _k(2)))))
+                            sumi[i] = _madd_ir(b, sumi[i], x, pair)
+                ls8 = load("lsf", b.add(p["lo"], b.add(b.mul(s, _k(GROUP)), r0)), ir.VectorType(ir.IntType(8), LANES))
+                lv = b.sitofp(ls8, _VF)                                   # float(ls - 32): exact
+                for i in range(mt):
+                    t = b.fmul(b.fmul(d4d8[i], lv), b.sitofp(sumi[i], _VF))
+                    b.store(b.fadd(b.load(accs[i]), t), accs[i])
+            for i in range(mt):
+                ptr = b.bitcast(b.gep(p["acc"], [b.add(b.add(p["ao"], _k(i * GROUP)), r0)]), _VF.as_pointer())
+                b.store(b.load(accs[i]), ptr, align=4)
+
+    end = b.append_basic_block("mt.end")
+    blocks = [b.append_basic_block(f"mt.{k}") for k in range(1, MT + 1)]
+    sw = b.switch(p["mt"], blocks[0])
+    for k in range(2, MT + 1):
+        sw.add_case(ir.Constant(p["mt"].type, k), blocks[k - 1])
+    for k, blk in zip(range(1, MT + 1), blocks):
+        b.position_at_end(blk)
+        body(k)
+        b.branch(end)
+    b.position_at_end(end)
+    return context.get_dummy_value()
+
+
+@numba.extending.intrinsic
+def _tile_iq4_xs(typingctx, codes, co, lsf, lo, d, wo, ap, po, da, so, acc, ao, mt):
+    """One IQ4_XS block (256 values) of GROUP weight rows x mt (1..MT) activation rows, added into
+    acc: codes (int8 quads at co), lsf (int8 ls - 32, [8][GROUP] at lo), d (float32 per row at wo),
+    ap (mt x 128 int16 pairs at po), da (float32 per activation row at so), acc (mt rows of GROUP
+    at ao). Arrays flat and C-contiguous; offsets in elements."""
+    sig = _types.void(codes, co, lsf, lo, d, wo, ap, po, da, so, acc, ao, mt)
+    for ty in sig.args:
+        if isinstance(ty, _types.Array) and ty.layout != "C":
+            return None
+    return sig, _tile_iq4_xs_codegen
+
+
+@njit
+def pack_iq4_xs(w, f16):
+    """IQ4_XS weight rows (uint8 (N, row bytes)) -> (codes int8, lsf int8 (ls - 32), d float32, N,
+    blocks a row): the layout ``_tile_iq4_xs`` reads, rows padded to whole groups with zeros."""
+    n, nb = w.shape[0], w.shape[1] // 136
+    groups = (n + GROUP - 1) // GROUP
+    codes = np.zeros(groups * nb * 256 * GROUP, np.int8)
+    lsf = np.zeros(groups * nb * 8 * GROUP, np.int8)
+    d = np.zeros(groups * nb * GROUP, np.float32)
+    for r in range(n):
+        g, rr = r // GROUP, r % GROUP
+        c, lane = rr // LANES, rr % LANES
+        for b in range(nb):
+            o = 136 * b
+            gb = g * nb + b
+            d[gb * GROUP + rr] = _f16_at(w[r], o, f16)
+            h = np.int64(w[r, o + 2]) | (np.int64(w[r, o + 3]) << 8)
+            for ib in range(8):
+                ls = ((np.int64(w[r, o + 4 + ib // 2]) >> (4 * (ib % 2))) & 15) | (((h >> (2 * ib)) & 3) << 4)
+                lsf[(gb * 8 + ib) * GROUP + rr] = ls - 32
+                for j in range(32):
+                    q = np.int64(w[r, o + 8 + 16 * ib + j % 16])
+                    code = q & 15 if j < 16 else q >> 4
+                    v = 32 * ib + j
+                    codes[gb * 256 * GROUP + ((c * 64 + v // 4) * LANES + lane) * 4 + v % 4] = _KV_INT[code]
+    return codes, lsf, d, n, nb
+
+
+@njit
+def _q8_k_pairs(a):
+    """Q8_K activation rows as the tile reads them, [block, row]: 128 int32 pairs of the 256 codes
+    (pair 2q + k: codes 4q + k and 4q + k + 2), and d."""
+    M, nb = a.shape[0], a.shape[1] // Q8_K_BYTES
+    q8 = a.view(np.int8)
+    ap = np.empty((nb, M, 128), np.int32)
+    da = np.empty((nb, M), np.float32)
+    for m in range(M):
+        af = a[m].view(np.float32)
+        for b in range(nb):
+            o = b * Q8_K_BYTES + 4
+            da[b, m] = af[73 * b]
+            for pp in range(128):
+                x = o + 4 * (pp // 2) + pp % 2
+                ap[b, m, pp] = (np.int32(q8[m, x]) & 0xFFFF) | (np.int32(q8[m, x + 2]) << 16)
+    return ap, da
+
+
+@njit
+def mul_mat_iq4_xs_packed(codes, lsf, d, n, nb, a, out):
+    """out (M, n) = the packed weight rows . the Q8_K activation rows a (uint8 (M, row bytes)): the
+    numbers of mul_mat_iq4_xs (GGML's generic order per row), GROUP rows x MT activations a tile."""
+    M = a.shape[0]
+    ap, da = _q8_k_pairs(a)
+    apf = ap.reshape(-1)
+    daf = da.reshape(-1)
+    acc = np.empty((M, GROUP), np.float32)
+    accf = acc.reshape(-1)
+    for g in range((n + GROUP - 1) // GROUP):
+        accf[:] = 0
+        for b in range(nb):
+            gb = g * nb + b
+            for m0 in range(0, M, MT):
+                so = b * M + m0
+                _tile_iq4_xs(codes, gb * 256 * GROUP, lsf, gb * 8 * GROUP, d, gb * GROUP, apf, so * 128, daf, so,
+                             accf, m0 * GROUP, min(MT, M - m0))
+        for m in range(M):
+            for r in range(min(GROUP, n - g * GROUP)):
+                out[m, g * GROUP + r] = acc[m, r]
+
 # -- IQ1_S, IQ1_M -------------------------------------------------------------------------------------
 _FLT_MAX = F32(3.4028234663852886e38)
 _DELTA = F32(0.125)                                  # IQ1S_DELTA, IQ1M_DELTA

@@ -45,6 +45,23 @@ class IQ4_XS(QType, ggml_type=T.GGMLType.IQ4_XS):
     dot_kernel = compiled(_K, "dot_iq4_xs")
     mul_mat_kernel = compiled(_K, "mul_mat_iq4_xs")
 
+    # mat-vec speed: the weights unpacked once into int8 levels and a vector tile (same numbers)
+    pack_kernel = compiled(_K, "pack_iq4_xs")
+    mul_mat_packed_kernel = compiled(_K, "mul_mat_iq4_xs_packed")
+
+    @classmethod
+    def pack(cls, w) -> tuple:
+        """The packed form of weight rows w (uint8 (N, row bytes)) that mul_mat_packed multiplies."""
+        return cls.pack_kernel(np.ascontiguousarray(w, np.uint8), *_dot_args())
+
+    @classmethod
+    def mul_mat_packed(cls, packed: tuple, a) -> np.ndarray:
+        """mul_mat(w, a) from pack(w): float32 (rows of a, rows of w), the same bits."""
+        a = np.ascontiguousarray(a, np.uint8)
+        out = np.empty((a.shape[0], packed[3]), np.float32)
+        cls.mul_mat_packed_kernel(*packed, a, out)
+        return out
+
     @classmethod
     def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:
         """quantize_row_iq4_xs_ref: quantize_iq4_xs without quant_weights."""
