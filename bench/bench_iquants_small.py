@@ -10,10 +10,11 @@ second row).
 
 Per file type, interleaved rounds after a warm-up round, medians of --runs:
 
-* llama-quantize ``--pure --token-embedding-type f16 [--imatrix F] MODEL out TYPE 2`` (A), and the
-  same with ``--tensor-type`` keeping as F16 every tensor that A converts to the type (B): llama's
-  time for those tensors is A - B (loading, writing and the other tensors, which fall back to
-  other types where their rows of 640 do not divide into 256-value blocks, cancel out).
+* llama-quantize ``--pure --token-embedding-type f16 [--imatrix F] MODEL out TYPE 2`` with
+  ``--tensor-type NAME=f16`` for every tensor that does not get the type (rows of 640 do not divide
+  into 256-value blocks: llama.cpp would fall back to another type), so that only the type's
+  tensors are quantized (A); and the same with every tensor kept F16 (B: copied). llama's time for
+  the type's tensors is A - B (loading and writing cancel out).
 * ggtool: the same tensors read from MODEL (F16 -> float32, as llama-quantize converts them) and
   quantized by the type's record (``ggtool.qtypes``) on 2 of ggtool.quant's threads.
 
@@ -24,7 +25,6 @@ shared: ratios within one run are what count.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import subprocess
@@ -88,7 +88,9 @@ def main() -> None:
             for path in paths:
                 im = args.imatrix if path == "imatrix" else None
                 _, log = llama(args.bin, args.model, out, ftype, im, [])
-                names = [n for n, t in LINE.findall(log) if t == tname]
+                found = LINE.findall(log)
+                names = [n for n, t in found if t == tname]
+                others = [n for n, t in found if t != tname]
 
                 def run_ggtool():
                     t0 = time.perf_counter()
@@ -96,14 +98,14 @@ def main() -> None:
                     for n in names:
                         x = np.asarray(by_name[n].data).astype(np.float32)
                         w = imat.weights_for(n, tuple(int(v) for v in by_name[n].shape)) if im is not None else None
-                        res[n] = rec.quantize(x, w, name=n, run_chunks=_run_chunks)
+                        res[n] = rec.quantize(x, w, name=n, run=_run_chunks)
                     return time.perf_counter() - t0, res
 
                 run_ggtool()                                   # warm-up: kernels compiled, tables built
                 la, lb, gg = [], [], []
                 for _ in range(args.runs):
-                    la.append(llama(args.bin, args.model, out, ftype, im, [])[0])
-                    lb.append(llama(args.bin, args.model, Path(d) / "b.gguf", ftype, im, names)[0])
+                    la.append(llama(args.bin, args.model, out, ftype, im, others)[0])
+                    lb.append(llama(args.bin, args.model, Path(d) / "b.gguf", ftype, im, names + others)[0])
                     g, res = run_ggtool()
                     gg.append(g)
                 got = {t.name: np.asarray(t.data) for t in GGUFReader(str(out)).tensors if t.name in res}
@@ -113,7 +115,6 @@ def main() -> None:
                 print(f"{ftype:9} {path:7} {len(names):3} tensors ({values / 1e6:.1f} M values): llama A {a:6.2f} s, "
                       f"B {b:6.2f} s, A-B {a - b:6.2f} s; ggtool {g:6.2f} s; ratio ggtool/(A-B) {g / max(a - b, 1e-9):.2f}; "
                       f"bytes equal to llama-quantize's in {same}/{len(names)} tensors", flush=True)
-    os.environ.pop("GGTOOL_QUANT_THREADS", None)
 
 
 if __name__ == "__main__":
