@@ -34,8 +34,8 @@ LAYERS = (
     # compiled loops and OS memory: they know types and bytes, never a tensor
     {"kernels": ["ggtool.kernels"],
      "shm": ["ggtool.pool.shm"]},                         # POSIX shared memory (the pool's, below its own layers)
-    {"kquants": ["ggtool.kquants"],                       # GGML's block quantizers (compiled), run by quant
-     "qtypes": ["ggtool.qtypes"]},                        # one record per GGML block type (the registry)
+    {"kquants": ["ggtool.kquants"]},                      # GGML's block quantizers (compiled), run by quant
+    {"qtypes": ["ggtool.qtypes"]},                        # one record per GGML type (IQ4_XS reuses kquants' IQ4_NL search)
     {"quant": ["ggtool.quant"]},                          # arrays of GGML's number formats
     {"tensor": ["ggtool.tensor"],                         # struct ggml_tensor; its context is a protocol
      "gguf_io": ["ggtool.gguf_io"]},                      # GGUF files: bytes and metadata, no tensors

@@ -130,10 +130,13 @@ def test_every_record_is_complete(t):
     assert isinstance(rec.needs_imatrix, bool) and isinstance(rec.ggml_requires_imatrix, bool)
     assert rec.needs_imatrix or not rec.ggml_requires_imatrix
     assert isinstance(rec.llama_cpp, dict)
-    assert rec.grids() and all(isinstance(v, np.ndarray) for v in rec.grids().values())
+    g = rec.grids()                # {} for a type with no tables (TQ1_0, TQ2_0: trits are arithmetic)
+    assert isinstance(g, dict) and all(isinstance(v, np.ndarray) for v in g.values())
     assert callable(rec.quantize_kernel) and callable(rec.dot_kernel) and callable(rec.mul_mat_kernel)
     assert rec.quantize_ref is None or callable(rec.quantize_ref)
-    assert len(rec.quantizer_tables()) and len(rec.dot_args())
+    assert isinstance(rec.quantizer_tables(), tuple) and isinstance(rec.dot_args(), tuple)
+    assert (rec.k_form is None) == (rec.dot_final is None)
+    assert rec.k_form is None or (callable(rec.k_form) and isinstance(rec.dot_final, np.float32))
 
 
 def test_registry_lookup():

@@ -118,12 +118,12 @@ class QType:
     # k_form(w uint8 (n, row bytes), *dot_args()) -> (codes int8 (n, nb, 256), scales int32 (n, nb, 16),
     #   d float32 (n, nb)): the rows in the form of the K-quant dots (kernels.dot_k: an integer scale
     #   per 16 codes, no min); sum over blocks of (d * d_act) * sum_j scale_j * (codes_j . act_j),
-    #   in block order, times dot_final is the dot, bit for bit (None: the type's dot has another form)
+    #   in block order, times dot_final is the dot, bit for bit (both None: the type's dot has another form)
     quantize_kernel: ClassVar[Callable]
     dot_kernel: ClassVar[Callable]
     mul_mat_kernel: ClassVar[Callable]
     k_form: ClassVar[Callable | None]
-    dot_final: ClassVar[np.float32]
+    dot_final: ClassVar[np.float32 | None]
 
     # -- shared drivers ---------------------------------------------------------------------------
     @classmethod
