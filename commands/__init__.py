@@ -50,7 +50,7 @@ def console() -> None:
     _exit_now(code)
 
 
-COMPUTING = ("compute", "generate")   # the commands that compute on the worker pool
+COMPUTING = ("compute", "generate", "perplexity", "imatrix")   # the commands that compute on the worker pool
 
 
 def threads_asked(argv: list[str]) -> int | None:

@@ -131,6 +131,26 @@ def pick_numerics(name: str, verbose: bool) -> str:
     return resolved
 
 
+def warn_llama_cpp_gaps(gaps, numerics: str) -> None:
+    """--numerics llama.cpp* (or x86) on a graph with nodes it has no llama.cpp order for
+    (``ggtool.ops.llama_cpp_gaps``): one line on stderr saying which."""
+    from ggtool.ops.matmul import X86_COVERED
+
+    if not gaps:
+        return
+    parts = []
+    for gap in gaps:
+        n = len(gap.nodes)
+        what = f"{gap.op.lower()} node{'' if n == 1 else 's'}"
+        if gap.weight_type is not None:
+            what += f" with {gap.weight_type} weights"
+        parts.append(f"{n} {what} (first: '{gap.nodes[0].name}')")
+    one = len(gaps) == 1 and len(gaps[0].nodes) == 1
+    log(f"Warning: --numerics {numerics} follows llama.cpp's order for mul_mat with {X86_COVERED} weights, "
+        f"soft_max, rope and gelu; {', '.join(parts)} {'computes' if one else 'compute'} in GGML's order and may "
+        f"differ from llama.cpp's in the last bits")
+
+
 # -- the program and its inputs ---------------------------------------------------------------------------
 def read_program(program: str | None, program_file: str | None) -> tuple[str, str]:
     """(source, filename) from PROGRAM or -f FILE (a path, '-' for stdin); exactly one must be given."""

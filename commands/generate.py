@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from ._common import PROGRAM_FILE, log, numerics_option, open_pool, pick_numerics, read_program, threads_option
+from ._common import PROGRAM_FILE, log, numerics_option, open_pool, pick_numerics, read_program, threads_option, warn_llama_cpp_gaps
 from .tokenize import ids_json, parse_ids
 
 HELP = """Continue a prompt with a GGUF model: the prompt is evaluated in one batch, then each new
@@ -122,6 +122,7 @@ def command(stdin_text, model, program_file, prompt, tokens_json, n_predict, ctx
 
     session = Session(model, program, n_ctx=n_ctx, numerics=numerics)
     session.prepare(len(ids), 1)
+    warn_llama_cpp_gaps(session.llama_cpp_gaps(), numerics)
     if n_threads is None:   # the engine's rule, for the step that repeats
         n_threads = default_threads(estimate_flops(session.graph(1)))
     session.n_threads, session.pool = n_threads, open_pool(n_threads)

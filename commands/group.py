@@ -206,6 +206,8 @@ SUBCOMMANDS = (
     "tokenize",
     "detokenize",
     "generate",
+    "perplexity",
+    "imatrix",
 )
 
 

