@@ -17,15 +17,16 @@ of ``iq2`` and ``iq3`` at first use, so that the registry loads without numba).
 * ``k_form_*``: rows decoded into the form of ggtool's K-quant dots (int8 codes, an int32 scale
   per 16 values, float32 d, no min), whose sum times the type's final factor is the generic dot.
 
-All of it lives in one file: numba's disk cache checks a kernel against its own file only.
+All of it lives in one file, the helpers both kernel modules share apart (``_kernel_base``, which
+the kernel cache's key covers): numba's disk cache checks a kernel against its own file only.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 
-from ..kernels.jit import njit, numba
+from ..kernels.jit import njit
+from ._kernel_base import _first_bad, _float, _put16, _put32, fp16_bits, nearest_int
 
 F32 = np.float32
 _F0 = F32(0.0)
@@ -37,90 +38,15 @@ _F025 = F32(0.25)
 _F2 = F32(2.0)
 _F31 = F32(31.0)
 _F256 = F32(256.0)
-_MAGIC = F32(12582912.0)                 # 1.5 * 2**23
 _FLT_MAX = F32(3.4028234663852886e38)
 _EPS = F32(1e-15)                        # GROUP_MAX_EPS
 _EPS_8 = F32(1e-8)                       # GROUP_MAX_EPS_IQ2_S, GROUP_MAX_EPS_IQ3_XXS
 _FUDGE_IQ2_S = F32(0.9875)
 _FUDGE_IQ3_XXS = F32(1.0125)
 _FUDGE_IQ3_S = F32(1.033)
-_ABS = np.uint32(0x7FFFFFFF)
-_INF = np.uint32(0x7F800000)
 QK_K = 256
 Q8_K_BYTES = 292
 
-_types = numba.types
-
-
-@numba.extending.intrinsic
-def _bits(typingctx, v):
-    """The bits of a float32 as an int32 (C's memcpy from float to int)."""
-    if not isinstance(v, _types.Float) or v.bitwidth != 32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return _types.int32(_types.float32), codegen
-
-
-@numba.extending.intrinsic
-def _float(typingctx, v):
-    """The float32 with the bits of an int32."""
-    if not isinstance(v, _types.Integer) or v.bitwidth != 32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return _types.float32(v), codegen
-
-
-@njit
-def nearest_int(fval):
-    """GGML's nearest_int: the low 23 bits of fval + 1.5*2**23, less 2**22 (round half to even for
-    |fval| < 2**22; outside it GGML's bits, which release builds return unchecked)."""
-    return np.int64((_bits(F32(fval + _MAGIC)) & np.int32(0x7FFFFF)) - np.int32(0x400000))
-
-
-@njit
-def fp16_bits(f):
-    """GGML_FP32_TO_FP16 (ggml_compute_fp32_to_fp16's float trick: round to nearest even, overflow
-    to inf, NaN to 0x7e00 with the sign)."""
-    base = F32(F32(abs(f) * F32(5.192296858534828e33)) * F32(7.703719777548943e-34))   # 2**112, 2**-110
-    w = np.uint32(_bits(f)) & np.uint32(0xFFFFFFFF)
-    shl1_w = np.uint32(w + w)
-    sign = w & np.uint32(0x80000000)
-    bias = shl1_w & np.uint32(0xFF000000)
-    if bias < np.uint32(0x71000000):
-        bias = np.uint32(0x71000000)
-    base = F32(_float(np.int32((bias >> np.uint32(1)) + np.uint32(0x07800000))) + base)
-    b = np.uint32(_bits(base)) & np.uint32(0xFFFFFFFF)
-    nonsign = ((b >> np.uint32(13)) & np.uint32(0x7C00)) + (b & np.uint32(0x0FFF))
-    h = np.uint32(0x7E00) if shl1_w > np.uint32(0xFF000000) else nonsign
-    return np.uint16((sign >> np.uint32(16)) | h)
-
-
-@njit
-def _first_bad(x):
-    """-1, or the flat index of the first NaN/inf of x (2-D, C order)."""
-    xi = x.reshape(-1).view(np.uint32)
-    for k in range(xi.shape[0]):
-        if (xi[k] & _ABS) >= _INF:
-            return k
-    return -1
-
-
-@njit
-def _put16(out, r, at, v):
-    out[r, at] = np.uint8(v & 0xFF)
-    out[r, at + 1] = np.uint8((v >> 8) & 0xFF)
-
-
-@njit
-def _put32(out, r, at, v):
-    for b in range(4):
-        out[r, at + b] = np.uint8((v >> (8 * b)) & 0xFF)
 
 
 # -- iq2xs_init_impl / iq3xs_init_impl ------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The compiled kernels of IQ1_S, IQ1_M, IQ4_XS, TQ1_0, TQ2_0 and MXFP4 (the records: ``iq1``,
 ``iq4xs``, ``ternary``, ``mxfp4``), in one module because numba's cache checks a kernel against
-its own file only: the helpers they share live beside them. IQ4_XS's per-32 search is IQ4_NL's own
+its own file only: the helpers they share live beside them, those the IQ2/IQ3 kernels share too in
+``_kernel_base`` (which the kernel cache's key covers). IQ4_XS's per-32 search is IQ4_NL's own
 (``ggtool.kquants.legacy``, whose file the kernel cache's key covers), not a copy.
 
 GGML's float32 order throughout (ggml-quants.c, ggml-cpu/quants.c ``*_generic``): every constant
@@ -23,82 +24,19 @@ from llvmlite import ir
 
 from ..kernels.jit import njit, numba
 from ..kernels.tables import KVALUES_IQ4NL
-from ..kquants.blocks import nearest_int
 from ..kquants.legacy import best_index, iq4_nl_block
+from ._kernel_base import _f16_at, _first_bad, _put16, fp16_bits, nearest_int
 from .grids import IQ1S_GRID, KVALUES_MXFP4
 from .mxfp4 import e8m0_half
 
 F32 = np.float32
 _F0 = F32(0.0)
 _F1 = F32(1.0)
-_ABS = np.uint32(0x7FFFFFFF)
-_INF = np.uint32(0x7F800000)
 Q8_K_BYTES = 292
 _types = numba.types
 
 
 # -- shared helpers ---------------------------------------------------------------------------------------
-@numba.extending.intrinsic
-def _bits(typingctx, v):
-    """The bits of a float32 as an int32 (C's memcpy): an LLVM bitcast."""
-    if not isinstance(v, _types.Float) or v.bitwidth != 32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return _types.int32(_types.float32), codegen
-
-
-@numba.extending.intrinsic
-def _float(typingctx, v):
-    """The float32 with the bits of an int32."""
-    if not isinstance(v, _types.Integer) or v.bitwidth != 32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return _types.float32(v), codegen
-
-
-@njit
-def fp16_bits(f):
-    """GGML_FP32_TO_FP16 (ggml_compute_fp32_to_fp16: the float trick, round to nearest even,
-    overflow to inf, NaN to 0x7e00 with its sign) as an int64 of 16 bits."""
-    base = F32(F32(abs(f) * F32(5.192296858534828e33)) * F32(7.703719777548943e-34))   # 2**112, 2**-110
-    w = np.int64(_bits(f)) & 0xFFFFFFFF
-    shl1 = (w + w) & 0xFFFFFFFF
-    bias = max(shl1 & 0xFF000000, 0x71000000)
-    base = F32(_float(np.int32(((bias >> 1) + 0x07800000) - (1 << 32) if ((bias >> 1) + 0x07800000) >= (1 << 31)
-                                else (bias >> 1) + 0x07800000)) + base)
-    b = np.int64(_bits(base)) & 0xFFFFFFFF
-    nonsign = ((b >> 13) & 0x7C00) + (b & 0x0FFF)
-    return ((w & 0x80000000) >> 16) | (0x7E00 if shl1 > 0xFF000000 else nonsign)
-
-
-@njit
-def _first_bad(x):
-    """-1, or the flat index of the first NaN/inf of x (C order)."""
-    xi = x.reshape(-1).view(np.uint32)
-    for k in range(xi.shape[0]):
-        if (xi[k] & _ABS) >= _INF:
-            return k
-    return -1
-
-
-@njit
-def _put16(out, r, at, v):
-    out[r, at] = np.uint8(v & 0xFF)
-    out[r, at + 1] = np.uint8((v >> 8) & 0xFF)
-
-
-@njit
-def _f16_at(w, o, f16):
-    """The fp16 at bytes [o, o + 2) of w, as float32 (the table: exact)."""
-    return f16[np.int64(w[o]) | (np.int64(w[o + 1]) << 8)]
-
-
 # -- MXFP4 ---------------------------------------------------------------------------------------------
 _KV4 = KVALUES_MXFP4.astype(np.float32)     # small tables: frozen into the kernels
 _KV4_INT = KVALUES_MXFP4.astype(np.int64)
@@ -1025,7 +963,7 @@ def _iq1_m_block(x, qw, weighted, out, row, o, grid, kmap, nb, weight, px, pw, i
                 sumq2 = F32(sumq2 + F32(F32(w * q) * q))
     if sumq2 > _F0:
         d = F32(sumqx / sumq2)
-    s = fp16_bits(F32(d * F32(1.1125)))
+    s = np.int64(fp16_bits(F32(d * F32(1.1125))))
     sc[0] |= (s & 0x000F) << 12
     sc[1] |= (s & 0x00F0) << 8
     sc[2] |= (s & 0x0F00) << 4
