@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.jit import njit
+from ..kquants.weighted import make_qp_quants
 from ._kernel_base import _first_bad, _float, _put16, _put32, fp16_bits, nearest_int
 
 F32 = np.float32
@@ -306,69 +307,6 @@ def _scale_nibble(idv, s):
 
 # -- IQ2_XXS --------------------------------------------------------------------------------------------
 @njit
-def _make_qp_quants(n, nmax, x, L, qw):
-    """make_qp_quants(n, nmax, x, (uint8_t *)L, quant_weights): the scale (L's codes wrap as uint8_t)."""
-    mx = _F0
-    for i in range(n):
-        mx = mx if mx > x[i] else x[i]
-    if mx < _EPS:
-        for i in range(n):
-            L[i] = 0
-        return _F0
-    fn = F32(nmax)
-    iscale = F32(fn / mx)
-    for i in range(n):
-        L[i] = nearest_int(F32(iscale * x[i])) & 0xFF
-    scale = F32(_F1 / iscale)
-    best_mse = _F0
-    for i in range(n):
-        diff = F32(x[i] - F32(scale * F32(L[i])))
-        best_mse = F32(best_mse + F32(F32(qw[i] * diff) * diff))
-    for is_ in range(-4, 5):
-        if is_ == 0:
-            continue
-        iscale_is = F32(F32(F32(_F01 * F32(is_)) + fn) / mx)
-        scale_is = F32(_F1 / iscale_is)
-        mse = _F0
-        for i in range(n):
-            lv = min(nmax, nearest_int(F32(iscale_is * x[i])))
-            diff = F32(x[i] - F32(scale_is * F32(lv)))
-            mse = F32(mse + F32(F32(qw[i] * diff) * diff))
-        if mse < best_mse:
-            best_mse = mse
-            iscale = iscale_is
-    sumlx = _F0
-    suml2 = _F0
-    for i in range(n):
-        lv = min(nmax, nearest_int(F32(iscale * x[i])))
-        L[i] = lv & 0xFF
-        fl = F32(lv)
-        sumlx = F32(sumlx + F32(F32(qw[i] * x[i]) * fl))
-        suml2 = F32(suml2 + F32(F32(qw[i] * fl) * fl))
-    for _ in range(5):
-        changed = 0
-        for i in range(n):
-            w = qw[i]
-            li = F32(L[i])
-            slx = F32(sumlx - F32(F32(w * x[i]) * li))
-            sl2 = F32(suml2 - F32(F32(w * li) * li))
-            if slx > _F0 and sl2 > _F0:
-                new_l = min(nmax, nearest_int(F32(F32(x[i] * sl2) / slx)))
-                if new_l != L[i]:
-                    fl = F32(new_l)
-                    slx = F32(slx + F32(F32(w * x[i]) * fl))
-                    sl2 = F32(sl2 + F32(F32(w * fl) * fl))
-                    if F32(F32(slx * slx) * suml2) > F32(F32(sumlx * sumlx) * sl2):
-                        L[i] = new_l & 0xFF
-                        sumlx = slx
-                        suml2 = sl2
-                        changed += 1
-        if not changed:
-            break
-    return F32(sumlx / suml2) if suml2 > _F0 else _F0
-
-
-@njit
 def quantize_iq2_xxs(x, out, qw, grid, kmap, nb):
     """quantize_iq2_xxs (quantize_row_iq2_xxs_impl; quant_weights required): 66-byte blocks of
     fp16 d and uint32 pairs per 32 values: 4 grid indices (a byte each), then 4 x 7 sign bits and
@@ -403,7 +341,7 @@ def quantize_iq2_xxs(x, out, qw, grid, kmap, nb):
                 if mx < _EPS:
                     scales[ib] = _F0
                     continue
-                scale = _make_qp_quants(32, 4, xval, qpl, weight)
+                scale = make_qp_quants(32, 4, xval, qpl, weight)
                 eff_max = F32(scale * F32(3.0))
                 if eff_max <= _F0:
                     scales[ib] = _F0
