@@ -13,6 +13,7 @@ import pytest
 
 from ggtool import qtypes
 from ggtool.errors import QuantizationError
+from qtypes_checks import check_errors, check_threads, q8_k  # noqa: F401 (the checks every record gets)
 
 HERE = Path(__file__).resolve().parent
 QK_K = 256
@@ -111,7 +112,7 @@ def check_dot(t: str, oracle) -> None:
     codes, scales, d = rec.decode_k(rb.reshape(8, -1))
     assert codes.shape == (8, 4, 256) and scales.shape == (8, 4, 16) and d.shape == (8, 4)
     for i, w in enumerate(want):
-        d_a, q8 = q8_k_parts(a[4 * i:4 * i + 4].reshape(-1))
+        d_a, q8, _ = q8_k(a[4 * i:4 * i + 4].reshape(-1))
         prods = (codes[i].astype(np.int64) * q8).reshape(4, 16, 16).sum(-1)
         bsum = (prods * scales[i]).sum(-1)
         got = generic_sum(d[i], d_a, bsum, float(rec.dot_final))
@@ -128,63 +129,9 @@ def random_q8_k(rng, nblocks: int) -> np.ndarray:
     return out
 
 
-def q8_k_parts(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(d float32 (nb,), qs int64 (nb, 256)) of a row of Q8_K blocks."""
-    b = a.reshape(-1, 292)
-    return np.ascontiguousarray(b[:, :4]).view(np.float32)[:, 0], b[:, 4:260].view(np.int8).astype(np.int64)
-
-
 def generic_sum(d_w: np.ndarray, d_a: np.ndarray, bsum: np.ndarray, final: float) -> np.float32:
     """GGML's float part: sumf += (d_w * d_a) * (float)bsum block after block, in float32, then final * sumf."""
     sumf = np.float32(0)
     for dw, da, s in zip(d_w.astype(np.float32), d_a, bsum):
         sumf = np.float32(sumf + np.float32(np.float32(dw * da) * np.float32(s)))
     return np.float32(np.float32(final) * sumf)
-
-
-def check_errors(t: str) -> None:
-    """Bad input: one clear QuantizationError each, nothing written."""
-    rec = qtypes.get(t)
-    x = np.random.default_rng(3).standard_normal((3, 512)).astype(np.float32)
-    qw = np.ones(512, np.float32)
-    bad = x.copy()
-    bad[2, 300] = np.nan
-    bad[2, 400] = np.inf
-    with pytest.raises(QuantizationError, match=r"tensor 'w': cannot quantize NaN at index \(2, 300\)"):
-        rec.quantize(bad, qw, name="w")
-    bad[2, 300] = 0
-    with pytest.raises(QuantizationError, match=r"cannot quantize inf at index \(2, 400\)"):
-        rec.quantize(bad, qw, name="w")
-    with pytest.raises(QuantizationError, match=f"row length 500 is not a multiple of 256 \\({t} block size\\)"):
-        rec.quantize(x[:, :500], None if not rec.ggml_requires_imatrix else qw[:500])
-    with pytest.raises(QuantizationError, match="importance matrix has 256 values for rows of 512"):
-        rec.quantize(x, qw[:256])
-    with pytest.raises(QuantizationError, match="importance matrix holds NaN or inf \\(column 7\\)"):
-        q = qw.copy()
-        q[7] = np.nan
-        rec.quantize(x, q)
-    if rec.ggml_requires_imatrix:
-        with pytest.raises(QuantizationError, match=f"{t} needs an importance matrix"):
-            rec.quantize(x)
-    else:
-        assert rec.quantize_ref(x).shape == (3, 2 * rec.type_size)
-    assert rec.quantize(np.zeros((0, 512), np.float32), qw).shape == (0, 2 * rec.type_size)
-
-
-def check_threads(t: str) -> None:
-    """Chunks on threads (quant's runner shape: run(fn, n_items, chunk)) give the serial bytes."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    rec = qtypes.get(t)
-    rng = np.random.default_rng(11)
-    x = (rng.standard_normal((2, 40, 1024)) * rng.uniform(0.01, 10, (2, 40, 1))).astype(np.float32)
-    qw = (10.0 ** rng.uniform(-2, 2, 1024)).astype(np.float32)
-
-    def threaded(fn, n, chunk):
-        with ThreadPoolExecutor(3) as ex:
-            list(ex.map(lambda s: fn(s, min(s + chunk, n)), range(0, n, chunk)))
-
-    serial = np.concatenate([rec.quantize(x[e, r:r + 1], qw) for e in range(2) for r in range(40)])
-    many = rec.quantize(x, qw, run=threaded)
-    assert many.shape == (2, 40, 4 * rec.type_size)
-    assert np.array_equal(many.reshape(80, -1), serial)

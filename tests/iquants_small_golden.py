@@ -7,7 +7,6 @@ the float32 steps one by one in GGML's order), written apart from ggtool's compi
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from ggtool import qtypes
 from ggtool.errors import QuantizationError
+from qtypes_checks import check_errors, check_threads, q8_k  # noqa: F401 (the checks every record gets)
 
 HERE = Path(__file__).resolve().parent
 F32 = np.float32
@@ -109,52 +109,6 @@ def check_dot(t: str, oracle) -> None:
     assert nb >= 1
 
 
-def check_errors(t: str) -> None:
-    """Bad input: one clear QuantizationError each."""
-    rec = qtypes.get(t)
-    bs = rec.block_size
-    x = np.random.default_rng(3).standard_normal((3, 2 * 256)).astype(np.float32)
-    qw = np.ones(512, np.float32)
-    bad = x.copy()
-    bad[2, 300] = np.nan
-    bad[2, 400] = np.inf
-    with pytest.raises(QuantizationError, match=r"tensor 'w': cannot quantize NaN at index \(2, 300\)"):
-        rec.quantize(bad, qw, name="w")
-    bad[2, 300] = 0
-    with pytest.raises(QuantizationError, match=r"cannot quantize inf at index \(2, 400\)"):
-        rec.quantize(bad, qw, name="w")
-    with pytest.raises(QuantizationError, match=f"row length {bs + 8} is not a multiple of {bs} \\({t} block size\\)"):
-        rec.quantize(x[:, :bs + 8], qw[:bs + 8])
-    with pytest.raises(QuantizationError, match="importance matrix has 256 values for rows of 512"):
-        rec.quantize(x, qw[:256])
-    q = qw.copy()
-    q[7] = np.nan
-    with pytest.raises(QuantizationError, match=r"importance matrix holds NaN or inf \(column 7\)"):
-        rec.quantize(x, q)
-    if rec.ggml_requires_imatrix:
-        with pytest.raises(QuantizationError, match=f"{t} needs an importance matrix"):
-            rec.quantize(x)
-    assert rec.quantize(np.zeros((0, 512), np.float32), qw).shape == (0, 512 // bs * rec.type_size)
-
-
-def check_threads(t: str) -> None:
-    """Chunks of rows on threads (ggtool.quant's runner shape: run(fn, n_items, chunk)) give the
-    serial bytes."""
-    rec = qtypes.get(t)
-    rng = np.random.default_rng(11)
-    x = (rng.standard_normal((2, 40, 1024)) * rng.uniform(0.01, 10, (2, 40, 1))).astype(np.float32)
-    qw = (10.0 ** rng.uniform(-2, 2, 1024)).astype(np.float32)
-
-    def threaded(fn, n, chunk):
-        with ThreadPoolExecutor(3) as ex:
-            list(ex.map(lambda s: fn(s, min(s + 1, n)), range(0, n)))
-
-    serial = np.concatenate([rec.quantize(x[e, r:r + 1], qw) for e in range(2) for r in range(40)])
-    many = rec.quantize(x, qw, run=threaded)
-    assert many.shape == (2, 40, 1024 // rec.block_size * rec.type_size)
-    assert np.array_equal(many.reshape(80, -1), serial)
-
-
 def check_weights_ignored(t: str) -> None:
     """A type whose GGML quantizer ignores quant_weights writes the same bytes with and without,
     and its reference row (quantize_row_*_ref) is that path."""
@@ -167,13 +121,6 @@ def check_weights_ignored(t: str) -> None:
 
 
 # -- activations ------------------------------------------------------------------------------------------
-def q8_k(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(d float32 (nb,), qs int64 (nb, 256), bsums int64 (nb, 16)) of a row of Q8_K blocks."""
-    b = a.reshape(-1, 292)
-    return (np.ascontiguousarray(b[:, :4]).view(F32)[:, 0], b[:, 4:260].view(np.int8).astype(np.int64),
-            np.ascontiguousarray(b[:, 260:292]).view("<i2").astype(np.int64))
-
-
 def q8_0(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(d float32 (nb,), qs int64 (nb, 32)) of a row of Q8_0 blocks."""
     b = a.reshape(-1, 34)

@@ -49,7 +49,7 @@ def _oracle(t: str):
         b = w.reshape(-1, size)
         nb = len(b)
         d_w = b[:, :2].copy().view(np.float16)[:, 0].astype(np.float32)
-        d_a, q8 = G.q8_k_parts(a)
+        d_a, q8, _ = G.q8_k(a)
         if t == "iq2_xxs":
             q = b[:, 2:66].copy().view("<u4").astype(np.int64).reshape(nb, 8, 2)
             idx = b[:, 2:66].reshape(nb, 8, 8)[:, :, :4].astype(np.int64)

@@ -41,7 +41,7 @@ def _oracle(t: str):
         b = w.reshape(-1, size)
         nb = len(b)
         d_w = b[:, :2].copy().view(np.float16)[:, 0].astype(np.float32)
-        d_a, q8 = G.q8_k_parts(a)
+        d_a, q8, _ = G.q8_k(a)
         if t == "iq3_xxs":
             idx = b[:, 2:66].astype(np.int64).reshape(nb, 8, 4, 2)
             aux = b[:, 66:98].copy().view("<u4").astype(np.int64).reshape(nb, 8)
