@@ -26,13 +26,13 @@ import json
 import mmap
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from ggml_c import compile_ggml, weights
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -70,17 +70,7 @@ Q8_K_BYTES = 292
 
 
 def build(ggml_dir: str, tmp: Path) -> ctypes.CDLL:
-    g = Path(ggml_dir)
-    (tmp / "stubs.c").write_text(STUBS)
-    (tmp / "access.c").write_text(ACCESS)
-    so = tmp / "libggmliq.so"
-    subprocess.run(["gcc", "-O2", "-DNDEBUG", "-shared", "-fPIC", "-I", g / "src", "-I", g / "include",
-                    "-I", g / "src/ggml-cpu", tmp / "access.c", g / "src/ggml-cpu/quants.c", tmp / "stubs.c",
-                    "-o", so, "-lm"], check=True)
-    lib = ctypes.CDLL(str(so))
-    table = (ctypes.c_float * (1 << 16)).in_dll(lib, "ggml_table_f32_f16")
-    f16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-    ctypes.memmove(table, f16.ctypes.data, f16.nbytes)
+    lib = compile_ggml(ggml_dir, tmp, STUBS, ACCESS)
     for t in TYPES:          # the tables, once, before any fork (as ggml_quantize_init)
         init_tables(lib, t)
     return lib
@@ -272,14 +262,6 @@ def edge_rows(rng) -> tuple[np.ndarray, list[str]]:
     add("uniform", rng.uniform(-1, 1, QK_K))
     add("tie_magnitudes", np.where(np.arange(QK_K) % 3 == 0, -0.5, 0.5))
     return np.asarray(rows, np.float32), cats
-
-
-def weights(rng, n: int) -> np.ndarray:
-    """Two importance matrices for rows of n: random positive (10^U(-3, 3)), and the same with a quarter zero."""
-    pos = (10.0 ** rng.uniform(-3, 3, n)).astype(np.float32)
-    zer = pos.copy()
-    zer[rng.random(n) < 0.25] = 0
-    return np.stack([pos, zer])
 
 
 def golden_rows(x_new: np.ndarray, cats_new) -> tuple[np.ndarray, np.ndarray]:

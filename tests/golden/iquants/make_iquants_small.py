@@ -31,13 +31,13 @@ import hashlib
 import json
 import os
 import pickle
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from ggml_c import compile_ggml, weights
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
@@ -69,16 +69,7 @@ ACT = {"q8_K": (256, 292), "q8_0": (32, 34)}
 
 
 def build(ggml_dir: str, tmp: Path) -> ctypes.CDLL:
-    g = Path(ggml_dir)
-    (tmp / "stubs.c").write_text(STUBS)
-    so = tmp / "libggmliq.so"
-    subprocess.run(["gcc", "-O2", "-DNDEBUG", "-shared", "-fPIC", "-I", g / "src", "-I", g / "include",
-                    "-I", g / "src/ggml-cpu", g / "src/ggml-quants.c", g / "src/ggml-cpu/quants.c", tmp / "stubs.c",
-                    "-o", so, "-lm"], check=True)
-    lib = ctypes.CDLL(str(so))
-    table = (ctypes.c_float * (1 << 16)).in_dll(lib, "ggml_table_f32_f16")
-    f16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-    ctypes.memmove(table, f16.ctypes.data, f16.nbytes)
+    lib = compile_ggml(ggml_dir, tmp, STUBS)
     lib.iq2xs_init_impl(ctypes.c_int(19))          # IQ1_S and IQ1_M share one grid entry
     return lib
 
@@ -290,14 +281,6 @@ def random_blocks(rng, t: str, n: int) -> np.ndarray:
     elif t == "mxfp4":
         b[:, 0] = rng.integers(100, 141, n)
     return b
-
-
-def weights(rng, n: int) -> np.ndarray:
-    """Two importance matrices for rows of n: random positive (10^U(-3, 3)), and the same with a quarter zero."""
-    pos = (10.0 ** rng.uniform(-3, 3, n)).astype(np.float32)
-    zer = pos.copy()
-    zer[rng.random(n) < 0.25] = 0
-    return np.stack([pos, zer])
 
 
 def make(ggml_dir: str) -> None:
