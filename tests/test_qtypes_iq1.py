@@ -32,6 +32,16 @@ def test_dequantize_is_ggml_and_gguf_py(t):
     G.check_dequantize(t)
 
 
+def test_neighbour_tables_are_ggmls():
+    """The quantizers' map and neighbour lists are iq2xs_init_impl's for IQ1 (golden digest of GGML's
+    own tables, every code word, on the grid or off it), shared and read-only."""
+    _, kmap, nb = iq1.quantizer_tables()
+    assert G.sha256(np.concatenate([kmap.view(np.uint8), nb.view(np.uint8)])) == str(G.golden()["iq1_tables_sha256"])
+    for a in iq1.quantizer_tables():
+        with pytest.raises(ValueError, match="read-only"):
+            a[0] = 0
+
+
 def test_grid_is_gguf_pys():
     import gguf
 

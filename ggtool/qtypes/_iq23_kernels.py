@@ -27,7 +27,7 @@ import numpy as np
 
 from ..kernels.jit import njit
 from ..kquants.weighted import make_qp_quants
-from ._kernel_base import _first_bad, _float, _put16, _put32, fp16_bits, nearest_int
+from ._kernel_base import _first_bad, _float, _put16, _put32, fp16_bits, grid_tables, nearest_int, read_only
 
 F32 = np.float32
 _F0 = F32(0.0)
@@ -51,83 +51,14 @@ Q8_K_BYTES = 292
 
 
 # -- iq2xs_init_impl / iq3xs_init_impl ------------------------------------------------------------------
-@njit
-def _init_tables(kgrid, bits, npos, kmap_size, nwant):
-    """The quantizer's tables of one grid: grid (G, npos) int8 of levels 2l+1, map (kmap_size,)
-    int32 (a point's index, or -(offset + 1) of its neighbour list), neighbours uint16 (lists of
-    [count, index...] for every point off the grid, in increasing order of the point): each list
-    holds the grid points at the nwant smallest distances, sorted by (distance, index), as the C's
-    qsort with iq2_compare_func leaves them."""
-    G = kgrid.shape[0]
-    mask = (1 << bits) - 1
-    grid = np.empty((G, npos), np.int8)
-    gt = np.empty((npos, G), np.int32)           # the grid transposed: the distances vectorise over points
-    kmap = np.full(kmap_size, -1, np.int32)
-    for k in range(G):
-        for i in range(npos):
-            grid[k, i] = 2 * ((np.int64(kgrid[k]) >> (bits * i)) & mask) + 1
-            gt[i, k] = grid[k, i]
-        kmap[np.int64(kgrid[k])] = k
-    maxd = npos * (2 * mask) * (2 * mask) + 1
-    dist = np.empty(nwant, np.int32)
-    d2 = np.empty(G, np.int32)
-    out = np.empty(16 * kmap_size, np.uint16)
-    at = 0
-    for u in range(kmap_size):
-        if kmap[u] >= 0:
-            continue
-        d2[:] = 0
-        for i in range(npos):
-            p = np.int32(2 * ((u >> (bits * i)) & mask) + 1)
-            for j in range(G):
-                t = gt[i, j] - p
-                d2[j] += t * t
-        # the distances kept: the nwant smallest distinct ones (min reductions: they vectorise)
-        n = 0
-        nd = 0
-        lo = np.int32(-1)
-        for _ in range(nwant):
-            m = np.int32(maxd)
-            for j in range(G):
-                v = d2[j]
-                m = v if (v > lo and v < m) else m
-            if m == maxd:
-                break
-            dist[nd] = m
-            nd += 1
-            lo = m
-        for j in range(G):
-            n += d2[j] <= lo
-        if at + 1 + n > out.shape[0]:
-            bigger = np.empty(2 * out.shape[0] + n + 1, np.uint16)
-            bigger[:at] = out[:at]
-            out = bigger
-        kmap[u] = -(at + 1)
-        out[at] = n
-        at += 1
-        for q in range(nd):                      # sorted by distance, then index
-            dq = dist[q]
-            for j in range(G):
-                if d2[j] == dq:
-                    out[at] = j
-                    at += 1
-    return grid, kmap, out[:at].copy()
-
-
-def _read_only(tables):
-    for a in tables:
-        a.flags.writeable = False           # shared by every call of the process: nobody may change them
-    return tables
-
-
 def iq2_tables(kgrid, nwant):
     """iq2xs_init_impl of a 2-bit grid (IQ2_XXS: 256 points, IQ2_XS: 512, IQ2_S: 1024; nwant 2, 2, 1)."""
-    return _read_only(_init_tables(np.ascontiguousarray(kgrid, np.uint16), 2, 8, 43692, nwant))
+    return read_only(grid_tables(np.ascontiguousarray(kgrid, np.uint16), 2, 8, 43692, nwant))
 
 
 def iq3_tables(kgrid, nwant):
     """iq3xs_init_impl of a 3-bit grid (IQ3_XXS: 256 points, nwant 2; IQ3_S: 512, nwant 3)."""
-    return _read_only(_init_tables(np.ascontiguousarray(kgrid, np.uint16), 3, 4, 4096, nwant))
+    return read_only(grid_tables(np.ascontiguousarray(kgrid, np.uint16), 3, 4, 4096, nwant))
 
 
 # -- the searches the quantizers share --------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The compiled helpers both kernel modules of the records share (``_iq23_kernels``,
-``_lowbit_kernels``): float bits, GGML's fp32 -> fp16 rounding, little-endian stores and fp16 loads.
+``_lowbit_kernels``): float bits, GGML's fp32 -> fp16 rounding, little-endian stores and fp16 loads,
+and the quantizers' grid tables (iq2xs_init_impl / iq3xs_init_impl: IQ1, IQ2 and IQ3 use them).
 The kernel cache's key covers this file (``ggtool.kernels.cache.SHARED``): numba compiles these
 into the kernels that call them and checks a cached kernel against its own file only.
 ``nearest_int`` is the K-quants' (``ggtool.kquants.blocks``)."""
@@ -88,3 +89,74 @@ def _put32(out, r, at, v):
 def _f16_at(w, o, f16):
     """The fp16 at bytes [o, o + 2) of w, as float32 (the table: exact)."""
     return f16[np.int64(w[o]) | (np.int64(w[o + 1]) << 8)]
+
+
+# -- iq2xs_init_impl / iq3xs_init_impl: a grid's map and neighbour lists ----------------------------------
+@njit
+def grid_tables(kgrid, bits, npos, kmap_size, nwant):
+    """iq2xs_init_impl / iq3xs_init_impl's tables of one grid (kgrid: each point's levels, `bits` a
+    level, `npos` levels; IQ1_S/IQ1_M's grid is a 2-bit one of levels 0..2): grid (G, npos) int8 of
+    levels 2l+1, map (kmap_size,) int32 (a point's index, or -(offset + 1) of its neighbour list), neighbours uint16 (lists of
+    [count, index...] for every point off the grid, in increasing order of the point): each list
+    holds the grid points at the nwant smallest distances, sorted by (distance, index), as the C's
+    qsort with iq2_compare_func leaves them."""
+    G = kgrid.shape[0]
+    mask = (1 << bits) - 1
+    grid = np.empty((G, npos), np.int8)
+    gt = np.empty((npos, G), np.int32)           # the grid transposed: the distances vectorise over points
+    kmap = np.full(kmap_size, -1, np.int32)
+    for k in range(G):
+        for i in range(npos):
+            grid[k, i] = 2 * ((np.int64(kgrid[k]) >> (bits * i)) & mask) + 1
+            gt[i, k] = grid[k, i]
+        kmap[np.int64(kgrid[k])] = k
+    maxd = npos * (2 * mask) * (2 * mask) + 1
+    dist = np.empty(nwant, np.int32)
+    d2 = np.empty(G, np.int32)
+    out = np.empty(16 * kmap_size, np.uint16)
+    at = 0
+    for u in range(kmap_size):
+        if kmap[u] >= 0:
+            continue
+        d2[:] = 0
+        for i in range(npos):
+            p = np.int32(2 * ((u >> (bits * i)) & mask) + 1)
+            for j in range(G):
+                t = gt[i, j] - p
+                d2[j] += t * t
+        # the distances kept: the nwant smallest distinct ones (min reductions: they vectorise)
+        n = 0
+        nd = 0
+        lo = np.int32(-1)
+        for _ in range(nwant):
+            m = np.int32(maxd)
+            for j in range(G):
+                v = d2[j]
+                m = v if (v > lo and v < m) else m
+            if m == maxd:
+                break
+            dist[nd] = m
+            nd += 1
+            lo = m
+        for j in range(G):
+            n += d2[j] <= lo
+        if at + 1 + n > out.shape[0]:
+            bigger = np.empty(2 * out.shape[0] + n + 1, np.uint16)
+            bigger[:at] = out[:at]
+            out = bigger
+        kmap[u] = -(at + 1)
+        out[at] = n
+        at += 1
+        for q in range(nd):                      # sorted by distance, then index
+            dq = dist[q]
+            for j in range(G):
+                if d2[j] == dq:
+                    out[at] = j
+                    at += 1
+    return grid, kmap, out[:at].copy()
+
+
+def read_only(tables):
+    for a in tables:
+        a.flags.writeable = False           # shared by every call of the process: nobody may change them
+    return tables

@@ -43,14 +43,14 @@ GRID_VALUES = grids.IQ1S_GRID.view(np.int8).reshape(2048, 8)    # the grid's val
 @cache
 def quantizer_tables() -> tuple:
     """(grid (2048, 8) int64 of the values + 1, kmap int32, neighbours uint16): the quantizers'
-    lookup tables as iq2xs_init_impl builds them for IQ1_S/IQ1_M, built once a process (0.25 s,
-    compiled; not worth a file on disk)."""
-    from . import _lowbit_kernels
+    lookup tables as iq2xs_init_impl builds them for IQ1_S/IQ1_M (kgrid_1bit_2048: the grid's
+    values + 1, 2 bits each; the 3 nearest distances), built once a process (compiled; not worth a
+    file on disk)."""
+    from ._kernel_base import grid_tables, read_only
     grid = GRID_VALUES.astype(np.int64) + 1
-    kmap, neighbours = _lowbit_kernels.build_neighbours(grid)
-    for a in (grid, kmap, neighbours):
-        a.flags.writeable = False
-    return grid, kmap, neighbours
+    kgrid = (grid << (2 * np.arange(8))).sum(axis=1).astype(np.uint16)
+    _, kmap, neighbours = grid_tables(kgrid, 2, 8, 43692, 3)
+    return read_only((grid, kmap, neighbours))
 
 
 @cache

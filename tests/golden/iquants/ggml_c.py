@@ -16,6 +16,20 @@ from pathlib import Path
 import numpy as np
 
 
+# ggml-quants.c with accessors for its static tables (iq2xs_init_impl / iq3xs_init_impl fill them)
+TABLE_ACCESS = r"""
+#include "ggml-quants.c"
+void iq2_tables(int type, const uint64_t ** grid, const int ** map, const uint16_t ** nb) {
+    iq2xs_init_impl(type); int g = iq2_data_index(type);
+    *grid = iq2_data[g].grid; *map = iq2_data[g].map; *nb = iq2_data[g].neighbours;
+}
+void iq3_tables(int grid_size, const uint32_t ** grid, const int ** map, const uint16_t ** nb) {
+    iq3xs_init_impl(grid_size); int g = iq3_data_index(grid_size);
+    *grid = iq3_data[g].grid; *map = iq3_data[g].map; *nb = iq3_data[g].neighbours;
+}
+"""
+
+
 def compile_ggml(ggml_dir: str, tmp: Path, stubs: str, wrapper: str | None = None) -> ctypes.CDLL:
     """The library of `wrapper` (C text that includes ggml-quants.c; None: ggml-quants.c itself),
     ggml-cpu/quants.c and `stubs`, built in `tmp` and loaded."""
@@ -43,3 +57,18 @@ def weights(rng, n: int) -> np.ndarray:
     zer = pos.copy()
     zer[rng.random(n) < 0.25] = 0
     return np.stack([pos, zer])
+
+
+def grid_tables(lib, family: str, arg: int, points: int, npos: int, kmap_size: int):
+    """GGML's (grid levels int8 (points * npos,), map int32 (kmap_size,), neighbours uint16) as
+    iq2xs_init_impl(arg) ("iq2": arg the type id; IQ1_S's grid too) or iq3xs_init_impl(arg) ("iq3":
+    arg the grid size) builds them, copied out of its static tables (a library with TABLE_ACCESS)."""
+    grid, mp, nb = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    getattr(lib, f"{family}_tables")(arg, ctypes.byref(grid), ctypes.byref(mp), ctypes.byref(nb))
+    g = np.ctypeslib.as_array(ctypes.cast(grid, ctypes.POINTER(ctypes.c_uint8)), (points * npos,)).copy()
+    m = np.ctypeslib.as_array(ctypes.cast(mp, ctypes.POINTER(ctypes.c_int32)), (kmap_size,)).copy()
+    # the neighbour lists: up to the end of the last one (the largest offset's count)
+    last = int(-m.min() - 1)
+    first = np.ctypeslib.as_array(ctypes.cast(nb, ctypes.POINTER(ctypes.c_uint16)), (last + 1,))
+    n = np.ctypeslib.as_array(ctypes.cast(nb, ctypes.POINTER(ctypes.c_uint16)), (last + 1 + int(first[last]),)).copy()
+    return g.view(np.int8), m, n

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ggml_c import compile_ggml, weights
+from ggml_c import TABLE_ACCESS, compile_ggml, grid_tables, weights
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -49,18 +49,6 @@ size_t ggml_type_size(int t) { abort(); }
 size_t ggml_row_size(int t, int64_t n) { abort(); }
 float ggml_table_f32_f16[1 << 16];
 """
-# ggml-quants.c with accessors for its static tables (iq2xs_init_impl / iq3xs_init_impl fill them)
-ACCESS = r"""
-#include "ggml-quants.c"
-void iq2_tables(int type, const uint64_t ** grid, const int ** map, const uint16_t ** nb) {
-    iq2xs_init_impl(type); int g = iq2_data_index(type);
-    *grid = iq2_data[g].grid; *map = iq2_data[g].map; *nb = iq2_data[g].neighbours;
-}
-void iq3_tables(int grid_size, const uint32_t ** grid, const int ** map, const uint16_t ** nb) {
-    iq3xs_init_impl(grid_size); int g = iq3_data_index(grid_size);
-    *grid = iq3_data[g].grid; *map = iq3_data[g].map; *nb = iq3_data[g].neighbours;
-}
-"""
 # type -> (ggml id, bytes per block, GGML requires quant_weights, grid size, kmap size)
 TYPES = {"iq2_xxs": (16, 66, True, 256, 43692), "iq2_xs": (17, 74, True, 512, 43692),
          "iq2_s": (22, 82, False, 1024, 43692), "iq3_xxs": (18, 98, False, 256, 4096),
@@ -70,7 +58,7 @@ Q8_K_BYTES = 292
 
 
 def build(ggml_dir: str, tmp: Path) -> ctypes.CDLL:
-    lib = compile_ggml(ggml_dir, tmp, STUBS, ACCESS)
+    lib = compile_ggml(ggml_dir, tmp, STUBS, TABLE_ACCESS)
     for t in TYPES:          # the tables, once, before any fork (as ggml_quantize_init)
         init_tables(lib, t)
     return lib
@@ -79,19 +67,9 @@ def build(ggml_dir: str, tmp: Path) -> ctypes.CDLL:
 def init_tables(lib, t: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """GGML's (grid, map, neighbours) for t, copied out of its static tables."""
     gid, _, _, gsize, kmap = TYPES[t]
-    grid, mp, nb = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
     if t.startswith("iq2"):
-        lib.iq2_tables(gid, ctypes.byref(grid), ctypes.byref(mp), ctypes.byref(nb))
-        g = np.ctypeslib.as_array(ctypes.cast(grid, ctypes.POINTER(ctypes.c_uint8)), (gsize * 8,)).copy()
-    else:
-        lib.iq3_tables(gsize, ctypes.byref(grid), ctypes.byref(mp), ctypes.byref(nb))
-        g = np.ctypeslib.as_array(ctypes.cast(grid, ctypes.POINTER(ctypes.c_uint8)), (gsize * 4,)).copy()
-    m = np.ctypeslib.as_array(ctypes.cast(mp, ctypes.POINTER(ctypes.c_int32)), (kmap,)).copy()
-    # the neighbour lists: up to the end of the last one (the largest offset's count)
-    last = int(-m.min() - 1)
-    first = np.ctypeslib.as_array(ctypes.cast(nb, ctypes.POINTER(ctypes.c_uint16)), (last + 1,))
-    n = np.ctypeslib.as_array(ctypes.cast(nb, ctypes.POINTER(ctypes.c_uint16)), (last + 1 + int(first[last]),)).copy()
-    return g.view(np.int8), m, n
+        return grid_tables(lib, "iq2", gid, gsize, 8, kmap)
+    return grid_tables(lib, "iq3", gsize, gsize, 4, kmap)
 
 
 def digest(*arrays) -> str:

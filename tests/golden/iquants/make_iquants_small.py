@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ggml_c import compile_ggml, weights
+from ggml_c import TABLE_ACCESS, compile_ggml, grid_tables, weights
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
@@ -69,9 +69,15 @@ ACT = {"q8_K": (256, 292), "q8_0": (32, 34)}
 
 
 def build(ggml_dir: str, tmp: Path) -> ctypes.CDLL:
-    lib = compile_ggml(ggml_dir, tmp, STUBS)
-    lib.iq2xs_init_impl(ctypes.c_int(19))          # IQ1_S and IQ1_M share one grid entry
+    lib = compile_ggml(ggml_dir, tmp, STUBS, TABLE_ACCESS)
+    iq1_tables(lib)                                # iq2xs_init_impl: IQ1_S and IQ1_M share one grid entry
     return lib
+
+
+def iq1_tables(lib) -> tuple[np.ndarray, np.ndarray]:
+    """GGML's (map, neighbours) of IQ1's grid (iq2xs_init_impl(GGML_TYPE_IQ1_S))."""
+    _, m, n = grid_tables(lib, "iq2", 19, 2048, 8, 43692)
+    return m, n
 
 
 def _p(a: np.ndarray):
@@ -298,6 +304,10 @@ def make(ggml_dir: str) -> None:
         acts = {vt: activations(lib, act, vt) for vt in ACT}
         racts = {vt: activations(lib, (rng.standard_normal((32, 4 * ACT[vt][0])) * rng.uniform(0.1, 10, (32, 1))).astype(np.float32),
                                  vt) for vt in ACT}               # rows of 4 blocks, for the random blocks
+        h = hashlib.sha256()
+        for a in iq1_tables(lib):
+            h.update(np.ascontiguousarray(a).tobytes())
+        out["iq1_tables_sha256"] = np.array(h.hexdigest())
         for t, (_, qk, nb, paths) in TYPES.items():
             for path in paths:
                 key = t if path == "ref" else f"{t}_w"
