@@ -12,7 +12,7 @@ measured in the same run.
   Wall time (median), ratio numpy / ggtool (target >= 0.9x), peak RSS of each process (its largest
   resident set, or a worker's, as wait4 reports them: shared memory a process touched counts in its
   RSS), and ggtool's own phases (`--time`, median).
-- llama: fixtures/llama.gg on fixtures/stories260K.gguf with 512 tokens, `ggtool compute -o
+- llama: ggtool/programs/llama.gg on fixtures/stories260K.gguf with 512 tokens, `ggtool compute -o
   logits.npy` with --alloc graph and --alloc context, --threads 1 and 2: wall time and peak RSS;
   and the compute buffer `ggtool plan --json` reports against the sum of all intermediates.
 - overhead: per-node overhead on the pool, in-process: a chain of 1000 adds on 16 floats, built
@@ -48,7 +48,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 STORIES = ROOT / "fixtures" / "stories260K.gguf"
-PROGRAM = ROOT / "fixtures" / "llama.gg"
+PROGRAM = ROOT / "ggtool" / "programs" / "llama.gg"
 
 N_PRODUCTS = 20
 

@@ -4,7 +4,7 @@ checks), timed in the same run, in interleaved rounds, the same way for both.
     git worktree add /tmp/before 8ae83fe          # the code before issue 19
     python bench/bench_checks.py --before /tmp/before --runs 11
 
-- llama: fixtures/llama.gg on fixtures/stories260K.gguf, 512 tokens, `ggtool compute --threads 1
+- llama: ggtool/programs/llama.gg on fixtures/stories260K.gguf, 512 tokens, `ggtool compute --threads 1
   -o logits.npy --time`: the whole process's wall time and ggtool's own build and compute phases
   (the views' checks run as the graph is built, the walks' as it computes), median of the rounds.
 - chain: bench_alloc's 21 f32 mul_mats of 2048x2048 by 512 rows summed, `--threads 2 -o y.npy`.
@@ -62,12 +62,18 @@ def report(title: str, t: dict, phases=()) -> None:
         print(f"  {p:<8} before {b * 1e3:7.1f} ms  after {a * 1e3:7.1f} ms  after/before {ratio}")
 
 
+def _program(checkout) -> Path:
+    """The checkout's llama.gg: ggtool/programs/ now, fixtures/ in older trees."""
+    new = Path(checkout) / "ggtool" / "programs" / PROGRAM.name
+    return new if new.exists() else Path(checkout) / "fixtures" / PROGRAM.name
+
+
 def llama(checkouts: dict, runs: int, n_tokens: int = 512) -> None:
     with tempfile.TemporaryDirectory() as d:
         tokens = os.path.join(d, "tokens.npy")
         np.save(tokens, np.concatenate([[1], (np.arange(n_tokens - 1) * 37 + 3) % 500 + 2]).astype(np.int32))
         cmds = commands(checkouts, d, lambda name: [   # each checkout's own program (the DSL grows)
-            "compute", "-f", str(Path(checkouts[name]) / "fixtures" / PROGRAM.name), "--gguf", str(STORIES),
+            "compute", "-f", str(_program(checkouts[name])), "--gguf", str(STORIES),
             "--tensor", f"tokens={tokens}",
             "--threads", "1", "--time", "-o", os.path.join(d, f"{name}.npy")])
         wait_idle()

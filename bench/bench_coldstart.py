@@ -5,9 +5,9 @@ and gemma's cached run against llama.cpp's.
                                     [--tree /tmp/before] [--llama-python /work/bench-env/venv/bin/python]
 
 - stories: the README's Q4_0 example, `ggtool quantize fixtures/stories260K.gguf Q4.gguf --force`
-  then `ggtool compute -f fixtures/llama.gg --gguf Q4.gguf --tensor tokens=i32:[...] -o out.npy`
+  then `ggtool compute -f ggtool/programs/llama.gg --gguf Q4.gguf --tensor tokens=i32:[...] -o out.npy`
   (both processes timed together: the quantizer's kernels are part of the first run);
-- gemma: docs/gemma.md's `ggtool compute -f fixtures/gemma3.gg --gguf GEMMA --threads T ...` of 13
+- gemma: docs/gemma.md's `ggtool compute -f ggtool/programs/gemma3.gg --gguf GEMMA --threads T ...` of 13
   tokens (--tokens N repeats them to N), for each T of --threads (a comma list: 1,2 compares them).
 
 First-ever: GGTOOL_CACHE_DIR is a new empty folder for every run. Cached: the same folder again,
@@ -60,9 +60,9 @@ def commands(example: str, tmp: str, threads: str, tokens: int = 30) -> list[lis
     if example == "stories":
         q4 = os.path.join(tmp, "stories-q4_0.gguf")
         return [ggtool("quantize", str(ROOT / "fixtures/stories260K.gguf"), q4, "--force", "--quiet"),
-                ggtool("compute", "-f", str(ROOT / "fixtures/llama.gg"), "--gguf", q4,
+                ggtool("compute", "-f", str(ROOT / "ggtool/programs/llama.gg"), "--gguf", q4,
                        "--tensor", f"tokens={STORIES_TOKENS}", "--format", "npy")]
-    return [ggtool("compute", "-f", str(ROOT / "fixtures/gemma3.gg"), "--gguf", gemma_path(), "--threads", threads,
+    return [ggtool("compute", "-f", str(ROOT / "ggtool/programs/gemma3.gg"), "--gguf", gemma_path(), "--threads", threads,
                    "--tensor", f"tokens={gemma_tokens(tokens)}", "--format", "npy")]
 
 

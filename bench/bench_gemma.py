@@ -2,7 +2,7 @@
 
     python bench/bench_gemma.py --llama-python /tmp/benchenv/bin/python [--runs N] [--tokens 32] [--numerics ggml,x86]
 
-- ggtool: `ggtool compute -f fixtures/gemma3.gg --gguf GEMMA --tensor tokens=i32:[...] -o logits.npy`
+- ggtool: `ggtool compute -f ggtool/programs/gemma3.gg --gguf GEMMA --tensor tokens=i32:[...] -o logits.npy`
   in a fresh process, --threads 1 and --threads 2 (start-up, model map, graph build, compute and
   the .npy write of every position's logits all included), with each `--numerics` asked for
   (x86: llama.cpp's own sums, so the check below must show max|diff| 0);
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAM = ROOT / "fixtures" / "gemma3.gg"
+PROGRAM = ROOT / "ggtool" / "programs" / "gemma3.gg"
 # "Once upon a time, there was a little girl who loved" (tests/golden/llama), then more text ids
 BASE_TOKENS = [2, 14946, 3324, 496, 990, 236764, 993, 691, 496, 2268, 3953, 1015, 9312]
 

@@ -32,7 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 STORIES = ROOT / "fixtures" / "stories260K.gguf"
-PROGRAM = ROOT / "fixtures" / "llama.gg"
+PROGRAM = ROOT / "ggtool" / "programs" / "llama.gg"
 
 
 def _run(cmd: list[str], env=None) -> tuple[float, float]:

@@ -6,10 +6,10 @@ Three implementations of the same forward pass (sequence 1 of tests/golden/llama
 checked against llama.cpp's logits before it is timed:
 
 - numpy: a plain float32 numpy forward (below), weights already loaded as numpy arrays (same BLAS);
-- engine: fixtures/llama.gg through the Python API: `compute` alone on a built graph (steady state,
+- engine: ggtool/programs/llama.gg through the Python API: `compute` alone on a built graph (steady state,
   what a caller that keeps the graph pays), and parse + build + compute (a fresh graph each time);
   1 thread in-process, 2 threads on a `WorkerPool` (two processes; the pool is started once);
-- CLI: `python -m ggtool compute -f fixtures/llama.gg ... -o logits.npy` in a fresh process, with
+- CLI: `python -m ggtool compute -f ggtool/programs/llama.gg ... -o logits.npy` in a fresh process, with
   `--threads 1` and `--threads 2`, against the numpy forward run the same way in a fresh process
   (`python bench/bench_llama.py --numpy-cli`, which loads the GGUF with gguf-py and writes the .npy).
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAM = ROOT / "fixtures" / "llama.gg"
+PROGRAM = ROOT / "ggtool" / "programs" / "llama.gg"
 STORIES = ROOT / "fixtures" / "stories260K.gguf"
 GOLDEN = ROOT / "tests" / "golden" / "llama" / "stories260K-logits.npz"
 

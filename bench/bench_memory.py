@@ -3,9 +3,9 @@
     python bench/bench_memory.py                        # models and single ops, this checkout
     python bench/bench_memory.py --tree /tmp/before     # the same with another checkout, alternately
 
-- models: `ggtool compute -f fixtures/llama.gg --gguf fixtures/stories260K.gguf --tensor
+- models: `ggtool compute -f ggtool/programs/llama.gg --gguf fixtures/stories260K.gguf --tensor
   tokens=T.npy -o logits.npy --threads 1` at 512 and 2048 tokens (ids < 512, a fixed seed), and
-  fixtures/gemma3.gg on gemma-3-270m (the test extra's package) at 512 tokens when it is installed:
+  ggtool/programs/gemma3.gg on gemma-3-270m (the test extra's package) at 512 tokens when it is installed:
   peak RSS (wait4's ru_maxrss), wall time, and the compute buffer `ggtool plan --json` reports for
   the same graph; and llama.cpp's peak for the same model and tokens, in the same rounds
   (bench/llama_cpp_run.py under --llama-python, a Python with llama-cpp-python: it evaluates the
@@ -60,13 +60,13 @@ def cases(tmp: str, which: list[str], refs: dict | None = None) -> dict:
     if "models" in which:
         for n in (512, 2048):
             tokens = token_file(tmp, n, 512)
-            cs[f"stories260K {n} tokens"] = ["-f", "fixtures/llama.gg", "--gguf", "fixtures/stories260K.gguf",
+            cs[f"stories260K {n} tokens"] = ["-f", "ggtool/programs/llama.gg", "--gguf", "fixtures/stories260K.gguf",
                                              "--tensor", f"tokens={tokens}"]
             refs[f"stories260K {n} tokens"] = (str(ROOT / "fixtures/stories260K.gguf"), tokens)
         gemma = gemma_path()
         if gemma:
             tokens = token_file(tmp, 512, 262144)
-            cs["gemma-3-270m 512 tokens"] = ["-f", "fixtures/gemma3.gg", "--gguf", gemma,
+            cs["gemma-3-270m 512 tokens"] = ["-f", "ggtool/programs/gemma3.gg", "--gguf", gemma,
                                              "--tensor", f"tokens={tokens}"]
             refs["gemma-3-270m 512 tokens"] = (gemma, tokens)
     if "ops" in which:

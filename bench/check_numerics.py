@@ -8,7 +8,7 @@ build (the native one, the bench environment's default library; and an AVX2-only
 LLAMA_CPP_LIB_PATH=DIR) and each thread count, it prints the max |diff| of
 
 - batch: every logit of a 13-token sequence evaluated in one batch (llama-cpp-python
-  `Llama(..., logits_all=True, type_k=0, type_v=0)`; ggtool `compute -f fixtures/gemma3.gg`);
+  `Llama(..., logits_all=True, type_k=0, type_v=0)`; ggtool `compute -f ggtool/programs/gemma3.gg`);
 - decode: the last token's logits after the prompt and after each of `--steps` one-token steps
   fed llama.cpp's greedy tokens (llama.cpp's KV cache against ggtool's generate Session),
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAM = ROOT / "fixtures" / "gemma3.gg"
+PROGRAM = ROOT / "ggtool" / "programs" / "gemma3.gg"
 GOLDEN = ROOT.parent / "shared" / "golden" / "generate" / "llama-cpp-greedy.json"
 SEQUENCE = [2, 14946, 3324, 496, 990, 236764, 993, 691, 496, 2268, 3953, 1015, 9312]   # tests/golden/llama
 PROMPT = [2, 818, 5279, 529, 7001, 563]                                               # "The capital of France is"
@@ -184,7 +184,8 @@ def main() -> None:
             for _, numerics, _ in refs:
                 if numerics not in got:
                     got[numerics] = [json.loads(ggtool("generate", "--gguf", gemma, "--tokens", json.dumps(p), "-n", "32",
-                                                       "--ignore-eos", "--numerics", numerics, "--threads", str(nth),
+                                                       "--ignore-eos", "--temp", "0", "--numerics", numerics,
+                                                       "--threads", str(nth),
                                                        "--format", "json").stdout) for p in prompts]
             for what, numerics, want in refs:
                 counts = [same_prefix(g, w) for g, w in zip(got[numerics], want)]

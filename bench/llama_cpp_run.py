@@ -1,6 +1,6 @@
 """The reference run of bench_coldstart.py and bench_memory.py: llama.cpp (llama-cpp-python, from the
 bench environment, never a dependency of ggtool) loads a GGUF and evaluates a batch of tokens with
-logits for every one of them, as `ggtool compute -f fixtures/<arch>.gg` does; timed and measured by
+logits for every one of them, as `ggtool compute -f ggtool/programs/<arch>.gg` does; timed and measured by
 the caller as a whole process.
 
     /work/bench-env/venv/bin/python bench/llama_cpp_run.py MODEL.gguf --threads T --tokens 1,2,3 | --token-file T.npy

@@ -317,3 +317,23 @@ class Timer:
             total = sum(s for _, s in self.phases)
             parts = ", ".join(f"{p} {s * 1000:.1f} ms" for p, s in self.phases)
             log(f"time: {parts} (total {total * 1000:.1f} ms)")
+
+
+# -- clusters ---------------------------------------------------------------------------------------------
+def ray_options(f):
+    """--ray ADDRESS (or RAY_ADDRESS) and --ray-ship, for the commands whose work splits into tasks."""
+    f = click.option("--ray-ship", "ray_ship", type=click.Choice(["auto", "shared", "ship"]), default="auto",
+                     show_default=True,
+                     help="How files reach the Ray nodes: asked per node (auto), a shared file system, or Ray's object store.")(f)
+    return click.option("--ray", "ray_address", metavar="ADDRESS", envvar="RAY_ADDRESS", show_envvar=True, default=None,
+                        help="Run each chunk as a task on the Ray cluster at HOST:PORT (pip install 'ggtool[cluster]').")(f)
+
+
+def open_cluster(address: str | None, ship: str, command: str):
+    """The Ray executor for --ray ADDRESS, or None (ggtool.evaluate.cluster: Ray imported only there)."""
+    from ggtool.evaluate.cluster import executor_for
+
+    ex = executor_for(address, ship=ship)
+    if ex is not None:
+        log(f"{command}: on the Ray cluster at {address} ({ex.workers} CPU{'' if ex.workers == 1 else 's'})")
+    return ex

@@ -208,6 +208,7 @@ SUBCOMMANDS = (
     "generate",
     "perplexity",
     "imatrix",
+    "sweep",
 )
 
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ._common import log, numerics_option, open_pool, pick_numerics, threads_option
+from ._common import log, numerics_option, open_cluster, open_pool, pick_numerics, ray_options, threads_option
 from ._json import document
 from ._progress import progress_bar
 
@@ -27,6 +27,11 @@ are llama-imatrix's own, to the bit where the model's logits are.
 --in-file F (repeatable) adds the sums of earlier files first (llama-imatrix's GGUF or .dat);
 with no -f TEXT the files are only merged. An --in-file made for another model is refused.
 The per-chunk PPL is printed as llama-imatrix prints it (--no-ppl: not computed).
+
+\b
+--ray ADDRESS (or RAY_ADDRESS): each batch of chunks is a task on a Ray cluster
+(docs/cluster.md); the batches' sums are added in chunk order (float32, as --in-file adds
+files): the same bits on any cluster, within float32 rounding of a run without --ray.
 
 \b
 Examples:
@@ -56,12 +61,13 @@ Examples:
               help="The model's DSL program (default: the one shipped for its architecture).")
 @threads_option(help="Threads: this process and N-1 worker processes.")
 @numerics_option
+@ray_options
 @click.option("--force", is_flag=True, help="Replace OUT.gguf if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print a record of the run as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Say which llama.cpp build --numerics llama.cpp follows.")
 def command(model, text_file, out_file, n_ctx, n_chunks, n_batch, n_ubatch, process_output, in_files, no_ppl,
-            program_file, n_threads, numerics, force, as_json, quiet, verbose):
+            program_file, n_threads, numerics, ray_address, ray_ship, force, as_json, quiet, verbose):
     from ggtool.errors import ImatrixError
     from ggtool.evaluate import Model, Schedule, read_text, tokenize_text
     from ggtool.evaluate.collect import ImatrixRun, check_against_model, load_in_files, write_imatrix
@@ -96,14 +102,40 @@ def command(model, text_file, out_file, n_ctx, n_chunks, n_batch, n_ubatch, proc
     program = (program_file.read(), program_file.name) if program_file is not None else None
     m = Model(model, n_ctx, program=program, numerics=numerics)
     tokens = tokenize_text(m.vocab, read_text(text_file))
+    executor = open_cluster(ray_address, ray_ship, "imatrix")
     run = ImatrixRun(m, tokens, dataset=text_file, n_chunks=n_chunks, schedule=Schedule(n_ctx, n_batch, n_ubatch),
-                     process_output=process_output, start=start, ppl=not no_ppl, text_file=text_file)
-    if n_threads is None:
-        n_threads = default_threads(estimate_flops(run.first_graph()))
-    m.use_threads(n_threads, open_pool(n_threads))
+                     process_output=process_output, start=start, ppl=not no_ppl, text_file=text_file,
+                     executor=executor)
+    if executor is None:
+        if n_threads is None:
+            n_threads = default_threads(estimate_flops(run.first_graph()))
+        m.use_threads(n_threads, open_pool(n_threads))
     s = run.schedule
     log(f"compute_imatrix: computing over {run.n_chunk} chunks, n_ctx={n_ctx}, "
         f"batch_size={min(s.n_batch, s.n_seq * n_ctx)}, n_seq={s.n_seq}")
+    try:
+        _collect(run, quiet, no_ppl)
+    finally:
+        if executor is not None:
+            executor.close()
+    rec = run.result
+    if rec.get("ppl") is not None and rec.get("ppl_unc") is not None:
+        log(f"Final estimate: PPL = {rec['ppl']:.4f} +/- {rec['ppl_unc']:.5f}")
+    n = write_imatrix(out_file, run.collector.stats, run.collector.chunk_count, n_ctx)
+    rec.update(output=out_file, bytes=n)
+    log(f"imatrix: {rec['entries']} entries, {rec['chunk_count']} chunks of {n_ctx} written to {out_file}; "
+        f"{run.n_chunk * n_ctx} tokens in {rec['seconds']:.2f} s ({rec['tokens_per_second']:.1f} tokens/s)")
+    if as_json:
+        sys.stdout.write(document(rec))
+
+
+def _chunk_count(stats, chunk_size: int) -> int:
+    most = max((int(c.max()) for c in stats.counts.values() if c.size), default=0)
+    return most // chunk_size
+
+
+def _collect(run, quiet: bool, no_ppl: bool) -> None:
+    """The run, with llama-imatrix's per-chunk PPL line and a progress bar."""
     line = []
     tty = sys.stderr.isatty()
     with progress_bar(run.n_chunk, "chunks", " chunk", quiet=quiet) as bar:
@@ -119,17 +151,3 @@ def command(model, text_file, out_file, n_ctx, n_chunks, n_batch, n_ubatch, proc
     if not no_ppl and (tty or quiet):
         sys.stderr.write("".join(line))
     sys.stderr.write("\n")
-    rec = run.result
-    if rec.get("ppl") is not None and rec.get("ppl_unc") is not None:
-        log(f"Final estimate: PPL = {rec['ppl']:.4f} +/- {rec['ppl_unc']:.5f}")
-    n = write_imatrix(out_file, run.collector.stats, run.collector.chunk_count, n_ctx)
-    rec.update(output=out_file, bytes=n)
-    log(f"imatrix: {rec['entries']} entries, {rec['chunk_count']} chunks of {n_ctx} written to {out_file}; "
-        f"{run.n_chunk * n_ctx} tokens in {rec['seconds']:.2f} s ({rec['tokens_per_second']:.1f} tokens/s)")
-    if as_json:
-        sys.stdout.write(document(rec))
-
-
-def _chunk_count(stats, chunk_size: int) -> int:
-    most = max((int(c.max()) for c in stats.counts.values() if c.size), default=0)
-    return most // chunk_size

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ._common import log, numerics_option, open_pool, pick_numerics, threads_option
+from ._common import log, numerics_option, open_cluster, open_pool, pick_numerics, ray_options, threads_option
 from ._json import document
 from ._progress import progress_bar
 
@@ -38,6 +38,10 @@ KL divergence, in two runs:
 it (.NAME.ggtool-journal, .NAME.ggtool-partial); stopped (Ctrl-C, a crash), it is continued
 with the same command and --resume, and ends with the numbers an uninterrupted run gives.
 Memory holds one evaluation's logits at a time, never a whole chunk's or text's.
+
+\b
+--ray ADDRESS (or RAY_ADDRESS): each chunk is a task on a Ray cluster (docs/cluster.md); the
+chunks' values are added here in chunk order, so the numbers equal a run without --ray.
 
 \b
 Progress goes to stderr with llama-perplexity's lines ([1]5.1234,[2]... and "Final estimate:
@@ -74,6 +78,7 @@ Examples:
               help="The model's DSL program (default: the one shipped for its architecture).")
 @threads_option(help="Threads: this process and N-1 worker processes.")
 @numerics_option
+@ray_options
 @click.option("--json", "as_json", is_flag=True, help="Print the final record as JSON on stdout.")
 @click.option("-o", "--output", "out_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="Write the final record as JSON to FILE.")
@@ -81,7 +86,7 @@ Examples:
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr (the final lines still come).")
 @click.option("-v", "--verbose", is_flag=True, help="Say which llama.cpp build --numerics llama.cpp follows.")
 def command(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, base_file, kl, top_k, resume, program_file,
-            n_threads, numerics, as_json, out_file, force, quiet, verbose):
+            n_threads, numerics, ray_address, ray_ship, as_json, out_file, force, quiet, verbose):
     from ggtool.evaluate import BaseFile, EvaluateError, Model, Perplexity, Schedule, read_text, tokenize_text
     from ggtool.gguf_io.write import check_output_paths
     from ggtool.plan import estimate_flops
@@ -102,7 +107,9 @@ def command(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, base_file, kl,
     if writes:
         check_output_paths([model] + ([text_file] if text_file else []) + ([base_file] if kl else []), writes, force)
     base = BaseFile(base_file) if kl else None
+    executor = None
     try:
+        executor = open_cluster(ray_address, ray_ship, "perplexity")
         if base is not None and n_ctx is None:
             n_ctx = base.header.n_ctx
         n_ctx = n_ctx or 512
@@ -111,10 +118,11 @@ def command(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, base_file, kl,
         tokens = tokenize_text(m.vocab, read_text(text_file)) if text_file is not None else None
         run = Perplexity(m, tokens=tokens, n_chunks=n_chunks, schedule=Schedule(n_ctx, n_batch, n_ubatch),
                          write_base=None if kl else base_file, top_k=top_k, read_base=base,
-                         anchor=out_file, resume=resume, text_file=text_file)
-        if n_threads is None:      # the engine's rule, for the evaluation that repeats
-            n_threads = default_threads(estimate_flops(run.first_graph()))
-        m.use_threads(n_threads, open_pool(n_threads))
+                         anchor=out_file, resume=resume, text_file=text_file, executor=executor)
+        if executor is None:
+            if n_threads is None:      # the engine's rule, for the evaluation that repeats
+                n_threads = default_threads(estimate_flops(run.first_graph()))
+            m.use_threads(n_threads, open_pool(n_threads))
         _run(run, quiet)
     except EvaluateError as e:
         if e.kind == "short-text":
@@ -123,6 +131,8 @@ def command(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, base_file, kl,
     finally:
         if base is not None:
             base.close()
+        if executor is not None:
+            executor.close()
     rec = run.result
     _final_lines(rec)
     if out_file is not None:

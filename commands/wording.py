@@ -13,11 +13,26 @@ import sys
 
 from ggtool.errors import GGToolError, ImatrixError, InputError
 
+# generate's sampling parameters (ggtool.generate.Sampling fields) -> the options that set them
+SAMPLING_OPTIONS = {
+    "seed": "--seed", "temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+    "typical_p": "--typical", "xtc_probability": "--xtc-probability", "xtc_threshold": "--xtc-threshold",
+    "top_n_sigma": "--top-n-sigma", "dynatemp_range": "--dynatemp-range", "dynatemp_exponent": "--dynatemp-exp",
+    "repeat_last_n": "--repeat-last-n", "repeat_penalty": "--repeat-penalty",
+    "frequency_penalty": "--frequency-penalty", "presence_penalty": "--presence-penalty",
+    "dry_multiplier": "--dry-multiplier", "dry_base": "--dry-base", "dry_allowed_length": "--dry-allowed-length",
+    "dry_penalty_last_n": "--dry-penalty-last-n", "dry_sequence_breakers": "--dry-sequence-breaker",
+    "mirostat": "--mirostat", "mirostat_tau": "--mirostat-ent", "mirostat_eta": "--mirostat-lr",
+    "order": "--samplers", "logit_bias": "--logit-bias",
+}
+
 
 def cli_message(e: BaseException) -> str:
     """`e`'s message as the command line says it (its str() for errors nothing here words)."""
     if not isinstance(e, GGToolError):
         return str(e)
+    if e.kind == "sampling":                         # generate's sampling options
+        return f"{SAMPLING_OPTIONS.get(e.field, e.field)} {_value(e.value)}: {e.reason}"
     if isinstance(e, ImatrixError):                  # quantize's --imatrix FILE
         return e.worded(file_label=lambda path: f"--imatrix {path}")
     if isinstance(e, InputError):
@@ -25,6 +40,9 @@ def cli_message(e: BaseException) -> str:
     if e.kind in ("regex-timeout", "regex-syntax"):     # a user regex: the flag it came from
         return f"--{e.origin}: {e}"
     flag = {"output-exists": " (use --force to overwrite it)",      # quantize's and set-metadata's OUTPUT
+            "no-template": "; give one with --chat-template FILE",     # generate --chat
+            "no-program": " with -f PROGRAM",                             # generate
+            "too-long": " (--ctx-size)",
             "requantize": "; --allow-requantize does it anyway",        # quantize_model's rules
             "no-llama-cpp-build": ": name one, --numerics llama.cpp-avx2 or --numerics llama.cpp-avx512",
             "resume-exists": " (--resume continues it)",                    # perplexity's journal
@@ -35,6 +53,14 @@ def cli_message(e: BaseException) -> str:
     if dsl_errors is not None and isinstance(e, dsl_errors.DSLError):
         return dsl_message(e)
     return str(e)
+
+
+def _value(v) -> str:
+    import math
+
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else str(v)
+    return str(v)
 
 
 def input_message(e: InputError) -> str:

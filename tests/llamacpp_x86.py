@@ -4,7 +4,7 @@ written out in numpy: a test oracle, never used by ggtool itself.
 `tests/golden/llama/gemma3-270m-top64.npz` was computed by that build. ggtool's default kernels
 follow GGML's scalar reference; llama.cpp's x86 build sums in other orders, and gemma's 8-bit
 activations make a last-bit difference show now and then (docs/gemma.md, "How close"). Patched into
-ggtool in place of its kernels, these functions made `fixtures/gemma3.gg` reproduce llama.cpp's
+ggtool in place of its kernels, these functions made `ggtool/programs/gemma3.gg` reproduce llama.cpp's
 logits bit for bit; they are now the oracle of ggtool's compiled `numerics="x86"` kernels
 (ggtool.kernels.x86, tests/test_kernels_x86.py). What each function follows:
 

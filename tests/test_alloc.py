@@ -261,7 +261,7 @@ def test_llama_compute_buffer_is_far_smaller_than_the_intermediates(run):
     from conftest import STORIES, ok
 
     for n in (16, 512):
-        doc = json.loads(ok(run("plan", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", STORIES,
+        doc = json.loads(ok(run("plan", "-f", ROOT / "ggtool" / "programs" / "llama.gg", "--gguf", STORIES,
                                 "--tensor", f"tokens=i32[{n}]", "--json", "--threads", "2")))
         assert doc["compute_buffer_size"] * 10 < doc["intermediates_size"]
 

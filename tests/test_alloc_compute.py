@@ -194,7 +194,7 @@ def test_bad_alloc_mode():
 
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_cli_llama_is_byte_identical_either_way(run, threads):
-    args = ("compute", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", STORIES, "--tensor",
+    args = ("compute", "-f", ROOT / "ggtool" / "programs" / "llama.gg", "--gguf", STORIES, "--tensor",
             "tokens=i32:[1,403,407,261,378,432,383,286]", "--threads", threads, "--output", "logits",
             "--output", "x-1")
     graph_mode = ok(run(*args))

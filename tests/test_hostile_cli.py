@@ -160,7 +160,7 @@ class TestClosedStreams:
         """A descriptor the shell closed is never handed to a file ggtool opens (the model, the
         output's temporary file): /dev/null holds it, so nothing meant for stderr lands in a file."""
         out = tmp_path / "ids.json"
-        r = ggtool("compute", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", STORIES, "--tensor", "tokens=i32:[1,403]",
+        r = ggtool("compute", "-f", ROOT / "ggtool" / "programs" / "llama.gg", "--gguf", STORIES, "--tensor", "tokens=i32:[1,403]",
                    "--threads", "2", "-o", out, close=(0, 1, 2))
         assert (r.returncode, r.stdout, r.stderr) == (0, b"", b"")
         assert len(json.loads(out.read_text())) == 2

@@ -24,6 +24,7 @@ LAYERS = (
     {"errors": ["ggtool.errors"],                         # GGToolError and its fields
      "interrupts": ["ggtool.interrupts"],                 # signals, from the command line's first line
      "blas": ["ggtool.blas"],                             # BLAS's thread count (light: the pool launches early)
+     "programs": ["ggtool.programs"],                     # the DSL programs generate ships (data)
      "isolation": ["ggtool.isolation"]},                  # how ggtool starts a Python process of its own
     {"environment": ["ggtool.environment"],               # every GGTOOL_* variable, read
      "json_input": ["ggtool.json_input"]},                # JSON from the user, its nesting bounded

@@ -1,4 +1,4 @@
-"""`fixtures/llama.gg`, a whole llama forward pass in the DSL, against llama.cpp.
+"""`ggtool/programs/llama.gg`, a whole llama forward pass in the DSL, against llama.cpp.
 
 The reference is `tests/golden/llama/stories260K-logits.npz` (llama.cpp's own logits for two token
 sequences, see the README beside it; a copy of llama.cpp's output, so these tests stand on their own).
@@ -19,7 +19,7 @@ from conftest import ROOT, STORIES, TINY_LLAMA, fails, ok
 
 from ggtool.gguf_io import FileStorage
 
-PROGRAM = ROOT / "fixtures" / "llama.gg"
+PROGRAM = ROOT / "ggtool" / "programs" / "llama.gg"
 GOLDEN = ROOT / "tests" / "golden" / "llama" / "stories260K-logits.npz"
 
 STORIES_LAYERS, NODES_PER_LAYER = 5, 29
@@ -74,7 +74,7 @@ def test_stories260k_logits_match_llama_cpp(run, tmp_path, seq, threads):
 def test_the_documented_command_line(tmp_path):
     """docs/llama.md's command, verbatim, in a fresh process: 4 tokens, numpy (n_tokens, n_vocab)."""
     out = tmp_path / "logits.npy"
-    subprocess.run([sys.executable, "-m", "ggtool", "compute", "-f", "fixtures/llama.gg", "--gguf",
+    subprocess.run([sys.executable, "-m", "ggtool", "compute", "-f", "ggtool/programs/llama.gg", "--gguf",
                     "fixtures/stories260K.gguf", "--tensor", "tokens=i32:[1,403,407,261]", "-o", str(out)],
                    cwd=ROOT, check=True, capture_output=True)
     logits = np.load(out)

@@ -11,8 +11,8 @@ from conftest import ROOT, STORIES, TINY_LLAMA, fails, ok, write_gguf
 import ggtool
 from ggtool.dsl import DictEnv, DSLError, build
 
-LLAMA = ROOT / "fixtures" / "llama.gg"
-GEMMA3 = ROOT / "fixtures" / "gemma3.gg"
+LLAMA = ROOT / "ggtool" / "programs" / "llama.gg"
+GEMMA3 = ROOT / "ggtool" / "programs" / "gemma3.gg"
 N_EMBD, N_FF, N_VOCAB = 8, 16, 32
 
 

@@ -24,6 +24,20 @@ def test_every_engine_package_is_installed_by_pyproject():
     assert config["package-dir"]["ggtool.commands"] == "commands"
 
 
+def test_the_shipped_programs_are_files_of_their_own_package():
+    """generate's programs live in ggtool/programs/ as real files (no links into fixtures/, which
+    holds test data only), installed as package data; SHIPPED names each."""
+    from ggtool.generate.programs import PROGRAMS_DIR, SHIPPED
+
+    assert PROGRAMS_DIR == ROOT / "ggtool" / "programs"
+    for name in [*SHIPPED.values(), "transformer.gg"]:
+        path = PROGRAMS_DIR / name
+        assert path.is_file() and not path.is_symlink(), name
+    assert PYPROJECT["tool"]["setuptools"]["package-data"]["ggtool.programs"] == ["*.gg"]
+    assert sorted(p.name for p in PROGRAMS_DIR.glob("*.gg")) == sorted([*SHIPPED.values(), "transformer.gg"])
+    assert list((ROOT / "fixtures").glob("*.gg")) == []
+
+
 def test_the_classifiers_and_the_readme_name_each_python_from_requires_pythons_floor():
     """The Pythons ggtool supports are stated as one series: requires-python's floor, every 3.X
     classifier up from it with no gap, and the README's set-up sentence naming the first and last."""

@@ -338,7 +338,7 @@ def test_inspect_only_that_backtracks_is_refused(run):
 
 
 def test_inspect_graph_only_that_backtracks_is_refused(run):
-    args = ["inspect-graph", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", STORIES, "--tensor", "tokens=i32:[1,2]"]
+    args = ["inspect-graph", "-f", ROOT / "ggtool" / "programs" / "llama.gg", "--gguf", STORIES, "--tensor", "tokens=i32:[1,2]"]
     err = _cpu_bounded(lambda: fails(run(*args, "--only", CATASTROPHIC)))
     assert err.startswith(f"Error: --only: the regular expression '{CATASTROPHIC}' took more than 1 s of CPU time")
     assert fails(run(*args, "--only", "(")) == "Error: --only '(' is not a valid regular expression: missing ) at position 1\n"

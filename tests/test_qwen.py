@@ -63,5 +63,6 @@ def test_greedy_steps_are_llama_cpps(models, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cli_generates_llama_cpps_tokens(run, models, arch):
     prompt = json.dumps(GOLDEN["prompt_0"].tolist())
-    r = ok(run("generate", "--gguf", models[arch], "--tokens", prompt, "-n", "8", "--ignore-eos", "--format", "json"))
+    r = ok(run("generate", "--gguf", models[arch], "--tokens", prompt, "-n", "8", "--ignore-eos", "--temp", "0",
+               "--format", "json"))
     assert json.loads(r) == GOLDEN[f"{arch}_greedy_0"].tolist()

@@ -48,6 +48,7 @@ class Model:
             where = shipped_program(open_gguf(self.path).metadata("general.architecture", ""))
             program = (where.read_text(encoding="utf-8"), str(where))
         source, filename = program
+        self.program = (source, filename)          # what a task on another process opens (distribute)
         self.program_digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
         self.session = Session(self.path, parse(source, filename=filename), n_ctx=n_ctx, n_threads=n_threads,
                                pool=pool, numerics=self.numerics)

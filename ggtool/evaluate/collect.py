@@ -96,6 +96,30 @@ class _Observer:
         self.c.add(node)
 
 
+def imatrix_group(job, fetch=None):
+    """One batch of chunks of an importance matrix as a task (distribute.GroupJob -> GroupSums): its
+    sums from zero and its pieces' nll, for the caller to add in chunk order."""
+    from .distribute import GroupSums, open_model
+    from .schedule import Group
+
+    t0 = time.perf_counter()
+    model = open_model(job.model, fetch)
+    n_ctx, first = model.n_ctx, model.n_ctx // 2
+    tokens = np.asarray(job.tokens, np.int32)
+    c = Collector(n_ctx, job.process_output)
+    out_from = 0 if job.process_output else first
+    nll = []
+    for piece in model.pieces(tokens, [Group(range(job.n_chunks), tuple(job.pieces))], out_from,
+                              observe=c.observer):
+        keep = (piece.positions >= first) & (piece.positions < n_ctx - 1)
+        v = None
+        if job.ppl and keep.any():
+            pos = piece.positions[keep]
+            v = lp.nll(piece.logits[keep], tokens[piece.chunk * n_ctx + pos + 1])
+        nll.append((piece.chunk, v, bool(piece.positions[-1] == n_ctx - 1)))
+    return GroupSums(job.index, c.stats.sums, c.stats.counts, nll, time.perf_counter() - t0)
+
+
 def check_against_model(stats: ImatrixSums, model_path: str, file: str) -> None:
     """Every entry read from `file` must be a matrix of the model, of its width: an importance
     matrix made for another model is refused before anything runs."""
@@ -132,8 +156,9 @@ class ImatrixRun:
 
     def __init__(self, model, tokens: np.ndarray, *, dataset: str, n_chunks: int | None = None,
                  schedule: Schedule | None = None, process_output: bool = False, start: ImatrixSums | None = None,
-                 ppl: bool = True, text_file: str | None = None):
+                 ppl: bool = True, text_file: str | None = None, executor=None):
         n_ctx = model.n_ctx
+        self.executor = executor   # distribute: each batch of chunks a task, its sums added in chunk order
         need_tokens(len(tokens), n_ctx, text_file)
         self.model, self.tokens, self.ppl = model, tokens, ppl
         n_max = len(tokens) // n_ctx
@@ -157,6 +182,9 @@ class ImatrixRun:
         m, n_ctx, first = self.model, self.model.n_ctx, self.model.n_ctx // 2
         out_from = 0 if self.collector.process_output else first
         t0 = time.perf_counter()
+        if self.executor is not None:
+            yield from self._run_tasks(t0)
+            return
         for piece in m.pieces(self.tokens, self.schedule.groups(self.n_chunk), out_from, observe=self.collector.observer):
             keep = (piece.positions >= first) & (piece.positions < n_ctx - 1)
             if self.ppl and keep.any():
@@ -169,6 +197,36 @@ class ImatrixRun:
                 self.seconds = time.perf_counter() - t0
                 ppl = math.exp(self.nll / self.count) if self.count else float("nan")
                 yield ChunkReport(piece.chunk + 1, self.n_chunk, ppl, self.seconds)
+        self.seconds = time.perf_counter() - t0
+        self.collector.stats.datasets.append(self.dataset)
+        self.result = self._final()
+
+    def _run_tasks(self, t0: float) -> Iterator[ChunkReport]:
+        """Each batch of chunks a task (distribute.imatrix_group): its sums, from zero, added to the
+        others' in chunk order (float32, as --in-file merges files); the nll of its pieces added in
+        the order one process adds them. The same bits on one worker or many; against a run in one
+        process, whose float32 sums run on across batches, they differ by that regrouping."""
+        from ..imatrix import ImatrixSums, merge_sums
+        from .distribute import GroupJob, ModelSpec, map_ordered
+
+        ex, n_ctx = self.executor, self.model.n_ctx
+        spec = ModelSpec.of(self.model)
+        spec = ModelSpec(ex.ship(self.model.path), spec.n_ctx, spec.numerics, spec.program)
+        groups = self.schedule.groups(self.n_chunk)
+        jobs = [GroupJob(k, spec, np.array(self.tokens[g.chunks.start * n_ctx:g.chunks.stop * n_ctx], np.int32),
+                         g.pieces, len(g.chunks), self.collector.process_output, self.ppl)
+                for k, g in enumerate(groups)]
+        for res, g in zip(map_ordered(ex, imatrix_group, jobs), groups):
+            merge_sums(self.collector.stats, ImatrixSums(res.sums, res.counts, []), "a task's sums")
+            for chunk, v, last in res.nll:
+                if v is not None:
+                    self.nll += float(v.sum())
+                    self.nll2 += float((v * v).sum())
+                    self.count += len(v)
+                if last:
+                    self.seconds = time.perf_counter() - t0
+                    ppl = math.exp(self.nll / self.count) if self.count else float("nan")
+                    yield ChunkReport(g.chunks.start + chunk + 1, self.n_chunk, ppl, self.seconds)
         self.seconds = time.perf_counter() - t0
         self.collector.stats.datasets.append(self.dataset)
         self.result = self._final()

@@ -96,13 +96,16 @@ class Perplexity:
     None with `read_base`, whose tokens are used); `n_chunks` at most this many chunks; `schedule`
     llama.cpp's batch sizes (its n_ctx must be the model's); `write_base` a path to write the base
     file to (`top_k`: ggtool's top-K format); `read_base` an open BaseFile; `anchor` the output
-    whose journal lets the run resume (`resume`), None for none; `text_file` names the text in errors."""
+    whose journal lets the run resume (`resume`), None for none; `text_file` names the text in errors;
+    `executor` (ggtool.evaluate.distribute's LocalExecutor, cluster.RayExecutor) runs each chunk as
+    a task, whose pieces' values are added here in the order one process adds them: the same numbers."""
 
     def __init__(self, model, *, tokens: np.ndarray | None = None, n_chunks: int | None = None,
                  schedule: Schedule | None = None, write_base: str | None = None, top_k: int | None = None,
                  read_base: BaseFile | None = None, anchor: str | None = None, resume: bool = False,
-                 text_file: str | None = None):
+                 text_file: str | None = None, executor=None):
         self.model, self.read_base, self.top_k = model, read_base, top_k
+        self.executor = executor      # ggtool.evaluate.distribute: each chunk a task, added here in order
         n_ctx = model.n_ctx
         if read_base is not None:
             h = read_base.header
@@ -213,6 +216,9 @@ class Perplexity:
             raise EvaluateError(f"cannot resume: the journal stops inside a batch of chunks (after {done})",
                                 kind="resume-damaged", file=self.anchor)
         start = time.perf_counter() - self.seconds
+        if self.executor is not None:
+            yield from self._run_tasks(groups, journal, start)
+            return
         for group in groups:
             kld_from = len(self.kld.kld)
             for piece in model.pieces(self.tokens, [group], first):
@@ -230,6 +236,76 @@ class Perplexity:
                     yield self._report(piece.chunk)
         self.seconds = time.perf_counter() - start
         self.result = self._final()
+
+    def submit(self) -> None:
+        """With an executor: open the run and hand every chunk's task to the executor now (iterating
+        does it otherwise), so that other runs' tasks can be queued beside them."""
+        if self.executor is None or getattr(self, "_pending", None) is not None:
+            return
+        from .distribute import ChunkJob, ModelSpec
+
+        self.open()
+        done = self._journal.done if self._journal is not None else 0
+        groups = [g for g in self.schedule.groups(self.n_chunk) if g.chunks.stop > done]
+        ex, n_ctx = self.executor, self.model.n_ctx
+        spec = ModelSpec.of(self.model)
+        spec = ModelSpec(ex.ship(self.model.path), spec.n_ctx, spec.numerics, spec.program)
+        n_rows = n_ctx - 1 - self.first
+        base = self.read_base
+        kind = base.header.kind if base is not None else "full"
+
+        def rows(i: int):
+            r = base.rows(i, 0, n_rows)
+            return tuple(np.array(x) for x in r) if isinstance(r, tuple) else np.array(r)
+
+        def job(i: int, pieces) -> ChunkJob:
+            r = None
+            if base is not None:
+                r = ex.put_cached(("base-rows", base.path, file_identity(base.path)["mtime_ns"], i),
+                                  lambda i=i: rows(i))
+            return ChunkJob(i, spec, self.mode, np.array(self.tokens[i * n_ctx:(i + 1) * n_ctx], np.int32),
+                            pieces, self.top_k, r, kind)
+
+        from .distribute import score_chunk
+
+        jobs = [job(i, g.pieces) for g in groups for i in g.chunks]
+        self._pending = (groups, jobs, [ex.submit(score_chunk, j) for j in jobs])
+
+    def _run_tasks(self, groups, journal: Journal | None, start: float) -> Iterator[ChunkReport]:
+        """_run with each chunk a task of the executor (distribute.score_chunk); the values of its
+        pieces are added here, chunk after chunk, piece after piece, as _score adds them."""
+        self.submit()
+        groups, jobs, handles = self._pending
+        n_ctx = self.model.n_ctx
+        last = {g.chunks[-1]: g for g in groups}
+        kld_from = len(self.kld.kld)
+        for res, j in zip(self.executor.ordered(handles), jobs):
+            if res.index != j.index:          # pragma: no cover - an executor's bug, never a partial sum
+                raise EvaluateError(f"chunk {j.index + 1}'s task answered for chunk {res.index + 1}", kind="task")
+            for _row0, values in res.items:
+                self._add(values, journal)
+            self.evaluated += n_ctx
+            self.seconds = time.perf_counter() - start
+            self.task_seconds = getattr(self, "task_seconds", 0.0) + res.seconds
+            if j.index in last:
+                if journal is not None:
+                    journal.commit(last[j.index].chunks.stop, self._state(kld_from))
+                kld_from = len(self.kld.kld)
+            yield self._report(j.index)
+        self.seconds = time.perf_counter() - start
+        self.result = self._final()
+
+    def _add(self, values, journal) -> None:
+        """One piece's values from a task, added as _score adds its own."""
+        if self.mode == "kld":
+            self.kld.add(*values)
+            return
+        if self.mode == "base":
+            rows, values = values
+            journal.write_rows(rows)
+        self.nll += float(values.sum())
+        self.nll2 += float((values * values).sum())
+        self.count += len(values)
 
     def _score(self, chunk: int, rows: np.ndarray, logits: np.ndarray, next_tokens: np.ndarray, journal) -> None:
         if self.mode == "ppl":

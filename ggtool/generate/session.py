@@ -158,6 +158,23 @@ class Session:
             freeze(built.graph)
         return step
 
+    def logits_width(self) -> int:
+        """How many logits a token gets (the program's output rows: the vocabulary it computes)."""
+        return int(self._step(1, self.n_kv(1)).logits.ne[0])
+
+    def state_bytes(self) -> int:
+        """The bytes of every state tensor made so far (the KV cache)."""
+        return sum(int(t.nbytes) for t in self._state.values())
+
+    def attach_pool(self, n_threads: int, pool) -> None:
+        """Compute on `pool` with n_threads participants from now on; the graphs built so far are
+        described to it once (WorkerPool.freeze), as those built later are."""
+        self.n_threads, self.pool = n_threads, pool
+        freeze = getattr(pool, "freeze", None)
+        if freeze is not None:
+            for step in self._steps.values():
+                freeze(step.graph)
+
     def llama_cpp_gaps(self) -> list:
         """Under llama.cpp's numerics, what the one-token step computes in GGML's order where llama.cpp's
         x86 build computes otherwise (``ggtool.ops.llama_cpp_gaps``: mul_mat weight types, silu);
