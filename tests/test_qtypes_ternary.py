@@ -90,7 +90,7 @@ def test_fp16_rounding_is_ggmls():
     """The kernels' GGML_FP32_TO_FP16 (the float trick of ggml_compute_fp32_to_fp16) rounds to
     nearest even, overflows to inf, keeps fp16 subnormals and writes NaN as 0x7e00 with its sign:
     numpy's conversion but for NaN's payload (44M bit patterns agreed at the time of writing)."""
-    from ggtool.qtypes._lowbit_kernels import fp16_bits
+    from ggtool.qtypes._kernel_base import fp16_bits
 
     rng = np.random.default_rng(5)
     bits = np.concatenate([rng.integers(0, 1 << 32, 20000, dtype=np.uint64),
