@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import itertools
 import sys
+import weakref
 
 import numpy as np
 
+from . import runner
 from .context import OBJECT_SIZE, pad
 from .errors import ComputeError, GGToolError, OutOfMemoryError, memory_limit
 from .kernels.numerics import host_flags, resolve
-from .ops.base import kernel_for
 from .plan import Plan, make_plan
+from .runner import node_error, run_node  # noqa: F401 - ggtool.compute.run_node, as before the runner
 from .threads import single_threaded
 
 
@@ -46,23 +48,6 @@ class Progress:
 def work_view(graph, plan: Plan) -> np.ndarray:
     buf = graph.ctx.buffer
     return buf[plan.work_offset: plan.work_offset + plan.work_size]
-
-
-def run_node(index: int, node, ith: int, nth: int, work: Work) -> None:
-    """One node's kernel for participant ith of nth. Callers run nodes inside
-    `np.errstate(all="ignore")`: as in GGML, inf and NaN are results, not errors."""
-    forward = kernel_for(node).forward
-    if forward is None or 0 in node.ne:  # NONE and views; empty tensors
-        return
-    try:
-        forward(node, ith, nth, work)
-    except Exception as e:  # a kernel failure is reported with its node, never as a traceback
-        raise node_error(index, node, e) from e
-
-
-def node_error(index: int, node, e: BaseException) -> ComputeError:
-    msg = str(e) if isinstance(e, GGToolError) else f"{type(e).__name__}: {e}"
-    return ComputeError(f"node {index} '{node.name}' ({node.op_desc}) failed: {msg}")
 
 
 ALLOC_MODES = ("context", "graph")
@@ -238,10 +223,65 @@ def graph_compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None
 
 
 def run_in_process(graph, plan: Plan, progress: Progress | None = None) -> None:
-    """Every node in this process as participant 0 of 1."""
+    """Every node in this process as participant 0 of 1: on the compiled runner (``ggtool.runner``)
+    where this process has it, else node after node from Python."""
     work = Work(work_view(graph, plan), numerics=plan.numerics)
+    bound = _bound(graph, plan) if COMPILED else None
+    if bound is not None:
+        with single_threaded():
+            failed = runner.participate(bound, graph.nodes, 0, 1, work, _Alone.sync(), progress)
+        if failed is not None:
+            raise ComputeError(failed[1])
+        return
     with single_threaded(), np.errstate(all="ignore"):
         for i, node in enumerate(graph.nodes):
             if progress is not None:
                 progress.node = i
             run_node(i, node, 0, 1, work)
+
+
+# False: every compute runs its nodes from Python, as before the compiled runner (tests compare both)
+COMPILED = True
+
+_FROZEN: weakref.WeakSet = weakref.WeakSet()
+_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # frozen graph -> (key, Bound)
+
+
+def freeze(graph) -> None:
+    """Promise that `graph`'s tensors keep their fields (ops, parameters, sources, shapes, data
+    offsets: only their data changes) for as long as it lives, as a generation step's graph does:
+    its compiled steps are then made once per plan, not at every compute (WorkerPool.freeze promises
+    the same to the pool)."""
+    _FROZEN.add(graph)
+
+
+def _bound(graph, plan: Plan):
+    """The graph's compiled steps for one participant in this process (None where it has no compiled
+    runner), kept for a frozen graph while its plan, numerics, node placement and the contexts'
+    buffers are those they were made for."""
+    contexts = {id(t.ctx): t.ctx for t in itertools.chain(graph.nodes, graph.leafs) if t.storage is None}
+    key = (id(plan), plan.numerics, id(graph.binding), plan.work_offset,
+           tuple(sorted((i, c.buffer.ctypes.data) for i, c in contexts.items())))
+    if graph in _FROZEN:
+        got = _BOUND.get(graph)
+        if got is not None and got[0] == key:
+            return got[1]
+    program = runner.make_program(graph.nodes, 1, plan.numerics)
+    if program is None:
+        return None
+    bound = runner.bind(program, graph.nodes, plan.numerics, 0, 1)
+    if graph in _FROZEN:
+        _BOUND[graph] = (key, bound)
+    return bound
+
+
+class _Alone:
+    """The barrier block of a participant alone (no barrier is ever met; the runner reads its abort
+    word), one per process."""
+    _block = None
+
+    @classmethod
+    def sync(cls):
+        if cls._block is None:
+            cls._block = np.zeros(64, np.int64)
+        return runner.Sync(int(cls._block.ctypes.data), 1, 0, int(runner.CHECK_EVERY * 1e9))

@@ -45,10 +45,21 @@ def _quantizer(kind: str) -> None:
     kernel(np.zeros((1, nval), np.float32), np.zeros((1, nbytes), np.uint8))
 
 
+def _runner(_: str) -> None:
+    from . import runner
+    runner.warm()
+
+
+def _node(name: str) -> None:
+    from . import nodes
+    nodes.compile_kernel(name)
+
+
 def compile_kernel(name: str) -> None:
-    """Compile (or load) kernel `name`: "dot:<type>" or "quantize:<kind>" (``cache.use_kernel``)."""
-    what, arg = name.split(":", 1)
-    {"dot": _dot, "quantize": _quantizer}[what](arg)
+    """Compile (or load) kernel `name`: "dot:<type>", "quantize:<kind>", "runner" (the compiled graph
+    runner's loop) or "node:<kernel>" (one of its node kernels) (``cache.use_kernel``)."""
+    what, _, arg = name.partition(":")
+    {"dot": _dot, "quantize": _quantizer, "runner": _runner, "node": _node}[what](arg)
 
 
 def _pending(root: str) -> list[str]:

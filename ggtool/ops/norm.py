@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from .base import ALL, function, kernel, new_op
-from .walk import grid_chunks, require, require_type
+from .base import ALL, CompiledStep, function, kernel, new_op
+from .walk import grid_chunks, plain, require, require_type
 
 f32 = np.float32
 
@@ -54,7 +54,16 @@ def norm(ctx, a, eps):
     return new_op(ctx, "NORM", a.type, a.ne, (a,), params=(float(eps),))
 
 
-@kernel("RMS_NORM", n_tasks=ALL)
+def _rms_norm_compiled(node, numerics):
+    """``rms_norm_f32``: f32, packed rows, eps >= 0 (else the forward says what is wrong)."""
+    a = node.src[0]
+    eps = f32(node.param_f32(0))
+    if not (a.type == node.type == T.F32 and plain(a, node) and a.nb[0] == node.nb[0] == 4 and eps >= 0):
+        return None
+    return CompiledStep("rms_norm_f32", (0,), (float(eps),))
+
+
+@kernel("RMS_NORM", n_tasks=ALL, compiled=_rms_norm_compiled)
 def forward_rms_norm(node, ith, nth, work):
     _by_chunks(node, ith, nth, "rms_norm", _rms_norm_rows)
 

@@ -1,0 +1,420 @@
+"""Node kernels for the compiled graph runner (``kernels.runner``), with one calling convention:
+
+    int64 kernel(row, frow, ith, nth, wdata)      # 0, or an error code (the node is then re-run in
+                                                  # Python for its message)
+
+``row`` is the address of the node's int64 table row: the tensors (destination first, then the
+sources), each as address, type, ne[4], nb[4] (``TENSOR`` words from ``DST``, ``SRC0``, ...; an address
+is where the tensor's data starts in this process: its buffer's address plus its offset), then the
+op's int parameters from ``P``; ``frow`` its float64 row; ``wdata`` the work buffer's address. Each
+kernel is a ``numba.cfunc`` compiled (or loaded from the cache) on first use (``address(name)``), so a
+process loads only the kernels its graphs use.
+
+Every kernel computes exactly what the op's Python forward (``ggtool.ops``) computes, float operation
+for float operation (the tests compare their bits), on GGML's split of the rows between participants.
+Which node a kernel may take (types, strides, alignment) is the op's to decide (its `compiled` entry),
+never the kernel's: a kernel trusts its row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, cfunc, types
+
+from .jit import njit
+from .native import voidptr
+from .quantize import _f16_bits
+
+# -- the table row ----------------------------------------------------------------------------------
+TENSOR = 10                       # address, type, ne0..ne3, nb0..nb3
+DST, SRC0, SRC1, SRC2, SRC3 = 0, 10, 20, 30, 40
+P = 50                            # the op's int parameters
+ROW = 64                          # int64 words per row
+FROW = 8                          # float64 words per row
+A, TY, NE, NB = 0, 1, 2, 6        # offsets inside a tensor's words
+
+# error codes (the Python forward of the node then says what, in its own words)
+E_INDEX = 1                       # an index outside its tensor (get_rows, set_rows)
+E_VALUE = 2                       # a value a conversion refuses (NaN/inf into a quantized type)
+
+F32 = np.float32
+_BIG = 1 << 40                    # the length of an array over raw memory: indices are never checked
+_SIG = types.int64(types.int64, types.int64, types.int64, types.int64, types.int64)
+
+
+@njit(inline="always")
+def words(addr, n):
+    return carray(voidptr(addr), (n,), np.int64)
+
+
+@njit(inline="always")
+def f32s(addr):
+    return carray(voidptr(addr), (_BIG,), np.float32)
+
+
+@njit(inline="always")
+def f64s(addr):
+    return carray(voidptr(addr), (_BIG,), np.float64)
+
+
+@njit(inline="always")
+def u8s(addr):
+    return carray(voidptr(addr), (_BIG,), np.uint8)
+
+
+@njit(inline="always")
+def i8s(addr):
+    return carray(voidptr(addr), (_BIG,), np.int8)
+
+
+@njit(inline="always")
+def u16s(addr):
+    return carray(voidptr(addr), (_BIG,), np.uint16)
+
+
+@njit(inline="always")
+def i32s(addr):
+    return carray(voidptr(addr), (_BIG,), np.int32)
+
+
+@njit(inline="always")
+def i64s(addr):
+    return carray(voidptr(addr), (_BIG,), np.int64)
+
+
+@njit(inline="always")
+def row_block(nr, ith, nth):
+    """GGML's contiguous split: dr = ceil(nr/nth), rows [dr*ith, min(dr*ith+dr, nr))."""
+    dr = (nr + nth - 1) // nth
+    r0 = min(dr * ith, nr)
+    return r0, min(r0 + dr, nr)
+
+
+@njit(inline="always")
+def f16_to_f32(h, f16):
+    return f16[np.int64(h)]
+
+
+# -- element-wise binary ops: add, sub, mul, div (ops.binary) ----------------------------------------
+OP_ADD, OP_SUB, OP_MUL, OP_DIV = 0, 1, 2, 3
+
+
+@njit(inline="always")
+def _apply(op, x, y):
+    if op == OP_ADD:
+        return x + y
+    if op == OP_SUB:
+        return x - y
+    if op == OP_MUL:
+        return x * y
+    return x / y
+
+
+def binary_f32(row, frow, ith, nth, wdata):
+    """a op b (b tiled over a, GGML's modulo broadcast), all f32: ADD and SUB take blocks of rows, MUL
+    and DIV rows ith, ith+nth, ... (P: the op, interleaved)."""
+    w = words(row, ROW)
+    op, inter = w[P], w[P + 1]
+    ne0, ne1, ne2, ne3 = w[DST + NE], w[DST + NE + 1], w[DST + NE + 2], w[DST + NE + 3]
+    nr = ne1 * ne2 * ne3
+    if inter != 0:
+        r0, r1, step = ith, nr, nth
+    else:
+        r0, r1 = row_block(nr, ith, nth)
+        step = 1
+    d, a, b = f32s(w[DST + A]), f32s(w[SRC0 + A]), f32s(w[SRC1 + A])
+    ne10, ne11, ne12, ne13 = w[SRC1 + NE], w[SRC1 + NE + 1], w[SRC1 + NE + 2], w[SRC1 + NE + 3]
+    d0, d1, d2, d3 = w[DST + NB] // 4, w[DST + NB + 1] // 4, w[DST + NB + 2] // 4, w[DST + NB + 3] // 4
+    a0, a1, a2, a3 = w[SRC0 + NB] // 4, w[SRC0 + NB + 1] // 4, w[SRC0 + NB + 2] // 4, w[SRC0 + NB + 3] // 4
+    b0, b1, b2, b3 = w[SRC1 + NB] // 4, w[SRC1 + NB + 1] // 4, w[SRC1 + NB + 2] // 4, w[SRC1 + NB + 3] // 4
+    for r in range(r0, r1, step):
+        i1 = r % ne1
+        i2 = (r // ne1) % ne2
+        i3 = r // (ne1 * ne2)
+        do = i1 * d1 + i2 * d2 + i3 * d3
+        ao = i1 * a1 + i2 * a2 + i3 * a3
+        bo = (i1 % ne11) * b1 + (i2 % ne12) * b2 + (i3 % ne13) * b3
+        if ne10 == ne0 and d0 == 1 and a0 == 1 and b0 == 1:
+            for i0 in range(ne0):
+                d[do + i0] = _apply(op, a[ao + i0], b[bo + i0])
+        else:
+            for i0 in range(ne0):
+                d[do + i0 * d0] = _apply(op, a[ao + i0 * a0], b[bo + (i0 % ne10) * b0])
+    return 0
+
+
+# -- scale (ops.scale) ---------------------------------------------------------------------------------
+def scale_f32(row, frow, ith, nth, wdata):
+    """y = x*s in float32, rows in blocks, row i at i*nb1 (GGML's walk) for a and the result."""
+    w, f = words(row, ROW), f64s(frow)
+    s = F32(f[0])
+    ne0 = w[DST + NE]
+    nr = w[DST + NE + 1] * w[DST + NE + 2] * w[DST + NE + 3]
+    r0, r1 = row_block(nr, ith, nth)
+    d, a = f32s(w[DST + A]), f32s(w[SRC0 + A])
+    dn, an = w[DST + NB + 1] // 4, w[SRC0 + NB + 1] // 4
+    for r in range(r0, r1):
+        for i0 in range(ne0):
+            d[r * dn + i0] = a[r * an + i0] * s
+    return 0
+
+
+# -- rms_norm (ops.norm) -------------------------------------------------------------------------------
+_PW_BLOCK = 128       # numpy's pairwise summation: 8 accumulators up to 128 values, halves above
+_NP_BUFSIZE = 8192    # numpy's ufunc buffer: a float32 -> float64 reduction is summed in such pieces
+
+
+@njit
+def pairwise(a, lo, n):
+    """numpy's pairwise_sum of float64 a[lo:lo+n] (npy's DOUBLE_pairwise_sum), bit for bit."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= _PW_BLOCK:
+        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+        i = 8
+        m = n - n % 8
+        while i < m:
+            o = lo + i
+            r0 += a[o]
+            r1 += a[o + 1]
+            r2 += a[o + 2]
+            r3 += a[o + 3]
+            r4 += a[o + 4]
+            r5 += a[o + 5]
+            r6 += a[o + 6]
+            r7 += a[o + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += a[lo + i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return pairwise(a, lo, n2) + pairwise(a, lo + n2, n - n2)
+
+
+@njit
+def numpy_sum_f64(a, n):
+    """What numpy's ``x.sum(axis=-1, dtype=np.float64)`` gives for a float32 row x of n values, here
+    already widened into a: its buffered reduction adds pairwise sums of 8192-value pieces."""
+    res = 0.0
+    for s in range(0, n, _NP_BUFSIZE):
+        res = res + pairwise(a, s, min(_NP_BUFSIZE, n - s))
+    return res
+
+
+def rms_norm_f32(row, frow, ith, nth, wdata):
+    """x / sqrt(mean(x*x) + eps) per row, rows i1 = ith, ith+nth, ... of every (i2, i3): the
+    squares in float32, their sum as numpy's float64 sum (``numpy_sum_f64``), the rest in float32.
+    P: fused (1: the result multiplied by the f32 row SRC1 (broadcast over rows, a MUL node's b) into
+    the tensor SRC2, the norm's own result left unwritten)."""
+    w, f = words(row, ROW), f64s(frow)
+    eps = F32(f[0])
+    fused = w[P]
+    ne0, ne1, ne2, ne3 = w[SRC0 + NE], w[SRC0 + NE + 1], w[SRC0 + NE + 2], w[SRC0 + NE + 3]
+    x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
+    x1, x2, x3 = w[SRC0 + NB + 1] // 4, w[SRC0 + NB + 2] // 4, w[SRC0 + NB + 3] // 4
+    y1, y2, y3 = w[DST + NB + 1] // 4, w[DST + NB + 2] // 4, w[DST + NB + 3] // 4
+    sq = np.empty(ne0, np.float64)
+    n = np.float64(ne0)
+    for i3 in range(ne3):
+        for i2 in range(ne2):
+            for i1 in range(ith, ne1, nth):
+                xo = i1 * x1 + i2 * x2 + i3 * x3
+                for i0 in range(ne0):
+                    v = x[xo + i0]
+                    sq[i0] = np.float64(v * v)
+                mean = F32(numpy_sum_f64(sq, ne0) / n)
+                scale = F32(1.0) / np.sqrt(mean + eps)
+                if fused == 0:
+                    yo = i1 * y1 + i2 * y2 + i3 * y3
+                    for i0 in range(ne0):
+                        y[yo + i0] = x[xo + i0] * scale
+                else:
+                    _fused_mul(w, x, xo, scale, i1, i2, i3)
+    return 0
+
+
+@njit(inline="always")
+def _fused_mul(w, x, xo, scale, i1, i2, i3):
+    """(x * scale) * b into the MUL's result: b is SRC1 (tiled), the result SRC2."""
+    b, z = f32s(w[SRC1 + A]), f32s(w[SRC2 + A])
+    ne0 = w[SRC0 + NE]
+    ne10, ne11, ne12, ne13 = w[SRC1 + NE], w[SRC1 + NE + 1], w[SRC1 + NE + 2], w[SRC1 + NE + 3]
+    bo = (i1 % ne11) * (w[SRC1 + NB + 1] // 4) + (i2 % ne12) * (w[SRC1 + NB + 2] // 4) + \
+        (i3 % ne13) * (w[SRC1 + NB + 3] // 4)
+    zo = i1 * (w[SRC2 + NB + 1] // 4) + i2 * (w[SRC2 + NB + 2] // 4) + i3 * (w[SRC2 + NB + 3] // 4)
+    for i0 in range(ne0):
+        z[zo + i0] = (x[xo + i0] * scale) * b[bo + i0 % ne10]
+
+
+# -- get_rows (ops.rows) -------------------------------------------------------------------------------
+K_F32, K_F16, K_I32, K_Q4_0, K_Q8_0 = 0, 1, 2, 3, 4       # the source kinds get_rows reads
+
+
+@njit(inline="always")
+def _dequant_row(kind, src, dst, n, f16):
+    """n values of a row at byte address src into the f32 row at dst (exact, as GGML's to_float)."""
+    d = f32s(dst)
+    if kind == K_F32 or kind == K_I32:
+        s = i32s(src)
+        o = i32s(dst)
+        for i in range(n):
+            o[i] = s[i]
+    elif kind == K_F16:
+        s = u16s(src)
+        for i in range(n):
+            d[i] = f16[np.int64(s[i])]
+    elif kind == K_Q8_0:
+        q, qi = u8s(src), i8s(src)
+        for b in range(n // 32):
+            o = b * 34
+            sc = f16[np.int64(q[o]) | (np.int64(q[o + 1]) << 8)]
+            for j in range(32):
+                d[b * 32 + j] = F32(qi[o + 2 + j]) * sc
+    else:   # Q4_0
+        q = u8s(src)
+        for b in range(n // 32):
+            o = b * 18
+            sc = f16[np.int64(q[o]) | (np.int64(q[o + 1]) << 8)]
+            for j in range(16):
+                v = np.int32(q[o + 2 + j])
+                d[b * 32 + j] = F32(np.int32((v & 15) - 8)) * sc
+                d[b * 32 + j + 16] = F32(np.int32((v >> 4) - 8)) * sc
+
+
+def get_rows(row, frow, ith, nth, wdata):
+    """out[:, i10, i11, i12] = a[:, idx[i10, i11, i12], i11, i12] as f32 (I32 stays): the
+    nelements(idx) rows in blocks (P: the source kind, the f16 table's address)."""
+    w = words(row, ROW)
+    kind, f16 = w[P], carray(voidptr(w[P + 1]), (65536,), np.float32)
+    ne10, ne11 = w[SRC1 + NE], w[SRC1 + NE + 1]
+    nr = ne10 * ne11 * w[SRC1 + NE + 2]
+    r0, r1 = row_block(nr, ith, nth)
+    idx = w[SRC1 + A]
+    ne00, ne01 = w[SRC0 + NE], w[SRC0 + NE + 1]
+    for r in range(r0, r1):
+        i10 = r % ne10
+        i11 = (r // ne10) % ne11
+        i12 = r // (ne10 * ne11)
+        k = np.int64(i32s(idx + i10 * w[SRC1 + NB] + i11 * w[SRC1 + NB + 1] + i12 * w[SRC1 + NB + 2])[0])
+        if k < 0 or k >= ne01:
+            return E_INDEX
+        src = w[SRC0 + A] + k * w[SRC0 + NB + 1] + i11 * w[SRC0 + NB + 2] + i12 * w[SRC0 + NB + 3]
+        dst = w[DST + A] + i10 * w[DST + NB + 1] + i11 * w[DST + NB + 2] + i12 * w[DST + NB + 3]
+        _dequant_row(kind, src, dst, ne00, f16)
+    return 0
+
+
+# -- set_rows (ops.rows) -------------------------------------------------------------------------------
+C_COPY4, C_COPY2, C_F32_F16, C_F16_F32 = 0, 1, 2, 3      # element conversions (set_rows, cpy)
+
+
+@njit(inline="always")
+def _convert(conv, src, dst, n, s0, d0, f16):
+    """n elements from src (stride s0 bytes) to dst (stride d0 bytes), converted."""
+    if conv == C_COPY4:
+        s, d = i32s(src), i32s(dst)
+        for i in range(n):
+            d[i * (d0 // 4)] = s[i * (s0 // 4)]
+    elif conv == C_COPY2:
+        s, d = u16s(src), u16s(dst)
+        for i in range(n):
+            d[i * (d0 // 2)] = s[i * (s0 // 2)]
+    elif conv == C_F32_F16:
+        s, d = carray(voidptr(src), (_BIG,), np.uint32), u16s(dst)
+        for i in range(n):
+            d[i * (d0 // 2)] = np.uint16(_f16_bits(s[i * (s0 // 4)]))
+    else:
+        s, d = u16s(src), f32s(dst)
+        for i in range(n):
+            d[i * (d0 // 4)] = f16[np.int64(s[i * (s0 // 2)])]
+
+
+def set_rows(row, frow, ith, nth, wdata):
+    """dst[:, idx[i, i02 % ne11, i03 % ne12], i02, i03] = b[:, i, i02, i03], converted: b's rows
+    (ne1) in blocks, for every (i02, i03). SRC0 is b, SRC1 the I32 or I64 indices (P: the
+    conversion, the indices' width in bytes, the f16 table)."""
+    w = words(row, ROW)
+    conv, iw = w[P], w[P + 1]
+    f16 = carray(voidptr(w[P + 2]), (65536,), np.float32)
+    ne00, ne01, ne02, ne03 = w[SRC0 + NE], w[SRC0 + NE + 1], w[SRC0 + NE + 2], w[SRC0 + NE + 3]
+    ne11, ne12 = w[SRC1 + NE + 1], w[SRC1 + NE + 2]
+    r0, r1 = row_block(ne01, ith, nth)
+    nrows = w[DST + NE + 1]
+    for i03 in range(ne03):
+        for i02 in range(ne02):
+            for i in range(r0, r1):
+                at = w[SRC1 + A] + i * w[SRC1 + NB] + (i02 % ne11) * w[SRC1 + NB + 1] + (i03 % ne12) * w[SRC1 + NB + 2]
+                k = np.int64(i64s(at)[0]) if iw == 8 else np.int64(i32s(at)[0])
+                if k < 0 or k >= nrows:
+                    return E_INDEX
+                src = w[SRC0 + A] + i * w[SRC0 + NB + 1] + i02 * w[SRC0 + NB + 2] + i03 * w[SRC0 + NB + 3]
+                dst = w[DST + A] + k * w[DST + NB + 1] + i02 * w[DST + NB + 2] + i03 * w[DST + NB + 3]
+                _convert(conv, src, dst, ne00, w[SRC0 + NB], w[DST + NB], f16)
+    return 0
+
+
+# -- cpy, cont, dup (ops.copy) ---------------------------------------------------------------------------
+def copy(row, frow, ith, nth, wdata):
+    """Elements of the source in its logical order to the destination's element of the same linear
+    index (P+1 = 1: GGML's "copy by rows", to the same (i0..i3) indices), converted (P: the
+    conversion): the source's rows (ne1) in blocks, for every (i2, i3)."""
+    w = words(row, ROW)
+    conv, same_idx = w[P], w[P + 1]
+    f16 = carray(voidptr(w[P + 2]), (65536,), np.float32)
+    ne00, ne01, ne02, ne03 = w[SRC0 + NE], w[SRC0 + NE + 1], w[SRC0 + NE + 2], w[SRC0 + NE + 3]
+    ne0, ne1, ne2 = w[DST + NE], w[DST + NE + 1], w[DST + NE + 2]
+    r0, r1 = row_block(ne01, ith, nth)
+    s0, d0 = w[SRC0 + NB], w[DST + NB]
+    for i3 in range(ne03):
+        for i2 in range(ne02):
+            for i1 in range(r0, r1):
+                src = w[SRC0 + A] + i1 * w[SRC0 + NB + 1] + i2 * w[SRC0 + NB + 2] + i3 * w[SRC0 + NB + 3]
+                if same_idx != 0:
+                    dst = w[DST + A] + i1 * w[DST + NB + 1] + i2 * w[DST + NB + 2] + i3 * w[DST + NB + 3]
+                    _convert(conv, src, dst, ne00, s0, d0, f16)
+                    continue
+                lin = ((i3 * ne02 + i2) * ne01 + i1) * ne00    # the row's first element, linear
+                i0 = 0
+                while i0 < ne00:
+                    k = lin + i0
+                    j0 = k % ne0
+                    j1 = (k // ne0) % ne1
+                    j2 = (k // (ne0 * ne1)) % ne2
+                    j3 = k // (ne0 * ne1 * ne2)
+                    n = min(ne0 - j0, ne00 - i0)               # a run that stays in one destination row
+                    dst = w[DST + A] + j0 * d0 + j1 * w[DST + NB + 1] + j2 * w[DST + NB + 2] + j3 * w[DST + NB + 3]
+                    _convert(conv, src + i0 * s0, dst, n, s0, d0, f16)
+                    i0 += n
+    return 0
+
+
+# -- the registry -----------------------------------------------------------------------------------------
+KERNELS = {f.__name__: f for f in (binary_f32, scale_f32, rms_norm_f32, get_rows, set_rows, copy)}
+_COMPILED: dict[str, object] = {}
+
+
+def register(fn) -> None:
+    """Add a kernel of this calling convention (another module's: ``nodes_mm``)."""
+    KERNELS[fn.__name__] = fn
+
+
+def compile_kernel(name: str):
+    """The cfunc of kernel `name`, compiled or loaded from the cache."""
+    got = _COMPILED.get(name)
+    if got is None:
+        if name not in KERNELS:
+            from . import nodes_mm  # noqa: F401 - registers the mul_mat and attention kernels
+        got = _COMPILED[name] = cfunc(_SIG, nopython=True, cache=True, error_model="numpy")(KERNELS[name])
+    return got
+
+
+def address(name: str) -> int:
+    """The address of kernel `name` (``kernels.runner``'s step rows hold it)."""
+    return compile_kernel(name).address
