@@ -29,7 +29,10 @@ from ._table import ggml_listing
 
 HELP = f"""Plan PROGRAM as ggml_graph_plan would, without computing it or reading tensor data.
 
-Per node: n_tasks (how many of the threads work on it) and its work buffer bytes. Then
+Per node: n_tasks (ggml_graph_plan's count of the threads that work on it), its work buffer
+bytes, and split: who computes it at run time, where every node runs on every thread as in
+GGML: "all" (each thread its share of the rows, whatever n_tasks says), "one" (thread 0
+alone) or "-" (a view: nothing to compute). Then
 n_threads (the requested threads capped at the largest n_tasks), work_size (the largest
 node's work plus a cache line per thread), mem_size: the GGML context size a C program
 needs for the tensors, the graph and the work buffer (memory-mapped GGUF data counted as if
@@ -37,15 +40,15 @@ it lived in the context), and compute_buffer_size: the compute buffer GGML's gra
 (ggml_gallocr) plans, where intermediates reuse memory once their last consumer has run, as
 llama.cpp logs it ("compute buffer size"), next to what the intermediates take on their own.
 --json: {{"n_threads", "work_size", "mem_size", "compute_buffer_size", "intermediates_size",
-"requested", "nodes": [{{"index", "op", "op_desc", "name", "n_tasks", "work_size"}}, ...]}}.
+"requested", "nodes": [{{"index", "op", "op_desc", "name", "n_tasks", "work_size", "split"}}, ...]}}.
 
 \b
 Example:
   $ ggtool plan 'mul_mat(w, x)' --tensor w=q4_0[64,64] --tensor x=f32[64,8] --threads 4
   === PLAN ===
   n_nodes = 1
-     index  op       name    n_tasks  work_size
-   -     0  MUL_MAT  node_0        4        544
+     index  op       name    n_tasks  work_size  split
+   -     0  MUL_MAT  node_0        4        544  all
   n_threads = 4 (requested 4)
   work_size = 800
   mem_size  = 74528 (GGML context size: tensors, graph and work buffer)
@@ -87,12 +90,12 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
 
 def plan_table(graph, plan: Plan) -> Iterator[str]:
     """Per node n_tasks and work bytes, then the plan's totals and the GGML context size."""
-    rows = [[str(i), p.node.op_desc, p.node.name, str(p.n_tasks), str(p.work_size)]
+    rows = [[str(i), p.node.op_desc, p.node.name, str(p.n_tasks), str(p.work_size), p.split]
             for i, p in enumerate(plan.nodes)]
     yield "=== PLAN ==="
     yield f"n_nodes = {len(plan.nodes)}"
     if rows:
-        yield from ggml_listing([["index", "op", "name", "n_tasks", "work_size"], *rows], right={0, 3, 4})
+        yield from ggml_listing([["index", "op", "name", "n_tasks", "work_size", "split"], *rows], right={0, 3, 4})
     yield f"n_threads = {plan.n_threads} (requested {plan.requested})"
     yield f"work_size = {plan.work_size}"
     yield f"mem_size  = {plan.mem_size(graph)} (GGML context size: tensors, graph and work buffer)"

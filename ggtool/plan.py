@@ -16,11 +16,20 @@ DEFAULT_N_THREADS = 4
 CACHE_LINE_SIZE = 64
 
 
+SPLIT_ALL, SPLIT_ONE, SPLIT_NONE = "all", "one", "-"
+
+
 @dataclass
 class NodePlan:
+    """A node's n_tasks and work bytes (ggml_graph_plan's), and `split`: who computes it at run time,
+    where GGML runs every node on every thread: "all" (each participant its rows, its share of the
+    op's work: the op's forward splits, as ADD's and GET_ROWS's do whatever their n_tasks), "one"
+    (participant 0 alone: the forward returns unless ith == 0) or "-" (nothing to compute: a view,
+    an empty tensor)."""
     node: Tensor
     n_tasks: int
     work_size: int
+    split: str = SPLIT_ALL
 
 
 @dataclass
@@ -70,7 +79,11 @@ def make_plan(graph, n_threads: int = 0) -> Plan:
         cur = k.work_size(node, n_tasks)
         max_tasks = max(max_tasks, n_tasks)
         work_size = max(work_size, cur)
-        nodes.append(NodePlan(node, n_tasks, cur))
+        if node.op == "NONE" or node.is_empty() or k.forward is None:
+            split = SPLIT_NONE
+        else:
+            split = SPLIT_ALL if k.splits() else SPLIT_ONE
+        nodes.append(NodePlan(node, n_tasks, cur, split))
     if work_size > 0:
         work_size += CACHE_LINE_SIZE * n_threads
     return Plan(n_threads, min(max_tasks, n_threads), work_size, nodes)

@@ -30,6 +30,7 @@ from .ops.base import kernel_for
 
 # the runner's step flags and answers (kernels.runner's, which loads numba: kept in step here)
 BARRIER, ONLY0 = 1, 2
+FUSED = -1     # a step's number among its node's steps, for the step of a node fused with the next
 DONE, PYTHON, TIMEOUT, ABORTED, ERROR = 0, 1, 2, 3, 4
 CHECK_EVERY = 0.005      # seconds between the caller's checks while it waits (dead workers, Ctrl-C)
 
@@ -107,11 +108,17 @@ def kernel_ready(name: str) -> bool:
     return cache.use_kernel(f"node:{name}")
 
 
+def _cached(name: str) -> bool:
+    from .kernels import cache
+
+    return cache.use_kernel(name)
+
+
 # -- the program (the caller's) ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Program:
     """Each step as (kernel name, or None: Python; node index; flags; the step's number among its
-    node's compiled steps)."""
+    node's compiled steps, FUSED: the node and the next in one step)."""
     steps: tuple
     nth: int
 
@@ -120,26 +127,60 @@ class Program:
         return sum(1 for s in self.steps if s[0] is not None)
 
 
-def make_program(nodes, nth: int, numerics: str, compiled: bool = True) -> Program | None:
+def _uses(nodes) -> dict:
+    """id(tensor) -> how many sources of nodes name it (a view counts as a use of what it views)."""
+    uses: dict = {}
+    for t in nodes:
+        for s in t.src:
+            if s is not None:
+                uses[id(s)] = uses.get(id(s), 0) + 1
+    return uses
+
+
+def _fused(nodes, i: int, numerics: str, uses):
+    """The fused step of nodes i and i+1 where the op fuses them (Kernel.fuse), else None."""
+    from .tensor import FLAG_OUTPUT
+
+    node = nodes[i]
+    fuse = kernel_for(node).fuse
+    if fuse is None or i + 1 >= len(nodes) or uses.get(id(node), 0) != 1 or node.flags & FLAG_OUTPUT:
+        return None
+    try:
+        return fuse(node, nodes[i + 1], numerics)
+    except GGToolError:
+        return None
+
+
+def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bool = False) -> Program | None:
     """The steps of `nodes` for nth participants (see the module's docstring), or None where this
     process has no compiled runner (`available`; the kernels the steps would use are asked for all
     the same, for the next run) or the graph is not worth it (`worth`); `compiled` False: every step
-    in Python (the runner's loop and barrier still)."""
+    in Python (the runner's loop and barrier still). `fuse`: nodes GGML fuses (Kernel.fuse) are one
+    step, where only the program's outputs matter (a compute in the graph allocator's buffer): the
+    first node's result is then never written."""
     if not worth(nodes):
         return None
     steps = []
+    uses = _uses(nodes) if fuse and compiled else None
+    skip = -1
     for i, node in enumerate(nodes):
-        if not computes(node):
+        if i == skip or not computes(node):
             continue
         k = kernel_for(node)
         only0 = 0 if k.splits() else ONLY0
+        if uses is not None:
+            both = _fused(nodes, i, numerics, uses)
+            if both is not None and kernel_ready(both.kernel):
+                steps.append((both.kernel, i, only0, FUSED))
+                skip = i + 1
+                continue
         mine = ()
         if compiled:
             try:
                 mine = k.steps(node, numerics)
             except GGToolError:
                 mine = ()
-            if mine and not all(kernel_ready(s.kernel) for s in mine):
+            if mine and not all(kernel_ready(s.kernel) and all(_cached(n) for n in s.needs) for s in mine):
                 mine = ()
         if mine:
             steps.extend((s.kernel, i, only0, j) for j, s in enumerate(mine))
@@ -181,19 +222,23 @@ def bind(program: Program, nodes, numerics: str, ith: int, nth: int) -> Bound:
     steps = np.zeros((max(s_count, 1), kr.STEP_WIDTH), np.int64)[:s_count]
     rows = np.zeros((max(s_count, 1), kn.ROW), np.int64)
     frows = np.zeros((max(s_count, 1), kn.FROW), np.float64)
-    keep, prologues = [], []
+    keep, prologues, shared = [], [], {}
     specs: dict[int, tuple] = {}
     for n, (name, i, flags, j) in enumerate(program.steps):
         steps[n, kr.S_NODE], steps[n, kr.S_FLAGS], steps[n, kr.S_ROW] = i, flags, n
         if name is None:
             continue
         node = nodes[i]
-        mine = specs.get(i)
-        if mine is None:
-            mine = specs[i] = kernel_for(node).steps(node, numerics)
-        if j >= len(mine) or mine[j].kernel != name:
+        if j == FUSED:
+            mine = (kernel_for(node).fuse(node, nodes[i + 1], numerics),)
+            j = 0
+        else:
+            mine = specs.get(i)
+            if mine is None:
+                mine = specs[i] = kernel_for(node).steps(node, numerics)
+        if j >= len(mine) or mine[j] is None or mine[j].kernel != name:
             raise GGToolError(f"node {i} '{node.name}' ({node.op_desc}): this process would compile it as "
-                              f"{[s.kernel for s in mine]}, its caller as {name} (step {j})")
+                              f"{[s.kernel for s in mine if s is not None]}, its caller as {name} (step {j})")
         spec = mine[j]
         tensors = spec.tensors if spec.tensors is not None else (node, *node.src)
         r = rows[n]
@@ -202,7 +247,7 @@ def bind(program: Program, nodes, numerics: str, ith: int, nth: int) -> Bound:
                 r[k * kn.TENSOR:(k + 1) * kn.TENSOR] = describe(t)
         ints = list(spec.ints)
         if spec.bind is not None:
-            more, kept, prologue = spec.bind(ith, nth)
+            more, kept, prologue = spec.bind(ith, nth, shared)
             ints.extend(more)
             keep.append(kept)
             if prologue is not None:

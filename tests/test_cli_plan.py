@@ -28,7 +28,7 @@ def test_plan_json(run):
     assert (doc["n_threads"], doc["work_size"], doc["requested"]) == (plan.n_threads, plan.work_size, 4)
     assert doc["mem_size"] == plan.mem_size(graph)
     assert doc["nodes"] == [{"index": 0, "op": "MUL_MAT", "op_desc": "MUL_MAT", "name": "node_0",
-                             "n_tasks": plan.nodes[0].n_tasks, "work_size": plan.nodes[0].work_size}]
+                             "n_tasks": plan.nodes[0].n_tasks, "work_size": plan.nodes[0].work_size, "split": "all"}]
     assert doc["work_size"] > 0  # q4_0 weights: x is converted to q8_0 in the work buffer
 
 
@@ -36,8 +36,9 @@ def test_plan_text(run):
     out = ok(run("plan", *ARGS, "--threads", "2"))
     graph, plan = expected(2)
     lines = out.splitlines()
-    assert lines[0] == "=== PLAN ===" and lines[2].split() == ["index", "op", "name", "n_tasks", "work_size"]
-    assert lines[3].split() == ["-", "0", "MUL_MAT", "node_0", str(plan.nodes[0].n_tasks), str(plan.nodes[0].work_size)]
+    assert lines[0] == "=== PLAN ===" and lines[2].split() == ["index", "op", "name", "n_tasks", "work_size", "split"]
+    assert lines[3].split() == ["-", "0", "MUL_MAT", "node_0", str(plan.nodes[0].n_tasks), str(plan.nodes[0].work_size),
+                                "all"]
     assert f"n_threads = {plan.n_threads} (requested 2)" in lines
     assert f"work_size = {plan.work_size}" in lines
     assert any(line.startswith(f"mem_size  = {plan.mem_size(graph)} ") for line in lines)

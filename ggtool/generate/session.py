@@ -145,9 +145,12 @@ class Session:
         if "kv_mask" not in built.tensors:
             raise NoCacheError(self.program.filename)
         step = self._steps[n_tokens, n_kv] = _Step(built.graph, built.outputs[0][1], batch)
-        freeze = getattr(self.pool, "freeze", None)
-        if freeze is not None:     # only the inputs' values change between steps: describe it once
-            freeze(built.graph)
+        from ..compute import freeze
+
+        freeze(built.graph)        # only the inputs' values change between steps: its steps made once
+        pool_freeze = getattr(self.pool, "freeze", None)
+        if pool_freeze is not None:     # and described once for the pool
+            pool_freeze(built.graph)
         return step
 
     def reset(self) -> None:

@@ -26,13 +26,13 @@ import ctypes
 import platform
 import sys
 
-import llvmlite.binding as ll
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from .jit import numba  # first: numba loaded ggtool's way (its cache, its optional packages)
 
-from .jit import numba  # noqa: F401 - numba loaded ggtool's way (its cache, its optional packages)
+import llvmlite.binding as ll  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import types  # noqa: E402
+from numba.core import cgutils  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
 
 LINUX = sys.platform.startswith("linux")
 X86 = platform.machine().lower() in ("x86_64", "amd64")

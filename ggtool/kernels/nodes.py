@@ -19,11 +19,11 @@ never the kernel's: a kernel trusts its row.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, cfunc, types
 
-from .jit import njit
+from .jit import njit, numba
 from .native import voidptr
 from .quantize import _f16_bits
+from .x86 import fmaf, soft_max_rows
 
 # -- the table row ----------------------------------------------------------------------------------
 TENSOR = 10                       # address, type, ne0..ne3, nb0..nb3
@@ -39,7 +39,8 @@ E_VALUE = 2                       # a value a conversion refuses (NaN/inf into a
 
 F32 = np.float32
 _BIG = 1 << 40                    # the length of an array over raw memory: indices are never checked
-_SIG = types.int64(types.int64, types.int64, types.int64, types.int64, types.int64)
+carray, cfunc, _i64 = numba.carray, numba.cfunc, numba.types.int64
+_SIG = _i64(_i64, _i64, _i64, _i64, _i64)
 
 
 @njit(inline="always")
@@ -418,3 +419,112 @@ def compile_kernel(name: str):
 def address(name: str) -> int:
     """The address of kernel `name` (``kernels.runner``'s step rows hold it)."""
     return compile_kernel(name).address
+
+
+# -- rope (ops.rope) -----------------------------------------------------------------------------------
+def rope_f32(row, frow, ith, nth, wdata):
+    """Rows (i1 fastest, then i2, i3) in blocks; pairs below n_dims rotated by the cos/sin caches of
+    their token (i2: rows of P+3 and P+4, P+5 floats a row, made before the compute from the
+    positions, as the forward makes them), the rest copied. P: NEOX (pairs i, i + n_dims/2, else 2i,
+    2i + 1), n_dims, x86 (each rotation contracted to one FMA)."""
+    w = words(row, ROW)
+    neox, n_dims, fma = w[P], w[P + 1], w[P + 2]
+    cs, sn, width = f32s(w[P + 3]), f32s(w[P + 4]), w[P + 5]
+    ne0, ne1, ne2, ne3 = w[SRC0 + NE], w[SRC0 + NE + 1], w[SRC0 + NE + 2], w[SRC0 + NE + 3]
+    r0, r1 = row_block(ne1 * ne2 * ne3, ith, nth)
+    half = n_dims // 2
+    x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
+    for r in range(r0, r1):
+        i1 = r % ne1
+        i2 = (r // ne1) % ne2
+        i3 = r // (ne1 * ne2)
+        xo = (i1 * w[SRC0 + NB + 1] + i2 * w[SRC0 + NB + 2] + i3 * w[SRC0 + NB + 3]) // 4
+        yo = (i1 * w[DST + NB + 1] + i2 * w[DST + NB + 2] + i3 * w[DST + NB + 3]) // 4
+        co = i2 * width
+        for i in range(half):
+            if neox != 0:
+                j0, j1 = i, i + half
+            else:
+                j0, j1 = 2 * i, 2 * i + 1
+            x0, x1, c, s = x[xo + j0], x[xo + j1], cs[co + i], sn[co + i]
+            if fma != 0:
+                y0 = fmaf(x0, c, -(x1 * s))
+                y1 = fmaf(x0, s, x1 * c)
+            else:
+                y0 = x0 * c - x1 * s
+                y1 = x0 * s + x1 * c
+            y[yo + j0] = y0
+            y[yo + j1] = y1
+        for j in range(n_dims, ne0):
+            y[yo + j] = x[xo + j]
+    return 0
+
+
+# -- gelu (ops.unary) ------------------------------------------------------------------------------------
+@njit(inline="always")
+def numpy_f16_bits(u):
+    """The fp16 bits numpy's float32 -> float16 cast gives (npy_floatbits_to_halfbits): RNE like
+    GGML's, but a NaN keeps its payload's top bits (made a NaN still if they are all zero)."""
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        h = ((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7C00) | ((u & np.uint32(0x7FFFFF)) >> np.uint32(13))
+        if (h & np.uint32(0x3FF)) == 0:
+            h += np.uint32(1)
+        return h
+    return _f16_bits(u)
+
+
+def gelu_f32(row, frow, ith, nth, wdata):
+    """GELU through GGML's fp16 table (P: its address): rows in blocks, row i at i*nb1 (GGML's walk);
+    the table's value at x's fp16 bits, x itself from 10 up, 0 from -10 down."""
+    w = words(row, ROW)
+    table = f32s(w[P])
+    ne0 = w[DST + NE]
+    r0, r1 = row_block(w[DST + NE + 1] * w[DST + NE + 2] * w[DST + NE + 3], ith, nth)
+    x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
+    xu = carray(voidptr(w[SRC0 + A]), (_BIG,), np.uint32)
+    xn, yn = w[SRC0 + NB + 1] // 4, w[DST + NB + 1] // 4
+    for r in range(r0, r1):
+        for i in range(ne0):
+            v = x[r * xn + i]
+            if v >= F32(10.0):
+                out = v
+            elif v <= F32(-10.0):
+                out = F32(0.0)
+            else:
+                out = table[np.int64(numpy_f16_bits(xu[r * xn + i]))]
+            y[r * yn + i] = out
+    return 0
+
+
+# -- soft_max under llama.cpp's numerics (ops.softmax) ---------------------------------------------------------
+def soft_max_x86(row, frow, ith, nth, wdata):
+    """Rows in blocks (row i at i*nb1): w = x*scale, plus the mask row (i % ne1, packed, f32 or f16:
+    P+1) through an FMA with slope 1, then ``x86.soft_max_rows`` (P: wide, P+2: its constants)."""
+    w, f = words(row, ROW), f64s(frow)
+    wide, mkind = w[P], w[P + 1]
+    e = carray(voidptr(w[P + 2]), (9,), np.float32)
+    f16 = carray(voidptr(w[P + 3]), (65536,), np.float32)
+    scale = F32(f[0])
+    ne0, ne1 = w[SRC0 + NE], w[SRC0 + NE + 1]
+    r0, r1 = row_block(ne1 * w[SRC0 + NE + 2] * w[SRC0 + NE + 3], ith, nth)
+    x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
+    xn, yn = w[SRC0 + NB + 1] // 4, w[DST + NB + 1] // 4
+    tw = np.empty((1, ne0), np.float32)
+    ty = np.empty((1, ne0), np.float32)
+    mf, mh = f32s(w[SRC1 + A]), u16s(w[SRC1 + A])
+    for r in range(r0, r1):
+        for i in range(ne0):
+            tw[0, i] = x[r * xn + i] * scale
+        if mkind != 0:
+            mo = (r % ne1) * ne0
+            for i in range(ne0):
+                m = mf[mo + i] if mkind == 1 else f16[np.int64(mh[mo + i])]
+                tw[0, i] = fmaf(F32(1.0), m, tw[0, i])
+        soft_max_rows(tw, ty, e, wide != 0)
+        for i in range(ne0):
+            y[r * yn + i] = ty[0, i]
+    return 0
+
+
+for _fn in (rope_f32, gelu_f32, soft_max_x86):
+    KERNELS[_fn.__name__] = _fn

@@ -18,13 +18,12 @@ runs it:
 from __future__ import annotations
 
 import numpy as np
-from numba import carray
 
 from . import kquants, quantize, simd, x86
 from .dot import _act_pairs
 from .dot_base import GROUP
 from .dot_k import _act_pairs_k
-from .jit import njit
+from .jit import njit, numba
 from .nodes import DST, E_VALUE, NB, NE, P, ROW, SRC0, SRC1, A, f32s, i64s, register, words
 from .native import voidptr
 
@@ -33,6 +32,7 @@ CV_Q8_0, CV_Q8_1, CV_Q8_K, CV_F16 = 0, 1, 2, 3
 _CV_BLOCK = (32, 32, 256, 1)            # values per block
 _CV_BYTES = (34, 36, 292, 2)            # bytes per block
 
+carray = numba.carray
 _q8_1 = quantize.q8_1_quantize_cpu.dispatcher
 _fp16 = quantize.fp32_to_fp16.dispatcher
 

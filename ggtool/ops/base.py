@@ -21,6 +21,9 @@ Two more things an op may declare beside its kernel:
   graph runner runs it (``ggtool.runner``): which kernel of ``ggtool.kernels.nodes`` and the op's
   parameters, checked here against what that kernel handles (types, strides); None leaves the node
   to `forward` in Python. The compiled kernel gives the same bits as `forward`.
+- `fuse`: `(node, next node, numerics) -> CompiledStep or None`: both nodes in one step where GGML's
+  CPU backend fuses them (ggml_cpu_try_fuse_ops: RMS_NORM then MUL), the bits of the two unchanged;
+  the runner asks only where the node's one consumer is the next node and its result is no output.
 """
 
 from __future__ import annotations
@@ -48,14 +51,19 @@ FUNCTIONS: dict[str, Function] = {}
 class CompiledStep:
     """One step of a node in the compiled runner: a kernel of ``ggtool.kernels.nodes`` (by name), the
     op's int and float parameters (the kernel's own layout), the tensors its table row describes
-    (None: the node, then its sources), and `bind`: per process, (ith, nth) -> (more ints, objects to
-    keep alive, a prologue run before each compute or None): what only the process that runs the
-    step can know (addresses of its own arrays: repacked weights, a rope cache)."""
+    (None: the node, then its sources), and `bind`: per process, (ith, nth, shared) -> (more ints,
+    objects to keep alive, a prologue run before each compute or None): what only the process that
+    runs the step can know (addresses of its own arrays: repacked weights, a rope cache; `shared`, a
+    dict for the whole graph in this process, lets nodes share such arrays and prologues). `needs`: other compiled
+    kernels the step runs (``kernels.cache`` names: its bind's packers), which the process that plans
+    wants compiled before it compiles the step. Which steps a node has depends on the node and the
+    numerics only: every process finds the same."""
     kernel: str
     ints: tuple = ()
     floats: tuple = ()
     tensors: tuple | None = None
     bind: Callable | None = None
+    needs: tuple = ()
 
 
 @dataclass
@@ -66,6 +74,7 @@ class Kernel:
     work: Callable | None = None              # (node, n_tasks) -> bytes
     split: str | None = None                  # SPLIT_ALL / SPLIT_ONE (None: from tasks)
     compiled: Callable | None = None          # (node, numerics) -> CompiledStep(s) or None
+    fuse: Callable | None = None              # (node, next node, numerics) -> CompiledStep or None
 
     def splits(self) -> bool:
         """Whether every participant computes a share of the node (GGML's compute-time split)."""
@@ -104,11 +113,11 @@ class Function:
 
 
 def kernel(op: str, n_tasks: int | Callable = 1, work_size: Callable | None = None, split: str | None = None,
-           compiled: Callable | None = None):
+           compiled: Callable | None = None, fuse: Callable | None = None):
     def deco(fn):
         if op in KERNELS:
             raise RuntimeError(f"kernel {op} registered twice")
-        KERNELS[op] = Kernel(op, fn, n_tasks, work_size, split, compiled)
+        KERNELS[op] = Kernel(op, fn, n_tasks, work_size, split, compiled, fuse)
         return fn
     return deco
 

@@ -125,8 +125,6 @@ def _mul_mat_compiled(node, numerics):
     """mul_mat as the compiled runner runs it: src1 converted into the work buffer (``mm_convert``,
     then the barrier), then each participant's units (``mm_q32``, ``mm_k``; ``mm_x86`` under
     llama.cpp's numerics). F32 and F16 weights under GGML's numerics (BLAS) and BF16 stay in Python."""
-    from ..kernels import cache
-
     a, b = node.src
     if not (a.has_data and b.has_data and node.has_data and plain(node)):
         return None
@@ -140,8 +138,6 @@ def _mul_mat_compiled(node, numerics):
         which = _x86_kind(a)
     elif a.type in _Q32 or a.type in _K_TYPES:
         which = None
-        if not cache.use_kernel(f"dot:{T.type_name(a.type)}"):     # its packers run in bind
-            return None
     else:
         return None
     steps = []
@@ -167,7 +163,8 @@ def _mul_mat_compiled(node, numerics):
         args, kernel = (rb,), "mm_k"
     else:
         args, kernel = (rb, _Q32[a.type]), "mm_q32"
-    steps.append(CompiledStep(kernel, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86)))
+    needs = () if x86 else (f"dot:{T.type_name(a.type)}",)     # its packers, run in bind
+    steps.append(CompiledStep(kernel, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86), needs=needs))
     return tuple(steps)
 
 
@@ -209,7 +206,7 @@ class _UnitsBind:
     def __init__(self, node, act, args, x86: bool):
         self.node, self.act, self.args, self.x86 = node, act, args, x86
 
-    def __call__(self, ith: int, nth: int):
+    def __call__(self, ith: int, nth: int, shared: dict):
         from ..kernels.tables import F16_TO_F32
 
         node = self.node

@@ -11,8 +11,8 @@ import numpy as np
 
 from .. import types as T
 from ..kernels.numerics import is_llama_cpp
-from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import chunks, require, require_type, unravel_rows, with_shape
+from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block
+from .walk import chunks, plain, require, require_type, unravel_rows, with_shape
 
 f32 = np.float32
 ROPE_TYPE_NEOX = 2
@@ -35,7 +35,48 @@ def _cos_sin(pos: np.ndarray, ne0: int, n_dims: int, freq_base, freq_scale, attn
     return (np.cos(t64).astype(f32) * f32(attn_factor), np.sin(t64).astype(f32) * f32(attn_factor))
 
 
-@kernel("ROPE", n_tasks=ALL, work_size=lambda node, n_tasks: 4 * node.ne[0] * n_tasks)
+def _leaf(t) -> bool:
+    """Whether t's data is an input of the graph (a leaf, or a view of one), not computed by it."""
+    while t.view_src is not None:
+        if t.op not in ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"):
+            return False
+        t = t.view_src
+    return t.op == "NONE"
+
+
+def _rope_compiled(node, numerics):
+    """``rope_f32``: what the forward computes without refusing, f32 packed rows, positions that are
+    an input (their cos/sin caches are made before each compute, by `_cos_sin` as the forward makes
+    them, once for all rope nodes of one input and parameters)."""
+    a, pos = node.src[0], node.src[1]
+    p = node.op_params
+    n_dims, mode = int(p[1]), int(p[2])
+    freq_base, freq_scale, ext_factor, attn_factor = (node.param_f32(i) for i in (5, 6, 7, 8))
+    if not (a.type == node.type == T.F32 and plain(a, node, pos) and a.nb[0] == node.nb[0] == 4
+            and pos.type == T.I32 and pos.is_contiguous() and _leaf(pos) and n_dims <= a.ne[0]
+            and n_dims % 2 == 0 and mode in (0, ROPE_TYPE_NEOX) and ext_factor == 0.0):
+        return None
+    x86 = is_llama_cpp(numerics)
+    key = ("rope", id(pos), a.ne[0], n_dims, freq_base, freq_scale, attn_factor, x86)
+
+    def bind(ith: int, nth: int, shared: dict):
+        got = shared.get(key)
+        prologue = None
+        if got is None:
+            half = a.ne[0] // 2
+            cos, sin = np.zeros((pos.ne[0], half), f32), np.zeros((pos.ne[0], half), f32)
+
+            def prologue():
+                cos[...], sin[...] = _cos_sin(pos.data.reshape(-1), a.ne[0], n_dims, freq_base, freq_scale,
+                                              attn_factor, x86)
+            got = shared[key] = (cos, sin)
+        cos, sin = got
+        return (int(cos.ctypes.data), int(sin.ctypes.data), cos.shape[1]), got, prologue
+
+    return CompiledStep("rope_f32", (int(mode == ROPE_TYPE_NEOX), n_dims, int(x86)), bind=bind)
+
+
+@kernel("ROPE", n_tasks=ALL, work_size=lambda node, n_tasks: 4 * node.ne[0] * n_tasks, compiled=_rope_compiled)
 def forward_rope(node, ith, nth, work):
     """Rows (i1 fastest, then i2, i3) in blocks; pairs below n_dims rotate, the rest are copied."""
     a, pos = node.src[0], node.src[1]

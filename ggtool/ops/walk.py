@@ -204,8 +204,18 @@ def packed_rows_of(t) -> bool:
     return t.nb[0] == T.type_size(t.type)
 
 
-def f16_table(ith: int, nth: int):
+def f16_table(ith: int, nth: int, shared: dict):
     """A CompiledStep's bind: the address of the f16 -> f32 table (``kernels.tables``) in this process."""
     from ..kernels.tables import F16_TO_F32
 
     return (int(F16_TO_F32.ctypes.data),), F16_TO_F32, None
+
+
+def walks_inside(*tensors) -> bool:
+    """Whether GGML's row walk (row i at i*nb1, ne0 packed elements) stays inside each tensor's root,
+    as `row_walk` checks before the forward reads or writes through it."""
+    for t in tensors:
+        nr, ne0 = t.nrows, t.ne[0]
+        if nr and ne0 and t.view_offs + (nr - 1) * t.nb[1] + ne0 * T.type_size(t.type) > t.root.nbytes:
+            return False
+    return True

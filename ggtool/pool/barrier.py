@@ -130,18 +130,18 @@ def participate(nodes, prog, ith: int, work: Work, mv: memoryview, progress=None
 def programs(plan, nth: int):
     """Per-participant programs: (node index, nth for the call) or a barrier.
 
-    Nodes with n_tasks > 1 run on every participant with (ith, nth); runs of single-task nodes run
-    on participant 0 with (0, 1). A barrier separates consecutive segments and follows a final
-    multi-task node; no-op nodes (views, NONE, empty tensors) are left out.
+    Nodes that split (the plan's split "all", as GGML splits them whatever their n_tasks) run on
+    every participant with (ith, nth); runs of nodes of participant 0 alone (split "one") run on it
+    with (0, 1). A barrier separates consecutive segments and follows a final multi-participant
+    node; no-op nodes (views, NONE, empty tensors: split "-") are left out.
     """
-    from ..ops import kernel_for
+    from ..plan import SPLIT_ALL, SPLIT_NONE
 
     segs: list = []
     for i, p in enumerate(plan.nodes):
-        node = p.node
-        if node.op == "NONE" or node.is_empty() or kernel_for(node).forward is None:
+        if p.split == SPLIT_NONE:
             continue
-        if p.n_tasks > 1:
+        if p.split == SPLIT_ALL:
             segs.append(i)
         elif segs and isinstance(segs[-1], list):
             segs[-1].append(i)
