@@ -264,7 +264,7 @@ def _bound(graph, plan: Plan):
            tuple(sorted((i, c.buffer.ctypes.data) for i, c in contexts.items())))
     if graph in _FROZEN:
         got = _BOUND.get(graph)
-        if got is not None and got[0] == key:
+        if got is not None and got[0] == key and got[1].fresh():
             return got[1]
     program = runner.make_program(graph.nodes, 1, plan.numerics)
     if program is None:

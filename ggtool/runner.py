@@ -137,6 +137,15 @@ def _uses(nodes) -> dict:
     return uses
 
 
+_VIEWS = frozenset(("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"))
+
+
+def _changing(nodes) -> set:
+    """id() of the roots whose bytes a compute of `nodes` changes: the nodes', and the tensors nodes
+    write into (cpy, set_rows: their result is a view of them)."""
+    return {id(t.root) for t in nodes if t.op not in _VIEWS}
+
+
 def _fused(nodes, i: int, numerics: str, uses):
     """The fused step of nodes i and i+1 where the op fuses them (Kernel.fuse), else None."""
     from .tensor import FLAG_OUTPUT
@@ -162,6 +171,7 @@ def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bo
         return None
     steps = []
     uses = _uses(nodes) if fuse and compiled else None
+    changing = _changing(nodes)
     skip = -1
     for i, node in enumerate(nodes):
         if i == skip or not computes(node):
@@ -180,7 +190,8 @@ def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bo
                 mine = k.steps(node, numerics)
             except GGToolError:
                 mine = ()
-            if mine and not all(kernel_ready(s.kernel) and all(_cached(n) for n in s.needs) for s in mine):
+            if mine and not all(kernel_ready(s.kernel) and all(_cached(n) for n in s.needs)
+                                and not any(id(t.root) in changing for t in s.stable) for s in mine):
                 mine = ()
         if mine:
             steps.extend((s.kernel, i, only0, j) for j, s in enumerate(mine))
@@ -200,7 +211,19 @@ class Bound:
     """A program bound in one process: step rows with kernel addresses, the node tables, what they
     point into (kept alive), and the prologues to run before each compute."""
 
-    __slots__ = ("frows", "keep", "prologues", "rows", "steps")
+    __slots__ = ("epoch", "frows", "keep", "prologues", "rows", "steps")
+
+    def fresh(self) -> bool:
+        """Whether the repacked weights it holds are still the weights' (none dropped since bind)."""
+        return self.epoch == packs_epoch()
+
+
+def packs_epoch() -> int:
+    """How many times repacked weights were dropped in this process (quant.matmul.EPOCH)."""
+    import sys
+
+    m = sys.modules.get("ggtool.quant.matmul")
+    return 0 if m is None else m.EPOCH[0]
 
 
 def address(t) -> int:
@@ -259,6 +282,7 @@ def bind(program: Program, nodes, numerics: str, ith: int, nth: int) -> Bound:
         steps[n, kr.S_FN] = kn.address(name)
     b = Bound()
     b.steps, b.rows, b.frows, b.keep, b.prologues = steps, rows, frows, keep, prologues
+    b.epoch = packs_epoch()
     return b
 
 

@@ -56,14 +56,16 @@ class CompiledStep:
     runs the step can know (addresses of its own arrays: repacked weights, a rope cache; `shared`, a
     dict for the whole graph in this process, lets nodes share such arrays and prologues). `needs`: other compiled
     kernels the step runs (``kernels.cache`` names: its bind's packers), which the process that plans
-    wants compiled before it compiles the step. Which steps a node has depends on the node and the
-    numerics only: every process finds the same."""
+    wants compiled before it compiles the step. `stable`: tensors whose bytes `bind` reads (weights it
+    repacks): the step is compiled only where the graph neither computes nor writes them. Which steps
+    a node has depends on the node and the numerics only: every process finds the same."""
     kernel: str
     ints: tuple = ()
     floats: tuple = ()
     tensors: tuple | None = None
     bind: Callable | None = None
     needs: tuple = ()
+    stable: tuple = ()
 
 
 @dataclass

@@ -164,7 +164,8 @@ def _mul_mat_compiled(node, numerics):
     else:
         args, kernel = (rb, _Q32[a.type]), "mm_q32"
     needs = () if x86 else (f"dot:{T.type_name(a.type)}",)     # its packers, run in bind
-    steps.append(CompiledStep(kernel, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86), needs=needs))
+    steps.append(CompiledStep(kernel, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86), needs=needs,
+                              stable=() if x86 else (a,)))
     return tuple(steps)
 
 

@@ -7,6 +7,8 @@ in float32 (an iterative product, not a recomputed power).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .. import types as T
@@ -57,18 +59,22 @@ def _rope_compiled(node, numerics):
             and n_dims % 2 == 0 and mode in (0, ROPE_TYPE_NEOX) and ext_factor == 0.0):
         return None
     x86 = is_llama_cpp(numerics)
-    key = ("rope", id(pos), a.ne[0], n_dims, freq_base, freq_scale, attn_factor, x86)
+    a_ne0 = a.ne[0]
+    key = ("rope", id(pos), a_ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
 
     def bind(ith: int, nth: int, shared: dict):
         got = shared.get(key)
         prologue = None
         if got is None:
-            half = a.ne[0] // 2
+            half = a_ne0 // 2
             cos, sin = np.zeros((pos.ne[0], half), f32), np.zeros((pos.ne[0], half), f32)
+            positions = weakref.ref(pos)   # what keeps the bound steps keeps no tensor (nor its context) alive
 
             def prologue():
-                cos[...], sin[...] = _cos_sin(pos.data.reshape(-1), a.ne[0], n_dims, freq_base, freq_scale,
-                                              attn_factor, x86)
+                p = positions()
+                if p is not None:
+                    cos[...], sin[...] = _cos_sin(p.data.reshape(-1), a_ne0, n_dims, freq_base, freq_scale,
+                                                  attn_factor, x86)
             got = shared[key] = (cos, sin)
         cos, sin = got
         return (int(cos.ctypes.data), int(sin.ctypes.data), cos.shape[1]), got, prologue

@@ -355,7 +355,7 @@ class WorkerPool:
         check = functools.partial(_check_alive, workers)
         try:
             if entry.program is not None:
-                if entry.bound is None:
+                if entry.bound is None or not entry.bound.fresh():
                     entry.bound = runner.bind(entry.program, graph.nodes, plan.numerics, 0, nth)
                 base = self._state.ctl.array.ctypes.data
                 sync = runner.Sync(base, nth, spin, int(CHECK_EVERY * 1e9), check, base + 8 * at_node(0))

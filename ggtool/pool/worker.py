@@ -248,7 +248,7 @@ class _Worker:
 
     def run_compiled(self, wg: WorkerGraph, msg: Run):
         """Participant ith's part on the compiled runner (its steps bound here once per graph)."""
-        if wg.bound is None or wg.bound[0] != (msg.ith, msg.nth):
+        if wg.bound is None or wg.bound[0] != (msg.ith, msg.nth) or not wg.bound[1].fresh():
             wg.bound = ((msg.ith, msg.nth), runner.bind(wg.program, wg.nodes, wg.numerics, msg.ith, msg.nth))
         base = np.frombuffer(self.ctl, np.int64).ctypes.data
         sync = runner.Sync(base, msg.nth, msg.spin_ns, WAIT_NS, None, base + 8 * at_node(msg.ith))

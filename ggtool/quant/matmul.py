@@ -126,6 +126,12 @@ def weight_pack(a, key, make, source=None):
     return packed
 
 
+# Bumped whenever repacked weights are dropped: what holds on to repacked arrays itself (the compiled
+# runner's bound steps, ggtool.runner) makes them anew when it has changed
+EPOCH = [0]
+
+
 def forget(t) -> None:
     """Drop the repacked weights made from t's leaf (its data is being rewritten)."""
-    _TENSOR_PACKS.pop(_root(t), None)
+    if _TENSOR_PACKS.pop(_root(t), None) is not None:
+        EPOCH[0] += 1
