@@ -96,6 +96,25 @@ def f16_to_f32(h, f16):
     return f16[np.int64(h)]
 
 
+# x86 gives the first operand's NaN (quieted) where both operands of an operation are NaN, and numpy's
+# loops put the operands in the forward's order; LLVM may swap the operands of a commutative one. These
+# keep the first operand's NaN, so that the bits of a NaN are the forward's too.
+@njit(inline="always")
+def mul1(a, b):
+    r = a * b
+    if r != r and a != a:
+        return a + F32(0.0)
+    return r
+
+
+@njit(inline="always")
+def add1(a, b):
+    r = a + b
+    if r != r and a != a:
+        return a + F32(0.0)
+    return r
+
+
 # -- element-wise binary ops: add, sub, mul, div (ops.binary) ----------------------------------------
 OP_ADD, OP_SUB, OP_MUL, OP_DIV = 0, 1, 2, 3
 
@@ -103,11 +122,11 @@ OP_ADD, OP_SUB, OP_MUL, OP_DIV = 0, 1, 2, 3
 @njit(inline="always")
 def _apply(op, x, y):
     if op == OP_ADD:
-        return x + y
+        return add1(x, y)
     if op == OP_SUB:
         return x - y
     if op == OP_MUL:
-        return x * y
+        return mul1(x, y)
     return x / y
 
 
@@ -156,7 +175,7 @@ def scale_f32(row, frow, ith, nth, wdata):
     dn, an = w[DST + NB + 1] // 4, w[SRC0 + NB + 1] // 4
     for r in range(r0, r1):
         for i0 in range(ne0):
-            d[r * dn + i0] = a[r * an + i0] * s
+            d[r * dn + i0] = mul1(a[r * an + i0], s)
     return 0
 
 
@@ -229,13 +248,13 @@ def rms_norm_f32(row, frow, ith, nth, wdata):
                 xo = i1 * x1 + i2 * x2 + i3 * x3
                 for i0 in range(ne0):
                     v = x[xo + i0]
-                    sq[i0] = np.float64(v * v)
+                    sq[i0] = np.float64(mul1(v, v))
                 mean = F32(numpy_sum_f64(sq, ne0) / n)
                 scale = F32(1.0) / np.sqrt(mean + eps)
                 if fused == 0:
                     yo = i1 * y1 + i2 * y2 + i3 * y3
                     for i0 in range(ne0):
-                        y[yo + i0] = x[xo + i0] * scale
+                        y[yo + i0] = mul1(x[xo + i0], scale)
                 else:
                     _fused_mul(w, x, xo, scale, i1, i2, i3)
     return 0
@@ -251,7 +270,7 @@ def _fused_mul(w, x, xo, scale, i1, i2, i3):
         (i3 % ne13) * (w[SRC1 + NB + 3] // 4)
     zo = i1 * (w[SRC2 + NB + 1] // 4) + i2 * (w[SRC2 + NB + 2] // 4) + i3 * (w[SRC2 + NB + 3] // 4)
     for i0 in range(ne0):
-        z[zo + i0] = (x[xo + i0] * scale) * b[bo + i0 % ne10]
+        z[zo + i0] = mul1(mul1(x[xo + i0], scale), b[bo + i0 % ne10])
 
 
 # -- get_rows (ops.rows) -------------------------------------------------------------------------------
@@ -448,11 +467,11 @@ def rope_f32(row, frow, ith, nth, wdata):
                 j0, j1 = 2 * i, 2 * i + 1
             x0, x1, c, s = x[xo + j0], x[xo + j1], cs[co + i], sn[co + i]
             if fma != 0:
-                y0 = fmaf(x0, c, -(x1 * s))
-                y1 = fmaf(x0, s, x1 * c)
+                y0 = fmaf(x0, c, -mul1(x1, s))
+                y1 = fmaf(x0, s, mul1(x1, c))
             else:
-                y0 = x0 * c - x1 * s
-                y1 = x0 * s + x1 * c
+                y0 = mul1(x0, c) - mul1(x1, s)
+                y1 = add1(mul1(x0, s), mul1(x1, c))
             y[yo + j0] = y0
             y[yo + j1] = y1
         for j in range(n_dims, ne0):
@@ -514,7 +533,7 @@ def soft_max_x86(row, frow, ith, nth, wdata):
     mf, mh = f32s(w[SRC1 + A]), u16s(w[SRC1 + A])
     for r in range(r0, r1):
         for i in range(ne0):
-            tw[0, i] = x[r * xn + i] * scale
+            tw[0, i] = mul1(x[r * xn + i], scale)
         if mkind != 0:
             mo = (r % ne1) * ne0
             for i in range(ne0):

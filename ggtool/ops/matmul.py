@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..errors import GGToolError, QuantizationError
 from ..kernels.numerics import is_llama_cpp, wide
 from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op
 from .walk import grid_chunks, plain, require, require_type
@@ -36,6 +37,18 @@ def _check_layout(node, a, b) -> None:
             "a and b must not be permuted in dim 0 (nb0 == type size)")
     nb = node.nb
     require(nb[0] == 4 and nb[0] <= nb[1] <= nb[2] <= nb[3], "mul_mat", "the result must not be transposed or permuted")
+
+
+def _not_finite(b, vdt) -> GGToolError:
+    """The error of a NaN or inf in b, which cannot be quantized to vdt: its first in b's logical order,
+    whichever participant met one (each converts its own part of b)."""
+    x = b.data
+    bad = np.argwhere(~np.isfinite(x))[0]
+    v = x[tuple(bad)]
+    what = "NaN" if np.isnan(v) else ("inf" if v > 0 else "-inf")
+    where = ", ".join(str(int(i)) for i in bad[::-1])
+    return GGToolError(f"mul_mat: b '{b.name}' holds {what} at [{where}] (ne order), which cannot be converted "
+                       f"to {T.type_name(vdt)}, the weights' vec_dot_type")
 
 
 def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
@@ -268,7 +281,10 @@ def forward_mul_mat(node, ith, nth, work):
     if b.type != vdt:
         require(b.type == T.F32, "mul_mat",
                 f"b '{b.name}' is {T.type_name(b.type)}; it must be f32 (converted to {T.type_name(vdt)}) or {T.type_name(vdt)}")
-        act = _convert_src1(b, vdt, work, ith, nth)
+        try:
+            act = _convert_src1(b, vdt, work, ith, nth)
+        except QuantizationError:
+            raise _not_finite(b, vdt) from None
         work.barrier()
     else:
         act = b.data
