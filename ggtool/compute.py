@@ -102,11 +102,24 @@ def forget_packs(tensors) -> None:
 def materialize_written(graph) -> None:
     """A memory-mapped tensor (a GGUF weight, a .npy input) a node writes into is copied into the
     context first (Context.materialize): the map is read-only, and a file is never written."""
-    targets = written(graph.nodes)
+    targets = _written_of(graph)
     for t in targets:
         if t.storage is not None:
             t.ctx.materialize(t)
     forget_packs(targets)
+
+
+_WRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # frozen graph -> written(nodes)
+
+
+def _written_of(graph) -> list:
+    """written(graph.nodes), once for a frozen graph (its nodes keep their fields)."""
+    if graph not in _FROZEN:
+        return written(graph.nodes)
+    got = _WRITTEN.get(graph)
+    if got is None:
+        got = _WRITTEN[graph] = written(graph.nodes)
+    return got
 
 
 def verify_maps(graph) -> None:
@@ -259,19 +272,23 @@ def _bound(graph, plan: Plan):
     """The graph's compiled steps for one participant in this process (None where it has no compiled
     runner), kept for a frozen graph while its plan, numerics, node placement and the contexts'
     buffers are those they were made for."""
-    contexts = {id(t.ctx): t.ctx for t in itertools.chain(graph.nodes, graph.leafs) if t.storage is None}
-    key = (id(plan), plan.numerics, id(graph.binding), plan.work_offset,
-           tuple(sorted((i, c.buffer.ctypes.data) for i, c in contexts.items())))
-    if graph in _FROZEN:
-        got = _BOUND.get(graph)
-        if got is not None and got[0] == key and got[1].fresh():
-            return got[1]
-    program = runner.make_program(graph.nodes, 1, plan.numerics)
+    frozen = graph in _FROZEN
+    got = _BOUND.get(graph) if frozen else None
+    if got is not None:
+        contexts = got[2]
+    else:
+        contexts = [weakref.ref(c) for c in {id(t.ctx): t.ctx for t in itertools.chain(graph.nodes, graph.leafs)
+                                             if t.storage is None}.values()]
+    buffers = tuple(None if c() is None else c().buffer.ctypes.data for c in contexts)
+    key = (id(plan), plan.numerics, id(graph.binding), plan.work_offset, buffers)
+    if got is not None and got[0] == key and got[1].fresh():
+        return got[1]
+    program = runner.make_program(graph.nodes, 1, plan.numerics, fuse=graph.binding is not None)
     if program is None:
         return None
     bound = runner.bind(program, graph.nodes, plan.numerics, 0, 1)
-    if graph in _FROZEN:
-        _BOUND[graph] = (key, bound)
+    if frozen:
+        _BOUND[graph] = (key, bound, contexts)
     return bound
 
 

@@ -265,7 +265,7 @@ class WorkerPool:
             return entry
         key = self._next_key
         self._next_key += 1
-        program = runner.make_program(graph.nodes, nth, plan.numerics)
+        program = runner.make_program(graph.nodes, nth, plan.numerics, fuse=graph.binding is not None)
         prog0, progw = programs(plan, nth) if program is None else ((), ())
         segs = {r[2] for r in records if isinstance(r[2], str)} | {work[0]}
         entry = _Entry(key, wire.pack(records, graph.n_nodes, kernels, work, progw, program), segs, prog0, program)
