@@ -31,6 +31,7 @@ from .ops.base import kernel_for
 # the runner's step flags and answers (kernels.runner's, which loads numba: kept in step here)
 BARRIER, ONLY0 = 1, 2
 FUSED = -1     # a step's number among its node's steps, for the step of a node fused with the next
+CONVERT = "mm_convert"   # mul_mat's first step: src1 into the work buffer (left out when it is there already)
 DONE, PYTHON, TIMEOUT, ABORTED, ERROR = 0, 1, 2, 3, 4
 CHECK_EVERY = 0.005      # seconds between the caller's checks while it waits (dead workers, Ctrl-C)
 
@@ -172,6 +173,13 @@ def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bo
     steps = []
     uses = _uses(nodes) if fuse and compiled else None
     changing = _changing(nodes)
+    converted, since = None, -1       # the src1 mul_mat converted into the work buffer last, and its node
+
+    def written_since(t) -> bool:
+        """Whether a node after the last conversion wrote into t's bytes."""
+        root = t.root
+        return any(n.root is root and n.op not in _VIEWS for n in nodes[since + 1:i])
+
     skip = -1
     for i, node in enumerate(nodes):
         if i == skip or not computes(node):
@@ -194,9 +202,16 @@ def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bo
                                 and not any(id(t.root) in changing for t in s.stable) for s in mine):
                 mine = ()
         if mine:
-            steps.extend((s.kernel, i, only0, j) for j, s in enumerate(mine))
+            first = 0
+            if mine[0].kernel == CONVERT:
+                key = (id(node.src[1]), mine[0].ints)
+                if key == converted and not written_since(node.src[1]):
+                    first = 1                   # the work buffer holds it already: no step, no barrier
+                converted, since = key, i
+            steps.extend((s.kernel, i, only0, j) for j, s in enumerate(mine) if j >= first)
         else:
             steps.append((None, i, only0, 0))
+            converted = None                    # a Python step may use the work buffer
     out = []
     for n, (name, i, flags, j) in enumerate(steps):
         nxt = steps[n + 1] if n + 1 < len(steps) else None
@@ -239,6 +254,7 @@ def describe(t) -> tuple:
 def bind(program: Program, nodes, numerics: str, ith: int, nth: int) -> Bound:
     """The program's steps and tables in this process (see the module's docstring)."""
     from .kernels import nodes as kn
+    from .kernels import nodes_mm  # noqa: F401 - registers mul_mat's kernels with kn
     from .kernels import runner as kr
 
     s_count = len(program.steps)

@@ -115,7 +115,8 @@ def values(shape, special: bool = True) -> np.ndarray:
 
 def leaf(ctx, x, type_="f32", name=""):
     t = ctx.new_tensor(type_, list(x.shape[::-1]))
-    t.set_data(x if type_ in ("f32", "i32") else x.astype(np.float16) if type_ == "f16" else x)
+    with np.errstate(over="ignore"):       # 3.4e38 to f16: inf, on purpose
+        t.set_data(x if type_ in ("f32", "i32") else x.astype(np.float16) if type_ == "f16" else x)
     t.name = name
     return t
 
@@ -553,6 +554,30 @@ def test_ctrl_c_mid_stretch_stops_within_100_ms():
     assert (rc, line) == (130, "interrupted"), err
     assert seen < SEEN_WITHIN and done < DONE_WITHIN, (seen, done)
     assert _segments(pids[0]) == []
+
+
+def test_the_runners_cache_entries_follow_the_modules_compiled_into_them(tmp_path, monkeypatch):
+    """numba stamps a cached function with its own file; the runner's kernels compile other modules'
+    functions into theirs, so their stamp covers those modules too (an edit of one is a new stamp)."""
+    from numba.core import caching
+
+    from ggtool.kernels import native, nodes
+
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+    assert impl._locator_classes[0].__name__ == "RunnerLocator"
+    fn = nodes.binary_f32
+    locator = impl._locator_classes[0].from_function(fn, fn.__code__.co_filename)
+    before = locator.get_source_stamp()
+    assert before[1] == native._deps_stamp()
+    x86 = Path(native.__file__).with_name("x86.py")
+    st = os.stat(x86)
+    try:
+        os.utime(x86, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        assert locator.get_source_stamp() != before
+    finally:
+        os.utime(x86, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert locator.get_source_stamp() == before
+    assert impl._locator_classes[0].from_function(quant.quantize, quant.__file__) is None   # others: numba's own
 
 
 def test_compiled_runner_named_in_docs():

@@ -23,6 +23,7 @@ module is imported, before any code that calls them is compiled or loaded from t
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 import sys
 
@@ -161,3 +162,69 @@ def call5(typingctx, fn, a, b, c, d, e):
         f = builder.inttoptr(args[0], ir.FunctionType(_I64, [_I64] * 5).as_pointer())
         return builder.call(f, args[1:])
     return _i64(*([_i64] * 6)), codegen
+
+
+# -- the runner's kernels in numba's cache ----------------------------------------------------------------
+# numba checks a cached function against its own source file only, and the graph runner's loop and node
+# kernels (runner.py, nodes.py, nodes_mm.py) compile other modules' functions into theirs. Their cache
+# entries are stamped with every such module's as well, so that editing one compiles them anew.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_OWN = frozenset(os.path.join(_HERE, f) for f in ("runner.py", "nodes.py", "nodes_mm.py"))
+_DEPS = tuple(os.path.join(_HERE, f) for f in ("native.py", "runner.py", "nodes.py", "nodes_mm.py", "jit.py",
+                                               "quantize.py", "kquants.py", "dot.py", "dot_k.py", "dot_base.py",
+                                               "simd.py", "x86.py"))
+
+
+def _deps_stamp() -> tuple:
+    out = []
+    for p in _DEPS:
+        try:
+            st = os.stat(p)
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _install_locator() -> None:
+    from numba.core import caching
+
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
+    base = getattr(caching, "_CacheLocator", None)
+    if impl is None or base is None or not isinstance(getattr(impl, "_locator_classes", None), list):
+        return    # another numba: its own stamps (edit the runner's modules with its cache cleared)
+
+    class RunnerLocator(base):
+        """The locator numba would choose, with the stamp of the modules compiled in as well."""
+
+        def __init__(self, inner):
+            self._inner = inner
+
+        def ensure_cache_path(self):
+            return self._inner.ensure_cache_path()
+
+        def get_cache_path(self):
+            return self._inner.get_cache_path()
+
+        def get_source_stamp(self):
+            return (self._inner.get_source_stamp(), _deps_stamp())
+
+        def get_disambiguator(self):
+            return self._inner.get_disambiguator()
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if os.path.abspath(py_file) not in _OWN:
+                return None
+            for other in impl._locator_classes:
+                if other is not cls:
+                    inner = other.from_function(py_func, py_file)
+                    if inner is not None:
+                        return cls(inner)
+            return None
+
+    if not any(getattr(c, "__name__", "") == "RunnerLocator" for c in impl._locator_classes):
+        impl._locator_classes.insert(0, RunnerLocator)
+
+
+_install_locator()

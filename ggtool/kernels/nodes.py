@@ -421,7 +421,8 @@ _COMPILED: dict[str, object] = {}
 
 
 def register(fn) -> None:
-    """Add a kernel of this calling convention (another module's: ``nodes_mm``)."""
+    """Add a kernel of this calling convention (another module's: ``nodes_mm``, which its users import
+    beside this one)."""
     KERNELS[fn.__name__] = fn
 
 
@@ -429,8 +430,6 @@ def compile_kernel(name: str):
     """The cfunc of kernel `name`, compiled or loaded from the cache."""
     got = _COMPILED.get(name)
     if got is None:
-        if name not in KERNELS:
-            from . import nodes_mm  # noqa: F401 - registers the mul_mat and attention kernels
         got = _COMPILED[name] = cfunc(_SIG, nopython=True, cache=True, error_model="numpy")(KERNELS[name])
     return got
 

@@ -46,6 +46,7 @@ STATE_WIDTH = 8
 
 _SLEEP_NS = 1_000_000            # one futex sleep at most (then ABORT and the deadline are looked at)
 _CLOCK_EVERY = 64                # pauses between looks at the clock
+_CLOCK_STEPS = 7                 # the clock is read after every 8th step (it costs ~0.15 us in a VM)
 
 
 @njit(nogil=True)
@@ -155,7 +156,7 @@ def run(steps, rows, frows, ith, nth, wdata, sync, at_node, state, spin_ns, dead
                     return ERROR
             if (flags & BARRIER) == 0 or nth <= 1:
                 s += 1
-                if now_ns() >= deadline_ns and s < n:
+                if (s & _CLOCK_STEPS) == 0 and s < n and now_ns() >= deadline_ns:
                     state[ST_STEP] = s
                     return TIMEOUT
                 continue
@@ -173,7 +174,7 @@ def run(steps, rows, frows, ith, nth, wdata, sync, at_node, state, spin_ns, dead
             state[ST_STEP] = s
             return ABORTED
         s += 1
-        if now_ns() >= deadline_ns and s < n:
+        if (s & _CLOCK_STEPS) == 0 and s < n and now_ns() >= deadline_ns:
             state[ST_STEP] = s
             return TIMEOUT
     state[ST_STEP] = n

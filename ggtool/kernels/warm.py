@@ -51,7 +51,7 @@ def _runner(_: str) -> None:
 
 
 def _node(name: str) -> None:
-    from . import nodes
+    from . import nodes, nodes_mm  # noqa: F401 - nodes_mm registers mul_mat's kernels
     nodes.compile_kernel(name)
 
 

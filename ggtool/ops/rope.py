@@ -14,7 +14,7 @@ import numpy as np
 from .. import types as T
 from ..kernels.numerics import is_llama_cpp
 from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import chunks, plain, require, require_type, unravel_rows, with_shape
+from .walk import CHUNK_BYTES, chunks, plain, require, require_type, unravel_rows, with_shape
 
 f32 = np.float32
 ROPE_TYPE_NEOX = 2
@@ -66,15 +66,19 @@ def _rope_compiled(node, numerics):
         got = shared.get(key)
         prologue = None
         if got is None:
-            half = a_ne0 // 2
+            half = n_dims // 2
             cos, sin = np.zeros((pos.ne[0], half), f32), np.zeros((pos.ne[0], half), f32)
             positions = weakref.ref(pos)   # what keeps the bound steps keeps no tensor (nor its context) alive
+            step = max(1, CHUNK_BYTES // (4 * a_ne0))
 
             def prologue():
                 p = positions()
-                if p is not None:
-                    cos[...], sin[...] = _cos_sin(p.data.reshape(-1), a_ne0, n_dims, freq_base, freq_scale,
-                                                  attn_factor, x86)
+                if p is None:
+                    return
+                every = p.data.reshape(-1)
+                for t0 in range(0, len(every), step):       # tokens a chunk at a time: small temporaries
+                    c, s = _cos_sin(every[t0:t0 + step], a_ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
+                    cos[t0:t0 + step], sin[t0:t0 + step] = c[:, :half], s[:, :half]
             got = shared[key] = (cos, sin)
         cos, sin = got
         return (int(cos.ctypes.data), int(sin.ctypes.data), cos.shape[1]), got, prologue
