@@ -334,7 +334,14 @@ def test_random_graphs_every_node_as_the_python_path(drawn):
     ctx, g, roots, outputs = drawn
     nodes = [t for t in g.nodes if t.view_src is None and t.has_data]
     inputs = Inputs(g)
-    python_path(g)
+    try:
+        python_path(g)
+    except ComputeError as e:            # a graph its forward refuses: the same words from the runner
+        inputs.restore(nodes)
+        with pytest.raises(ComputeError) as got:
+            ggtool.graph_compute(g, 1)
+        assert str(got.value) == str(e)
+        return
     want = [bits(t) for t in nodes]
     inputs.restore(nodes)
     ggtool.graph_compute(g, 1)
