@@ -86,12 +86,12 @@ def _nothing() -> None:
 
 
 def _preload_kernels() -> None:
-    """Load numba and the compiled kernels (~0.35 s) while the caller is still building its graph
-    (the caller's "preload" message, WorkerPool.preload_kernels): at the first quantized node they
-    are ready, and the caller loads its own copy without sharing the machine with ours. A failure
-    is left for the kernel that needs them to report."""
+    """Load numba and the compiled kernels (~0.35 s; the graph runner's modules too) while the caller
+    is still building its graph (the caller's "preload" message, WorkerPool.preload_kernels): at the
+    first quantized node they are ready, and the caller loads its own copy without sharing the
+    machine with ours. A failure is left for the kernel that needs them to report."""
     try:
-        from ..kernels import dot, dot_k, kquants, quantize  # noqa: F401
+        from ..kernels import dot, dot_k, kquants, nodes, nodes_mm, quantize, runner  # noqa: F401
     except Exception:  # noqa: BLE001
         pass
 
