@@ -12,10 +12,9 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-from . import blas
-from .errors import GGToolError
+from . import blas, environment
 
-THREADS_ENV = "GGTOOL_THREADS"
+THREADS_ENV = environment.THREADS.name
 # The arithmetic each participant must bring before a default adds it: a worker process costs
 # ~0.5 s (start, numba and the kernels loaded, its share of the weights repacked) and saves its
 # share of the compute (the quantized kernels run ~20-40 GFLOP/s a participant, whole graph). On 2
@@ -34,17 +33,8 @@ def available_cpus() -> int:
 
 def env_threads(name: str) -> int | None:
     """A thread count from the environment variable `name` (None if unset or empty); anything but a
-    positive integer is an error, never silently the default."""
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return None
-    try:
-        n = int(v)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise GGToolError(f"{name} must be a positive integer, got {v!r}")
-    return n
+    positive integer is an error, never silently the default (ggtool.environment reads it)."""
+    return environment.read(name)
 
 
 def default_threads(flops: int | None = None) -> int:

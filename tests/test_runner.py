@@ -145,8 +145,9 @@ def test_binary_op_of_a_permuted_b():
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 129, 640, 2048, 8193, 20000])
-def test_rms_norm_sums_as_numpy_does(n):
-    """numpy's float64 sum of float32 squares: pairwise, in pieces of its 8192-value buffer."""
+def test_rms_norm_sums_in_ggml_order(n):
+    """GGML's ggml_float sum of float32 squares: a double from +0.0, each term in order (the forward's
+    ``portable_math.seq_sum``), whatever the row's length."""
     ctx = ggtool.Context()
     x = leaf(ctx, values((3, n), special=False) * rng.uniform(1e-3, 1e3, (3, 1)).astype(np.float32))
     y = F["rms_norm"](ctx, x, 1e-6)

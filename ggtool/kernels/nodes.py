@@ -180,57 +180,18 @@ def scale_f32(row, frow, ith, nth, wdata):
 
 
 # -- rms_norm (ops.norm) -------------------------------------------------------------------------------
-_PW_BLOCK = 128       # numpy's pairwise summation: 8 accumulators up to 128 values, halves above
-_NP_BUFSIZE = 8192    # numpy's ufunc buffer: a float32 -> float64 reduction is summed in such pieces
-
-
 @njit
-def pairwise(a, lo, n):
-    """numpy's pairwise_sum of float64 a[lo:lo+n] (npy's DOUBLE_pairwise_sum), bit for bit."""
-    if n < 8:
-        res = 0.0
-        for i in range(lo, lo + n):
-            res += a[i]
-        return res
-    if n <= _PW_BLOCK:
-        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
-        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
-        i = 8
-        m = n - n % 8
-        while i < m:
-            o = lo + i
-            r0 += a[o]
-            r1 += a[o + 1]
-            r2 += a[o + 2]
-            r3 += a[o + 3]
-            r4 += a[o + 4]
-            r5 += a[o + 5]
-            r6 += a[o + 6]
-            r7 += a[o + 7]
-            i += 8
-        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-        while i < n:
-            res += a[lo + i]
-            i += 1
-        return res
-    n2 = n // 2
-    n2 -= n2 % 8
-    return pairwise(a, lo, n2) + pairwise(a, lo + n2, n - n2)
-
-
-@njit
-def numpy_sum_f64(a, n):
-    """What numpy's ``x.sum(axis=-1, dtype=np.float64)`` gives for a float32 row x of n values, here
-    already widened into a: its buffered reduction adds pairwise sums of 8192-value pieces."""
+def seq_sum_f64(a, n):
+    """GGML's ggml_float sum (``portable_math.seq_sum``): a double from +0.0, plus each term in order."""
     res = 0.0
-    for s in range(0, n, _NP_BUFSIZE):
-        res = res + pairwise(a, s, min(_NP_BUFSIZE, n - s))
+    for i in range(n):
+        res += a[i]
     return res
 
 
 def rms_norm_f32(row, frow, ith, nth, wdata):
     """x / sqrt(mean(x*x) + eps) per row, rows i1 = ith, ith+nth, ... of every (i2, i3): the
-    squares in float32, their sum as numpy's float64 sum (``numpy_sum_f64``), the rest in float32.
+    squares in float32, their sum in GGML's order (``seq_sum_f64``), the rest in float32.
     P: fused (1: the result multiplied by the f32 row SRC1 (broadcast over rows, a MUL node's b) into
     the tensor SRC2, the norm's own result left unwritten)."""
     w, f = words(row, ROW), f64s(frow)
@@ -249,7 +210,7 @@ def rms_norm_f32(row, frow, ith, nth, wdata):
                 for i0 in range(ne0):
                     v = x[xo + i0]
                     sq[i0] = np.float64(mul1(v, v))
-                mean = F32(numpy_sum_f64(sq, ne0) / n)
+                mean = F32(seq_sum_f64(sq, ne0) / n)
                 scale = F32(1.0) / np.sqrt(mean + eps)
                 if fused == 0:
                     yo = i1 * y1 + i2 * y2 + i3 * y3

@@ -17,6 +17,7 @@ one in a context once per tensor.
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import numpy as np
@@ -71,9 +72,9 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
         return
-    from ..kernels import cache, twins
-    if twins.covers(wt) and not cache.use_kernel(f"dot:{T.type_name(wt)}"):   # not compiled yet: the same bits
-        twins.dot(wt, w_raw, act_raw, out)
+    from ..kernels import twins
+    if twins.covers(wt) and _twin(wt, M, N, w_raw.shape[1] * w_raw.itemsize // T.type_size(wt) * T.block_size(wt)):
+        twins.dot(wt, w_raw, act_raw, out)     # the same bits
         return
     from ..kernels import dot
     packed = pack() if pack is not None else dot.pack(wt, w_raw)
@@ -83,6 +84,30 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
         tmp = np.empty(out.shape, _F32)
         dot.dot(wt, packed, act_raw, tmp)
         out[...] = tmp
+
+
+# F32 and F16 products (mul_mat's float weights, attention's K and V): below FLOAT_TWIN_SMALL products
+# the numpy twin costs less than loading numba (0.3-0.9 s), so a process that has not loaded it does
+# not for them (f32-only computes keep numpy's start-up); above FLOAT_TWIN_MAX (the twin at 2-5 ns a
+# product, the kernel ~25x faster) compiling the kernel here costs less than the twin, even in a
+# first-ever run of the command line.
+FLOAT_TWIN_SMALL = 1 << 21
+FLOAT_TWIN_MAX = 1 << 28
+
+
+def _twin(wt, M: int, N: int, K: int) -> bool:
+    """Whether the numpy twin computes this product (the same bits as the kernel): where the kernel is
+    not compiled yet in ggtool's command line (``kernels.cache``), and for F32/F16 where it is cheaper."""
+    from ..kernels import cache
+
+    name = f"dot:{T.type_name(wt)}"
+    if wt not in (T.F32, T.F16):
+        return not cache.use_kernel(name)
+    products = M * N * K
+    if products <= FLOAT_TWIN_SMALL and "numba" not in sys.modules:
+        return True
+    compiled = cache.use_kernel(name)
+    return not compiled and products <= FLOAT_TWIN_MAX
 
 
 _TENSOR_PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # context leaf -> {key: packed}
