@@ -201,12 +201,15 @@ tile_q8_1 = _tile_32(nibbles=False, q1=True)     # Q4_1, Q5_1 x Q8_1
 
 
 _NAMES_K = ("codes", "co", "sc", "mp", "sco", "d", "dmin", "wo", "ap", "po", "bp", "bo", "da", "so",
-            "acc", "ao", "mt")
+            "acc", "ao", "mt", "hm")
+_B16 = ir.VectorType(ir.IntType(8), L)           # 16 int8 scales, one per row of a vector
+_B32 = ir.VectorType(ir.IntType(8), 2 * L)       # 16 rows x 2 int8 mins
 
 
 def _tile_k_codegen(context, builder, sig, args):
     A = _Args(context, builder, sig, args, _NAMES_K)
     co, sco, wo, po, bo, so, ao = (A.p[k] for k in ("co", "sco", "wo", "po", "bo", "so", "ao"))
+    has_mins = builder.icmp_signed("!=", A.p["hm"], ir.Constant(A.p["hm"].type, 0))
 
     def body(mt):
         b = builder
@@ -227,37 +230,39 @@ def _tile_k_codegen(context, builder, sig, args):
                         for k, x in enumerate(xs):
                             pair = A.load("ap", b.add(po, b.add(_c(i * 128 + k), b.mul(quad, _c(2)))))
                             ts[i] = _madd(b, ts[i], x, pair)
-                scv = A.load("sc", b.add(sco, b.mul(b.add(b.mul(c, _c(16)), j), _c(L))), _D, align=4)
+                scv = b.sext(A.load("sc", b.add(sco, b.mul(b.add(b.mul(c, _c(16)), j), _c(L))), _B16), _D)
                 for i in range(mt):
                     b.store(b.add(b.load(sumi[i]), b.mul(scv, ts[i])), sumi[i])
-            summ = [zero] * mt
-            for jp in range(8):                                 # mins x bsums, two sub-blocks a pair
-                mv = A.load("mp", b.add(sco, b.mul(b.add(b.mul(c, _c(8)), _c(jp)), _c(2 * L))), _W)
-                for i in range(mt):
-                    summ[i] = _madd(b, summ[i], mv, A.load("bp", b.add(bo, _c(i * 8 + jp))))
             dv = A.load("d", b.add(wo, r0), _F, align=4)
-            dmv = A.load("dmin", b.add(wo, r0), _F, align=4)
+            os_ = [b.add(b.add(ao, _c(i * GROUP)), r0) for i in range(mt)]
             for i in range(mt):
-                da = _splat(b, das[i], L)
-                o = b.add(b.add(ao, _c(i * GROUP)), r0)
-                a = A.load("acc", o, _F, align=4)
-                a = b.fadd(a, b.fmul(b.fmul(dv, da), b.sitofp(b.load(sumi[i]), _F)))
-                a = b.fsub(a, b.fmul(b.fmul(dmv, da), b.sitofp(summ[i], _F)))
-                A.store("acc", o, a)
+                a = A.load("acc", os_[i], _F, align=4)
+                A.store("acc", os_[i], b.fadd(a, b.fmul(b.fmul(dv, _splat(b, das[i], L)), b.sitofp(b.load(sumi[i]), _F))))
+            with b.if_then(has_mins):                         # mins x bsums, two sub-blocks a pair
+                summ = [zero] * mt
+                for jp in range(8):
+                    mv = b.sext(A.load("mp", b.add(sco, b.mul(b.add(b.mul(c, _c(8)), _c(jp)), _c(2 * L))), _B32), _W)
+                    for i in range(mt):
+                        summ[i] = _madd(b, summ[i], mv, A.load("bp", b.add(bo, _c(i * 8 + jp))))
+                dmv = A.load("dmin", b.add(wo, r0), _F, align=4)
+                for i in range(mt):
+                    a = A.load("acc", os_[i], _F, align=4)
+                    A.store("acc", os_[i], b.fsub(a, b.fmul(b.fmul(dmv, _splat(b, das[i], L)), b.sitofp(summ[i], _F))))
 
     _switch_mt(builder, A.p["mt"], body)
     return context.get_dummy_value()
 
 
 @intrinsic
-def tile_k(typingctx, codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt):
+def tile_k(typingctx, codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt, hm):
     """One K-quant block (256 values) of GROUP weight rows x mt activation rows, added into acc.
 
-    codes (int8 quads at co), sc (int32 sub-block scales, [16][GROUP] at sco), mp (int16 mins in
-    pairs of sub-blocks, [8][GROUP][2] at sco), d / dmin (float32 per row at wo), ap (mt x 128
-    pairs at po), bp (mt x 8 pairs of the activation's 16 bsums at bo), da (float32 at so), acc (mt
-    rows of GROUP at ao), mt. ``sumi = sum_j sc_j * (codes_j . a_j)``, ``summ = sum_j m_j * bsums_j``,
-    then ``acc += (d * da) * float(sumi)`` and ``acc -= (dmin * da) * float(summ)``."""
-    sig = types.void(codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt)
+    codes (int8 quads at co), sc (int8 sub-block scales, [16][GROUP] at sco), mp (int8 mins in
+    pairs of sub-blocks, [8][GROUP][2] at sco; read only where hm, the type has mins), d / dmin
+    (float32 per row at wo; dmin read only where hm), ap (mt x 128 pairs at po), bp (mt x 8 pairs
+    of the activation's 16 bsums at bo), da (float32 at so), acc (mt rows of GROUP at ao), mt.
+    ``sumi = sum_j sc_j * (codes_j . a_j)``, ``acc += (d * da) * float(sumi)``; where hm, then
+    ``summ = sum_j m_j * bsums_j`` and ``acc -= (dmin * da) * float(summ)``."""
+    sig = types.void(codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt, hm)
     _check(sig.args, _NAMES_K)
     return sig, _tile_k_codegen

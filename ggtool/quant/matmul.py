@@ -8,7 +8,8 @@ of participants. (Measured on 2 cores: faster than expanding the weights to floa
 M=512, and exact.)
 
 Where the dot of a type is not compiled yet in ggtool's command line, its numpy twin computes the
-same bits from the weights as they are (``kernels.cache``, ``kernels.twins``).
+same bits from the weights as they are, as long as the work is small; large work compiles the
+kernel (``kernels.first_run``, ``kernels.twins``).
 
 Repacked weights are cached for the life of their storage (``weight_pack``): a weight read from a
 mapped GGUF file is repacked once per process (once per file identity for a large file: ``packs``),
@@ -71,10 +72,13 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
         return
-    from ..kernels import cache, twins
-    if twins.covers(wt) and not cache.use_kernel(f"dot:{T.type_name(wt)}"):   # not compiled yet: the same bits
-        twins.dot(wt, w_raw, act_raw, out)
-        return
+    from ..kernels import first_run, twins
+    if twins.covers(wt):   # while the kernel is not compiled, its twin (the same bits) where the work is small
+        name = T.type_name(wt)
+        k = w_raw.shape[1] // T.type_size(wt) * T.block_size(wt)
+        if not first_run.use_compiled(f"dot:{name}", first_run.dot_seconds(name, N, k, M)):
+            twins.dot(wt, w_raw, act_raw, out)
+            return
     from ..kernels import dot
     packed = pack() if pack is not None else dot.pack(wt, w_raw)
     if out.flags.c_contiguous:
