@@ -149,3 +149,51 @@ def test_the_command_line_compiles_large_work_and_gives_the_twin_s_bytes(tmp_pat
     assert large.stderr.count("compiling ggtool's kernels for this CPU (once, ~") == 1
     ref = np.frombuffer(bytes.fromhex(small.stdout.splitlines()[0]), np.uint8)
     assert ref.size == 64 * 34
+
+
+class _Proc:
+    """A compile-ahead process as first_run holds it: done (or failed) when waited for."""
+
+    def __init__(self, name: str, code: int):
+        self.name, self.code, self.waited = name, code, False
+
+    def wait(self):
+        self.waited = True
+        if self.code == 0:
+            first_run._mark_ready(self.name)
+        return self.code
+
+    def poll(self):
+        return self.code if self.waited else None
+
+    def kill(self):
+        self.code = -9
+
+
+def test_kernels_of_a_large_generation_compile_ahead_side_by_side(cli, monkeypatch):
+    """prepare(): the dots whose twins a generation would outgrow start compiling at once, a process
+    each, where 2 CPUs are free; the first call waits for its process; a failed one compiles here."""
+    compiled, capsys = cli
+    started = []
+    monkeypatch.setattr(first_run, "_ahead", {})
+    monkeypatch.setattr(first_run, "_spawn", lambda name: started.append(name) or _Proc(name, 0 if name != "dot:q6_K" else 1))
+    products = [("q4_0", 5632, 2048, 1), ("q4_0", 2048, 5632, 1), ("q6_K", 32000, 2048, 1), ("f32", 512, 64, 1),
+                ("q8_0", 16, 32, 1)]           # f32 has no twin; 16 rows of q8_0 stay a twin's work
+    assert first_run.prepare(products, repeats=1, free_cpus=2) == []          # one step: the twins are cheaper
+    assert first_run.prepare(products, repeats=64, free_cpus=1) == []         # no CPU to spare: at first use
+    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["dot:q4_0", "dot:q6_K"] == started
+    assert "compiling ggtool's kernels for this CPU" in capsys.readouterr().err
+    assert first_run.use_compiled("dot:q4_0", 0.0) and compiled == []        # its process compiled it
+    assert first_run.use_compiled("dot:q6_K", 10.0) and compiled == ["dot:q6_K"]   # failed: compiled here
+    assert first_run.prepare(products, repeats=64, free_cpus=2) == []         # nothing twice
+
+
+def test_a_compile_ahead_process_is_isolated_and_fills_the_cache(tmp_path, monkeypatch):
+    """The real process: python -I in the cache's folder, this process's sys.path given explicitly;
+    it compiles the kernel into the cache and marks it ready."""
+    monkeypatch.setenv("GGTOOL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    proc = first_run._spawn("quantize:Q8_K")
+    assert proc.args[:2] == [sys.executable, "-I"] and proc.wait(timeout=300) == 0
+    assert os.path.exists(cache.marker("ready", "quantize:Q8_K"))
+    assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path) for f in fs)

@@ -68,9 +68,11 @@ def _pack_32(w: np.ndarray, decoder, nbytes: int, quads: int, mins: bool, raw_ni
         rows = w[r0:r0 + PACK_ROWS]
         k = rows.shape[0]
         g0, gs = r0 // GROUP, -(-k // GROUP)
-        codes, dd, mm = decoder(rows)
-        if raw_nibbles:
-            codes = decode._blocks(rows, nbytes)[:, :, 2:18]
+        if raw_nibbles:      # Q4_0: the nibble bytes as they are, and the scales
+            b = decode._blocks(rows, nbytes)
+            codes, dd, mm = b[:, :, 2:18], decode._f16(b, 0), None
+        else:
+            codes, dd, mm = decoder(rows)
         pad = gs * GROUP - k
         if pad:
             codes, dd = (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) for x in (codes, dd))

@@ -20,11 +20,20 @@ so on stderr, once. A kernel another participant (a pool worker, or the caller) 
 meanwhile is used as soon as its ready marker is there. A library user's process compiles as it
 always has (``cache.use_kernel``), and so does every cached kernel.
 
-Light: os, sys, time; numba loads only where a kernel compiles.
+Ahead of large work whose products are known (``prepare``: a generation's step), the kernels the
+rule would compile start compiling at once, each in a process of its own (isolated: ``python -I``,
+the cache's folder as working directory), side by side on the free CPUs while this process reads
+the model and builds the graph; the first call of such a kernel waits for its process, and
+compiles in process where that failed. Processes still compiling when the command ends are
+stopped (the background compiler finishes their work for the next run).
+
+Light: os, sys, time (subprocess where a kernel compiles ahead); numba loads only where a kernel
+compiles in this process.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -51,6 +60,7 @@ TWIN_CALL = 40e-6
 NOTICE = "compiling ggtool's kernels for this CPU (once, ~{s:.0f} s)..."
 
 _compiled: set[str] = set()          # kernels this process runs compiled
+_ahead: dict = {}                    # kernel -> the process compiling it ahead (subprocess.Popen)
 _spent: dict[str, float] = {}        # kernel -> seconds its twin has cost (estimated)
 _told = [False]
 
@@ -100,6 +110,8 @@ def use_compiled(name: str, twin_seconds: float) -> bool:
     twin (see the module docstring); may compile it now."""
     if name in _compiled:
         return True
+    if name in _ahead and _wait_ahead(name):
+        return True
     if cache.use_kernel(name) or os.path.exists(cache.marker("ready", name)):
         _compiled.add(name)
         return True
@@ -116,19 +128,97 @@ def use_compiled(name: str, twin_seconds: float) -> bool:
 def compile_now(name: str) -> None:
     """Compile kernel `name` in this process (saying so on the command line's stderr, once), and
     mark it ready in the cache for the next runs."""
-    if role.COMMAND_LINE and not role.POOL_WORKER and not _told[0]:
-        _told[0] = True
-        try:
-            sys.stderr.write(NOTICE.format(s=max(1.0, COMPILE_SECONDS[name.split(":", 1)[0]] + 0.7)) + "\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):   # stderr closed: the compile goes on
-            pass
+    _tell(COMPILE_SECONDS[name.split(":", 1)[0]] + 0.7)
     from . import warm
 
     t = time.process_time()
     warm.compile_kernel(name)
     _compiled.add(name)
     _spent[name] = time.process_time() - t
+    _mark_ready(name)
+
+
+def _tell(seconds: float) -> None:
+    if role.COMMAND_LINE and not role.POOL_WORKER and not _told[0]:
+        _told[0] = True
+        try:
+            sys.stderr.write(NOTICE.format(s=max(1.0, seconds)) + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):   # stderr closed: the compile goes on
+            pass
+
+
+def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
+    """Start compiling, each in a process of its own, the dot kernels that the work ahead would
+    compile anyway: `products` are its matrix products as (weight type name, rows, row length,
+    activation rows), `repeats` how often it is computed. Only in the command line's process, for
+    kernels neither cached nor compiled, and where at least 2 CPUs are free (`free_cpus`: else they
+    compile in process at first use). Returns the kernels started."""
+    if not role.COMMAND_LINE or role.POOL_WORKER or free_cpus < 2:
+        return []
+    cost: dict[str, float] = {}
+    for type_name, n, k, m in products:
+        if type_name in TWIN_DECODE:
+            name = f"dot:{type_name}"
+            cost[name] = cost.get(name, 0.0) + dot_seconds(type_name, n, k, m)
+    todo = [name for name, s in sorted(cost.items()) if s * max(1, repeats) > COMPILE_SECONDS["dot"]
+            and name not in _compiled and name not in _ahead and not cache.use_kernel(name)
+            and not os.path.exists(cache.marker("ready", name))]
+    started = []
+    for name in todo:
+        proc = _spawn(name)
+        if proc is not None:
+            _ahead[name] = proc
+            started.append(name)
+    if started:
+        _tell(COMPILE_SECONDS["dot"] * len(started) / min(len(started), free_cpus) + 0.7)
+        if len(_ahead) == len(started):
+            atexit.register(_stop_ahead)
+    return started
+
+
+def _spawn(name: str):
+    import subprocess
+
+    root = cache.cache_dir()
+    code = ("import sys; sys.path[:] = " + repr([p for p in sys.path if p]) +
+            "; from ggtool.kernels.first_run import _compile_main; _compile_main(" + repr(name) + ")")
+    env = dict(os.environ, NUMBA_CACHE_DIR=root)
+    try:
+        os.makedirs(root, exist_ok=True)
+        return subprocess.Popen([sys.executable, "-I", "-c", code], cwd=root, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:     # no process, or an unwritable cache: compiled in process at first use
+        return None
+
+
+def _wait_ahead(name: str) -> bool:
+    """Wait for the process compiling `name` ahead; whether it compiled it (then this process loads
+    it from the cache)."""
+    proc = _ahead.pop(name)
+    ok = proc.wait() == 0 and os.path.exists(cache.marker("ready", name))
+    if ok:
+        _compiled.add(name)
+    return ok
+
+
+def _stop_ahead() -> None:
+    for proc in list(_ahead.values()):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _ahead.clear()
+
+
+def _compile_main(name: str) -> None:
+    """A compile-ahead process: compile kernel `name` into the cache and mark it ready."""
+    from . import warm
+
+    warm.compile_kernel(name)
+    _mark_ready(name)
+
+
+def _mark_ready(name: str) -> None:
     try:                # as the background compiler marks it: ready, and no longer wanted
         ready = cache.marker("ready", name)
         os.makedirs(os.path.dirname(ready), exist_ok=True)
