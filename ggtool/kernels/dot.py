@@ -116,10 +116,15 @@ def _act_pairs(act, f16, nbytes, nibbles, sums):
     return ap, off, da, sa
 
 
-# The drivers of the three tiles (one each, so that a type compiles only its own tile): per group of
-# GROUP weight rows and block, ``simd``'s tile for MT activation rows at a time, into acc (M, GROUP).
+# The dots of the three tiles (one each, so that a type compiles only its own tile): the activations
+# prepared (``_act_pairs``, compiled once for every 32-value type and called from compiled code),
+# then per group of GROUP weight rows and block, ``simd``'s tile for MT activation rows at a time,
+# into acc (M, GROUP). The tile loop is in the dot itself: a driver of its own, called from a
+# compiled dot, would be compiled twice, once alone and once into the dot (~1 s a type of a
+# first-ever run), and a driver called from Python would cost each call a second dispatch.
 @njit
-def _run_q4_0(qs, d, n, nb, ap, off, da, out):
+def _dot_q4_0(qs, d, n, nb, act, f16, out):
+    ap, off, da, _ = _act_pairs(act, f16, Q8_0_BYTES, True, True)
     M, G = ap.shape[1], (n + GROUP - 1) // GROUP
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
@@ -133,7 +138,8 @@ def _run_q4_0(qs, d, n, nb, ap, off, da, out):
 
 
 @njit
-def _run_q8_0(qs, d, n, nb, ap, off, da, out):
+def _dot_q8_0(qs, d, n, nb, act, f16, out):
+    ap, off, da, _ = _act_pairs(act, f16, Q8_0_BYTES, False, False)
     M, G = ap.shape[1], (n + GROUP - 1) // GROUP
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
@@ -147,7 +153,9 @@ def _run_q8_0(qs, d, n, nb, ap, off, da, out):
 
 
 @njit
-def _run_q8_1(qs, d, mn, n, nb, ap, off, da, sa, out):
+def _dot_q8_1(qs, d, mn, n, nb, act, f16, out):
+    """GGML's scalar vec_dot_q4_1_q8_1 / q5_1: out += (d_w * d_a) * sumi + m_w * s_a per block."""
+    ap, off, da, sa = _act_pairs(act, f16, 36, False, False)
     M, G = ap.shape[1], (n + GROUP - 1) // GROUP
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
@@ -184,25 +192,6 @@ def _pack_q4_1(w, f16=None):
 def _pack_q5_1(w, f16=None):
     """Q5_1: codes 0..31, as Q4_1."""
     return _pack_32(w, decode.decode_q5_1, 24, 8, True, False)
-
-
-# The dots: the activations prepared (one compiled function for every 32-value type), then the
-# type's tile driver; called from Python, so that a first-ever run compiles each piece once (a
-# compiled wrapper would compile both again into itself: ~1 s a type).
-def _dot_q4_0(qs, d, n, nb, act, f16, out):
-    ap, off, da, _ = _act_pairs(act, f16, Q8_0_BYTES, True, True)
-    _run_q4_0(qs, d, n, nb, ap, off, da, out)
-
-
-def _dot_q8_0(qs, d, n, nb, act, f16, out):
-    ap, off, da, _ = _act_pairs(act, f16, Q8_0_BYTES, False, False)
-    _run_q8_0(qs, d, n, nb, ap, off, da, out)
-
-
-def _dot_q8_1(qs, d, mn, n, nb, act, f16, out):
-    """GGML's scalar vec_dot_q4_1_q8_1 / q5_1: out += (d_w * d_a) * sumi + m_w * s_a per block."""
-    ap, off, da, sa = _act_pairs(act, f16, 36, False, False)
-    _run_q8_1(qs, d, mn, n, nb, ap, off, da, sa, out)
 
 
 register(T.Q4_0, Q4_0_BYTES, _pack_q4_0, _dot_q4_0)

@@ -105,9 +105,10 @@ def quantize_seconds(values: int) -> float:
     return values * TWIN_VALUE + TWIN_CALL
 
 
-def use_compiled(name: str, twin_seconds: float) -> bool:
+def use_compiled(name: str, twin_seconds) -> bool:
     """Whether this call runs the compiled kernel `name` ("dot:q4_0", "quantize:Q8_0_cpu"), else its
-    twin (see the module docstring); may compile it now."""
+    twin (see the module docstring); may compile it now. `twin_seconds`: the twin's time for this
+    call, or a function giving it (asked only while the kernel is not compiled)."""
     if name in _compiled:
         return True
     if name in _ahead and _wait_ahead(name):
@@ -115,6 +116,8 @@ def use_compiled(name: str, twin_seconds: float) -> bool:
     if cache.use_kernel(name) or os.path.exists(cache.marker("ready", name)):
         _compiled.add(name)
         return True
+    if callable(twin_seconds):
+        twin_seconds = twin_seconds()
     spent, r = _spent.get(name, 0.0), _repeats[-1]
     before = r.step.get(name, 0.0)
     if spent - before + (before + twin_seconds) * r.left <= COMPILE_SECONDS[name.split(":", 1)[0]]:

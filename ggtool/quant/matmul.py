@@ -65,6 +65,29 @@ def mul_mat_quantized(w_raw, w_type, act_raw) -> np.ndarray:
     return out
 
 
+_KERNEL_NAMES: dict = {}    # weight type -> "dot:<type>" (first_run's name), "" where no twin stands in
+
+
+def _kernel_name(wt) -> str:
+    from ..kernels import twins
+    name = _KERNEL_NAMES[wt] = f"dot:{T.type_name(wt)}" if twins.covers(wt) else ""
+    return name
+
+
+class _Kernels:
+    """ggtool.kernels' modules that mul_mat calls, imported at first use (the dots load numba)."""
+
+    def __getattr__(self, module: str):
+        import importlib
+
+        m = importlib.import_module(f"..kernels.{module}", __package__)
+        setattr(self, module, m)
+        return m
+
+
+_kernels = _Kernels()
+
+
 def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pack=None) -> None:
     """out (M, N) = w_raw (N rows of wt) . act_raw (M rows of wt's vec_dot_type); `pack()` may
     supply the cached repacked weights (else they are repacked here)."""
@@ -72,14 +95,16 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
         return
-    from ..kernels import first_run, twins
-    if twins.covers(wt):   # while the kernel is not compiled, its twin (the same bits) where the work is small
-        name = T.type_name(wt)
-        k = w_raw.shape[1] // T.type_size(wt) * T.block_size(wt)
-        if not first_run.use_compiled(f"dot:{name}", first_run.dot_seconds(name, N, k, M)):
-            twins.dot(wt, w_raw, act_raw, out)
+    name = _KERNEL_NAMES.get(wt)
+    if name is None:
+        name = _kernel_name(wt)
+    if name:   # while the kernel is not compiled, its twin (the same bits) where the work is small
+        first_run = _kernels.first_run
+        if not first_run.use_compiled(name, lambda: first_run.dot_seconds(name[4:], N, w_raw.shape[1] // T.type_size(wt)
+                                                                          * T.block_size(wt), M)):
+            _kernels.twins.dot(wt, w_raw, act_raw, out)
             return
-    from ..kernels import dot
+    dot = _kernels.dot
     packed = pack() if pack is not None else dot.pack(wt, w_raw)
     if out.flags.c_contiguous:
         dot.dot(wt, packed, act_raw, out)
