@@ -26,8 +26,9 @@ Rounds (`--repeat`) interleave the two sides, thread count by thread count, so t
 machine's load affects both alike; each figure is the median of the rounds; ratios are ggtool/llama.cpp
 tokens/s (higher is better, 1.0 = as fast). Which kernels llama.cpp used is printed: its system_info
 line (from `llama-completion` beside llama-bench: AVX512, AMX, REPACK ...) and the repacked layouts
-llama-bench's verbose load reports. --tree runs another checkout's ggtool side instead of this one's
-(PYTHONPATH=DIR), to compare before and after a change on the same model; --no-llama skips llama.cpp.
+llama-bench's verbose load reports. --tree DIR (repeatable) runs another checkout's ggtool side too
+(PYTHONPATH=DIR), in the same rounds, to compare before and after a change on the same model;
+--no-llama skips llama.cpp.
 """
 
 from __future__ import annotations
@@ -196,18 +197,24 @@ from ggtool.dsl import parse
 from ggtool.generate import Session, shipped_program
 
 n = args["threads"]
+program = shipped_program("llama")
+prompt = args["prompt_ids"]
+session = Session(args["model"], parse(program.read_text(), str(program)), n_ctx=len(prompt) + args["gen"] + 1)
+session.prepare(len(prompt), 1)
+why = None
+if n == 0:                            # the default rule, as `ggtool generate` applies it
+    from ggtool.plan import estimate_work
+    from ggtool.threads import choose
+    c = choose(estimate_work(session.graph(1)), steps=args["gen"])
+    n, why = c.n, c.reason
 pool = None
 if n > 1:
     from ggtool.pool import get_pool
     pool = get_pool(n)
-program = shipped_program("llama")
-prompt = args["prompt_ids"]
-session = Session(args["model"], parse(program.read_text(), str(program)), n_ctx=len(prompt) + args["gen"] + 1,
-                  n_threads=n, pool=pool)
-session.prepare(len(prompt), 1)
+session.n_threads, session.pool = n, pool
 logits = session.eval(prompt)                       # warm-up: kernels loaded, graphs built, weights repacked
 session.eval([int(np.argmax(logits))])
-out = {"prompt_s": [], "decode_s": []}
+out = {"prompt_s": [], "decode_s": [], "threads": n, "why": why}
 for _ in range(args["runs"]):
     session.reset()
     t = time.perf_counter()
@@ -222,6 +229,8 @@ print(json.dumps(out))
 
 
 def ggtool_side(model: Path, threads: int, prompt_ids: list[int], gen: int, runs: int, tree: Path | None) -> dict:
+    """One ggtool process's timings at `threads` participants (0: the default rule's count, reported
+    with its reason)."""
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -256,7 +265,8 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128, help="decode steps timed")
     ap.add_argument("--llama-bench", default=LLAMA_BENCH)
     ap.add_argument("--no-llama", action="store_true", help="ggtool alone")
-    ap.add_argument("--tree", type=Path, help="run this checkout's ggtool (PYTHONPATH=TREE)")
+    ap.add_argument("--tree", type=Path, action="append", default=[],
+                    help="another checkout's ggtool, measured in the same rounds (PYTHONPATH=TREE; repeatable)")
     ap.add_argument("--json", type=Path, help="write the record here too")
     a = ap.parse_args()
 
@@ -273,7 +283,7 @@ def main() -> None:
     record = {"model": str(model), "shape": None if a.model else dict(SHAPES[a.shape], name=a.shape),
               "ftype": None if a.model else a.ftype, "params": n_params(model), "prompt": a.prompt, "gen": a.gen,
               "threads": threads, "repeat": a.repeat, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-              "loadavg_before": os.getloadavg(), "tree": str(a.tree) if a.tree else str(ROOT), "rounds": []}
+              "loadavg_before": os.getloadavg(), "trees": [str(ROOT), *map(str, a.tree)], "rounds": []}
     if use_llama:
         record["llama_cpp"] = llama_kernels(a.llama_bench, model)
     t0 = time.time()
@@ -284,9 +294,11 @@ def main() -> None:
                 row["llama_prompt_tps"] = llama_bench(a.llama_bench, model, t, ["-p", str(a.prompt), "-n", "0"])
                 row["llama_decode_tps"] = llama_bench(a.llama_bench, model, t, ["-p", "0", "-n", str(a.gen),
                                                                                  "-d", str(a.prompt)])
-            g = ggtool_side(model, t, prompt_ids, a.gen, 1, a.tree)
-            row["ggtool_prompt_tps"] = a.prompt / g["prompt_s"][0]
-            row["ggtool_decode_tps"] = a.gen / g["decode_s"][0]
+            for k, tree in enumerate([None, *a.tree]):
+                g = ggtool_side(model, t, prompt_ids, a.gen, 1, tree)
+                sfx = "" if tree is None else f"_{k}"
+                row[f"ggtool{sfx}_prompt_tps"] = a.prompt / g["prompt_s"][0]
+                row[f"ggtool{sfx}_decode_tps"] = a.gen / g["decode_s"][0]
             record["rounds"].append(row)
             print(json.dumps(row), file=sys.stderr)
     record["seconds"] = time.time() - t0
@@ -296,8 +308,8 @@ def main() -> None:
     for t in threads:
         rows = [x for x in record["rounds"] if x["threads"] == t]
         s = {"threads": t}
-        for k in ("ggtool_prompt_tps", "ggtool_decode_tps", "llama_prompt_tps", "llama_decode_tps"):
-            if k in rows[0]:
+        for k in rows[0]:
+            if k.endswith("_tps"):
                 s[k] = statistics.median(x[k] for x in rows)
         if use_llama:
             s["prompt_ratio"] = s["ggtool_prompt_tps"] / s["llama_prompt_tps"]
@@ -321,6 +333,15 @@ def main() -> None:
         line += f"{s['ggtool_prompt_tps']:14.1f} "
         line += f"{s['llama_prompt_tps']:10.1f} {s['prompt_ratio']:5.2f}x" if use_llama else ""
         print(line)
+    for k, tree in enumerate(a.tree, 1):
+        print(f"tree {k} ({tree}):")
+        for s in summary:
+            line = f"{s['threads']:7d} {s[f'ggtool_{k}_decode_tps']:14.1f} "
+            line += (f"{'':10s} {s[f'ggtool_{k}_decode_tps'] / s['llama_decode_tps']:5.2f}x   " if use_llama
+                     else f"{'':10s} {'':6s}   ")
+            line += f"{s[f'ggtool_{k}_prompt_tps']:14.1f} "
+            line += f"{'':10s} {s[f'ggtool_{k}_prompt_tps'] / s['llama_prompt_tps']:5.2f}x" if use_llama else ""
+            print(line)
     if len(summary) > 1:
         first, last = summary[0], summary[-1]
         msg = f"scaling {first['threads']} -> {last['threads']} threads: decode ggtool {last['ggtool_decode_tps'] / first['ggtool_decode_tps']:.2f}x"
