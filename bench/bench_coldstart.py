@@ -8,7 +8,8 @@ and gemma's cached run against llama.cpp's.
   then `ggtool compute -f fixtures/llama.gg --gguf Q4.gguf --tensor tokens=i32:[...] -o out.npy`
   (both processes timed together: the quantizer's kernels are part of the first run);
 - gemma: docs/gemma.md's `ggtool compute -f fixtures/gemma3.gg --gguf GEMMA --threads T ...` of 13
-  tokens (--tokens N repeats them to N), for each T of --threads (a comma list: 1,2 compares them);
+  tokens (--tokens N repeats them to N), for each T of --threads (a comma list: 1,2 compares them;
+  0 is ggtool's default count, no --threads given: the runs' env has no GGTOOL_THREADS);
 - gemma-gen: `ggtool generate --gguf GEMMA --tokens [13 ids] -n 128 --ignore-eos --threads T` (issue
   30: a generation is large work, which a first-ever run compiles for; -n is --generate);
 - llama311m: the same generation, -n 64, of bench/bench_scaling.py's random llama (issue 30's shape,
@@ -77,9 +78,14 @@ def commands(example: str, tmp: str, threads: str, tokens: int = 30, generate: i
         model, n, ids = ((gemma_path(), generate, GEMMA_TOKENS[4:]) if example == "gemma-gen" else
                          (llama311m_path(), generate // 2, "[1,300,400,500,600,700,800,900]"))
         return [ggtool("generate", "--gguf", model, "--tokens", ids, "-n", str(n), "--ignore-eos",
-                       "--format", "json", "--threads", threads)]
-    return [ggtool("compute", "-f", str(ROOT / "fixtures/gemma3.gg"), "--gguf", gemma_path(), "--threads", threads,
+                       "--format", "json", *threads_args(threads))]
+    return [ggtool("compute", "-f", str(ROOT / "fixtures/gemma3.gg"), "--gguf", gemma_path(), *threads_args(threads),
                    "--tensor", f"tokens={gemma_tokens(tokens)}", "--format", "npy")]
+
+
+def threads_args(threads: str) -> list[str]:
+    """--threads T, or nothing for T = 0: ggtool's default rule (ggtool.threads.choose)."""
+    return [] if threads == "0" else ["--threads", threads]
 
 
 def gemma_tokens(n: int) -> str:
@@ -107,6 +113,7 @@ def run(cmds: list[list[str]], cache: str, tree: Path = ROOT) -> tuple[float, fl
     """Wall time and CPU time (user + sys of the commands and the workers they wait for; not the
     background compiler, which is no child of ours and runs once they have exited)."""
     env = dict(os.environ, GGTOOL_CACHE_DIR=cache)
+    env.pop("GGTOOL_THREADS", None)
     env.pop("NUMBA_CACHE_DIR", None)
     t, c0 = time.perf_counter(), _cpu()
     for c in cmds:
@@ -152,7 +159,7 @@ def main() -> None:
                     cold_t[tree].append(run(cmds, cold, tree))
                     shutil.rmtree(cold, ignore_errors=True)
                     warm_t[tree].append(run(cmds, os.path.join(tmp, f"warm{k}"), tree))
-                if llama and example == "gemma":
+                if llama and example == "gemma" and threads != "0":
                     ref_t.append(timed(llama_cpp(llama, threads, a.tokens)))
             label = example if threads == "-" else f"{example} t={threads}"
             for tree in trees:

@@ -22,6 +22,11 @@ that count itself):
   a fresh process with a worker pool of T participants: a warm-up (the prompt and one step: kernels
   loaded, graphs built), then the prompt in one batch from an empty cache (timed), then GEN greedy
   steps after it (timed), as llama-bench times them.
+Thread count 0 in --threads is ggtool's default rule (`ggtool.threads.choose` for the decode step,
+as `ggtool generate` applies it): the count it picked and why are printed (llama.cpp is not run
+for it). --busy N starts N processes that keep a CPU busy (a Python loop each) for the whole run:
+the oversubscribed case, where a pool with more participants than free cores must not collapse.
+
 Rounds (`--repeat`) interleave the two sides, thread count by thread count, so that a change in the
 machine's load affects both alike; each figure is the median of the rounds; ratios are ggtool/llama.cpp
 tokens/s (higher is better, 1.0 = as fast). Which kernels llama.cpp used is printed: its system_info
@@ -187,7 +192,7 @@ def llama_kernels(exe: str, model: Path) -> dict:
 
 
 # -- ggtool ----------------------------------------------------------------------------------------------
-GGTOOL_SIDE = r"""
+GGTOOL_SIDE_MAIN = r"""
 import json, sys, time
 args = json.loads(sys.argv[1])
 from ggtool.pool.launch import prestart
@@ -215,17 +220,66 @@ session.n_threads, session.pool = n, pool
 logits = session.eval(prompt)                       # warm-up: kernels loaded, graphs built, weights repacked
 session.eval([int(np.argmax(logits))])
 out = {"prompt_s": [], "decode_s": [], "threads": n, "why": why}
-for _ in range(args["runs"]):
-    session.reset()
-    t = time.perf_counter()
-    logits = session.eval(prompt)
-    out["prompt_s"].append(time.perf_counter() - t)
-    t = time.perf_counter()
-    for _ in range(args["gen"]):
-        logits = session.eval([int(np.argmax(logits))])
-    out["decode_s"].append(time.perf_counter() - t)
+out.update(measure(session.eval, session.reset, prompt, args["gen"], args["runs"]))
 print(json.dumps(out))
 """
+
+# Both sides' timing protocol (after their warm-up): an empty cache, the prompt in one batch, then the
+# greedy steps; wall and CPU time (process_time: this process's threads; one thread's CPU time is its
+# work, whatever else the machine runs).
+PROTOCOL = r"""
+import time
+
+def measure(eval_, reset, prompt, gen, runs):
+    import numpy as np     # here: ggtool's side readies BLAS (prestart) before numpy loads
+    out = {"prompt_s": [], "decode_s": [], "prompt_cpu": [], "decode_cpu": []}
+    for _ in range(runs):
+        reset()
+        t, c = time.perf_counter(), time.process_time()
+        logits = eval_(prompt)
+        out["prompt_s"].append(time.perf_counter() - t)
+        out["prompt_cpu"].append(time.process_time() - c)
+        t, c = time.perf_counter(), time.process_time()
+        for _ in range(gen):
+            logits = eval_([int(np.argmax(logits))])
+        out["decode_s"].append(time.perf_counter() - t)
+        out["decode_cpu"].append(time.process_time() - c)
+    return out
+"""
+
+# llama.cpp through llama-cpp-python (--llama-python, the library of --llama-bench's build): its own
+# defaults (F16 K/V cache), a 512-token batch, the same protocol as ggtool's side.
+LLAMA_SIDE = PROTOCOL + r"""
+import json, sys
+args = json.loads(sys.argv[1])
+import llama_cpp
+import numpy as np
+n, prompt = args["threads"], args["prompt_ids"]
+llm = llama_cpp.Llama(args["model"], n_ctx=len(prompt) + args["gen"] + 1, n_batch=512, n_ubatch=512, n_threads=n,
+                      n_threads_batch=n, verbose=False)
+n_vocab = llm.n_vocab()
+def eval_(ids):
+    llm.eval(ids)
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,)).copy()
+eval_([int(np.argmax(eval_(prompt)))])              # warm-up
+out = measure(eval_, llm.reset, prompt, args["gen"], args["runs"])
+out["system_info"] = llama_cpp.llama_print_system_info().decode()
+print(json.dumps(out))
+"""
+
+
+GGTOOL_SIDE = None     # PROTOCOL + GGTOOL_SIDE_MAIN, below
+
+
+def llama_python_side(python: str, lib: str, model: Path, threads: int, prompt_ids: list[int], gen: int) -> dict:
+    """One llama-cpp-python process's timings (wall and CPU) at `threads`."""
+    env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib)
+    arg = json.dumps({"model": str(model), "threads": threads, "prompt_ids": prompt_ids, "gen": gen, "runs": 1})
+    with tempfile.TemporaryDirectory() as cwd:
+        r = subprocess.run([python, "-c", LLAMA_SIDE, arg], capture_output=True, text=True, env=env, cwd=cwd)
+    if r.returncode:
+        raise SystemExit(f"llama-cpp-python side failed ({r.returncode}) at {threads} threads:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def ggtool_side(model: Path, threads: int, prompt_ids: list[int], gen: int, runs: int, tree: Path | None) -> dict:
@@ -243,6 +297,9 @@ def ggtool_side(model: Path, threads: int, prompt_ids: list[int], gen: int, runs
 
 
 # -- the run ---------------------------------------------------------------------------------------------
+GGTOOL_SIDE = PROTOCOL + GGTOOL_SIDE_MAIN
+
+
 def default_threads_list() -> list[int]:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     out, t = [], 1
@@ -265,9 +322,12 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128, help="decode steps timed")
     ap.add_argument("--llama-bench", default=LLAMA_BENCH)
     ap.add_argument("--no-llama", action="store_true", help="ggtool alone")
+    ap.add_argument("--llama-python", help="time llama.cpp through llama-cpp-python in this Python instead of "
+                    "llama-bench (the library of --llama-bench's build; wall and CPU time, ggtool's protocol)")
     ap.add_argument("--tree", type=Path, action="append", default=[],
                     help="another checkout's ggtool, measured in the same rounds (PYTHONPATH=TREE; repeatable)")
     ap.add_argument("--json", type=Path, help="write the record here too")
+    ap.add_argument("--busy", type=int, default=0, help="processes keeping a CPU busy meanwhile (oversubscription)")
     a = ap.parse_args()
 
     import numpy as np
@@ -286,11 +346,28 @@ def main() -> None:
               "loadavg_before": os.getloadavg(), "trees": [str(ROOT), *map(str, a.tree)], "rounds": []}
     if use_llama:
         record["llama_cpp"] = llama_kernels(a.llama_bench, model)
+    record["busy"] = a.busy
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
+    try:
+        run_rounds(a, record, model, threads, prompt_ids, use_llama)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    report(a, record, model, threads, use_llama)
+
+
+def run_rounds(a, record, model, threads, prompt_ids, use_llama) -> None:
     t0 = time.time()
     for r in range(a.repeat):
         for t in threads:
             row = {"round": r, "threads": t, "loadavg": os.getloadavg()[0]}
-            if use_llama:
+            if use_llama and t > 0 and a.llama_python:
+                g = llama_python_side(a.llama_python, str(Path(a.llama_bench).parent), model, t, prompt_ids, a.gen)
+                row["llama_prompt_tps"], row["llama_decode_tps"] = a.prompt / g["prompt_s"][0], a.gen / g["decode_s"][0]
+                row["llama_prompt_cpu_tps"] = a.prompt / g["prompt_cpu"][0]
+                row["llama_decode_cpu_tps"] = a.gen / g["decode_cpu"][0]
+            elif use_llama and t > 0:
                 row["llama_prompt_tps"] = llama_bench(a.llama_bench, model, t, ["-p", str(a.prompt), "-n", "0"])
                 row["llama_decode_tps"] = llama_bench(a.llama_bench, model, t, ["-p", "0", "-n", str(a.gen),
                                                                                  "-d", str(a.prompt)])
@@ -299,11 +376,17 @@ def main() -> None:
                 sfx = "" if tree is None else f"_{k}"
                 row[f"ggtool{sfx}_prompt_tps"] = a.prompt / g["prompt_s"][0]
                 row[f"ggtool{sfx}_decode_tps"] = a.gen / g["decode_s"][0]
+                row[f"ggtool{sfx}_prompt_cpu_tps"] = a.prompt / g["prompt_cpu"][0]
+                row[f"ggtool{sfx}_decode_cpu_tps"] = a.gen / g["decode_cpu"][0]
+                if t == 0:
+                    row[f"ggtool{sfx}_chose"], row[f"ggtool{sfx}_why"] = g["threads"], g["why"]
             record["rounds"].append(row)
             print(json.dumps(row), file=sys.stderr)
     record["seconds"] = time.time() - t0
     record["loadavg_after"] = os.getloadavg()
 
+
+def report(a, record, model, threads, use_llama) -> None:
     summary = []
     for t in threads:
         rows = [x for x in record["rounds"] if x["threads"] == t]
@@ -311,7 +394,9 @@ def main() -> None:
         for k in rows[0]:
             if k.endswith("_tps"):
                 s[k] = statistics.median(x[k] for x in rows)
-        if use_llama:
+            elif k.endswith(("_chose", "_why")):
+                s[k] = [x[k] for x in rows]
+        if use_llama and t > 0:
             s["prompt_ratio"] = s["ggtool_prompt_tps"] / s["llama_prompt_tps"]
             s["decode_ratio"] = s["ggtool_decode_tps"] / s["llama_decode_tps"]
         summary.append(s)
@@ -320,7 +405,8 @@ def main() -> None:
     what = f"{a.shape} random llama, {a.ftype}" if a.model is None else str(model)
     print(f"{what}: {record['params'] / 1e6:.0f}M parameters; prompt {a.prompt} tokens, decode {a.gen} tokens after "
           f"{a.prompt}; median of {a.repeat} interleaved rounds; {os.cpu_count()} CPUs, load "
-          f"{record['loadavg_before'][0]:.1f} -> {record['loadavg_after'][0]:.1f}")
+          f"{record['loadavg_before'][0]:.1f} -> {record['loadavg_after'][0]:.1f}"
+          f"{f'; {a.busy} busy processes meanwhile' if a.busy else ''}")
     if use_llama:
         info = record["llama_cpp"]
         print(f"llama.cpp ({a.llama_bench}): {info.get('cpu_info')}; system_info: {info.get('system_info')}")
@@ -328,22 +414,37 @@ def main() -> None:
     head = f"{'threads':>7s} {'decode ggtool':>14s} {'llama.cpp':>10s} {'ratio':>6s}   {'prompt ggtool':>14s} {'llama.cpp':>10s} {'ratio':>6s}"
     print(head)
     for s in summary:
-        line = f"{s['threads']:7d} {s['ggtool_decode_tps']:14.1f} "
-        line += f"{s['llama_decode_tps']:10.1f} {s['decode_ratio']:5.2f}x   " if use_llama else f"{'':10s} {'':6s}   "
+        ref = use_llama and s["threads"] > 0
+        line = f"{s['threads'] or 'default':>7} {s['ggtool_decode_tps']:14.1f} "
+        line += f"{s['llama_decode_tps']:10.1f} {s['decode_ratio']:5.2f}x   " if ref else f"{'':10s} {'':6s}   "
         line += f"{s['ggtool_prompt_tps']:14.1f} "
-        line += f"{s['llama_prompt_tps']:10.1f} {s['prompt_ratio']:5.2f}x" if use_llama else ""
+        line += f"{s['llama_prompt_tps']:10.1f} {s['prompt_ratio']:5.2f}x" if ref else ""
         print(line)
+        if "ggtool_chose" in s:
+            print(f"{'':7s} the default chose {'/'.join(map(str, sorted(set(s['ggtool_chose']))))}: {s['ggtool_why'][0]}")
     for k, tree in enumerate(a.tree, 1):
         print(f"tree {k} ({tree}):")
         for s in summary:
-            line = f"{s['threads']:7d} {s[f'ggtool_{k}_decode_tps']:14.1f} "
-            line += (f"{'':10s} {s[f'ggtool_{k}_decode_tps'] / s['llama_decode_tps']:5.2f}x   " if use_llama
+            ref = use_llama and s["threads"] > 0
+            line = f"{s['threads'] or 'default':>7} {s[f'ggtool_{k}_decode_tps']:14.1f} "
+            line += (f"{'':10s} {s[f'ggtool_{k}_decode_tps'] / s['llama_decode_tps']:5.2f}x   " if ref
                      else f"{'':10s} {'':6s}   ")
             line += f"{s[f'ggtool_{k}_prompt_tps']:14.1f} "
-            line += f"{'':10s} {s[f'ggtool_{k}_prompt_tps'] / s['llama_prompt_tps']:5.2f}x" if use_llama else ""
+            line += f"{'':10s} {s[f'ggtool_{k}_prompt_tps'] / s['llama_prompt_tps']:5.2f}x" if ref else ""
             print(line)
-    if len(summary) > 1:
-        first, last = summary[0], summary[-1]
+    one = next((s for s in summary if s["threads"] == 1), None)
+    if one is not None and "llama_decode_cpu_tps" in one:    # one thread: CPU time is the work, whatever the load
+        print(f"one thread, tokens per CPU second: decode ggtool {one['ggtool_decode_cpu_tps']:.1f}, llama.cpp "
+              f"{one['llama_decode_cpu_tps']:.1f} ({one['ggtool_decode_cpu_tps'] / one['llama_decode_cpu_tps']:.2f}x); "
+              f"prompt {one['ggtool_prompt_cpu_tps']:.1f} / {one['llama_prompt_cpu_tps']:.1f} "
+              f"({one['ggtool_prompt_cpu_tps'] / one['llama_prompt_cpu_tps']:.2f}x)")
+        for k, tree in enumerate(a.tree, 1):
+            print(f"  tree {k}: decode {one[f'ggtool_{k}_decode_cpu_tps']:.1f} "
+                  f"({one[f'ggtool_{k}_decode_cpu_tps'] / one['llama_decode_cpu_tps']:.2f}x), prompt "
+                  f"{one[f'ggtool_{k}_prompt_cpu_tps']:.1f} ({one[f'ggtool_{k}_prompt_cpu_tps'] / one['llama_prompt_cpu_tps']:.2f}x)")
+    counted = [s for s in summary if s["threads"] > 0]
+    if len(counted) > 1:
+        first, last = counted[0], counted[-1]
         msg = f"scaling {first['threads']} -> {last['threads']} threads: decode ggtool {last['ggtool_decode_tps'] / first['ggtool_decode_tps']:.2f}x"
         if use_llama:
             msg += f", llama.cpp {last['llama_decode_tps'] / first['llama_decode_tps']:.2f}x"

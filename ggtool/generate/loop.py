@@ -26,7 +26,8 @@ def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_
     from ..threads import free_cpus
 
     session.prepare(len(prompt), 1)
-    prepare(products(session.graph(1)), n_predict, free_cpus())   # kernels to compile: start them now
+    if hasattr(session, "graph"):     # the step's kernels that a first-ever run compiles: start them now
+        prepare(products(session.graph(1)), n_predict, free_cpus())
     with repeating(n_predict) as steps:     # a kernel not compiled yet: its twin's cost counts once a step to come
         t0 = clock()
         logits = session.eval(prompt)
