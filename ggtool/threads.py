@@ -91,7 +91,18 @@ def available_cpus() -> int:
     return max(1, min(n, quota)) if quota else n
 
 
+_quota: list = []    # the cgroup's CPU quota, read once a process
+
+
 def _cgroup_quota() -> int | None:
+    if _quota and _quota[0][0] == CGROUP_CPU_MAX:
+        return _quota[0][1]
+    q = _read_quota()
+    _quota[:] = [(CGROUP_CPU_MAX, q)]
+    return q
+
+
+def _read_quota() -> int | None:
     try:
         with open(CGROUP_CPU_MAX) as f:
             q, period = f.read().split()[:2]

@@ -25,6 +25,7 @@ def five_cpus(monkeypatch):
     monkeypatch.delenv("GGTOOL_QUANT_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
     monkeypatch.setattr(threads, "CGROUP_CPU_MAX", "/nonexistent/cpu.max")
+    monkeypatch.setattr(threads, "_quota", [])
     monkeypatch.setattr(threads, "_read_others", lambda: 0)
     threads._seen.clear()
     yield
@@ -126,6 +127,7 @@ def test_a_cgroup_quota_caps_the_cpus(five_cpus, monkeypatch, tmp_path):
     for text, cpus in (("max 100000\n", 5), ("250000 100000\n", 2), ("50000 100000\n", 1),
                        ("1000000 100000\n", 5), ("nonsense", 5)):
         f.write_text(text)
+        threads._quota.clear()              # read once a process: a new process reads it anew
         assert available_cpus() == cpus, text
 
 
