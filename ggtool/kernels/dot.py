@@ -55,24 +55,24 @@ def _interleave(rows: np.ndarray, nb: int, quads: int) -> np.ndarray:
 def _pack_32(w: np.ndarray, decoder, nbytes: int, quads: int, mins: bool, raw_nibbles: bool):
     """32-value block rows -> (qs, d[, mn], n, nb): the codes of each row and block in quads
     (``_interleave``; Q4_0 keeps its 16 nibble bytes as they are, the others int8 codes in value
-    order), the block's scale (and min) per [group][block][row] as float32; rows past n are zeros.
-    numpy, from ``decode``'s blocks: nothing to compile."""
+    order), the block's fp16 scale (and min) per [group][block][row], as their bits (uint16: the
+    tile widens them, exactly; half the bytes of float32, and a mat-vec streams them all); rows
+    past n are zeros. numpy, from ``decode``'s blocks: nothing to compile."""
     w = np.ascontiguousarray(w)
     n = w.shape[0]
     nb = w.shape[1] // nbytes
     G = (n + GROUP - 1) // GROUP
     qs = np.zeros((G, nb, GROUP // simd.L, quads, simd.L, 4), np.uint8 if raw_nibbles else np.int8)
-    d = np.zeros((G, nb, GROUP), np.float32)
-    mn = np.zeros((G, nb, GROUP), np.float32) if mins else None
+    d = np.zeros((G, nb, GROUP), np.uint16)
+    mn = np.zeros((G, nb, GROUP), np.uint16) if mins else None
     for r0 in range(0, n, PACK_ROWS):
         rows = w[r0:r0 + PACK_ROWS]
         k = rows.shape[0]
         g0, gs = r0 // GROUP, -(-k // GROUP)
-        if raw_nibbles:      # Q4_0: the nibble bytes as they are, and the scales
-            b = decode._blocks(rows, nbytes)
-            codes, dd, mm = b[:, :, 2:18], decode._f16(b, 0), None
-        else:
-            codes, dd, mm = decoder(rows)
+        b = decode._blocks(rows, nbytes)
+        codes = b[:, :, 2:18] if raw_nibbles else decoder(rows)[0]   # Q4_0: the nibble bytes as they are
+        dd = np.ascontiguousarray(b[:, :, 0:2]).view(np.uint16)[:, :, 0]
+        mm = np.ascontiguousarray(b[:, :, 2:4]).view(np.uint16)[:, :, 0] if mins else None
         pad = gs * GROUP - k
         if pad:
             codes, dd = (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) for x in (codes, dd))

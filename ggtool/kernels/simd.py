@@ -59,6 +59,8 @@ _I16, _I32, _I64, _F32 = ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.Floa
 _W = ir.VectorType(_I16, 2 * L)          # 16 rows x 2 words
 _D = ir.VectorType(_I32, L)
 _F = ir.VectorType(_F32, L)
+_H = ir.VectorType(_I16, L)                # 16 fp16 scales as their bits
+_HF = ir.VectorType(ir.HalfType(), L)
 _EVEN = ir.Constant(ir.VectorType(_I32, L), list(range(0, 2 * L, 2)))
 _ODD = ir.Constant(ir.VectorType(_I32, L), list(range(1, 2 * L, 2)))
 
@@ -109,6 +111,14 @@ class _Args:
             ptr = self.b.bitcast(ptr, vt.as_pointer())
         return self.b.load(ptr, align=align)
 
+    def load_scales(self, name, off, half: bool):
+        """L float32 scales of array `name` at `off`: float32 as they are, or fp16 bits (uint16)
+        widened exactly (x86's vcvtph2ps where the CPU has F16C), the same values as the
+        table F16_TO_F32 gives."""
+        if not half:
+            return self.load(name, off, _F, align=4)
+        return self.b.fpext(self.b.bitcast(self.load(name, off, _H, align=2), _HF), _F)
+
     def store(self, name, off, val, align=4):
         ptr = self.b.bitcast(self.at(name, off), val.type.as_pointer())
         self.b.store(val, ptr, align=align)
@@ -141,7 +151,7 @@ def _tile_32(nibbles: bool, q1: bool):
     """One block (32 values) of GROUP weight rows x mt activation rows, added into acc.
 
     Arguments (arrays flat; offsets in elements): qs (codes, the block's quads at qo), d and mn
-    (the rows' float32 scale and min at wo), ap (mt x 16 pairs at po, 16 per activation row), off
+    (the rows' scale and min at wo: float32, or fp16 bits as uint16, widened in the tile), ap (mt x 16 pairs at po, 16 per activation row), off
     (int32: each activation row's start of sumi, at so), da and sa (float32 per activation row at
     so), acc (float32, mt rows of GROUP at ao) and mt. Per row r and activation row i:
     ``acc += (float(sumi) * d) * da`` (Q4_0, Q8_0, Q5_0), or with q1
@@ -151,6 +161,7 @@ def _tile_32(nibbles: bool, q1: bool):
         A = _Args(context, builder, sig, args, _NAMES_32)
         qo, wo, po, so, ao = (A.p[k] for k in ("qo", "wo", "po", "so", "ao"))
         quads = 4 if nibbles else 8
+        half = sig.args[_NAMES_32.index("d")].dtype == types.uint16
 
         def body(mt):
             b = builder
@@ -172,8 +183,8 @@ def _tile_32(nibbles: bool, q1: bool):
                         for k, x in enumerate(xs):
                             pair = A.load("ap", b.add(po, _c(i * 16 + q * len(xs) + k)))
                             accs[i] = _madd(b, accs[i], x, pair)
-                dv = A.load("d", b.add(wo, r0), _F, align=4)
-                mv = A.load("mn", b.add(wo, r0), _F, align=4) if q1 else None
+                dv = A.load_scales("d", b.add(wo, r0), half)
+                mv = A.load_scales("mn", b.add(wo, r0), half) if q1 else None
                 for i in range(mt):
                     f = b.sitofp(accs[i], _F)
                     if q1:
