@@ -75,9 +75,10 @@ def _packer(decoder, nbytes: int, mins: bool):
 
 
 @njit
-def _act_pairs_k(act):
-    """Q8_K activation rows as ``simd.tile_k`` reads them, indexed [block, row]: ap (128 int16 pairs
-    of the 256 codes, ``simd``'s order), bp (the 16 bsums in 8 pairs), d (float32)."""
+def _act_pairs_k(act, nibbles):
+    """Q8_K activation rows as ``simd.tile_k`` (or, with nibbles, ``simd.tile_k6``) reads them,
+    indexed [block, row]: ap (128 int16 pairs of the 256 codes, in the order of the weight codes),
+    bp (the 16 bsums in 8 pairs), d (float32)."""
     M, nb = act.shape[0], act.shape[1] // Q8_K_BYTES
     qa = act.view(np.int8)
     ap = np.empty((nb, M, 128), np.int32)
@@ -88,7 +89,10 @@ def _act_pairs_k(act):
             o = b * Q8_K_BYTES
             da[b, m] = act[m, o:o + 4].copy().view(np.float32)[0]
             for p in range(128):
-                x = o + 4 + 4 * (p // 2) + p % 2
+                if nibbles:    # pair-block p // 16, quad (p % 16) // 4, nibble k = p % 4
+                    x = o + 4 + 32 * (p // 16) + 4 * ((p % 16) // 4) + (p % 4) // 2 + 16 * (p % 2)
+                else:
+                    x = o + 4 + 4 * (p // 2) + p % 2
                 ap[b, m, p] = (np.int32(qa[m, x]) & 0xFFFF) | (np.int32(qa[m, x + 2]) << 16)
             for p in range(8):
                 x = o + 260 + 4 * p          # bsums 2p and 2p + 1: two little-endian int16, one int32
@@ -102,7 +106,7 @@ def _act_pairs_k(act):
 def _dot_k(codes, sc, mn, dw, dmw, n, nb, hm, act, f16, out):
     M = act.shape[0]
     G = (n + GROUP - 1) // GROUP
-    ap, bp, da = _act_pairs_k(act)
+    ap, bp, da = _act_pairs_k(act, False)
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
         acc[:, :] = 0
@@ -115,8 +119,66 @@ def _dot_k(codes, sc, mn, dw, dmw, n, nb, hm, act, f16, out):
         store_group(acc, out, g, n)
 
 
+@njit
+def _dot_k6(codes, hi, sc, dw, n, nb, act, f16, out):
+    """Q6_K / Q3_K packed in 6 bits (``_pack_k6``) x Q8_K rows: ``simd.tile_k6``."""
+    M = act.shape[0]
+    G = (n + GROUP - 1) // GROUP
+    ap, _, da = _act_pairs_k(act, True)
+    acc = np.empty((M, GROUP), np.float32)
+    for g in range(G):
+        acc[:, :] = 0
+        for b in range(nb):
+            gb = g * nb + b
+            for m0 in range(0, M, simd.MT):
+                so = b * M + m0
+                simd.tile_k6(codes, gb * 128 * GROUP, hi, gb * 32 * GROUP, sc, gb * 16 * GROUP, dw, gb * GROUP,
+                             ap, so * 128, da, so, acc, m0 * GROUP, min(simd.MT, M - m0))
+        store_group(acc, out, g, n)
+
+
+# value v of a pair of sub-blocks whose top 2 bits go at bit 4k + 2*parity of quad q's word (tile_k6)
+_K6_VALUE = np.array([[[4 * q + k // 2 + 16 * (k % 2) + 2 * par for par in range(2)] for k in range(4)]
+                      for q in range(4)])                                   # [quad][k][parity]
+_K6_SHIFT = np.array([[4 * k + 2 * par for par in range(2)] for k in range(4)], np.uint16)
+
+
+def _pack_k6(w: np.ndarray, decoder, nbytes: int):
+    """K-quant rows without mins whose codes fit -32..31 (Q6_K, Q3_K) -> (codes, hi, sc, d, n, nb):
+    code + 32 in 6 bits as ``simd.tile_k6`` reads them (0.75 bytes a value: Q6_K's own size),
+    int8 scales [gb][chunk][16][L], d per [gb][row] (float32); rows past n are zeros."""
+    n, nb = w.shape[0], w.shape[1] // nbytes
+    G, C, L = (n + GROUP - 1) // GROUP, GROUP // simd.L, simd.L
+    codes = np.zeros((G, nb, C, 32, L, 4), np.uint8)
+    hi = np.zeros((G, nb, C, 32, L), np.uint16)
+    sc = np.zeros((G, nb, C, 16, L), np.int8)
+    dw = np.zeros((G, nb, GROUP), np.float32)
+    for r0 in range(0, n, PACK_ROWS):
+        rows = w[r0:r0 + PACK_ROWS]
+        k = rows.shape[0]
+        g0, gs = r0 // GROUP, -(-k // GROUP)
+        pad = gs * GROUP - k
+        q, s, _, d, _ = (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x
+                         for x in decoder(rows))
+        u = (q.view(np.uint8) + np.uint8(32)).reshape(-1, nb, 8, 32)           # [row][block][pair-block][value]
+        nib = (u[..., :16] & np.uint8(15)) | ((u[..., 16:] & np.uint8(15)) << np.uint8(4))   # bytes j of a pair-block
+        top = (u[..., _K6_VALUE] >> np.uint8(4)).astype(np.uint16) << _K6_SHIFT      # [.., quad][k][parity]
+        words = top.reshape(*top.shape[:4], 8).sum(axis=-1, dtype=np.uint16)         # [row][block][pair-block][quad]
+        codes[g0:g0 + gs] = nib.reshape(gs, C, L, nb, 32, 4).transpose(0, 3, 1, 4, 2, 5)
+        hi[g0:g0 + gs] = words.reshape(gs, C, L, nb, 32).transpose(0, 3, 1, 4, 2)
+        sc[g0:g0 + gs] = s.reshape(gs, C, L, nb, 16).transpose(0, 3, 1, 4, 2)
+        dw[g0:g0 + gs] = d.reshape(gs, GROUP, nb).transpose(0, 2, 1)
+    return codes.reshape(-1), hi.reshape(-1), sc.reshape(-1), dw.reshape(-1), n, nb
+
+
+def _packer6(decoder, nbytes: int):
+    def pack(w, f16=None):
+        return _pack_k6(np.ascontiguousarray(w), decoder, nbytes)
+    return pack
+
+
 register(T.GGMLType.Q2_K, 84, _packer(decode.decode_q2_k, 84, True), _dot_k)
-register(T.GGMLType.Q3_K, 110, _packer(decode.decode_q3_k, 110, False), _dot_k)
+register(T.GGMLType.Q3_K, 110, _packer6(decode.decode_q3_k, 110), _dot_k6)
 register(T.GGMLType.Q4_K, 144, _packer(decode.decode_q4_k, 144, True), _dot_k)
 register(T.GGMLType.Q5_K, 176, _packer(decode.decode_q5_k, 176, True), _dot_k)
-register(T.GGMLType.Q6_K, 210, _packer(decode.decode_q6_k, 210, False), _dot_k)
+register(T.GGMLType.Q6_K, 210, _packer6(decode.decode_q6_k, 210), _dot_k6)

@@ -277,3 +277,68 @@ def tile_k(typingctx, codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, s
     sig = types.void(codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt, hm)
     _check(sig.args, _NAMES_K)
     return sig, _tile_k_codegen
+
+
+_NAMES_K6 = ("codes", "co", "hi", "ho", "sc", "sco", "d", "wo", "ap", "po", "da", "so", "acc", "ao", "mt")
+_PAIRS = ir.Constant(ir.VectorType(_I32, 2 * L), [i // 2 for i in range(2 * L)])   # each row's word, twice
+
+
+def _tile_k6_codegen(context, builder, sig, args):
+    A = _Args(context, builder, sig, args, _NAMES_K6)
+    co, ho, sco, wo, po, so, ao = (A.p[k] for k in ("co", "ho", "sco", "wo", "po", "so", "ao"))
+
+    def body(mt):
+        b = builder
+        das = [b.load(A.at("da", b.add(so, _c(i)))) for i in range(mt)]
+        zero = ir.Constant(_D, None)
+        with cgutils.for_range(b, _c(GROUP // L)) as loop:
+            c = loop.index
+            r0 = b.mul(c, _c(L))
+            sumi = [cgutils.alloca_once_value(b, zero) for _ in range(mt)]
+            with cgutils.for_range(b, _c(8)) as pbl:           # pairs of sub-blocks (32 values)
+                pb = pbl.index
+                ts = [[zero] * mt, [zero] * mt]                # the pair's first and second sub-block
+                for jq in range(4):
+                    quad = b.add(b.add(b.mul(c, _c(32)), b.mul(pb, _c(4))), _c(jq))
+                    v = A.load("codes", b.add(co, b.mul(quad, _c(4 * L))), _W)
+                    h = A.load("hi", b.add(ho, b.mul(quad, _c(L))), _H, align=2)
+                    hw = b.shuffle_vector(h, ir.Constant(_H, None), _PAIRS)
+                    nibs = [b.and_(v, _wsplat(b, 15)), b.and_(b.lshr(v, _wsplat(b, 4)), _wsplat(b, 15)),
+                            b.and_(b.lshr(v, _wsplat(b, 8)), _wsplat(b, 15)), b.lshr(v, _wsplat(b, 12))]
+                    for k, nib in enumerate(nibs):
+                        shifts = ir.Constant(_W, [4 * k + 2 * (i % 2) for i in range(2 * L)])
+                        top = b.shl(b.and_(b.lshr(hw, shifts), _wsplat(b, 3)), _wsplat(b, 4))
+                        x = b.sub(b.or_(nib, top), _wsplat(b, 32))
+                        for i in range(mt):
+                            pair = A.load("ap", b.add(po, b.add(_c(i * 128 + jq * 4 + k), b.mul(pb, _c(16)))))
+                            ts[k % 2][i] = _madd(b, ts[k % 2][i], x, pair)
+                for half in range(2):
+                    j = b.add(b.mul(pb, _c(2)), _c(half))
+                    scv = b.sext(A.load("sc", b.add(sco, b.mul(b.add(b.mul(c, _c(16)), j), _c(L))), _B16), _D)
+                    for i in range(mt):
+                        b.store(b.add(b.load(sumi[i]), b.mul(scv, ts[half][i])), sumi[i])
+            dv = A.load("d", b.add(wo, r0), _F, align=4)
+            for i in range(mt):
+                o = b.add(b.add(ao, _c(i * GROUP)), r0)
+                a = A.load("acc", o, _F, align=4)
+                A.store("acc", o, b.fadd(a, b.fmul(b.fmul(dv, _splat(b, das[i], L)), b.sitofp(b.load(sumi[i]), _F))))
+
+    _switch_mt(builder, A.p["mt"], body)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def tile_k6(typingctx, codes, co, hi, ho, sc, sco, d, wo, ap, po, da, so, acc, ao, mt):
+    """One block (256 values) of a K-quant type without mins whose codes fit 6 bits (Q6_K, Q3_K), of
+    GROUP weight rows x mt activation rows, added into acc; the codes stored in 6 bits, as Q6_K
+    stores them: the low 4 bits as nibbles, Q4_0's way (a byte holds value j of a pair of
+    sub-blocks and value j + 16, quads of 4 bytes: codes at co, [chunk][32 quads][L][4]), the top 2
+    bits in one 16-bit word per row and quad (hi at ho, [chunk][32][L]: bits 4k and 4k + 2 go with
+    the low and high word of the nibbles' k-th pair). Code minus 32 is the value's integer.
+    sc (int8 per 16 values, [16][GROUP] at sco), d (float32 per row at wo), ap (mt x 128 pairs at
+    po, in the nibbles' order: pair 16 * pb + 4 * quad + k is values (x, x + 2) of pair-block pb,
+    x = 4 * quad + k // 2 + 16 * (k % 2)), da (float32 at so), acc (mt rows of GROUP at ao), mt.
+    ``sumi = sum_j sc_j * (codes_j . a_j)``, ``acc += (d * da) * float(sumi)``, as ``tile_k``."""
+    sig = types.void(codes, co, hi, ho, sc, sco, d, wo, ap, po, da, so, acc, ao, mt)
+    _check(sig.args, _NAMES_K6)
+    return sig, _tile_k6_codegen
