@@ -1,14 +1,16 @@
 """K-quant dot products: Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights x Q8_K activations.
 
-Every K-quant type is repacked into one form (in numpy, from ``decode``'s blocks: nothing to compile):
-per block of 256, int8 codes (the stored integer, offset applied: Q2_K 0..3, Q3_K -4..3, Q4_K 0..15,
-Q5_K 0..31, Q6_K -32..31), an int8 scale and, for the types with mins (Q2_K, Q4_K, Q5_K), an int8 min
-per 16 values, and float32 d (and dmin), interleaved across rows as ``dot``'s types are
-(``simd``'s layout; 1.08 bytes a value for Q6_K, 1.16 for Q4_K, where int32 scales and int16 mins
-took 1.39: a decode step streams the weights, so the bytes are the time). Then one dot,
-``simd.tile_k``, serves them all (GGML's generic ``ggml_vec_dot_qN_K_q8_K``, integer parts exact):
-``sumi = sum_j sc_j * (codes_j . a_j)``, then ``out += (d_w * d_a) * sumi``, and for a type with
-mins ``summ = sum_j m_j * bsums_j`` and ``out -= (dmin_w * d_a) * summ``, block after block. (GGML sums
+The K-quant types with mins (Q2_K, Q4_K, Q5_K) are repacked into one form (in numpy, from
+``decode``'s blocks: nothing to compile): per block of 256, int8 codes (the stored integer, offset
+applied: Q2_K 0..3, Q4_K 0..15, Q5_K 0..31), an int8 scale and min per 16 values, and float32 d
+and dmin, interleaved across rows as ``dot``'s types are (``simd``'s layout; 1.16 bytes a value for
+Q4_K, where int32 scales and int16 mins took 1.39: a decode step streams the weights, so the
+bytes are the time). Then one dot, ``simd.tile_k``, serves them (GGML's generic
+``ggml_vec_dot_qN_K_q8_K``, integer parts exact): ``sumi = sum_j sc_j * (codes_j . a_j)``,
+``summ = sum_j m_j * bsums_j``, then ``out += (d_w * d_a) * sumi`` and ``out -= (dmin_w * d_a) *
+summ``, block after block. Q6_K and Q3_K have no mins and codes within -32..31: they are packed
+in 6 bits, as Q6_K stores them (``_pack_k6``: 0.81 bytes a value), for ``simd.tile_k6``, which
+adds only the ``sumi`` part. (GGML sums
 the scaled parts in 8 float lanes: the last bits may differ; the order never depends on the split
 between participants.) Adding a K-quant type is one pack function (decode a block) and a register.
 """
