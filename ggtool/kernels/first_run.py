@@ -13,9 +13,9 @@ The rule, per kernel and process (a ski rental): a call's twin would cost ``twin
 estimate from the work's size: weights, rows, values); where the work repeats (``repeating(n)``: a
 generation's steps), the twin's calls of this step count once for every step still to come. While
 that and the calls of the steps before stay within COMPILE_SECONDS[kind] (what compiling the
-kernel costs), the twin runs; else the kernel is
-compiled now, in this process (``warm.compile_kernel``, what the background compiler would do),
-marked ready in the cache for the next runs, and called. The first compile of a command line says
+kernel costs), the twin runs; else the kernel is compiled now, in this process
+(``warm.compile_kernel``, what the background compiler would do), marked ready in the cache for
+the next runs, and called. The first compile of a command line says
 so on stderr, once. A kernel another participant (a pool worker, or the caller) has compiled
 meanwhile is used as soon as its ready marker is there. A library user's process compiles as it
 always has (``cache.use_kernel``), and so does every cached kernel.
@@ -42,14 +42,14 @@ from contextlib import contextmanager
 from .. import role
 from . import cache
 
-# CPU seconds to compile a kernel (the dots share their pieces: the 32-value types one activation
-# pass and a tile driver each, the K-quants one dot), measured on this machine (issue 30's
-# compile_cost figures in docs/engine.md); a twin may cost as much before the kernel is compiled.
+# CPU seconds to compile a kernel, measured on this machine (a dot: ~1.4-2.2 s, its tile and the
+# activation pass the 32-value types share; docs/engine.md, "Small work and large work"): a
+# twin may cost as much before the kernel is compiled.
 COMPILE_SECONDS = {"dot": 2.0, "quantize": 1.0}
 
 # What a twin costs (seconds): a dot ~ N*K*(TWIN_DECODE[type] + TWIN_MAC * M) + TWIN_CALL, a
-# quantizer ~ values * TWIN_VALUE + TWIN_CALL (bench/bench_scaling.py's models; measured with one
-# BLAS thread: bench figures in docs/engine.md).
+# quantizer ~ values * TWIN_VALUE + TWIN_CALL (measured with one BLAS thread on 4096 x 2048
+# weights, M = 1..512, and 8M values).
 TWIN_DECODE = {"q4_0": 2.0e-9, "q8_0": 1.2e-9, "q5_0": 5.1e-9, "q4_1": 5.1e-9, "q5_1": 6.0e-9,
                "q2_K": 8.0e-9, "q3_K": 9.0e-9, "q4_K": 7.5e-9, "q5_K": 9.0e-9, "q6_K": 10.1e-9}
 TWIN_DECODE_DEFAULT = 10e-9
