@@ -88,7 +88,7 @@ else:
     print(json.dumps(generate(eval_, args["p10"], args["n"])))
 """
 
-GGTOOL_SIDE = PROTOCOL + r"""
+OUR_SIDE = PROTOCOL + r"""
 from ggtool.dsl import parse
 from ggtool.generate import Session, shipped_program
 mode, path, n_ctx, args = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
@@ -136,7 +136,7 @@ def main() -> None:
     model = gemma_path()
     p10, p300 = prompt(10), prompt(300)
     timing = json.dumps({"p10": p10, "p300": p300, "steps": args.steps})
-    sides = {"ggtool": (sys.executable, GGTOOL_SIDE), "llama.cpp": (args.llama_python, LLAMA_SIDE)}
+    sides = {"ggtool": (sys.executable, OUR_SIDE), "llama.cpp": (args.llama_python, LLAMA_SIDE)}
     rounds: dict[str, list] = {name: [] for name in sides}
     for _ in range(args.rounds):      # interleaved: a change in the machine's load affects both sides alike
         for name, (py, script) in sides.items():

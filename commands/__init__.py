@@ -5,7 +5,8 @@ reachable here too), and each subcommand is a module of its own.
 This module stays light (ggtool.interrupts and ggtool.pool.launch, no click, no numpy), because
 `console` runs before anything heavy is imported. Its first line installs the handlers of SIGINT,
 SIGTERM and SIGHUP, so that a signal at any moment after it, in the ~0.1 s of imports too, ends
-ggtool with one line and 128 + the signal. Then it looks ahead at the arguments (`threads_asked`):
+ggtool with one line and 128 + the signal. A standard stream the shell closed gets /dev/null in
+its place (commands/_streams.py). Then it looks ahead at the arguments (`threads_asked`):
 a `compute` readies this process for its workers (ggtool.pool.launch.prestart, given the thread
 count): BLAS on one thread, so that the pool can fork them once numpy and ggtool are loaded (or,
 where it cannot fork, launches them now to import side by side with this process). When the
@@ -19,8 +20,9 @@ from __future__ import annotations
 import os
 import sys
 
-from ggtool import interrupts  # light: signal, os, threading, time
-from ggtool.threads import THREADS_ENV  # light: os
+from ggtool import environment, interrupts  # light: os; signal, threading, time
+
+from . import _streams  # light: os, io
 
 THREADS_OPTION, THREADS_SHORT = "--threads", "-t"   # _common.threads_option's names
 
@@ -28,6 +30,7 @@ THREADS_OPTION, THREADS_SHORT = "--threads", "-t"   # _common.threads_option's n
 def console() -> None:
     """`ggtool`: the command line, from its first line to its exit status."""
     interrupts.install(interrupts.STARTING)   # first: a signal from here on ends ggtool cleanly
+    _streams.adopt()                          # closed stdin, stdout, stderr: /dev/null holds their place
     n_threads = threads_asked(sys.argv[1:])
     if n_threads is not None:
         from ggtool.pool.launch import prestart
@@ -47,7 +50,7 @@ def console() -> None:
     _exit_now(code)
 
 
-COMPUTING = ("compute", "generate")   # the commands that compute on the worker pool
+COMPUTING = ("compute", "generate", "perplexity", "imatrix")   # the commands that compute on the worker pool
 
 
 def threads_asked(argv: list[str]) -> int | None:
@@ -58,7 +61,7 @@ def threads_asked(argv: list[str]) -> int | None:
         return None
     if "--help" in argv or "-h" in argv:
         return 0
-    value = os.environ.get(THREADS_ENV, "")
+    value = environment.THREADS.text() or ""
     args = iter(argv[1:])
     for a in args:
         if a == "--":

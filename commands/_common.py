@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import io
 import sys
 import time
 from collections.abc import Iterable
@@ -14,6 +15,7 @@ from ggtool.errors import GGToolError
 from ggtool.tensor_io import Inputs, SourceSyntaxError, parse_named_source
 from ggtool.threads import THREADS_ENV
 
+from ._streams import read_stdin
 from .wording import cli_message
 
 UNUSED_SHOWN = 5   # unused GGUF tensors a warning names
@@ -62,6 +64,10 @@ def _parse_named_sources(ctx, param, values):
         raise click.BadParameter(cli_message(e), ctx=ctx, param=param) from None
 
 
+# -f FILE: a path ('-': stdin), read by read_program (bounded, through _streams for stdin)
+PROGRAM_FILE = click.Path(exists=True, dir_okay=False, allow_dash=True)
+
+
 def program_options(f):
     """PROGRAM (or -f FILE / -f -), --output NAME, --graph-size and --max-steps."""
     # the default is ggtool.dsl.limits.MAX_STEPS, not imported here: the DSL loads when a program runs
@@ -74,7 +80,7 @@ def program_options(f):
     f = click.option("--output", "output_names", multiple=True, metavar="NAME",
                      help="Output this tensor: a variable or input name (repeatable); default: the program's last "
                           "statement.")(f)
-    f = click.option("-f", "--file", "program_file", type=click.File("r", encoding="utf-8"),
+    f = click.option("-f", "--file", "program_file", type=PROGRAM_FILE,
                      help="Read the program from FILE ('-' for stdin) instead of PROGRAM.")(f)
     return click.argument("program", required=False)(f)
 
@@ -125,29 +131,57 @@ def pick_numerics(name: str, verbose: bool) -> str:
     return resolved
 
 
+def warn_llama_cpp_gaps(gaps, numerics: str) -> None:
+    """--numerics llama.cpp* (or x86) on a graph with nodes it has no llama.cpp order for
+    (``ggtool.ops.llama_cpp_gaps``): one line on stderr saying which."""
+    from ggtool.ops.matmul import X86_COVERED
+
+    if not gaps:
+        return
+    parts = []
+    for gap in gaps:
+        n = len(gap.nodes)
+        what = f"{gap.op.lower()} node{'' if n == 1 else 's'}"
+        if gap.weight_type is not None:
+            what += f" with {gap.weight_type} weights"
+        parts.append(f"{n} {what} (first: '{gap.nodes[0].name}')")
+    one = len(gaps) == 1 and len(gaps[0].nodes) == 1
+    log(f"Warning: --numerics {numerics} follows llama.cpp's order for mul_mat with {X86_COVERED} weights, "
+        f"soft_max, rope and gelu; {', '.join(parts)} {'computes' if one else 'compute'} in GGML's order and may "
+        f"differ from llama.cpp's in the last bits")
+
+
 # -- the program and its inputs ---------------------------------------------------------------------------
-def read_program(program: str | None, program_file) -> tuple[str, str]:
-    """(source, filename) from PROGRAM or -f FILE; exactly one must be given."""
+def read_program(program: str | None, program_file: str | None) -> tuple[str, str]:
+    """(source, filename) from PROGRAM or -f FILE (a path, '-' for stdin); exactly one must be given."""
     if program is not None and program_file is not None:
         raise click.UsageError("give the program either as PROGRAM or with -f FILE, not both")
     if program_file is not None:
         from ggtool.dsl.limits import MAX_SOURCE_BYTES
 
-        name = "<stdin>" if _is_stdin(program_file) else program_file.name
+        if _is_stdin(program_file):
+            name, raw = "<stdin>", read_stdin("the program", MAX_SOURCE_BYTES)
+        else:
+            name = program_file
+            try:
+                with open(program_file, "rb") as f:
+                    raw = f.read(MAX_SOURCE_BYTES + 1)   # never more: -f /dev/zero
+            except OSError as e:
+                raise GGToolError(f"{name}: {e.strerror or e}") from None
+        if len(raw) > MAX_SOURCE_BYTES:
+            raise GGToolError(f"{name}: a program is at most {MAX_SOURCE_BYTES} bytes; this one is larger")
         try:
-            text = program_file.read(MAX_SOURCE_BYTES + 1)   # never more: -f /dev/zero
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise GGToolError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        if len(text) > MAX_SOURCE_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
-            raise GGToolError(f"{name}: a program is at most {MAX_SOURCE_BYTES} bytes; this one is larger")
-        return text, name
+        return text.replace("\r\n", "\n").replace("\r", "\n"), name   # as a text file reads it
     if program is None:
         raise click.UsageError("no program: give it as PROGRAM (e.g. 'mul_mat(a, b)') or with -f FILE")
     return program, "<program>"
 
 
-def _is_stdin(f) -> bool:
-    return f.name in ("-", "<stdin>")
+def _is_stdin(program_file: str) -> bool:
+    return program_file == "-"
 
 
 def make_inputs(tensor_sources, gguf_files, program_file=None, read_data: bool = True,
@@ -157,7 +191,7 @@ def make_inputs(tensor_sources, gguf_files, program_file=None, read_data: bool =
     if reads_stdin and program_file is not None and _is_stdin(program_file):
         raise click.UsageError(f"-f - and --tensor {reads_stdin[0]}=- both read stdin; save one of them to a file")
     on_load = (lambda name, what: log(f"load {name}: {what}")) if verbose else None
-    stdin = _binary(sys.stdin) if reads_stdin else None
+    stdin = io.BytesIO(read_stdin(f"--tensor {reads_stdin[0]}")) if reads_stdin else None
     try:
         return Inputs(tensor_sources, gguf_files, stdin=stdin, read_data=read_data, on_load=on_load)
     except SourceSyntaxError as e:

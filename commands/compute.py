@@ -36,6 +36,7 @@ from ._common import (
     read_program,
     refuse_binary_to_tty,
     threads_option,
+    warn_llama_cpp_gaps,
     warn_unused,
     write_text,
 )
@@ -127,7 +128,9 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
         raise click.UsageError(f"a .npy holds one array but the program has {len(outputs)} outputs ({names}); "
                                "pick one with --output NAME, or use .json or .gguf")
     if resolved != "ggml":
-        warn_llama_cpp_gaps(built.graph, numerics)
+        from ggtool.ops import llama_cpp_gaps
+
+        warn_llama_cpp_gaps(llama_cpp_gaps(built.graph.nodes), numerics)
     timer.mark("build")
 
     if n_threads is None:   # not given: the engine's default for a graph of this size
@@ -149,20 +152,6 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
     if verbose and to_file:
         log(f"wrote {out_path} ({fmt}, {len(outputs)} output{'s' if len(outputs) != 1 else ''})")
     timer.report()
-
-
-def warn_llama_cpp_gaps(graph, numerics: str) -> None:
-    """--numerics llama.cpp* (or x86) on mul_mat weights it has no llama.cpp order for: say which, once."""
-    from ggtool import types as T
-    from ggtool.ops.matmul import X86_COVERED, without_x86_order
-
-    gaps = without_x86_order(graph.nodes)
-    if gaps:
-        kinds = sorted({T.type_name(n.src[0].type) for n in gaps})
-        one = len(gaps) == 1
-        log(f"Warning: --numerics {numerics} follows llama.cpp's order for mul_mat with {X86_COVERED} weights; "
-            f"{len(gaps)} mul_mat node{'' if one else 's'} with {', '.join(kinds)} weights (first: '{gaps[0].name}') "
-            f"{'sums' if one else 'sum'} in GGML's order and may differ from llama.cpp's in the last bits")
 
 
 def resolve_format(out_path: str | None, fmt: str | None) -> str:

@@ -47,5 +47,5 @@ def command(ids, model, unparse_special, jsonl, as_json):
         out.write("".join(dumps(vocab.decode(ids, unparse_special)) + "\n" for ids in rows))
         return
     where = "IDS" if ids not in (None, "-") else "stdin"
-    text = vocab.decode(parse_ids(read_text(ids), where), unparse_special)
+    text = vocab.decode(parse_ids(read_text(ids, "the token ids"), where), unparse_special)
     out.write(dumps(text) + "\n" if as_json else text + "\n")

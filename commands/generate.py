@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from ._common import log, numerics_option, open_pool, pick_numerics, read_program, threads_option
+from ._common import PROGRAM_FILE, log, numerics_option, open_pool, pick_numerics, read_program, threads_option, warn_llama_cpp_gaps
 from .tokenize import ids_json, parse_ids
 
 HELP = """Continue a prompt with a GGUF model: the prompt is evaluated in one batch, then each new
@@ -43,7 +43,7 @@ Examples:
 @click.argument("stdin_text", metavar="[-]", required=False)
 @click.option("--gguf", "model", required=True, metavar="MODEL", type=click.Path(exists=True, dir_okay=False),
               help="The model (its weights, metadata and vocabulary).")
-@click.option("-f", "--file", "program_file", type=click.File("r", encoding="utf-8"),
+@click.option("-f", "--file", "program_file", type=PROGRAM_FILE,
               help="The model's program (default: the shipped one for its architecture).")
 @click.option("--prompt", metavar="TEXT", help="The prompt as text.")
 @click.option("--tokens", "tokens_json", metavar="JSON", help="The prompt as token ids, a JSON array.")
@@ -82,6 +82,9 @@ def command(stdin_text, model, program_file, prompt, tokens_json, n_predict, ctx
         raise click.UsageError(f"unexpected argument {stdin_text!r}; the prompt is --prompt TEXT")
     if not given and sys.stdin.isatty():   # nothing would end the wait but the user's Ctrl-D
         raise click.UsageError("no prompt: give --prompt TEXT or --tokens JSON, or pipe the text to stdin")
+    piped = read_text("-", "the prompt") if prompt is None and tokens_json is None else None
+    if piped == "":
+        raise click.UsageError("no prompt: stdin is empty (--prompt '' starts from the empty text)")
     if program_file is not None:
         source, filename = read_program(None, program_file)
     else:
@@ -100,7 +103,7 @@ def command(stdin_text, model, program_file, prompt, tokens_json, n_predict, ctx
         for t in ids:
             vocab.check_id(t)
     else:
-        ids = vocab.tokenize(prompt if prompt is not None else read_text("-"))
+        ids = vocab.tokenize(prompt if prompt is not None else piped)
     if not ids:
         raise click.UsageError("the prompt has no tokens")
 
@@ -119,6 +122,7 @@ def command(stdin_text, model, program_file, prompt, tokens_json, n_predict, ctx
 
     session = Session(model, program, n_ctx=n_ctx, numerics=numerics)
     session.prepare(len(ids), 1)
+    warn_llama_cpp_gaps(session.llama_cpp_gaps(), numerics)
     if n_threads is None:   # the engine's rule, for the step that repeats
         n_threads = default_threads(estimate_work(session.graph(1)), steps=max(1, n_predict - 1))
     session.n_threads, session.pool = n_threads, open_pool(n_threads)

@@ -19,18 +19,17 @@ from __future__ import annotations
 import errno
 import importlib
 import io
-import os
 import select
 import signal
 import sys
 
 import click
 
-from ggtool import __version__, interrupts, role
-from ggtool.errors import GGToolError
+from ggtool import __version__, environment, interrupts, role
+from ggtool.errors import GGToolError, warnings_as_lines
 from ggtool.interrupts import Interrupted  # noqa: F401  (its home; named here too)
 
-DEBUG_ENV = "GGTOOL_DEBUG"
+DEBUG_ENV = environment.DEBUG.name
 
 # -- signals and broken pipes ---------------------------------------------------------------------
 BROKEN_PIPE_STATUS = 128 + signal.SIGPIPE
@@ -91,6 +90,12 @@ def _end_broken_pipe(e: OSError) -> click.exceptions.Exit | None:
     return click.exceptions.Exit(BROKEN_PIPE_STATUS)
 
 
+def os_line(e: OSError) -> str:
+    """An OSError as one line: the file, then what went wrong."""
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{e.strerror or e}"
+
+
 def one_line(e: Exception) -> str:
     """The error as one line. A DSL error's first line already says where (line, column); the
     source line and caret under it are dropped. Other multi-line messages are joined. Engine
@@ -124,14 +129,15 @@ class GGToolGroup(click.Group):
             raise _end_interrupted(e) from None
         except OSError as e:
             end = _end_broken_pipe(e)
-            if end is None:
-                raise
+            if end is None:   # `ggtool --help >&-` (commands/_streams.py)
+                raise click.ClickException(os_line(e)) from None
             raise end from None
 
     def invoke(self, ctx: click.Context):
         interrupts.running()   # from here a signal raises Interrupted, and clean-ups run
         try:
             try:
+                environment.check()   # a bad GGTOOL_* value is one line before any work
                 rv = super().invoke(ctx)
                 sys.stdout.flush()   # here, not at exit, where a broken pipe could no longer be handled
                 return rv
@@ -147,14 +153,13 @@ class GGToolGroup(click.Group):
             end = _end_broken_pipe(e)   # `ggtool ... | head`
             if end is not None:
                 raise end from None
-            if os.environ.get(DEBUG_ENV):
+            if environment.debug():
                 raise
-            where = f"{e.filename}: " if e.filename else ""
-            raise click.ClickException(f"{where}{e.strerror or e}") from None
+            raise click.ClickException(os_line(e)) from None
         except MemoryError:
             raise click.ClickException("out of memory") from None
         except Exception as e:
-            if os.environ.get(DEBUG_ENV):
+            if environment.debug():
                 raise
             raise click.ClickException(f"internal error: {type(e).__name__}: {e} "
                                        f"(run with {DEBUG_ENV}=1 for the traceback)") from None
@@ -201,6 +206,8 @@ SUBCOMMANDS = (
     "tokenize",
     "detokenize",
     "generate",
+    "perplexity",
+    "imatrix",
 )
 
 
@@ -220,6 +227,7 @@ def buffered_stdout() -> None:
 def main() -> None:
     install_signal_handlers()
     role.COMMAND_LINE = True   # this process is ggtool's: e.g. a mapped input truncated under us is one Error line
+    warnings_as_lines()   # the engine's warnings: one `Warning: ...` line each
     buffered_stdout()
     code = 0
     try:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 import click
 import numpy as np
 
 from ggtool.gguf_io import GGUFFile
 from ggtool.gguf_io import inspect as I
 from ggtool.gguf_io.format import quote_text
+from ggtool.user_regex import RegexError, UserRegex
 
 from ._common import GGML_ORDER_HELP, write_text
 from ._json import document
@@ -52,9 +51,9 @@ def _regex(ctx, param, value):
     if value is None:
         return None
     try:
-        return re.compile(value)
-    except re.error as e:
-        raise click.BadParameter(f"{value!r} is not a regular expression: {e}", ctx=ctx, param=param) from None
+        return UserRegex(value, "only")      # searched with a time bound
+    except RegexError as e:
+        raise click.BadParameter(f"{value!r} is not a regular expression: {e.problem}", ctx=ctx, param=param) from None
 
 
 @click.command("inspect", help=HELP, short_help="Describe a GGUF file: metadata, tensors, totals.")
@@ -64,7 +63,7 @@ def _regex(ctx, param, value):
 @click.option("--full", is_flag=True, help="Do not shorten long strings and arrays.")
 @click.option("--stats", is_flag=True, help="Add min/max/mean/std per tensor (dequantized).")
 @click.option("--only", metavar="REGEX", callback=_regex,
-              help="Only the metadata keys and tensors whose name matches REGEX (re.search), e.g. '^blk\\.0\\.' "
+              help="Only the metadata keys and tensors whose name matches REGEX (a search, as re.search; time-bounded), e.g. '^blk\\.0\\.' "
                    "or 'rope'; totals count those tensors.")
 def command(path, as_json, diffable, full, stats, only):
     g = GGUFFile(path)

@@ -10,7 +10,7 @@ import click
 from ggtool import quantize_model as QM
 from ggtool import types as T
 from ggtool.imatrix import read_imatrix
-from ggtool.threads import default_threads
+from ggtool.threads import THREADS_ENV, default_threads
 
 from ._common import NPY_ORDER_HELP, log
 from ._json import document
@@ -49,11 +49,23 @@ llama.cpp's rules choose each tensor's type:
 as llama-quantize --imatrix does; Q2_K_S needs one.
 --pure gives every eligible tensor the file type's own type (no mix, no output rule).
 --tensor-type PATTERN=TYPE (repeatable; the first regular expression found in
-a tensor's name wins) sets the type of the tensors it matches.
+a tensor's name wins) sets the type of the tensors it matches (a pattern that
+backtracks for more than 1 s of CPU is refused; one that gives no tensor its
+type is warned about).
 --dry-run prints each tensor's type and why (the rule or fallback that moved
-it), the file size and bits per weight, writing nothing.
+it), the file size and bits per weight, writing nothing; where the real run
+would refuse before writing (OUTPUT exists, a tensor needs an importance
+matrix), it then ends with the same error, exit 1. It reads no tensor data:
+values that do not fit their type are found by the real run.
 Source tensors are dequantized to f32 exactly as GGML does; each block is
-GGML's reference quantizer bit for bit.
+GGML's reference quantizer bit for bit. Every byte of tensor data, converted
+or copied, is checked before it is written as llama.cpp's
+ggml_validate_row_data checks it (no NaN or inf in a value or a block's
+scale); a tensor that fails is an error naming it, the block and the cause.
+--override-kv refuses what set-metadata refuses (split keys, GGUF.version,
+general.architecture other than a string, an empty or non-UTF-8 key, a
+value its type cannot hold); general.alignment=int:N (a power of two up to
+65536) lays the tensors out for N.
 
 The output is written to a temporary file beside OUTPUT and renamed at the end: an error or
 Ctrl-C leaves no partial file (a symlink's target is replaced, the link kept; a FIFO or a device
@@ -174,7 +186,7 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
 @click.option("--imatrix", "imatrix_path", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
               help="Importance matrix (llama-imatrix's GGUF or legacy .dat): GGML's weighted quantizers, as llama-quantize.")
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
-              envvar="GGTOOL_THREADS", show_envvar=True, show_default="the CPUs this process may use", metavar="N",
+              envvar=THREADS_ENV, show_envvar=True, show_default="the CPUs this process may use", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
 @click.option("--keep-split", is_flag=True,
               help="OUTPUT as shards named OUT-0000k-of-0000n.gguf, one per INPUT shard (a single file: one), each with its input shard's tensors.")
@@ -205,13 +217,16 @@ def command(input_path, output_path, ftype, pure, leave_output_tensor, output_te
     if dry_run:
         if as_json:
             sys.stdout.write(document(plan_json(plan, plan.output_paths(output_path))))
-            return
-        out = sys.stdout
-        for t in plan.tensors:
-            out.write(tensor_line(t, n, why=True) + "\n")
-        for line in summary_lines(plan):
-            out.write(line + "\n")
-        out.write(f"would write {plan.file_bytes():,} bytes to {', '.join(plan.output_paths(output_path))} (dry run)\n")
+        else:
+            out = sys.stdout
+            for t in plan.tensors:
+                out.write(tensor_line(t, n, why=True) + "\n")
+            for line in summary_lines(plan):
+                out.write(line + "\n")
+        # what the real run would refuse before writing, refused here in its words (exit 1)
+        QM.preflight(plan, output_path, force=force)
+        if not as_json:
+            out.write(f"would write {plan.file_bytes():,} bytes to {', '.join(plan.output_paths(output_path))} (dry run)\n")
         return
     def emit(line: str) -> None:   # `bar` is bound by the `with` below, before any line is emitted
         if bar is not None:

@@ -9,7 +9,11 @@ import sys
 
 import click
 
+from ggtool import json_input
+from ggtool.errors import InputError
+
 from ._json import compact, dumps
+from ._streams import read_stdin
 
 HELP = """Tokenize TEXT with the vocabulary of a GGUF model, exactly as llama.cpp does
 (llama_tokenize), and print the ids as a JSON array.
@@ -44,12 +48,12 @@ def load_vocab(path: str):
     return Vocab.from_gguf(path)
 
 
-def read_text(text: str | None) -> str:
+def read_text(text: str | None, what: str = "the text") -> str:
     """TEXT as given, or all of stdin ('-' or no TEXT), which must be UTF-8."""
     if text is not None and text != "-":
         _check_text(text, "TEXT")
         return text
-    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    raw = read_stdin(what)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -71,13 +75,15 @@ def jsonl_lines(kind: type, what: str) -> list:
 
 
 def _jsonl_lines(kind: type, what: str):
-    for no, line in enumerate(read_text("-").splitlines(), 1):
+    for no, line in enumerate(read_text("-", "the lines").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = json_input.loads(line)
         except json.JSONDecodeError as e:
             raise click.ClickException(f"stdin line {no}: not JSON ({e.msg}, column {e.colno})") from None
+        except InputError as e:
+            raise click.ClickException(f"stdin line {no}: {e}") from None
         if not isinstance(value, kind):
             raise click.ClickException(f"stdin line {no}: expected {what}, got {type(value).__name__}")
         yield no, value
@@ -91,10 +97,14 @@ def parse_ids(text: str, where: str, error: type[click.ClickException] = click.C
     """Token ids from a JSON array (`[1,403,407]`) or numbers separated by spaces or commas: the one
     reader of ids, for detokenize's IDS and stdin and generate's --tokens."""
     s = text.strip()
+    if not s:
+        raise error(f"{where} is empty; give token ids, e.g. [1,403,407] ([] for none)")
     try:
-        ids = json.loads(s) if s.startswith("[") else [int(t) for t in s.replace(",", " ").split()]
+        ids = json_input.loads(s) if s.startswith("[") else [int(t) for t in s.replace(",", " ").split()]
     except json.JSONDecodeError as e:
         raise error(f"{where} is not JSON ({e.msg}, column {e.colno}); give token ids, e.g. [1,403,407]") from None
+    except InputError as e:
+        raise error(f"{where}: {e}; give token ids, e.g. [1,403,407]") from None
     except ValueError:
         raise error(f"{where}: not a JSON array of token ids, e.g. [1,403,407]") from None
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):

@@ -22,9 +22,13 @@ def cli_message(e: BaseException) -> str:
         return e.worded(file_label=lambda path: f"--imatrix {path}")
     if isinstance(e, InputError):
         return input_message(e)
+    if e.kind in ("regex-timeout", "regex-syntax"):     # a user regex: the flag it came from
+        return f"--{e.origin}: {e}"
     flag = {"output-exists": " (use --force to overwrite it)",      # quantize's and set-metadata's OUTPUT
             "requantize": "; --allow-requantize does it anyway",        # quantize_model's rules
-            "no-llama-cpp-build": ": name one, --numerics llama.cpp-avx2 or --numerics llama.cpp-avx512"}.get(e.kind)
+            "no-llama-cpp-build": ": name one, --numerics llama.cpp-avx2 or --numerics llama.cpp-avx512",
+            "resume-exists": " (--resume continues it)",                    # perplexity's journal
+            "base-ctx": " (give the file's -c, or none)"}.get(e.kind)
     if flag is not None:
         return f"{e}{flag}"
     dsl_errors = sys.modules.get("ggtool.dsl.errors")  # never imported: no DSLError to word (nor the DSL to load)

@@ -222,26 +222,42 @@ def check_memory(graph, plan: Plan, limit: int | None = None, allocation=None) -
 
 
 def graph_compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None, progress: Progress | None = None,
-                  alloc: str = "context", outputs=(), numerics: str | None = None) -> Plan:
+                  alloc: str = "context", outputs=(), numerics: str | None = None, observe=None) -> Plan:
     """ggml_graph_compute (with ggml_graph_plan unless `plan` is given): run the graph, return the plan.
 
     `pool` runs it on a WorkerPool; `progress` (a Progress) follows the node being computed. alloc
     "graph" computes in a compute buffer planned as ggml_gallocr does, where only `outputs` keep
     their values; "context" (the default) gives every node its own memory. numerics "llama.cpp" sums as
-    llama.cpp's x86-64 build for this CPU (ggtool.kernels.numerics); the default "ggml" as GGML's reference."""
+    llama.cpp's x86-64 build for this CPU (ggtool.kernels.numerics); the default "ggml" as GGML's reference.
+
+    `observe` is GGML's eval callback (cb_eval, what llama-imatrix collects with): an object with
+    `wants(node) -> bool`, asked once per node and compute, and `__call__(node)`, called for each
+    node it wants, in node order, once that node is computed and while its sources (`node.src`)
+    still hold the values it read. In one process the call comes as the node finishes; on the pool,
+    after the compute, the wanted nodes' sources then kept by the allocation as outputs are."""
+    wanted = [] if observe is None else [i for i, n in enumerate(graph.nodes) if observe.wants(n)]
+    threads = plan.n_threads if plan is not None else n_threads
+    if wanted and pool is not None and threads > 1:     # their sources must outlive the compute
+        outputs = [*outputs, *(s for i in wanted for s in graph.nodes[i].src if s is not None)]
     plan = prepare(graph, n_threads, plan, alloc, outputs, numerics)
     if pool is not None and plan.n_threads > 1:
         pool.run(graph, plan, progress)
+        for i in wanted:
+            observe(graph.nodes[i])
     else:
-        run_in_process(graph, plan, progress)
+        run_in_process(graph, plan, progress, (observe, frozenset(wanted)) if wanted else None)
     return plan
 
 
-def run_in_process(graph, plan: Plan, progress: Progress | None = None) -> None:
-    """Every node in this process as participant 0 of 1."""
+def run_in_process(graph, plan: Plan, progress: Progress | None = None, observe=None) -> None:
+    """Every node in this process as participant 0 of 1; `observe` (callback, node indices) is
+    called with each of those nodes as it finishes (see graph_compute)."""
     work = Work(work_view(graph, plan), numerics=plan.numerics)
+    callback, wanted = observe if observe is not None else (None, ())
     with single_threaded(), np.errstate(all="ignore"):
         for i, node in enumerate(graph.nodes):
             if progress is not None:
                 progress.node = i
             run_node(i, node, 0, 1, work)
+            if i in wanted:
+                callback(node)

@@ -1,4 +1,5 @@
-"""GGML's context: one memory pool, objects laid out one after another (spec section 4)."""
+"""GGML's context: one memory pool, objects laid out one after another (ggml_init,
+ggml_new_object)."""
 
 from __future__ import annotations
 

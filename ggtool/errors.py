@@ -1,9 +1,11 @@
-"""Exceptions the engine raises, and the one "did you mean" rule their messages use.
+"""Exceptions and warnings the engine raises, and the one "did you mean" rule their messages use.
 
 Every GGToolError's str() names what and where in the engine's own words (never a command-line
 option); a front end that wants its own wording reads the fields: `kind` names the problem for a
 machine (None for most), and subclasses carry what and where (InputError: the input, file and
-tensor). The command line words them with its flags (commands/wording.py).
+tensor). The command line words them with its flags (commands/wording.py). A GGToolWarning
+(`warnings.warn`) says what changes no result, e.g. a cache that was not used; the command line
+prints each as one `Warning: ...` line.
 """
 
 from __future__ import annotations
@@ -160,3 +162,36 @@ class ImatrixError(InputError):
     the file, `tensor` the entry (a weight's name) where one is at fault, `kind` one of
     "truncated", "format", "metadata", "values" (NaN/inf) or "size" (an entry's length does not fit
     its tensor)."""
+
+
+class GGToolWarning(UserWarning):
+    """Base class of the engine's warnings: something the user should know that changes no result.
+    The command line prints each as one `Warning: ...` line."""
+
+
+class CacheWarning(GGToolWarning):
+    """ggtool's cache on disk was not used, or held something that was refused and rebuilt
+    (ggtool.kernels.cache, ggtool.quant.packs): the results are the same, only slower."""
+
+
+def warnings_as_lines() -> None:
+    """Show every GGToolWarning from now on as one `Warning: <message>` line on stderr, other warnings
+    as Python does: the command line's way (its pool's workers inherit it, or are told to)."""
+    import sys
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if isinstance(category, type) and issubclass(category, GGToolWarning):
+            try:
+                sys.stderr.write(f"Warning: {message}\n")
+                sys.stderr.flush()
+            except (OSError, ValueError, AttributeError):   # no stderr, or nobody reads it
+                pass
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    if not getattr(shown, "ggtool_lines", False):    # installed once
+        show.ggtool_lines = True
+        warnings.showwarning = show

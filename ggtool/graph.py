@@ -1,4 +1,5 @@
-"""GGML's compute graph: visited hash set, post-order expand, nodes vs leafs (spec section 7)."""
+"""GGML's compute graph: visited hash set, post-order expand, nodes vs leafs (ggml_new_graph,
+ggml_build_forward_expand, ggml_visit_parents)."""
 
 from __future__ import annotations
 

@@ -205,3 +205,143 @@ def _read_legacy(p: str) -> Imatrix:
             if 0 < ln <= len(buf) - at:
                 datasets.append(buf[at:at + ln].split(b"\0", 1)[0].decode("utf-8", "surrogateescape"))
     return Imatrix(p, dict(sorted(values.items())), tuple(datasets), chunk_count, 0, True)
+
+
+# -- raw sums, for merging and writing (llama-imatrix's own side) -------------------------------------
+@dataclass
+class ImatrixSums:
+    """What llama-imatrix accumulates (IMatrixCollector's m_stats): per weight, `sums` float32 (the
+    squared activations summed over the rows seen, ne0 per expert) and `counts` int64 (rows seen,
+    one per expert); `datasets` the texts, in order; `chunk_count` as the file says it."""
+
+    sums: dict[str, np.ndarray]
+    counts: dict[str, np.ndarray]
+    datasets: list[str]
+    chunk_count: int = 0
+
+
+def read_imatrix_sums(path: str | os.PathLike, chunk_size: int) -> ImatrixSums:
+    """A file's raw sums, as llama-imatrix loads an in-file (IMatrixCollector::load_imatrix):
+    a GGUF file's in_sum2 and counts (counts rounded with lround); a legacy .dat's averaged values
+    times `chunk_size`, its ncall times chunk_size as the count (the run's n_ctx: what llama-imatrix
+    multiplies by)."""
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise ImatrixError(f"cannot read the importance matrix: {e.strerror}", file=p, kind="format") from None
+    if head != b"GGUF":
+        legacy = _read_legacy_raw(p)
+        sums = {k: (v * _F32(chunk_size)).astype(_F32) for k, (v, _) in legacy[0].items()}
+        counts = {k: np.array([n * chunk_size], np.int64) for k, (_, n) in legacy[0].items()}
+        return ImatrixSums(sums, counts, legacy[1], legacy[2])
+    from .gguf_io import open_gguf
+
+    try:
+        g = open_gguf(p)
+    except InputError as e:
+        raise ImatrixError(e.message, file=p, kind="format") from None
+    if not g.tensors:
+        raise ImatrixError("no data (the file has no tensors)", file=p, kind="format")
+    datasets = list(g.metadata("imatrix.datasets")) if ("imatrix.datasets" in g.keys() and
+                                                        g.value_type("imatrix.datasets") == "ARRAY[STRING]") else []
+    chunk_count = int(g.metadata("imatrix.chunk_count")) if ("imatrix.chunk_count" in g.keys() and
+                                                            g.value_type("imatrix.chunk_count") == "UINT32") else 0
+    pairs: dict[str, list] = {}
+    for name in g.tensors:
+        for suffix, slot in ((".in_sum2", 0), (".counts", 1)):
+            if name.endswith(suffix) and len(name) > len(suffix):
+                pairs.setdefault(name[:-len(suffix)], [None, None])[slot] = name
+    sums, counts = {}, {}
+    for entry in sorted(pairs):
+        s_name, c_name = pairs[entry]
+        if s_name is None or c_name is None:
+            raise ImatrixError(f"mismatched sums and counts for {entry}", file=p, tensor=entry, kind="format")
+        for n in (s_name, c_name):
+            if g.tensors[n].type.name != "F32":
+                raise ImatrixError(f"sums and counts for {entry} must be F32, not {g.tensors[n].type.name}",
+                                   file=p, tensor=entry, kind="format")
+        s = np.asarray(g.array(s_name), _F32).reshape(-1).copy()
+        c = _lround(np.asarray(g.array(c_name), _F32).reshape(-1))
+        if c.size == 0 or s.size % c.size:
+            raise ImatrixError(f"entry '{entry}' has {s.size} sums for {c.size} counts", file=p, tensor=entry,
+                               kind="format")
+        if (c < 0).any():
+            raise ImatrixError(f"entry '{entry}' has a negative count", file=p, tensor=entry, kind="values")
+        _check_finite(p, entry, s)
+        sums[entry], counts[entry] = s, c
+    return ImatrixSums(sums, counts, datasets, chunk_count)
+
+
+def _read_legacy_raw(p: str):
+    """A .dat's entries as (values as stored, ncall), its datasets and chunk count."""
+    im = _read_legacy(p)      # checks it; its values are sums / ncall, so read the stored ones again
+    with open(p, "rb") as f:
+        buf = f.read()
+    at, out = 4, {}
+    for _ in range(int.from_bytes(buf[:4], "little", signed=True)):
+        ln = int.from_bytes(buf[at:at + 4], "little", signed=True)
+        name = buf[at + 4:at + 4 + ln].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        at += 4 + ln
+        ncall, nval = (int.from_bytes(buf[at + i:at + i + 4], "little", signed=True) for i in (0, 4))
+        at += 8
+        out[name] = (np.frombuffer(buf, "<f4", nval, at).astype(_F32), ncall)
+        at += 4 * nval
+    return out, list(im.datasets), im.chunk_count
+
+
+def merge_sums(into: ImatrixSums | None, other: ImatrixSums, path: str) -> ImatrixSums:
+    """`other` added to `into` as llama-imatrix adds a loaded file (float sums, counts; one count
+    spread over the experts of an entry that has more); an entry of another size is an
+    ImatrixError naming `path`."""
+    if into is None:
+        return ImatrixSums({k: v.copy() for k, v in other.sums.items()}, {k: v.copy() for k, v in other.counts.items()},
+                           list(other.datasets), other.chunk_count)
+    for name, s in other.sums.items():
+        c = other.counts[name]
+        have = into.sums.get(name)
+        if have is None:
+            into.sums[name], into.counts[name] = s.copy(), c.copy()
+            continue
+        if have.size != s.size:
+            raise ImatrixError(f"entry '{name}' has {s.size} values where the files before it have {have.size}",
+                               file=path, tensor=name, kind="size")
+        mine = into.counts[name]
+        if mine.size == 1 and c.size > 1:
+            mine = np.full(c.size, mine[0], np.int64)
+        elif mine.size != c.size:
+            raise ImatrixError(f"entry '{name}' has {c.size} counts where the files before it have {mine.size}",
+                               file=path, tensor=name, kind="size")
+        into.sums[name] = (have + s).astype(_F32)
+        into.counts[name] = mine + c
+    into.datasets += other.datasets
+    return into
+
+
+def imatrix_gguf_bytes(stats: ImatrixSums, chunk_count: int, chunk_size: int) -> bytes:
+    """The GGUF file llama-imatrix writes (IMatrixCollector::save_imatrix, gguf_write_to_file):
+    general.type "imatrix", imatrix.datasets, imatrix.chunk_count and imatrix.chunk_size, then per
+    entry in name order `<name>.in_sum2` (F32 [ne0, n_expert]) and `<name>.counts` (F32 [1,
+    n_expert]), each tensor's data padded to 32 bytes."""
+    import struct
+
+    from .gguf_io.write import ARRAY, STRING, gguf_string, header_bytes, kv_scalar, kv_u32
+    from .types import GGMLType, pad
+
+    kv = [kv_scalar("general.type", STRING, "imatrix"),
+          gguf_string("imatrix.datasets") + struct.pack("<IIQ", ARRAY, STRING, len(stats.datasets))
+          + b"".join(gguf_string(d) for d in stats.datasets),
+          kv_u32("imatrix.chunk_count", chunk_count), kv_u32("imatrix.chunk_size", chunk_size)]
+    infos, blobs, offset = [], [], 0
+    for name in sorted(stats.sums):
+        s, c = stats.sums[name], stats.counts[name]
+        n_mat = c.size
+        for tname, data, ne in ((f"{name}.in_sum2", s.astype("<f4"), [s.size // n_mat, n_mat]),
+                                (f"{name}.counts", c.astype("<f4"), [1, n_mat])):
+            ne = ne if ne[-1] != 1 else ne[:1]                  # ggml_n_dims
+            raw = data.tobytes()
+            infos.append((tname, ne, GGMLType.F32, offset))
+            blobs.append(raw + b"\0" * (pad(len(raw), 32) - len(raw)))
+            offset += pad(len(raw), 32)
+    return header_bytes(kv, infos, 32) + b"".join(blobs)

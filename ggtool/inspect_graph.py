@@ -6,7 +6,6 @@ nothing here reads tensor data or formats text.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from . import types as T
@@ -15,6 +14,7 @@ from .errors import GGToolError
 from .graph import Graph
 from .plan import Plan
 from .tensor import FLAG_INPUT, FLAG_LOSS, FLAG_OUTPUT, FLAG_PARAM, Tensor
+from .user_regex import RegexError, UserRegex
 
 _FLAG_NAMES = ((FLAG_INPUT, "input"), (FLAG_OUTPUT, "output"), (FLAG_PARAM, "param"), (FLAG_LOSS, "loss"))
 
@@ -66,9 +66,9 @@ def select(graph: Graph, only: str | None = None) -> Selection:
     if only is None:
         return Selection(graph, nodes, leafs)
     try:
-        pattern = re.compile(only)
-    except re.error as e:
-        raise SelectionError(only, str(e), graph.n_nodes, graph.n_leafs) from None
+        pattern = UserRegex(only, "only")       # searched with a time bound
+    except RegexError as e:
+        raise SelectionError(only, e.problem, graph.n_nodes, graph.n_leafs) from None
     keep: set[int] = set()
     for e in nodes + leafs:
         if pattern.search(e.tensor.name):

@@ -1,4 +1,5 @@
-"""ggml_graph_plan: n_tasks and work size per node, the thread count and the work buffer (spec 8)."""
+"""ggml_graph_plan: n_tasks and work size per node, the thread count and the work buffer
+(ggml_get_n_tasks per node)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ differently there (one home, so that no layer reads another's flag or the comman
 
 from __future__ import annotations
 
-import os
+from . import environment
 
 COMMAND_LINE = False
-POOL_WORKER = bool(os.environ.get("GGTOOL_POOL_WORKER"))
+POOL_WORKER = environment.pool_worker()

@@ -32,10 +32,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from . import blas
-from .errors import GGToolError
+from . import blas, environment
 
-THREADS_ENV = "GGTOOL_THREADS"
+THREADS_ENV = environment.THREADS.name
 
 # The cost model's constants (seconds, bytes, flops), measured with bench/bench_scaling.py (see the
 # module docstring): per participant, the quantized kernels stream ~8 GB/s of weights from memory
@@ -149,17 +148,8 @@ def free_cpus(cpus: int | None = None) -> int:
 
 def env_threads(name: str) -> int | None:
     """A thread count from the environment variable `name` (None if unset or empty); anything but a
-    positive integer is an error, never silently the default."""
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return None
-    try:
-        n = int(v)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise GGToolError(f"{name} must be a positive integer, got {v!r}")
-    return n
+    positive integer is an error, never silently the default (ggtool.environment reads it)."""
+    return environment.read(name)
 
 
 def predict(work: Work, n: int, steps: int = 1, started: bool = False) -> float:

@@ -42,7 +42,7 @@ NP_DTYPES = {
     GGMLType.F64: np.dtype(np.float64),
 }
 
-# CPU vec_dot_type: what mul_mat converts src1 to (spec 1.1); F32 where GGML leaves it zero.
+# CPU vec_dot_type (type_traits_cpu[].vec_dot_type): what mul_mat converts src1 to; F32 where GGML leaves it zero.
 _VEC_DOT = {GGMLType.F16: GGMLType.F16, GGMLType.Q4_0: GGMLType.Q8_0, GGMLType.Q5_0: GGMLType.Q8_0,
             GGMLType.Q8_0: GGMLType.Q8_0, GGMLType.Q4_1: GGMLType.Q8_1, GGMLType.Q5_1: GGMLType.Q8_1,
             GGMLType.BF16: GGMLType.BF16, GGMLType.IQ4_NL: GGMLType.Q8_0}

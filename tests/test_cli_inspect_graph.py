@@ -151,6 +151,6 @@ def test_output_selection(run, fmt):
 
 def test_inspect_graph_of_a_terabyte_allocates_nothing(run):
     """The graph of a 10^12-byte shape is shown, its compute buffer offsets included, with no
-    memory behind its tensors (the pool used to hold the node's bytes: out of memory)."""
+    memory behind its tensors (a pool holding the node's bytes would run out of memory)."""
     g = graph(run, "abs(a)", "--tensor", "a=f32[1000000,250000]")
     assert g["nodes"][0]["ne"] == [1000000, 250000, 1, 1] and g["compute_buffer_size"] == 10**12

@@ -101,7 +101,7 @@ def test_plan_keeps_the_named_outputs(run):
 def test_plan_of_a_terabyte_allocates_nothing(run):
     """plan lays the context out without memory behind it: a 10^12-byte shape, and llama.gg's
     10^12-byte causal mask (500000 tokens), plan with GGML's numbers instead of running out of
-    memory (the pool used to hold every byte of the intermediates)."""
+    memory (as a pool holding every byte of the intermediates would)."""
     doc = json.loads(ok(run("plan", "abs(a)", "--tensor", "a=f32[1000000,250000]", "--json", "--threads", "1")))
     assert doc["compute_buffer_size"] == 10**12 and 2 * 10**12 < doc["mem_size"] < 2 * 10**12 + 10**6
     doc = json.loads(ok(run("plan", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", STORIES,

@@ -31,7 +31,7 @@ VOCABULARY = [*KEYWORDS, *OPERATORS, *sorted(BUILTINS), "range", "relu", "add", 
               "soft_max_ext", "rope_ext", "a", "b", "x", "il", "n_layer", "blk.{il}.attn_q.weight", "token_embd.weight",
               "f", "f32", "i32", "q4_0", "0", "1", "-1", "2.5", "1e400", "9223372036854775808", "99999999999",
               '"s"', '"{a}"', '"{x}{x}"', '"general.architecture"', "{", "}", "{x}", "\n", "\n", ";", "#", '"', "  ",
-              "9" * 5000, "(" * 80 + "1" + ")" * 80, "not " * 300 + "1", "1" + " + 1" * 100]   # the issue's hostile ones
+              "9" * 5000, "(" * 80 + "1" + ")" * 80, "not " * 300 + "1", "1" + " + 1" * 100]   # huge literals, deep nesting, long chains
 # a token of a program's text: comments, strings, names (dots and {...} joined later), numbers, operators
 _TOKEN = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"|[A-Za-z_][\w.]*|\d+\.?\d*(?:[eE][+-]?\d+)?|//|==|!=|<=|>=|\s+|.')
 

@@ -1,6 +1,6 @@
 """The DSL's limits (ggtool/dsl/limits.py, docs/dsl.md "Limits"): a hostile program ends in one
 DSLError at its line and column, soon and in little memory, never in a hang, an exhausted memory
-or a Python exception. One test per hostile class; the issue's table rows go through the CLI."""
+or a Python exception. One test per hostile class; one program of each class goes through the CLI."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def value(source, **kw):
 
 # -- steps -------------------------------------------------------------------------------------------
 def test_a_loop_without_end_stops_at_the_step_limit(run):
-    """`for i in range(1000000000)` used to run for ever; it stops after MAX_STEPS statements and
+    """`for i in range(1000000000)` does not run for ever: it stops after MAX_STEPS statements and
     iterations, and --max-steps moves the limit either way."""
     fails(run("compute", "for i in range(1000000000): x = 1; end\nrelu(a)", *ONE),
           f"line 1, column 29, in loop iteration i={MAX_STEPS // 2 - 1}: the program ran more than {MAX_STEPS} steps",
@@ -60,8 +60,8 @@ DEEP_TEXT = {
 
 @pytest.mark.parametrize("source", DEEP_TEXT.values(), ids=DEEP_TEXT.keys())
 def test_nesting_in_the_text_is_bounded(source):
-    """1000 nested parentheses used to be an internal RecursionError; past 64 levels (of any kind,
-    an operator chain's included) parsing stops at the culprit."""
+    """1000 nested parentheses are no RecursionError: past 64 levels (of any kind, an operator
+    chain's included) parsing stops at the culprit."""
     with pytest.raises(DSLError, match="nests more than 64 levels deep") as e:
         parse(source)
     assert e.value.line is not None and e.value.column > 0
@@ -122,8 +122,8 @@ def test_a_runaway_recursion_is_one_short_line():
     ('x = reshape_1d(a, meta("n"))', "reshape_1d(): 18446744073709551615 is out of range (int64: "),
 ])
 def test_integers_stay_in_int64(source, message):
-    """A 5000-digit literal used to be an internal ValueError; every int a program makes (literal,
-    arithmetic, int()) or hands to an op (a uint64 metadata value) fits in C's int64_t."""
+    """A 5000-digit literal is an error at its place, no ValueError: every int a program makes
+    (literal, arithmetic, int()) or hands to an op (a uint64 metadata value) fits in C's int64_t."""
     assert message in str(err(source, {"n": np.uint64(2**64 - 1)}))
 
 
@@ -140,7 +140,7 @@ def test_int64_bounds_themselves_are_fine():
     ("x = exp(1000)", "exp(1000): math range error"),
 ])
 def test_floats_that_overflow_are_errors(source, message):
-    """Float arithmetic that overflows used to hand inf to an op's parameter in silence."""
+    """Float arithmetic that overflows is an error, never an inf handed to an op's parameter in silence."""
     assert message in str(err(source))
 
 
@@ -171,8 +171,8 @@ def include(tmp_path, target: str) -> DSLError:
 
 
 def test_include_reads_only_gg_files(run):
-    """`include "/dev/zero"` used to read until memory ran out (24 GB); include reads DSL programs,
-    .gg files, and a device, /etc/passwd or a model never is."""
+    """`include "/dev/zero"` does not read until memory runs out: include reads DSL programs, .gg
+    files, and a device, /etc/passwd or a model never is."""
     fails(run("compute", 'include "/dev/zero"\nrelu(a)', *ONE),
           "line 1, column 9: include: can't read '/dev/zero': not a .gg file (include reads programs only)")
 
@@ -231,7 +231,7 @@ def test_a_parse_error_in_an_included_file_says_where_it_was_included_from(tmp_p
 
 
 def test_a_program_file_is_read_up_to_a_mebibyte(run, tmp_path):
-    """-f /dev/zero used to read until memory ran out, as include did."""
+    """-f /dev/zero reads no more than a program's limit, and stops there with one line."""
     fails(run("compute", "-f", "/dev/zero"), f"/dev/zero: a program is at most {MAX_SOURCE_BYTES} bytes")
     big = tmp_path / "big.gg"
     big.write_text("relu(a)\n" + "#" * MAX_SOURCE_BYTES)

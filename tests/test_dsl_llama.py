@@ -1,7 +1,7 @@
 """A whole llama forward pass written in the DSL, checked against llama.cpp's own logits.
 
-This is the DSL's design check for issue 5 (metadata, scalars, loops, interpolated names,
-arange_i32): the program knows nothing about the model beyond what the GGUF says.
+It checks the DSL's design (metadata, scalars, loops, interpolated names, arange_i32): the
+program knows nothing about the model beyond what the GGUF says.
 """
 
 from pathlib import Path

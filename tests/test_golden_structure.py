@@ -67,9 +67,10 @@ def test_constants():
         assert Context(m["mem_size"]).mem_size == m["ggml_get_mem_size"]
 
 
-def test_layout_predicates_follow_the_spec_examples():
-    """spec 3/5: permute(1,0,2,3) of a 3x4 F32 tensor is transposed and permuted; view_2d(m,2,3,12,4)
-    is contiguous_1 but not contiguous; permute(0,2,1,3) of [64,12,4] is contiguous_2 only."""
+def test_layout_predicates_follow_ggml():
+    """ggml_is_transposed, ggml_is_permuted, ggml_is_contiguous_n: permute(1,0,2,3) of a 3x4 F32
+    tensor is transposed and permuted; view_2d(m,2,3,12,4) is contiguous_1 but not contiguous;
+    permute(0,2,1,3) of [64,12,4] is contiguous_2 only."""
     from ggtool import Context
     from ggtool.ops import FUNCTIONS as F
 

@@ -1,7 +1,7 @@
 """Hostile inputs against memory safety: every tensor access stays inside its tensor, by construction.
 
-One test per class of issue 19's table (views reaching outside, writes through them, rows past the
-end, malformed parameters, overlapping cpy, a mapped file truncated under us), then a seeded random
+One test per hostile class (views reaching outside, writes through them, rows past the end,
+malformed parameters, overlapping cpy, a mapped file truncated under us), then a seeded random
 corpus of views: each is refused when made, or every byte any op reads or writes through it lies
 inside its root tensor.
 """
@@ -58,7 +58,8 @@ def test_view_of_a_view_is_checked_against_the_root(run):
 
 
 def test_writes_through_an_outside_view_are_refused_and_leave_every_input_alone(run):
-    """clamp and cpy write into their destination: a negative stride used to overwrite another input."""
+    """clamp and cpy write into their destination: a view with a negative stride, or past its
+    tensor's end, is refused and no other input is overwritten."""
     fails(run("compute", "clamp(view_2d(a,4,2,-16,16), 0, 1)", "--tensor", A4x4, "--tensor", "b=[1,2,3,4]"),
           "nb=[4, -16")
     fails(run("compute", "cpy(b, view_2d(a,4,2,48,32))", "--tensor", A4x4, "--tensor", "b=[[0,0,0,0],[0,0,0,0]]"),
@@ -181,8 +182,8 @@ _TRUNCATE = textwrap.dedent("""
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("when", ["before-map", "after-map", "during"])
 def test_a_mapped_file_truncated_while_in_use_is_one_clean_error(tmp_path, threads, when):
-    """It ended the process with SIGBUS (exit 135, nothing said), for any thread count (the caller
-    computes its share too); now one line names the file, and no shared memory is left behind."""
+    """No SIGBUS (exit 135, nothing said), for any thread count (the caller computes its share
+    too): one line names the file, and no shared memory is left behind."""
     path = tmp_path / "model.gguf"
     shutil.copy(STORIES, path)
     p = subprocess.Popen([sys.executable, "-c", _TRUNCATE, str(path), str(threads), when],

@@ -88,7 +88,7 @@ def test_json_arrays():
     ("[[1,2]", "invalid JSON"),
     ("[[[[[1]]]]]", "JSON array has 5 dimensions; GGML tensors have at most 4"),
     ("[" * 10 + "]" * 10, "more than 5 dimensions"),
-    ("[" * 100000 + "]" * 100000, "nested too deeply"),
+    ("[" * 100000 + "]" * 100000, "JSON is nested more than 64 levels deep"),
 ])
 def test_bad_json(text, message):
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):

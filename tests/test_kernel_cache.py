@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,3 +64,171 @@ def test_the_background_compiler_compiles_what_is_wished_for_and_marks_it_ready(
     assert os.listdir(os.path.join(root, "wanted")) == []
     assert any(f.endswith(".nbi") for _, _, fs in os.walk(root) for f in fs)     # numba's cache files
     assert not [f for _, _, fs in os.walk(root) for f in fs if f.endswith(".tmp")]
+
+
+# -- what the compiled code depends on --------------------------------------------------------------
+AVX512 = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\ncpu MHz\t\t: 2000.1\nflags\t\t: fpu avx2 fma avx512f avx512bw\n\nprocessor\t: 1\n"
+AVX2 = AVX512.replace(" avx512f avx512bw", "").replace(": 85", ": 63")
+
+
+def test_the_kernel_folder_is_keyed_by_the_cpu_target_and_numba(tmp_path, monkeypatch):
+    """A cache shared by an AVX-512 and an AVX2 host (an NFS home) gives each its own folder, so
+    neither meets the other's code or ready marks; NUMBA_CPU_NAME/NUMBA_CPU_FEATURES, numba's
+    codegen settings and numba's version move it too; a CPU's clock speed does not."""
+    from ggtool.kernels import cache
+
+    wide, narrow = tmp_path / "wide", tmp_path / "narrow"
+    wide.write_text(AVX512)
+    narrow.write_text(AVX2)
+    key = cache.kernel_key({}, str(wide))
+    assert key.startswith("kernels-") and key != cache.kernel_key({}, str(narrow))
+    (tmp_path / "again").write_text(AVX512.replace("2000.1", "3100.0"))
+    assert cache.kernel_key({}, str(tmp_path / "again")) == key
+    assert cache.kernel_key({"NUMBA_CPU_NAME": "haswell"}, str(wide)) not in (key, cache.kernel_key({}, str(narrow)))
+    assert cache.kernel_key({"NUMBA_OPT": "0"}, str(wide)) != key
+    portable = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma"}
+    assert cache.kernel_key(portable, str(wide)) == cache.kernel_key(portable, str(narrow))   # host-independent code
+    monkeypatch.setattr(cache, "_package_version", lambda name: b"0.0.1" if name == "numba" else b"x")
+    assert cache.kernel_key({}, str(wide)) != key
+
+
+def test_numba_itself_never_loads_code_compiled_for_another_cpu(tmp_path):
+    """The layer below: in one NUMBA_CACHE_DIR, a function compiled for skylake-avx512 is not loaded
+    for haswell (numba keys each cached function by its target: codegen.magic_tuple); it is for
+    skylake-avx512 again."""
+    module = tmp_path / "mod" / "tiny_kernel.py"
+    module.parent.mkdir()
+    module.write_text("import numba\n@numba.njit(cache=True)\ndef f(x):\n    return x * 2 + 1\n")
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import tiny_kernel as m; m.f(3); print(len(m.f.stats.cache_hits))"
+    hits = []
+    for cpu, features in (("skylake-avx512", "+avx512f,+avx2,+fma"), ("haswell", "+avx2,+fma"), ("skylake-avx512", "+avx512f,+avx2,+fma")):
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "shared"), "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
+        r = subprocess.run([sys.executable, "-c", code, str(module.parent)], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        hits.append(int(r.stdout))
+    assert hits == [0, 0, 1]
+
+
+# -- the compile queue ------------------------------------------------------------------------------
+def test_the_background_compiler_skips_and_removes_what_names_no_kernel(tmp_path):
+    """Before: an unknown name in wanted/ made the background compiler fail on it after every run,
+    and it never compiled anything. Now each such entry is removed, the others compiled, another
+    Python's entries left alone, and a kernel that fails is marked failed/ (not tried again)."""
+    env = _env(tmp_path)
+    root = _python("from ggtool.kernels import cache; print(cache.cache_dir())", env).stdout.strip()
+    tag = sys.implementation.cache_tag
+    wanted = Path(root, "wanted")
+    wanted.mkdir(parents=True)
+    for name in ("bogus", "dot:zz", "quantize:Q9", "dot:", "quantize:Q8_0_cpu"):
+        (wanted / f"{name}.{tag}").touch()
+    (wanted / "no-tag").touch()
+    (wanted / f"a-folder.{tag}").mkdir()
+    os.symlink(tmp_path / "outside", wanted / f"quantize:F16.{tag}")
+    (wanted / "quantize:Q8_0.cpython-399").touch()                         # another Python's
+    r = subprocess.run([sys.executable, "-m", "ggtool.kernels.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
+                       env=env, timeout=300, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert sorted(os.listdir(wanted)) == ["quantize:Q8_0.cpython-399"]
+    assert os.listdir(Path(root, "ready")) == [f"quantize:Q8_0_cpu.{tag}"]
+    assert not (tmp_path / "outside").exists()
+
+
+def test_a_kernel_that_fails_to_compile_is_marked_and_not_tried_again(tmp_path, monkeypatch):
+    from ggtool.kernels import cache, warm
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "_dirs", {})
+    monkeypatch.setattr(sys, "stdin", type("In", (), {"buffer": type("B", (), {"read": lambda self: b""})()})())
+    tag = sys.implementation.cache_tag
+    (tmp_path / "wanted").mkdir()
+    (tmp_path / "wanted" / f"dot:q4_0.{tag}").touch()
+    monkeypatch.setitem(warm.KINDS, "dot", (lambda arg: 1 / 0, warm.KINDS["dot"][1]))
+    warm.main()
+    assert (tmp_path / "failed" / f"dot:q4_0.{tag}").read_text() == "ZeroDivisionError: division by zero\n"
+    assert os.listdir(tmp_path / "wanted") == [] and not (tmp_path / "ready").exists()
+    (tmp_path / "wanted" / f"dot:q4_0.{tag}").touch()
+    assert warm._pending(str(tmp_path)) == [] and os.listdir(tmp_path / "wanted") == []
+
+
+def test_a_link_at_the_lock_or_a_marker_is_never_followed(tmp_path):
+    env = _env(tmp_path)
+    root = Path(_python("from ggtool.kernels import cache; print(cache.cache_dir())", env).stdout.strip())
+    outside = tmp_path / "outside"
+    (root / "wanted").mkdir(parents=True)
+    os.symlink(outside, root / "compile.lock")
+    r = subprocess.run([sys.executable, "-m", "ggtool.kernels.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
+                       env=env, timeout=300, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "" and not outside.exists()
+    os.unlink(root / "compile.lock")
+    os.symlink(outside, root / "wanted" / f"dot:q4_0.{sys.implementation.cache_tag}")
+    code = "import ggtool.role; ggtool.role.COMMAND_LINE = True\nfrom ggtool.kernels import cache\ncache._compiler = 0\n" \
+           "print(cache.use_kernel('dot:q4_0'))"
+    r = _python(code, env)
+    assert r.returncode == 0 and r.stdout.strip() == "False" and not outside.exists(), r.stderr
+
+
+@pytest.mark.parametrize("how", ["group-writable", "a link of another user's"])
+def test_a_kernel_cache_that_cannot_be_trusted_is_bypassed_with_one_warning(tmp_path, how):
+    """The command line says so in one line, runs the twin, writes nothing there, and starts no
+    background compiler."""
+    root = tmp_path / "cache"
+    if how == "group-writable":
+        root.mkdir()
+        os.chmod(root, 0o775)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("a link of another user's needs root")
+        (tmp_path / "theirs").mkdir(mode=0o700)
+        os.symlink(tmp_path / "theirs", root)
+        os.lchown(root, 12345, -1)
+    env = {**_env(tmp_path), "GGTOOL_CACHE_DIR": str(root)}
+    r = subprocess.run([sys.executable, "-c", QUANTIZED_CLI], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout == "[31.996094,31.996094]\n", r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"Warning: ggtool's cache is not used: {root} ")
+    assert ("chmod go-w" in line) if how == "group-writable" else ("another user's" in line)
+    assert [f for _, _, fs in os.walk(tmp_path) for f in fs] == []
+
+
+QUANTIZED_CLI = """
+import sys
+sys.argv = ["ggtool", "compute", "mul_mat(w, x)", "--tensor", "w=q8_0:[" + ",".join(["[" + ",".join(["1"] * 32) + "]"] * 2) + "]",
+            "--tensor", "x=[" + ",".join(["1"] * 32) + "]"]
+from ggtool.commands import console
+console()
+"""
+
+
+F16 = """
+import warnings
+warnings.simplefilter("always")
+import numpy as np
+from ggtool.kernels import quantize
+out = np.zeros(3, np.uint16)
+quantize.fp32_to_fp16(np.array([1.0, 2.5, -3.0], np.float32), out)
+print(out.tolist(), len(quantize.fp32_to_fp16.dispatcher.stats.cache_hits))
+"""
+
+
+def test_a_damaged_compiled_kernel_is_compiled_anew_and_reported(tmp_path):
+    """numba's cache files carry no check of their own: a flipped byte in an index made every later
+    run fail (UnicodeDecodeError in pickle), one in a data file could be loaded as machine code.
+    ggtool's kernels keep theirs behind a CRC-32: a damaged file is one warning, removed, compiled
+    anew; the run after loads the new one."""
+    env = {**_env(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "k")}
+    first = _python(F16, env)
+    assert first.returncode == 0 and first.stdout == "[15360, 16640, 49664] 0\n", first.stderr
+    (index,) = (tmp_path / "k").rglob("quantize.fp32_to_fp16-*.nbi")
+    (data,) = (tmp_path / "k").rglob("quantize.fp32_to_fp16-*.nbc")
+    assert _python(F16, env).stdout == "[15360, 16640, 49664] 1\n"        # loaded from the cache
+    for damaged in (data, index):
+        raw = bytearray(damaged.read_bytes())
+        raw[len(raw) // 2] ^= 0x10
+        damaged.write_bytes(raw)
+        again = _python(F16, env)
+        assert again.returncode == 0 and again.stdout == "[15360, 16640, 49664] 0\n", again.stderr
+        assert again.stderr.count("CacheWarning") == 1
+        assert f"a compiled kernel in the cache was refused and is compiled anew: {damaged} does not match its checksum" \
+            in again.stderr
+        after = _python(F16, env)
+        assert after.stdout == "[15360, 16640, 49664] 1\n" and after.stderr == "", after.stderr

@@ -162,17 +162,11 @@ def test_kernel_cache_goes_to_ggtool_cache_dir(tmp_path):
     """, env)
     assert r.returncode == 0, r.stderr
     assert np.allclose(eval_json(r.stdout), 32, rtol=1e-3)      # 1 x 1 in 32 products, as fp16 scales give
-    (tiles,) = os.listdir(tmp_path / "numba")   # named after the shared modules: editing one gets a fresh cache
-    import hashlib
-
-    from ggtool.kernels import jit
-    h = hashlib.sha1()
-    for name in jit.SHARED:
-        with open(os.path.join(os.path.dirname(jit.__file__), name), "rb") as f:
-            h.update(f.read())
+    (kernels,) = os.listdir(tmp_path / "numba")   # named after what the code depends on: see test_kernel_cache.py
+    from ggtool.kernels import cache, jit
     assert jit.SHARED == ("simd.py", "dot_base.py", "dot_k.py", "../kquants/blocks.py", "../kquants/legacy.py") \
-        and tiles == "tiles-" + h.hexdigest()[:12]
-    assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "numba" / tiles) for f in fs)
+        and kernels == cache.kernel_key()
+    assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "numba" / kernels) for f in fs)
 
 
 QUANTIZED_COMPUTE = """

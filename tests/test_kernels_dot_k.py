@@ -35,7 +35,8 @@ def _dequantized_acts(t: str, a: np.ndarray) -> np.ndarray:
 
 
 def test_every_dot_type_is_registered():
-    assert set(dot.DOTS) == set(DOT_TYPES)
+    """The quantized and BF16 dots, and F32/F16 (mul_mat's float weights: kernels.dot_float)."""
+    assert set(dot.DOTS) == set(DOT_TYPES) | {T.F32, T.F16}
 
 
 @pytest.mark.parametrize("finite", [True, False])

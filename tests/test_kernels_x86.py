@@ -64,6 +64,31 @@ def test_q4_0_weights_llama_cpp_does_not_repack_sum_in_tinyblas_lanes():
     assert oracle.mul_mat("Q4_0", w, x, repacked=False).tobytes() != oracle.mul_mat("Q4_0", w, x).tobytes()
 
 
+def test_llama_cpp_gaps_group_uncovered_nodes_by_op_and_weight_type():
+    """ggtool.ops.llama_cpp_gaps: mul_mat with weights of no llama.cpp order, per weight type, and the
+    unary ops llama.cpp's build evaluates its own way (silu), in order of first appearance; covered
+    nodes (q4_0 weights, gelu) are not named."""
+    from ggtool.ops import llama_cpp_gaps
+
+    rng = np.random.default_rng(3)
+    ctx = ggtool.Context()
+    w = ctx.new_tensor("f16", [32, 8]).set_data(rng.standard_normal((8, 32)).astype(np.float16))
+    q = ctx.new_tensor("q4_0", [32, 8]).set_data(random_blocks("q4_0", 8, 32, 3))
+    x = ctx.new_tensor("f32", [32, 2]).set_data(rng.standard_normal((2, 32)).astype(f32))
+    a = F["mul_mat"](ctx, w, x)
+    b = F["silu"](ctx, a)
+    c = F["mul_mat"](ctx, q, x)
+    d = F["gelu"](ctx, c)
+    e = F["mul_mat"](ctx, w, x)
+    for t, name in ((a, "a"), (b, "b"), (c, "c"), (d, "d"), (e, "e")):
+        t.name = name
+    g = ggtool.Graph(ctx)
+    g.expand(F["add"](ctx, F["add"](ctx, b, d), e))
+    gaps = llama_cpp_gaps(g.nodes)
+    assert [(gap.op, gap.weight_type, [n.name for n in gap.nodes]) for gap in gaps] == [
+        ("MUL_MAT", "f16", ["a", "e"]), ("SILU", None, ["b"])]
+
+
 def test_q4_k_weights_llama_cpp_does_not_repack_have_no_x86_order_here():
     """Unpacked Q4_K (rows not in eights) takes ggml_vec_dot_q4_K_q8_K in llama.cpp, not modelled:
     --numerics x86 computes it in GGML's order, and without_x86_order names it."""
@@ -286,8 +311,9 @@ def test_cli_numerics_x86_warns_of_weights_it_has_no_order_for(run, npy, tmp_pat
     r = run("compute", prog, "--tensor", f"w=f16:{w}", "--tensor", f"x={x}", "--numerics", "x86")
     assert r.exit_code == 0, r.output
     assert r.stderr == ("Warning: --numerics x86 follows llama.cpp's order for mul_mat with f32, q8_0, q5_0, q4_0, "
-                        "q6_K and q4_K (2-D, rows in eights: the repacked kernels) weights; 2 mul_mat nodes with f16 "
-                        "weights (first: 'y') sum in GGML's order and may differ from llama.cpp's in the last bits\n")
+                        "q6_K and q4_K (2-D, rows in eights: the repacked kernels) weights, soft_max, rope and gelu; "
+                        "2 mul_mat nodes with f16 weights (first: 'y') compute in GGML's order and may differ from "
+                        "llama.cpp's in the last bits\n")
     default = run("compute", prog, "--tensor", f"w=f16:{w}", "--tensor", f"x={x}")
     assert default.stderr == "" and default.stdout == r.stdout
     r = run("compute", prog, "--tensor", f"w=q4_0:{w}", "--tensor", f"x={x}", "--numerics", "x86")
@@ -396,8 +422,10 @@ def test_named_builds_and_the_x86_alias_whatever_the_cpu():
             "ggml", "llama.cpp-avx512", "llama.cpp-avx512", "llama.cpp-avx2"]
 
 
-def test_host_flags_are_the_first_flags_line(tmp_path):
+def test_host_flags_are_the_first_flags_line(tmp_path, monkeypatch):
     from ggtool.kernels.numerics import host_flags
+
+    monkeypatch.delenv("GGTOOL_CPU_FLAGS", raising=False)     # (a run acting as another host sets it)
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t: x\n\nprocessor\t: 1\nflags\t: fpu\n")

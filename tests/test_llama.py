@@ -1,4 +1,4 @@
-"""Issue 5 acceptance: `fixtures/llama.gg`, a whole llama forward pass in the DSL, against llama.cpp.
+"""`fixtures/llama.gg`, a whole llama forward pass in the DSL, against llama.cpp.
 
 The reference is `tests/golden/llama/stories260K-logits.npz` (llama.cpp's own logits for two token
 sequences, see the README beside it; a copy of llama.cpp's output, so these tests stand on their own).
@@ -71,8 +71,8 @@ def test_stories260k_logits_match_llama_cpp(run, tmp_path, seq, threads):
     check_against_llama_cpp(compute(run, tmp_path, STORIES, tokens, threads), seq)
 
 
-def test_the_issue_command_line(tmp_path):
-    """The command of the issue, verbatim, in a fresh process: 4 tokens, numpy (n_tokens, n_vocab)."""
+def test_the_documented_command_line(tmp_path):
+    """docs/llama.md's command, verbatim, in a fresh process: 4 tokens, numpy (n_tokens, n_vocab)."""
     out = tmp_path / "logits.npy"
     subprocess.run([sys.executable, "-m", "ggtool", "compute", "-f", "fixtures/llama.gg", "--gguf",
                     "fixtures/stories260K.gguf", "--tensor", "tokens=i32:[1,403,407,261]", "-o", str(out)],

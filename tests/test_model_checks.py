@@ -39,7 +39,7 @@ def tiny_model(path, arch: str, biases: bool = False):
 
 def test_a_program_for_another_architecture_is_an_error(run, tmp_path):
     """llama.gg on a qwen2 model, gemma3.gg on a llama one: an error naming both architectures and
-    the program's file and line (it used to compute garbage logits, exit 0)."""
+    the program's file and line, never garbage logits with exit 0."""
     qwen2 = tiny_model(tmp_path / "qwen2.gguf", "qwen2", biases=True)
     fails(run("compute", "-f", LLAMA, "--gguf", qwen2, "--tensor", "tokens=i32:[1,2]"),
           "llama.gg, line 12, column 1: this program computes the 'llama' architecture, "

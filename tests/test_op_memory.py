@@ -1,5 +1,5 @@
 """Kernels compute in chunks of rows (ggtool.ops.walk.CHUNK_BYTES): their temporaries stay a few
-MiB whatever the tensor's size, so a compute's peak memory follows its planned buffers (issue 23),
+MiB whatever the tensor's size, so a compute's peak memory follows its planned buffers,
 and the chunks change no bit of any result."""
 
 from __future__ import annotations

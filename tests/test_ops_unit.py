@@ -1,5 +1,5 @@
 """Op construction errors (GGML's asserts as ShapeError naming the op and the shapes), compute-time
-errors, and the spec's worked examples for ops the golden cases exercise only partly."""
+errors, and values a build of GGML printed for ops the golden cases exercise only partly."""
 
 import numpy as np
 import pytest
@@ -98,7 +98,7 @@ def test_compute_errors_name_the_node(ctx):
         compute(ctx, F["mul_mat"](ctx, w, from_array(ctx, np.ones((3, 32), np.float16))))
 
 
-# -- spec examples ------------------------------------------------------------------------------
+# -- values printed by GGML ----------------------------------------------------------------------------
 X8 = np.array([-3, -0.5, 0.25, 2, 1, 0, -1, 12], f32)
 
 

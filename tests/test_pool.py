@@ -1,4 +1,4 @@
-"""The worker pool (issue 4): same results with 1-4 participants, clean failures, nothing left behind.
+"""The worker pool: same results with 1-4 participants, clean failures, nothing left behind.
 
 Test kernels live at module level here: the pool ships a kernel to its workers by reference, so a
 worker imports this module (as `test_pool`, the tests folder being on the shared sys.path) to run

@@ -14,6 +14,7 @@ import pytest
 from ggtool import quantize_model as QM
 from ggtool import types as T
 from ggtool.errors import QuantizationError
+from ggtool.gguf_io import edit as E
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = json.loads((ROOT / "tests" / "golden" / "quantize" / "type-tables.json").read_text())
@@ -157,10 +158,13 @@ def test_kv_overrides_parse_and_write_as_llama_cpp():
     assert QM.parse_kv_override("a.b=int:-7").raw()[-8:] == (4).to_bytes(4, "little") + (7).to_bytes(4, "little")
     assert QM.parse_kv_override("a.b=bool:true").value is True
     assert QM.parse_kv_override("a.b=float:0.5").value == 0.5
-    for bad in ("a.b", "a.b=int", "a.b=i32:3", "a.b=bool:yes", "a.b=int:x", "a.b=float:inf", "k=str:" + "x" * 128):
+    for bad in ("a.b", "a.b=int", "a.b=i32:3", "a.b=bool:yes", "a.b=int:x", "k=str:" + "x" * 128):
         with pytest.raises(QM.OverrideSyntaxError) as e:
             QM.parse_kv_override(bad)
         assert e.value.text == bad and e.value.what == "kv"
+    with pytest.raises(E.MetadataEditError) as e:      # a value its type cannot hold: set-metadata's words
+        QM.parse_kv_override("a.b=float:inf")
+    assert (e.value.key, e.value.reason) == ("a.b", "value")
 
 
 def test_tensor_bytes_is_row_size():

@@ -46,7 +46,7 @@ def test_inspect_reads_every_shard(run, shards):
 
 
 def test_quantize_writes_one_file_as_from_the_unsplit_model(run, shards, tmp_path):
-    # the case: before, 24 of 48 tensors were written and the split keys dropped, exit 0
+    # the same bytes as from the unsplit model: all 48 tensors of both shards, no split key
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     ok(run("quantize", STORIES, a, "-q", "-t", "1"))
     ok(run("quantize", shards[0], b, "-q", "-t", "2"))

@@ -239,3 +239,155 @@ def test_cli_errors(run):
 def test_cli_unsupported_model(run, tmp_path):
     fails(run("tokenize", "--gguf", _vocab_gguf(tmp_path, **{"tokenizer.ggml.pre": "nope"}), "x"),
           "tokenizer.ggml.pre 'nope' is not supported")
+
+
+# -- linear time, bounded memory, the same ids ----------------------------------------------------------
+def _greedy_merges(syms: list[str], ranks: dict[str, int]) -> list[str]:
+    """The reference BPE: merge the adjacent pair of lowest rank (ties: the leftmost) until none is
+    left, rescanning every pair each time (quadratic: what the tokenizer did before the queue)."""
+    syms = list(syms)
+    while len(syms) > 1:
+        best, at = None, -1
+        for i in range(len(syms) - 1):
+            r = ranks.get(syms[i] + " " + syms[i + 1])
+            if r is not None and (best is None or r < best):
+                best, at = r, i
+        if best is None:
+            break
+        syms[at:at + 2] = [syms[at] + syms[at + 1]]
+    return syms
+
+
+def _whole_spm(text: str, v: Vocab) -> list[int]:
+    """The reference SentencePiece: one bigram queue over the whole text, no pieces (what the
+    tokenizer did before), tuples in the queue."""
+    import heapq
+
+    from ggtool.tokenizer.spm import ESCAPED_SPACE
+
+    text = text.replace(" ", ESCAPED_SPACE)
+    n = len(text)
+    size, nxt, prv = [1] * n, [*range(1, n), -1], list(range(-1, n - 1))
+    get = v.token_to_id.get
+    heap = [(-v.scores[t], i, i + 1, 2) for i in range(n - 1) if (t := get(text[i:i + 2])) is not None]
+    heapq.heapify(heap)
+    while heap:
+        _, left, right, total = heapq.heappop(heap)
+        if size[left] == 0 or size[right] == 0 or size[left] + size[right] != total:
+            continue
+        size[left], size[right] = total, 0
+        nxt[left] = r = nxt[right]
+        if r >= 0:
+            prv[r] = left
+        for a, b in ((prv[left], left), (left, r)):
+            if a >= 0 and b >= 0 and (t := get(text[a:a + size[a] + size[b]])) is not None:
+                heapq.heappush(heap, (-v.scores[t], a, b, size[a] + size[b]))
+    out, i = [], 0
+    while i != -1 and n:
+        piece = text[i:i + size[i]]
+        t = get(piece)
+        out.extend([t] if t is not None else [v.byte_to_token(b) for b in piece.encode()])
+        i = nxt[i]
+    return out
+
+
+def _random_texts(seed: int, alphabet: str, count: int, longest: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, longest))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("model", ["qwen25", "smollm2"])
+def test_bpe_queue_merges_as_the_quadratic_reference(vocabs, model):
+    """llama.cpp's queue of bigrams gives the symbols of the rescan-every-pair merge, on random
+    words of the vocabulary's own characters (runs, ties between equal pairs) and on runs."""
+    from ggtool.tokenizer.bpe import byte_encode
+
+    bpe = vocabs(model)._bpe
+    words = _random_texts(1, "aab ee\u0120tt\u00e9\u4e2d", 400, 60) + ["a" * 500, " " * 300, "ab" * 200]
+    for w in words:
+        enc = byte_encode(w)
+        assert bpe.merge(enc) == _greedy_merges(list(enc), bpe.ranks), w
+
+
+def test_bpe_queue_on_a_small_table_with_ties():
+    """A hand-made table where which pair merges first decides everything: ranks by the table,
+    ties to the leftmost, a merge whose result is no token."""
+    from ggtool.tokenizer.bpe import BPE
+
+    merges = ["a a", "b b", "aa a", "a b", "aa aa", "ab b", "aaa a", "b a"]
+    bpe = BPE({}, merges, ignore_merges=False)
+    for w in _random_texts(2, "aab", 2000, 40) + ["a" * 1001, "ab" * 700]:
+        assert bpe.merge(w) == _greedy_merges(list(w), bpe.ranks), w
+
+
+@pytest.mark.parametrize("model", ["stories260K", "llama2tiny", "gemma3"])
+def test_spm_pieces_give_the_ids_of_the_whole_text(vocabs, model, monkeypatch):
+    """Cut where no token joins the characters either side, each piece tokenized alone (and
+    cached) gives the ids of one queue over the whole text: with windows of 7 characters (cuts
+    found by numpy, pieces longer than a window in arrays) and with every text cut in Python."""
+    from ggtool.tokenizer import spm
+
+    v = vocabs(model)
+    texts = _random_texts(3, "aa  bee\nthe\u2581 \u00e9\u4e2d.", 150, 80) + [
+        "a" * 300, " " * 200, "Once upon a time, there was a cat.  " * 6]
+    expected = [_whole_spm(t, v) for t in texts]
+    for window, short in ((7, 0), (7, 10**6), (1 << 14, 256)):
+        monkeypatch.setattr(spm, "WINDOW", window)
+        monkeypatch.setattr(spm, "SHORT", short)
+        v._spm.cache.clear()
+        for t, ids in zip(texts, expected):
+            got = []
+            v._spm.tokenize(t, got)
+            assert got == ids, (window, short, t)
+
+
+class _CountingDict(dict):
+    """A table that counts its look-ups."""
+
+    lookups = 0
+
+    def get(self, key, default=None):
+        _CountingDict.lookups += 1
+        return super().get(key, default)
+
+
+@pytest.mark.parametrize("model,text", [("qwen25", "a" * 20000), ("qwen25", " " * 20000 + "x"),
+                                        ("smollm2", "\n" * 20000), ("llama2tiny", "a" * 20000),
+                                        ("gemma3", "." * 20000)])
+def test_a_run_of_one_character_costs_a_few_lookups_a_character(vocabs, model, text):
+    """Before: the pair of lowest rank was found by rescanning every pair after each merge, about
+    n²/2 look-ups ('a' x 10000 with Qwen2.5: 14.7 s; 100,000 spaces: over 2 minutes). Now each
+    merge queues at most two pairs: the first n-1 pairs, two a merge, one a final symbol (SPM looks
+    its merges up among the tokens): at most 4 a character (no timing here: bench/)."""
+    v = vocabs(model)
+    owner, name = (v._spm, "token_to_id") if v.is_spm else (v._bpe, "ranks")
+    table = getattr(owner, name)
+    setattr(owner, name, _CountingDict(table))
+    _CountingDict.lookups = 0
+    try:
+        v.tokenize(text)
+        v.tokenize(text * 2)
+    finally:
+        setattr(owner, name, table)
+    assert 0 < _CountingDict.lookups <= 4 * 3 * len(text), _CountingDict.lookups
+
+
+@pytest.mark.parametrize("model", ["qwen25", "llama2tiny"])
+def test_memory_is_the_ids_and_a_bound(vocabs, model):
+    """Before: SentencePiece held about 170 bytes per input byte (5 MB of text: 888 MB), and BPE a
+    list of every pre-token. Now the text goes in pieces: the peak is the list of ids and a
+    bounded working set (tracemalloc, 600 KB of the docs, repeated)."""
+    import tracemalloc
+
+    text = ("\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))) * 4)[:600_000]
+    v = vocabs(model)
+    v.tokenize(text[:1000])
+    tracemalloc.start()
+    try:
+        ids = v.tokenize(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(text) > 500_000 and peak < 16 * len(ids) + (3 << 20), (peak, len(ids))

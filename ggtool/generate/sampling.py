@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import portable_math
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -30,7 +32,7 @@ class Sampling:
             if self.top_k > 0:
                 order = order[:self.top_k]
             z = logits[order] / self.temperature
-            p = np.exp(z - z[0])
+            p = portable_math.exp(z - z[0])      # the same probabilities on every host
             p /= p.sum()
             if self.top_p < 1.0:
                 keep = int(np.searchsorted(np.cumsum(p), self.top_p)) + 1

@@ -37,10 +37,13 @@ class ContextFullError(GGToolError):
 class NoCacheError(GGToolError):
     """The program does not use the KV cache inputs (it would recompute nothing it has seen)."""
 
-    def __init__(self, filename: str):
-        self.filename, self.kind = filename, "no-cache"
-        super().__init__(f"{filename}: the program reads no kv_mask input, so it cannot continue a batch from the "
-                         "KV cache (docs/dsl.md, \"Persistent state\")")
+    def __init__(self, filename: str, input: str = "kv_mask"):
+        self.filename, self.input, self.kind = filename, input, "no-cache"
+        if input == "kv_mask":
+            why = "so it cannot continue a batch from the KV cache"
+        else:
+            why = "so it cannot give the logits of chosen rows (llama.cpp's inp_out_ids)"
+        super().__init__(f"{filename}: the program reads no {input} input, {why} (docs/dsl.md, \"Persistent state\")")
 
 
 @dataclass
@@ -63,7 +66,7 @@ class Session:
         from ..tensor_io import Inputs
 
         self.weights = Inputs([], [model_path])
-        self._steps: dict[tuple[int, int], _Step] = {}   # (n_tokens, n_kv) -> its graph
+        self._steps: dict[tuple, _Step] = {}   # (n_tokens, n_kv), or (n_tokens, n_kv, n_out) -> its graph
         self.program, self.n_ctx, self.n_threads, self.pool = program, n_ctx, n_threads, pool
         self.numerics, self.max_steps = numerics, max_steps
         # llama.cpp's attention runs over a multiple of 256 cells (its n_kv): under its numerics the
@@ -130,18 +133,19 @@ class Session:
         pad, n_past = self.kv_pad, self.n_past if n_past is None else n_past
         return min(self.n_cells, -(-(n_past + n_tokens) // pad) * pad)
 
-    def prepare(self, *sizes: int, n_past: int | None = None) -> None:
+    def prepare(self, *sizes: int, n_past: int | None = None, n_out: int | None = None) -> None:
         """Build the graphs of these batch sizes after n_past tokens (default: the next position)
-        now, before the first compute places the context."""
+        now, before the first compute places the context; `n_out` as for `eval_rows`."""
         for n in sizes:
-            self._step(n, self.n_kv(n, n_past))
+            self._step(n, self.n_kv(n, n_past), n_out)
 
-    def graph(self, n_tokens: int):
+    def graph(self, n_tokens: int, n_out: int | None = None):
         """The graph of a batch of n_tokens at the next position (built now if it is not yet)."""
-        return self._step(n_tokens, self.n_kv(n_tokens)).graph
+        return self._step(n_tokens, self.n_kv(n_tokens), n_out).graph
 
-    def _step(self, n_tokens: int, n_kv: int) -> _Step:
-        step = self._steps.get((n_tokens, n_kv))
+    def _step(self, n_tokens: int, n_kv: int, n_out: int | None = None) -> _Step:
+        key = (n_tokens, n_kv) if n_out is None else (n_tokens, n_kv, n_out)
+        step = self._steps.get(key)
         if step is not None:
             return step
         from ..dsl import build
@@ -151,6 +155,8 @@ class Session:
         batch = {"tokens": c.new_tensor(T.I32, [n_tokens]), "kv_pos": c.new_tensor(T.I32, [n_tokens]),
                  "kv_cells": c.new_tensor(T.I32, [n_tokens]), "kv_mask": c.new_tensor(T.F32, [n_kv, n_tokens]),
                  "kv_mask_swa": c.new_tensor(T.F32, [n_kv, n_tokens])}
+        if n_out is not None:       # the rows whose logits are wanted (llama.cpp's inp_out_ids)
+            batch["kv_out_ids"] = c.new_tensor(T.I32, [n_out])
         for name, t in batch.items():
             t.name = name
         self._building = batch
@@ -160,11 +166,23 @@ class Session:
             self._building = {}
         if "kv_mask" not in built.tensors:
             raise NoCacheError(self.program.filename)
-        step = self._steps[n_tokens, n_kv] = _Step(built.graph, built.outputs[0][1], batch)
+        if n_out is not None and "kv_out_ids" not in built.tensors:
+            raise NoCacheError(self.program.filename, "kv_out_ids")
+        step = self._steps[key] = _Step(built.graph, built.outputs[0][1], batch)
         freeze = getattr(self.pool, "freeze", None)
         if freeze is not None:     # only the inputs' values change between steps: describe it once
             freeze(built.graph)
         return step
+
+    def llama_cpp_gaps(self) -> list:
+        """Under llama.cpp's numerics, what the one-token step computes in GGML's order where llama.cpp's
+        x86 build computes otherwise (``ggtool.ops.llama_cpp_gaps``: mul_mat weight types, silu);
+        empty under the default numerics or where every node is covered."""
+        if not is_llama_cpp(self.numerics):
+            return []
+        from ..ops import llama_cpp_gaps
+
+        return llama_cpp_gaps(self.graph(1).nodes)
 
     def reset(self) -> None:
         """An empty KV cache (the graphs are kept): the next batch starts at position 0."""
@@ -172,10 +190,36 @@ class Session:
             t.data[...] = 0
         self.n_past = 0
 
+    def save_cells(self) -> tuple[int, dict[str, np.ndarray]]:
+        """A copy of the cells in use (n_past, and each state tensor's first n_past cells), for
+        `load_cells`: several sequences take turns on one cache, as llama.cpp's streams do."""
+        n = self.n_past
+        return n, {name: np.array(_cells(t, n)) for name, t in self._state.items()}
+
+    def load_cells(self, saved: tuple[int, dict[str, np.ndarray]]) -> None:
+        """Put back what `save_cells` copied: the next batch continues that sequence. The cells past
+        n_past keep what they hold (finite values, masked)."""
+        n, cells = saved
+        for name, t in self._state.items():
+            _cells(t, n)[...] = cells[name]
+        self.n_past = n
+
     # -- computing ---------------------------------------------------------------------------------
     def eval(self, tokens) -> np.ndarray:
         """The batch `tokens` at positions n_past.. : its K and V join the cache; the last token's
         logits (float32, n_vocab) are returned."""
+        return np.array(self._run(tokens, None, None)[-1])
+
+    def eval_rows(self, tokens, rows, observe=None) -> np.ndarray:
+        """The batch `tokens` at positions n_past.. , as `eval`, but the logits of the batch's rows
+        `rows` (indices into the batch; the program's `kv_out_ids`, llama.cpp's inp_out_ids) are
+        returned: float32 (len(rows), n_vocab), a view of the compute buffer valid until the next
+        compute (copy what must outlive it). `observe` is graph_compute's (cb_eval): it sees each
+        node it wants as the node is computed."""
+        rows = np.asarray(rows, np.int32)
+        return self._run(tokens, rows, observe)
+
+    def _run(self, tokens, rows, observe) -> np.ndarray:
         from ..compute import graph_compute
         from ..dsl.builtins import fill_causal_mask
 
@@ -184,18 +228,26 @@ class Session:
         if self.n_past + n > self.n_ctx:
             raise ContextFullError(self.n_past, n, self.n_ctx)
         n_kv = self.n_kv(n)
-        step = self._step(n, n_kv)
+        step = self._step(n, n_kv, None if rows is None else len(rows))
         b = step.batch
         positions = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
         b["tokens"].set_data(tokens)
         b["kv_pos"].set_data(positions)
         b["kv_cells"].set_data(positions)                  # cell c holds position c
+        if rows is not None:
+            b["kv_out_ids"].set_data(rows)
         fill_causal_mask(b["kv_mask"].data.reshape(n, n_kv), positions)
         fill_causal_mask(b["kv_mask_swa"].data.reshape(n, n_kv), positions, self.n_swa)
         step.plan = graph_compute(step.graph, self.n_threads, pool=self.pool, plan=step.plan, alloc="graph",
-                                  outputs=[step.logits], numerics=self.numerics)
+                                  outputs=[step.logits], numerics=self.numerics, observe=observe)
         self.n_past += n
-        return np.array(step.logits.data.reshape(-1, step.logits.ne[0])[-1])
+        return step.logits.data.reshape(-1, step.logits.ne[0])
+
+
+def _cells(t: Tensor, n: int) -> np.ndarray:
+    """The first n cells (ne1, numpy's next-to-last axis) of a state tensor; a 1-D state whole."""
+    d = t.data
+    return d if d.ndim < 2 else d[..., :n, :]
 
 
 def _meta(inputs, key: str, default):

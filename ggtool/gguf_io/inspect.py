@@ -156,7 +156,7 @@ class _Moments:
         self.hi = max(self.hi, float(x.max()))
         x64 = x.astype(np.float64)
         self.s += float(x64.sum())
-        self.ss += float(np.dot(x64, x64))
+        self.ss += float(np.square(x64).sum())    # numpy's own sum (not BLAS's dot: its order is the CPU's)
 
     def result(self) -> dict:
         if self.n == 0:
@@ -265,8 +265,8 @@ class _Diff:
             a, b = a[both], b[both]
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         d = b64 - a64
-        self.se += float(np.dot(d, d))
-        self.sr += float(np.dot(a64, a64))
+        self.se += float(np.square(d).sum())      # numpy's own sums, the same on every host (BLAS's dot
+        self.sr += float(np.square(a64).sum())    # adds in its CPU kernel's order)
         if d.size:
             self.maxabs = max(self.maxabs, float(np.abs(d).max()))
 

@@ -78,12 +78,14 @@ def copy_file_bytes(path: str, offset: int, n_bytes: int, out_fd: int, write: Ca
 class OutputPathError(GGToolError):
     """An output path that must not be written: `path`, and `reason`, one of
     `exists` (a file is there and replacing it was not allowed), `same_as_input` (`input` names it,
-    also through a link), `directory`, `no_directory` (its directory does not exist), `stdout`."""
+    also through a link), `directory`, `no_directory` (its directory does not exist),
+    `not_writable` (no file can be made in its directory), `stdout`."""
 
     MESSAGES = {"exists": "{path} exists",
                 "same_as_input": "INPUT and OUTPUT are the same file ({path}); write to another path",
                 "directory": "{path} is a directory",
                 "no_directory": "{path}: directory {directory} does not exist",
+                "not_writable": "{path}: directory {directory} is not writable",
                 "stdout": "OUTPUT must be a file (a GGUF file cannot be streamed to stdout)"}
 
     def __init__(self, path: str, reason: str, *, input: str | None = None):
@@ -117,3 +119,6 @@ def check_output_paths(inputs: str | Sequence[str], outputs: str | Sequence[str]
             raise OutputPathError(output, "exists")
         if not os.path.isdir(os.path.dirname(op) or "."):
             raise OutputPathError(output, "no_directory")
+        in_place = os.path.exists(op) and not os.path.isfile(op)     # a FIFO, a device: written in place
+        if not in_place and not os.access(os.path.dirname(os.path.realpath(op)) or ".", os.W_OK | os.X_OK):
+            raise OutputPathError(output, "not_writable")   # the temporary file beside it could not be made

@@ -1,63 +1,296 @@
-"""Where compiled kernels are cached, whether a kernel is in the cache yet, and filling the cache in
-the background: light (os only), so asking costs a process nothing of numba's start-up.
+"""ggtool's cache on disk: where it is, which of its folders may be trusted, where compiled kernels
+go, whether a kernel is in the cache yet, and filling it in the background. Light (os only): asking
+costs a process nothing of numba's start-up.
 
-The cache lives in ``$GGTOOL_CACHE_DIR/numba`` if that is set, else ``$XDG_CACHE_HOME/ggtool/numba``
-(default ``~/.cache/ggtool/numba``), in a subfolder named after a digest of the SHARED modules
-(``_tiles_key``), never beside the installed package, which may not be writable. A
-``NUMBA_CACHE_DIR`` the user set wins over all of these.
+The cache's root is ``$GGTOOL_CACHE_DIR`` if that is set, else ``$XDG_CACHE_HOME/ggtool`` (default
+``~/.cache/ggtool``), never beside the installed package, which may not be writable. It holds
+``numba/<key>/`` (compiled kernels, below) and ``packs/`` (repacked weights: ``quant.packs``).
+
+Trust: every folder of the cache must be a real folder (not a symbolic link), the user's own, and
+writable by nobody else (ggtool makes its folders with mode 0700); the root may be a symbolic link
+of the user's own to such a folder. A folder that is not is never written into nor read: a link or
+a file that stands where ggtool keeps a folder of its own is removed and the folder made anew; a
+root that fails (or a folder in it that cannot be made so) is bypassed: one warning
+(``CacheWarning``) names it and says how to mend it, and the process runs without a cache
+(kernels compile into a private temporary folder, nothing is kept). Bypassed, not refused: the
+cache only saves time, and a command must not fail over a folder that cannot change its results.
+
+Compiled kernels live in ``numba/<key>``, `key` a digest of what numba's code depends on beyond
+the module it is cached for (`kernel_key`): the SHARED modules (numba checks a cached kernel
+against its own source file only), numba's and llvmlite's versions, and the CPU the code is
+compiled for (``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``, else this host's CPU model and flags from
+/proc/cpuinfo), with the numba settings that change the machine code. So a cache shared between an
+AVX-512 and an AVX2 host (an NFS home) holds one folder per host, and neither ever meets the
+other's code or ``ready/`` marks (numba itself also keys each compiled function by its target).
+A ``NUMBA_CACHE_DIR`` the user set wins over all of this and is used as it is.
 
 A first-ever run: compiling a kernel costs 0.3-2.5 s of numba's own Python work each (~8 s for a
 quantized model's forward pass), far more than the work it then does in a short run. So in ggtool's
 command line (and its pool's workers), a kernel that is not in the cache yet is replaced by its
 numpy twin (``twins``: the same bits), and is compiled after the command has ended, by one
-background process (``python -m ggtool.kernels.warm``) that fills the cache for the next run: it
-waits for the command to exit (its stdin is a pipe the command holds), compiles the kernels named
-in ``wanted/`` one by one (numba writes each cache file whole, through a rename), marks each in
-``ready/`` and exits. A lock lets one such process work on a cache at a time. A library user's
-process compiles in process, as always (``use_kernel``).
+background process (``warm``, started isolated: ``ggtool.isolation``) that fills the cache for the
+next run: it waits for the command to exit (its stdin is a pipe the command holds), compiles the
+kernels named in ``wanted/`` one by one (numba writes each cache file whole, through a rename),
+marks each in ``ready/`` and exits. A lock lets one such process work on a cache at a time. A
+library user's process compiles in process, as always (``use_kernel``).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
+import stat
 import sys
 
-from .. import role
+from .. import environment, role
+from ..errors import CacheWarning
 
 # Modules whose compiled functions other kernel modules compile into theirs: simd's vector tiles
 # (into dot and dot_k), dot_base's store_group (into dot and dot_k), dot_k's scale decoding (into x86),
 # ggtool.kquants' blocks and legacy (their searches and block ends, into kquants.legacy and .weighted).
 SHARED = ("simd.py", "dot_base.py", "dot_k.py", "../kquants/blocks.py", "../kquants/legacy.py")
+# numba settings that change the machine code of a kernel (numba's own cache does not key them)
+NUMBA_CODEGEN = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE",
+                 "NUMBA_ENABLE_AVX", "NUMBA_DISABLE_INTEL_SVML", "NUMBA_BOUNDSCHECK", "NUMBA_FASTMATH")
+ROOT_ENV = environment.CACHE_DIR.name
+FOLDER_MODE = 0o700
 
 
-def cache_dir() -> str:
-    """Where compiled kernels are cached (see the module docstring)."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return os.environ["NUMBA_CACHE_DIR"]
-    base = os.environ.get("GGTOOL_CACHE_DIR")
+# -- the root and its folders -----------------------------------------------------------------------
+def root_path() -> str:
+    """Where the cache's root is (see the module docstring), whether or not it may be used."""
+    base = environment.cache_dir()
     if not base:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "ggtool")
-    return os.path.join(base, "numba", _tiles_key())
+    return os.path.abspath(base)
 
 
-def _tiles_key() -> str:
-    """A digest of the SHARED modules. numba checks a cached kernel against its own source file
-    only: a changed shared module gets a cache directory of its own instead of stale kernels."""
+def folder_problem(path: str, st: os.stat_result | None = None) -> str | None:
+    """Why the folder at `path` may not hold a cache (None: it may): a symbolic link, not a folder,
+    another user's, or writable by others."""
+    if st is None:
+        st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"can be written by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+_checked: dict[str, str | None] = {}   # folder -> None (trusted) or the warning it gave, for the process's life
+
+
+def _fix(path: str, problem: str) -> str:
+    if problem.startswith("can be written"):
+        return f"`chmod go-w {path}` to use it"
+    if problem.startswith("belongs"):
+        return f"set {ROOT_ENV} to a folder of your own"
+    return f"remove it, or set {ROOT_ENV} to a folder of your own"
+
+
+def bypass(path: str, problem: str, what: str = "ggtool's cache") -> None:
+    """Say once, as a CacheWarning, that `what` is not used because folder `path` has `problem`.
+    A pool worker says nothing: its caller, which asks the same, has said it."""
+    message = f"{what} is not used: {path} {problem}; {_fix(path, problem)}"
+    if _checked.get(path) is None:
+        _checked[path] = message
+        if not role.POOL_WORKER:
+            say(message)
+
+
+def root() -> str | None:
+    """The cache's root, made if missing, or None where it may not be used (said once)."""
+    path = root_path()
+    if path in _checked:
+        return None if _checked[path] else _resolved(path)
+    try:
+        os.makedirs(path, mode=FOLDER_MODE, exist_ok=True)
+        real = _resolved(path)
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode) and hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            problem = f"is a symbolic link of another user's (uid {st.st_uid})"
+        else:
+            problem = folder_problem(real)
+    except OSError as e:
+        problem = f"cannot be made ({e.strerror or e})"
+    if problem:
+        bypass(path, problem)
+        return None
+    _checked[path] = None
+    return real
+
+
+def _resolved(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def subfolder(parent: str, *names: str) -> str | None:
+    """parent/names..., each made (mode 0700) if missing and checked; something else standing at
+    one of those names (a link, a file) is removed, said once, and the folder made anew. None where
+    a folder cannot be made trusted (said once). `parent` must be trusted already."""
+    path = parent
+    for name in names:
+        path = os.path.join(path, name)
+        try:
+            try:
+                os.mkdir(path, FOLDER_MODE)
+            except FileExistsError:
+                st = os.lstat(path)
+                problem = folder_problem(path, st)
+                if problem in ("is a symbolic link", "is not a folder"):
+                    what = f"a symbolic link to {os.readlink(path)}" if stat.S_ISLNK(st.st_mode) else "not a folder"
+                    os.unlink(path)           # in a folder of ours its name is ours; a link is never followed
+                    os.mkdir(path, FOLDER_MODE)
+                    say(f"the cache folder {path} was {what}: removed, and the folder made anew")
+                elif problem and problem.startswith("can be written") and st.st_uid == os.geteuid():
+                    os.chmod(path, FOLDER_MODE)
+            problem = folder_problem(path)
+        except OSError as e:
+            problem = f"cannot be made ({e.strerror or e})"
+        if problem:
+            bypass(path, problem)
+            return None
+        _checked[path] = None
+    return path
+
+
+def say(message: str) -> None:
+    """`message` as a CacheWarning."""
+    import warnings
+
+    warnings.warn(CacheWarning(message), stacklevel=4)
+
+
+# -- the kernel cache -----------------------------------------------------------------------------------
+def kernel_key(settings=None, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """A digest of what compiled kernels depend on beyond their own module (module docstring)."""
     import hashlib
 
+    settings = environment.foreign(NUMBA_CODEGEN) if settings is None else settings
     h = hashlib.sha1()
     here = os.path.dirname(os.path.abspath(__file__))
     for name in SHARED:
         with open(os.path.join(here, name), "rb") as f:
             h.update(f.read())
-    return "tiles-" + h.hexdigest()[:12]
+    h.update(_package_version("numba") + b"\0" + _package_version("llvmlite") + b"\0")
+    h.update(repr([(k, settings.get(k)) for k in NUMBA_CODEGEN]).encode())
+    if not settings.get("NUMBA_CPU_FEATURES"):   # else the code does not depend on this host
+        h.update(host_cpu(cpuinfo).encode())
+    return "kernels-" + h.hexdigest()[:12]
+
+
+def _package_version(name: str) -> bytes:
+    """Bytes that change with the installed version of package `name`, without importing it."""
+    from importlib.machinery import PathFinder
+
+    try:
+        spec = PathFinder.find_spec(name)     # on sys.path, whatever sys.modules holds
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return b"-"
+    folder = os.path.dirname(spec.origin)
+    try:
+        with open(os.path.join(folder, "_version.py"), "rb") as f:
+            return f.read()
+    except OSError:
+        try:
+            st = os.stat(spec.origin)
+            return f"{spec.origin}:{st.st_size}:{st.st_mtime_ns}".encode()
+        except OSError:
+            return spec.origin.encode()
+
+
+def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This host's CPU as a compiler targets it: vendor, family, model and flags of the first CPU in
+    /proc/cpuinfo (LLVM's host CPU name and features derive from these); elsewhere the machine."""
+    keep = ("vendor_id", "cpu family", "model", "flags", "Features", "CPU implementer", "CPU part")
+    found = []
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    if found:
+                        break
+                    continue
+                k, _, v = line.partition(":")
+                if k.strip() in keep:
+                    found.append(f"{k.strip()}={' '.join(v.split())}")
+    except OSError:
+        pass
+    if not found:
+        import platform
+
+        found = [platform.machine(), platform.processor()]
+    return ";".join(found)
+
+
+_dirs: dict[tuple, str] = {}
+_private: list[str] = []
+
+
+def cache_dir() -> str:
+    """Where compiled kernels are cached (see the module docstring): NUMBA_CACHE_DIR if set, else
+    numba/<kernel_key()> in the root; a private temporary folder (removed at exit) where the cache
+    is bypassed."""
+    user = os.environ.get("NUMBA_CACHE_DIR")
+    memo = (user, root_path(), *environment.foreign(NUMBA_CODEGEN).values())
+    got = _dirs.get(memo)
+    if got is None:
+        got = _kernel_folder(user)
+        _dirs[memo] = got
+    return got
+
+
+def _kernel_folder(user: str | None) -> str:
+    if user:
+        path = os.path.abspath(user)
+        try:
+            os.makedirs(path, mode=FOLDER_MODE, exist_ok=True)
+            problem = folder_problem(os.path.realpath(path))
+        except OSError as e:
+            problem = f"cannot be made ({e.strerror or e})"
+        if problem is None:
+            return path
+        bypass(path, problem, "the kernel cache NUMBA_CACHE_DIR")
+    else:
+        top = root()
+        got = subfolder(top, "numba", kernel_key()) if top is not None else None
+        if got is not None:
+            return got
+    return private_folder()
+
+
+def private_folder() -> str:
+    """A temporary folder of this process's own (0700), removed when it exits."""
+    if not _private:
+        import atexit
+        import shutil
+        import tempfile
+
+        _private.append(tempfile.mkdtemp(prefix="ggtool-cache-"))
+        atexit.register(shutil.rmtree, _private[0], True)
+    return _private[0]
+
+
+def bypassed() -> bool:
+    """Whether the kernel cache is this process's private temporary folder (nothing is kept)."""
+    return bool(_private) and cache_dir() == _private[0]
 
 
 def marker(folder: str, name: str, root: str | None = None) -> str:
     """The file saying kernel `name` is wanted / ready in this Python's cache."""
     return os.path.join(root or cache_dir(), folder, f"{name}.{sys.implementation.cache_tag}")
+
+
+def touch(path: str) -> None:
+    """Create the empty file `path` if missing (never through a symbolic link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o600)
+    os.close(fd)
 
 
 _decided: dict[str, bool] = {}   # kernel name -> compiled (True) or twin (False), for the process's life
@@ -66,26 +299,35 @@ _compiler = None                 # the background compile process this process s
 
 def use_kernel(name: str) -> bool:
     """Whether this process runs the compiled kernel `name` (else its numpy twin): yes where it
-    is in the cache already or where the process is a library user's; decided once a process."""
+    is in the cache already or where the process is a library user's; decided once a process.
+    Where the cache is bypassed, the command line runs the twin and wishes for nothing."""
     got = _decided.get(name)
     if got is None:
-        got = _decided[name] = not (role.COMMAND_LINE or role.POOL_WORKER) \
-            or os.path.exists(marker("ready", name))
-        if not got:
-            _want(name)
+        if not (role.COMMAND_LINE or role.POOL_WORKER):
+            got = True
+        else:
+            root = cache_dir()
+            ready = marker("ready", name, root)
+            got = not bypassed() and os.path.isfile(ready) and not os.path.islink(ready)
+            if not got and not bypassed():
+                _want(name, root)
+        _decided[name] = got
     return got
 
 
-def _want(name: str) -> None:
+def _want(name: str, root: str) -> None:
     global _compiler
     try:
-        path = marker("wanted", name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        open(path, "a").close()
+        if subfolder(root, "wanted") is None:
+            return
+        touch(marker("wanted", name, root))
         if role.COMMAND_LINE and _compiler is None:
-            env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir())
-            _compiler = subprocess.Popen([sys.executable, "-m", "ggtool.kernels.warm"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                                         start_new_session=True)   # a Ctrl-C of the command is not its
+            import subprocess
+
+            from .. import isolation
+
+            _compiler = isolation.popen("from ggtool.kernels.warm import main; main()", env={"NUMBA_CACHE_DIR": root},
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)   # a Ctrl-C of the command is not its
     except OSError:     # an unwritable cache: the twin still runs; nothing is compiled for next time
         pass

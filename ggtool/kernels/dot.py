@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from . import decode, dot_bf16, dot_k, simd  # noqa: F401 - the BF16 and K-quant dots register themselves
+from . import decode, dot_bf16, dot_float, dot_k, simd  # noqa: F401 - the BF16, F32/F16 and K-quant dots register themselves
 from .dot_base import DOTS, GROUP, register, store_group
 from .jit import njit
 from .tables import F16_TO_F32

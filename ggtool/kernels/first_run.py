@@ -21,8 +21,8 @@ meanwhile is used as soon as its ready marker is there. A library user's process
 always has (``cache.use_kernel``), and so does every cached kernel.
 
 Ahead of large work whose products are known (``prepare``: a generation's step), the kernels the
-rule would compile start compiling at once, each in a process of its own (isolated: ``python -I``,
-the cache's folder as working directory), side by side on the free CPUs while this process reads
+rule would compile start compiling at once, each in a process of its own (``ggtool.isolation``:
+``python -I`` in "/", a filtered environment), side by side on the free CPUs while this process reads
 the model and builds the graph; the first call of such a kernel waits for its process, and
 compiles in process where that failed. Processes still compiling when the command ends are
 stopped (the background compiler finishes their work for the next run).
@@ -113,7 +113,7 @@ def use_compiled(name: str, twin_seconds) -> bool:
         return True
     if name in _ahead and _wait_ahead(name):
         return True
-    if cache.use_kernel(name) or os.path.exists(cache.marker("ready", name)):
+    if cache.use_kernel(name) or _ready(name):
         _compiled.add(name)
         return True
     if callable(twin_seconds):
@@ -166,7 +166,7 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
             cost[name] = cost.get(name, 0.0) + dot_seconds(type_name, n, k, m)
     todo = [name for name, s in sorted(cost.items()) if s * max(1, repeats) > COMPILE_SECONDS["dot"]
             and name not in _compiled and name not in _ahead and not cache.use_kernel(name)
-            and not os.path.exists(cache.marker("ready", name))]
+            and not _ready(name)]
     started = []
     for name in todo:
         proc = _spawn(name)
@@ -181,17 +181,20 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
 
 
 def _spawn(name: str):
+    """A compile-ahead process for kernel `name`, started as every child of ggtool is (``isolation``:
+    ``python -I`` in "/", a filtered environment), or None where none can start."""
     import subprocess
 
+    from .. import isolation
+
     root = cache.cache_dir()
-    code = ("import sys; sys.path[:] = " + repr([p for p in sys.path if p]) +
-            "; from ggtool.kernels.first_run import _compile_main; _compile_main(" + repr(name) + ")")
-    env = dict(os.environ, NUMBA_CACHE_DIR=root)
+    if cache.bypassed() or cache.subfolder(root, "ready") is None:
+        return None         # no cache to compile into: compiled in process at first use
     try:
-        os.makedirs(root, exist_ok=True)
-        return subprocess.Popen([sys.executable, "-I", "-c", code], cwd=root, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    except OSError:     # no process, or an unwritable cache: compiled in process at first use
+        return isolation.popen(f"from ggtool.kernels.first_run import _compile_main; _compile_main({name!r})",
+                               env={"NUMBA_CACHE_DIR": root}, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:     # no process: compiled in process at first use
         return None
 
 
@@ -199,7 +202,7 @@ def _wait_ahead(name: str) -> bool:
     """Wait for the process compiling `name` ahead; whether it compiled it (then this process loads
     it from the cache)."""
     proc = _ahead.pop(name)
-    ok = proc.wait() == 0 and os.path.exists(cache.marker("ready", name))
+    ok = proc.wait() == 0 and _ready(name)
     if ok:
         _compiled.add(name)
     return ok
@@ -221,11 +224,18 @@ def _compile_main(name: str) -> None:
     _mark_ready(name)
 
 
+def _ready(name: str) -> bool:
+    """Whether the cache holds kernel `name`'s ready marker (a plain file, never a link)."""
+    ready = cache.marker("ready", name)
+    return os.path.isfile(ready) and not os.path.islink(ready)
+
+
 def _mark_ready(name: str) -> None:
-    try:                # as the background compiler marks it: ready, and no longer wanted
-        ready = cache.marker("ready", name)
-        os.makedirs(os.path.dirname(ready), exist_ok=True)
-        open(ready, "a").close()
-        os.unlink(cache.marker("wanted", name))
-    except OSError:     # an unwritable cache: this process runs compiled, the next compiles again
-        pass
+    """As the background compiler marks it (``warm``): ready, and no longer wanted."""
+    if cache.bypassed():
+        return
+    from . import warm
+
+    root = cache.cache_dir()
+    warm._mark(root, "ready", name)
+    warm._remove(cache.marker("wanted", name, root))

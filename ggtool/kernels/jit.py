@@ -1,7 +1,8 @@
 """The one place numba is imported: ``njit``, GGML-exact settings, and the on-disk cache.
 
 Kernels are compiled on first use and cached on disk (numba's ``cache=True``), where ``cache``
-says (``cache.cache_dir``).
+says (``cache.cache_dir``), in files with a CRC-32 (``checked_cache``): a damaged one is compiled
+anew, never loaded.
 
 Settings: no ``fastmath`` (GGML's float32 order of operations is the contract: no reassociation,
 no fused multiply-add), ``nogil`` (the quantizer threads run kernels side by side), and numba's
@@ -75,9 +76,104 @@ numba = _load_numba()
 
 
 def njit(fn=None, **options):
-    """numba.njit with ggtool's settings: cache=True, nogil, no bounds checks, numpy's error model."""
+    """numba.njit with ggtool's settings: cache=True (its files checked: `checked_cache`), nogil, no
+    bounds checks, numpy's error model."""
     opts = dict(cache=True, nogil=True, boundscheck=False, error_model="numpy")
     opts.update(options)
     if fn is None:
-        return lambda f: numba.njit(**opts)(f)
-    return numba.njit(**opts)(fn)
+        return lambda f: njit(f, **options)
+    d = numba.njit(**opts)(fn)
+    if opts["cache"]:
+        checked_cache(d)
+    return d
+
+
+def checked_cache(dispatcher) -> None:
+    """Have numba keep `dispatcher`'s compiled code in files it checks (`_CheckedFiles`), not
+    numba's own: a flipped byte in a cached kernel is a miss, not a crash or wrong machine code.
+    For ggtool's kernels only (a library user's own numba functions keep numba's files). Where
+    numba's internals have moved, its own cache stays."""
+    try:
+        dispatcher._cache = _CheckedCache(dispatcher.py_func)
+    except Exception:  # noqa: BLE001 - numba's internals moved: its own cache, unchecked
+        pass
+
+
+try:
+    import pickle
+    import zlib
+
+    from numba.core.caching import FunctionCache, IndexDataCacheFile
+
+    class _CheckedFiles(IndexDataCacheFile):
+        """numba's index (``.nbi``) and data (``.nbc``) files with their payload behind a magic and a
+        CRC-32: one that does not match is removed and reported once (``cache.say``), and numba
+        compiles the kernel anew. The version it writes first is numba's and "+crc32", so files of
+        numba's own format are another version to it (ignored, then overwritten)."""
+
+        MAGIC = b"GGTNBC1\0"
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._version = f"{numba.__version__}+crc32"
+
+        def _dump(self, obj):
+            data = super()._dump(obj)
+            return self.MAGIC + zlib.crc32(data).to_bytes(4, "little") + data
+
+        def _payload(self, data: bytes, path: str):
+            n = len(self.MAGIC)
+            if data[:n] == self.MAGIC and len(data) >= n + 4 and zlib.crc32(data[n + 4:]) == int.from_bytes(data[n:n + 4], "little"):
+                return data[n + 4:]
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            _refused(path)
+            return None
+
+        def _load_index(self):
+            try:
+                with open(self._index_path, "rb") as f:
+                    version = pickle.load(f)
+                    data = f.read()
+            except FileNotFoundError:
+                return {}
+            except Exception:  # noqa: BLE001 - an unreadable head: damaged
+                self._payload(b"", self._index_path)
+                return {}
+            if version != self._version:
+                return {}
+            payload = self._payload(data, self._index_path)
+            if payload is None:
+                return {}
+            stamp, overloads = pickle.loads(payload)
+            return overloads if stamp == self._source_stamp else {}
+
+        def _load_data(self, name):
+            path = self._data_path(name)
+            with open(path, "rb") as f:
+                data = f.read()
+            payload = self._payload(data, path)
+            if payload is None:
+                raise FileNotFoundError(path)      # IndexDataCacheFile.load: a miss
+            return pickle.loads(payload)
+
+    class _CheckedCache(FunctionCache):
+        def __init__(self, py_func):
+            super().__init__(py_func)
+            self._cache_file = _CheckedFiles(cache_path=self._cache_path, filename_base=self._impl.filename_base,
+                                             source_stamp=self._impl.locator.get_source_stamp())
+except Exception:  # noqa: BLE001 - numba's internals moved: numba's own cache, unchecked
+    _CheckedCache = None
+
+
+_told: set[str] = set()
+
+
+def _refused(path: str) -> None:
+    from .cache import say
+
+    if path not in _told:
+        _told.add(path)
+        say(f"a compiled kernel in the cache was refused and is compiled anew: {path} does not match its checksum")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from .. import environment
 from ..errors import GGToolError
 
 GGML = "ggml"
@@ -42,16 +43,17 @@ class NumericsError(GGToolError):
     def __init__(self, name: str, flags: frozenset | None = None):
         self.name, self.kind = name, "unknown-numerics" if flags is None else "no-llama-cpp-build"
         self.flags = flags
+        cpu = f"the CPU {CPU_FLAGS_VAR} describes" if cpu_flags_override() is not None else "this CPU"
         if flags is None:
             msg = f"numerics must be one of {', '.join(NAMES)}, not {name!r}"
         elif _AMX <= flags:
-            msg = (f"numerics {name!r}: this CPU has AMX (amx_int8), where llama.cpp's build multiplies quantized "
+            msg = (f"numerics {name!r}: {cpu} has AMX (amx_int8), where llama.cpp's build multiplies quantized "
                    f"weights with its AMX kernels, neither of the two x86 builds ggtool follows")
         elif _MIXED in flags:
-            msg = (f"numerics {name!r}: this CPU has avx512f without avx512dq, where llama.cpp's build sums F32 "
+            msg = (f"numerics {name!r}: {cpu} has avx512f without avx512dq, where llama.cpp's build sums F32 "
                    f"products in AVX-512's lanes and soft_max in AVX2's, a mix of the two x86 builds ggtool follows")
         else:
-            msg = (f"numerics {name!r}: this CPU has neither AVX-512 (avx512f, avx512dq) nor AVX2 (avx2, fma, f16c), "
+            msg = (f"numerics {name!r}: {cpu} has neither AVX-512 (avx512f, avx512dq) nor AVX2 (avx2, fma, f16c), "
                    f"the two llama.cpp x86 builds ggtool follows")
         super().__init__(msg)
 
@@ -83,9 +85,27 @@ def resolve(name: str, flags) -> str:
     return variant
 
 
-@cache
+CPU_FLAGS_VAR = environment.CPU_FLAGS.name
+
+
+def cpu_flags_override() -> frozenset | None:
+    """GGTOOL_CPU_FLAGS (``ggtool.environment``), where set and not blank: the CPU flags ggtool reads
+    instead of this CPU's (space- or comma-separated, /proc/cpuinfo's names), so that a run acts as
+    another host would, e.g. an AVX2 one (numerics "llama.cpp" then means llama.cpp-avx2; .ci/avx2-host)."""
+    return environment.cpu_flags()
+
+
 def host_flags(path: str = "/proc/cpuinfo") -> frozenset:
-    """This CPU's feature flags (the first "flags" line of /proc/cpuinfo); empty where there is none."""
+    """The CPU feature flags ggtool goes by: GGTOOL_CPU_FLAGS's where it is set, else this CPU's
+    (the first "flags" line of /proc/cpuinfo; empty where there is none)."""
+    override = cpu_flags_override()
+    if override is not None:
+        return override
+    return _cpuinfo_flags(path)
+
+
+@cache
+def _cpuinfo_flags(path: str) -> frozenset:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:

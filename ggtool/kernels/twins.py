@@ -1,13 +1,15 @@
 """numpy twins of the compiled kernels the command line's first runs call: the Q4_0/Q8_0 quantizers
 and fp32 -> fp16 (``quantize``), the activation quantizers (Q8_0 and Q8_1 as the x86 CPU makes
-them, Q8_K), the quantized dot products of every type ``dot`` registers, and the Q4_0/Q8_0
-dequantizers (which the kernels themselves run for small inputs, SMALL_BLOCKS). They give the kernels' bits, and they need no compiling: a process whose
-kernels are not in the cache yet runs them instead (``cache``), while the kernels compile for next
-time.
+them, Q8_K), the dot products of every type ``dot`` registers (F32/F16: ``float_dot``, GGML's
+scalar order as ``dot_float``, its double sums in order one k at a time across the outputs), and
+the Q4_0/Q8_0 dequantizers (which the kernels themselves run for small inputs, SMALL_BLOCKS). They
+give the kernels' bits, and they need no compiling: a process whose kernels are not in the cache
+yet runs them instead (``cache``), while the kernels compile for next time.
 
 How the bits come out equal: the integer sums of a block are computed as float sums of integer
 values by BLAS (float32 for the 32-value blocks: every partial sum stays below 2**24; float64 for the
-K-quants' scaled sums), which are exact in any order, with or without fused multiply-adds; then
+K-quants' scaled sums, below 2**28), which are exact in any order, with or without fused
+multiply-adds: so neither BLAS's kernel set (which OpenBLAS picks by CPU) nor its threads change a bit; then
 the float32 epilogue is the kernels' own, operation for operation and block after block, in numpy's
 elementwise float32 arithmetic (no fusing, no reordering). tests/test_twins.py checks every type
 against the kernels.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import types as T
 from . import decode
 
 _F32 = np.float32
@@ -202,13 +205,15 @@ def _act_k(act: np.ndarray):
 
 
 def covers(type_) -> bool:
-    """Whether `dot` has a twin for weights of type_ (every block type; BF16 compiles)."""
-    return type_ in decode.DECODERS
+    """Whether `dot` has a twin for weights of type_ (F32, F16 and every block type; BF16 compiles)."""
+    return type_ in decode.DECODERS or type_ in _FLOAT
 
 
 def dot(type_, w: np.ndarray, act: np.ndarray, out: np.ndarray) -> None:
-    """out (M, N) = weight rows w (uint8 (N, row_bytes) of type_) . activation rows act (its
-    vec_dot_type), bit for bit as ``dot.dot`` on ``dot.pack(type_, w)``."""
+    """out (M, N) = weight rows w (uint8 (N, row_bytes) of type_, or F32/F16 values) . activation
+    rows act (its vec_dot_type), bit for bit as ``dot.dot`` on ``dot.pack(type_, w)``."""
+    if type_ in _FLOAT:
+        return float_dot(_float_rows(w, _FLOAT[type_]), _float_rows(act, _FLOAT[type_]), out)
     decoder = decode.DECODERS[type_]
     k = type_ in decode.K_TYPES
     a = _act_k(act) if k else _act_32(act, 36 if type_ in decode.MIN_TYPES else 34)
@@ -256,3 +261,44 @@ def _dot_k(rows, a, out) -> None:
         t *= summ[b]
         acc -= t
     out[...] = acc
+
+
+# -- F32 and F16: GGML's scalar ggml_vec_dot_f32 / _f16 ---------------------------------------------
+_FLOAT = {T.F32: np.float32, T.F16: np.float16}     # the types dot_float computes
+FLOAT_CHUNK = 1 << 18                       # products held at once by the short-row path (2 MiB in float64)
+
+
+def _float_rows(a: np.ndarray, dtype) -> np.ndarray:
+    """Rows of `dtype` (M, K) as float32: already float, or their bytes (uint8) viewed; fp16 widened
+    exactly."""
+    a = np.asarray(a)
+    if a.dtype != dtype:
+        a = np.ascontiguousarray(a).view(dtype)
+    return a.astype(_F32, copy=False)
+
+
+def float_dot(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out (M, N) = w (N, K) . x (M, K), float32 rows, in GGML's scalar order: per output a double
+    from +0.0, plus (double)(w[k] * x[k]) (a float32 product) for k in order, rounded once: as
+    ``dot_float`` computes it. Many outputs: one k at a time over all of them (a float32 product,
+    added into float64 accumulators); few: the products of a chunk of outputs at once, summed by
+    ``np.add.accumulate`` along k (a running sum, in order by definition)."""
+    N, K = w.shape
+    M = x.shape[0]
+    if M * N >= 4096:
+        acc = np.zeros((M, N), np.float64)
+        prod = np.empty((M, N), _F32)
+        wt = np.ascontiguousarray(w.T)
+        with np.errstate(all="ignore"):
+            for k in range(K):
+                np.multiply(x[:, k:k + 1], wt[k], out=prod)
+                np.add(acc, prod, out=acc)
+        out[...] = acc
+        return
+    rows = max(1, FLOAT_CHUNK // max(K, 1))
+    with np.errstate(all="ignore"):
+        for m in range(M):
+            for n0 in range(0, N, rows):
+                prod = (w[n0:n0 + rows] * x[m]).astype(np.float64)        # float32 products, exact in double
+                s = np.add.accumulate(prod, axis=1)[:, -1] if K else np.zeros(len(prod))
+                out[m, n0:n0 + rows] = s + 0.0     # +0.0 as GGML's sum starts: -0.0 becomes +0.0

@@ -1,8 +1,15 @@
-"""`python -m ggtool.kernels.warm`: the background process that fills the kernel cache (``cache``).
+"""The background process that fills the kernel cache (``cache``), started isolated by the command
+line (``cache._want``: ``python -I -c "...; from ggtool.kernels.warm import main; main()"`` in "/").
 
 It waits for the command that started it to exit (end of its stdin), takes the cache's lock (or
 leaves it to the process holding it), then compiles every kernel named in ``wanted/`` that is not
 ``ready/`` yet, by calling it on small arrays of the types the engine passes it, and marks it ready.
+
+The queue is only file names: an entry that names no kernel (`known`: a stray file, a name
+from another version of ggtool, a link) is removed and never stops the others (another Python's
+entries are left to it); a kernel that fails to compile is
+marked in ``failed/`` (with the error) and not tried again in this cache, so a broken one costs
+one attempt, not one per run.
 """
 
 from __future__ import annotations
@@ -13,9 +20,11 @@ import sys
 
 from . import cache
 
+QUANTIZERS = ("F16", "Q4_0", "Q8_0", "Q8_0_cpu", "Q8_1_cpu", "Q8_K")
+
 
 def _dot(type_name: str) -> None:
-    import numpy as np      # here, not at the top: nothing heavier than os loads while the command runs
+    import numpy as np  # here, not at the top: nothing heavier than os loads while the command runs
 
     from .. import types as T
     from . import dot
@@ -45,36 +54,112 @@ def _quantizer(kind: str) -> None:
     kernel(np.zeros((1, nval), np.float32), np.zeros((1, nbytes), np.uint8))
 
 
+def _float_rows(kind: str) -> None:
+    import numpy as np
+
+    from . import portable_math
+
+    portable_math.compiled(kind)(np.zeros((1, 1), np.float32))
+
+
+def _dot_types() -> set[str]:
+    from .. import types as T
+
+    return {T.type_name(t) for t in T.DOT_TYPES}
+
+
+# What the queue may name, "<kind>:<argument>" (``cache.use_kernel``): kind -> (how to compile it, the
+# arguments it takes, or None for any: the compile function refuses what it does not know).
+KINDS = {"dot": (_dot, _dot_types), "quantize": (_quantizer, lambda: set(QUANTIZERS)),
+         "float_rows": (_float_rows, lambda: {"exp", "seq_sum"})}
+
+
+def known(name: str) -> bool:
+    """Whether `name` names a kernel this version compiles."""
+    kind, _, arg = name.partition(":")
+    if kind not in KINDS:
+        return False
+    args = KINDS[kind][1]
+    return args is None or arg in args()
+
+
 def compile_kernel(name: str) -> None:
-    """Compile (or load) kernel `name`: "dot:<type>" or "quantize:<kind>" (``cache.use_kernel``)."""
-    what, arg = name.split(":", 1)
-    {"dot": _dot, "quantize": _quantizer}[what](arg)
+    """Compile (or load) kernel `name`, one that is `known`; KeyError for any other name."""
+    if not known(name):
+        raise KeyError(name)
+    kind, _, arg = name.partition(":")
+    KINDS[kind][0](arg)
 
 
 def _pending(root: str) -> list[str]:
-    tag = "." + sys.implementation.cache_tag
+    """The queue's kernels not ready yet, in order. An entry of this Python that names no kernel, or
+    is no plain file, or names one done already, is removed; another Python's entries are left to it."""
+    tag = sys.implementation.cache_tag
     try:
-        names = [f[:-len(tag)] for f in os.listdir(os.path.join(root, "wanted")) if f.endswith(tag)]
-    except FileNotFoundError:
+        files = os.listdir(os.path.join(root, "wanted"))
+    except OSError:
         return []
-    return sorted(n for n in names if not os.path.exists(cache.marker("ready", n, root)))
+    names = []
+    for f in files:
+        path = os.path.join(root, "wanted", f)
+        name, _, its_tag = f.rpartition(".")
+        if its_tag != tag and its_tag.startswith(("cpython-", "pypy")) and name:
+            continue
+        if its_tag == tag and known(name) and os.path.isfile(path) and not os.path.islink(path) \
+                and not os.path.exists(cache.marker("ready", name, root)) \
+                and not os.path.exists(cache.marker("failed", name, root)):
+            names.append(name)
+        else:
+            _remove(path)
+    return sorted(names)
+
+
+def _remove(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _mark(root: str, folder: str, name: str, text: str = "") -> None:
+    if cache.subfolder(root, folder) is None:
+        return
+    path = cache.marker(folder, name, root)
+    cache.touch(path)
+    if text:
+        with open(path, "w") as f:
+            f.write(text)
 
 
 def main() -> None:
     sys.stdin.buffer.read()                     # until the command that started this one has exited
     root = cache.cache_dir()
-    with open(os.path.join(root, "compile.lock"), "a") as lock:
+    if cache.bypassed():
+        return
+    lock_path = os.path.join(root, "compile.lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:                             # a link at its name, an unwritable cache: nothing to do
+        return
+    with os.fdopen(fd, "r+b") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return                              # another one compiles this cache
         for _ in range(2):                      # names wanted meanwhile are picked up once more
             for name in _pending(root):
-                compile_kernel(name)
-                ready = cache.marker("ready", name, root)
-                os.makedirs(os.path.dirname(ready), exist_ok=True)
-                open(ready, "a").close()
-                os.unlink(cache.marker("wanted", name, root))
+                try:
+                    compile_kernel(name)
+                except Exception as e:           # a kernel that does not compile here: not tried again
+                    _mark(root, "failed", name, f"{type(e).__name__}: {e}\n")
+                else:
+                    _mark(root, "ready", name)
+                _remove(cache.marker("wanted", name, root))
 
 
 if __name__ == "__main__":

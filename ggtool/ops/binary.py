@@ -1,10 +1,12 @@
-"""add, sub, mul, div: element-wise with GGML's modulo (tiling) broadcast of b over a (spec 6.1).
+"""add, sub, mul, div: element-wise with GGML's modulo (tiling) broadcast of b over a
+(ggml_add, ggml_sub, ggml_mul, ggml_div; ggml_can_repeat(b, a)).
 
 Row r = (i1, i2, i3) of a meets row (i1 % ne11, i2 % ne12, i3 % ne13) of b, and element i0
 meets b element i0 % ne10: numpy's `a op np.tile(b, reps)`. Splitting every dim of a into
 (repeats, b's size) turns that into plain broadcasting, so nothing is copied.
 
-Math is float32. ADD and SUB take blocks of rows, MUL and DIV interleave rows (spec 9.3).
+Math is float32. ADD and SUB take blocks of rows, MUL and DIV interleave rows, as
+ggml_compute_forward_add/sub/mul/div split them.
 Types: F32 everywhere; ADD also F16 (+F16/F32) and Q4_0/Q8_0 + F32 (dequantize, add,
 requantize row by row, which is why ADD has a work size for quantized a).
 """
@@ -105,7 +107,7 @@ def forward_add(node, ith, nth, work):
 
 @kernel("SUB", n_tasks=1)
 def forward_sub(node, ith, nth, work):
-    """n_tasks is 1, yet every thread takes its block of rows (spec 8.1)."""
+    """n_tasks is 1 (ggml_get_n_tasks), yet every thread takes its block of rows (ggml_compute_forward_sub_f32)."""
     if _same_shape_f32(node, ith, nth, np.subtract, interleaved=False):
         return
     _f32_only(node, "sub")

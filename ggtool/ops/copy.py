@@ -1,4 +1,5 @@
-"""cpy, cont, cont_1d..4d, dup: copies in source logical order with type conversion (spec 5, 6.11).
+"""cpy, cont, cont_1d..4d, dup: copies in source logical order with type conversion
+(ggml_cpy, ggml_cont, ggml_dup; ggml_compute_forward_dup).
 
 One kernel serves DUP, CPY and CONT, like ggml_compute_forward_dup. The path follows the types:
 - same type, both packed: a byte copy split by elements (blocks) over the threads;
@@ -111,7 +112,7 @@ def _forward_dup(node, ith, nth, work):
 
 
 def _copy_work(node, n_tasks: int) -> int:
-    """A float row per thread when the destination is quantized (spec 8.2), or when cpy goes
+    """A float row per thread when the destination is quantized (ggml_graph_plan's work size for CPY and DUP), or when cpy goes
     between f16 and bf16 (through f32: ggml_graph_plan's rule, which looks at cpy's b, so not dup)."""
     b = node.src[1] if len(node.src) > 1 else None
     through_f32 = b is not None and {node.src[0].type, b.type} == {T.F16, T.BF16}

@@ -1,4 +1,5 @@
-"""view_1d..4d, reshape_1d..4d, permute, transpose: views that allocate no data (spec section 5)."""
+"""view_1d..4d, reshape_1d..4d, permute, transpose: views that allocate no data (ggml_view_*,
+ggml_reshape_*, ggml_permute, ggml_transpose)."""
 
 from __future__ import annotations
 

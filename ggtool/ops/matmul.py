@@ -1,4 +1,5 @@
-"""mul_mat: out[i, j, k, l] = row i of a . row j of b (spec 6.7, 8.2, 9.3).
+"""mul_mat: out[i, j, k, l] = row i of a . row j of b (ggml_mul_mat;
+ggml_compute_forward_mul_mat, and its work size in ggml_graph_plan).
 
 With C-order arrays A (M, K) and B (N, K) the result is B @ A.T. Dims 2/3 broadcast by block
 repeat: b-matrix (i12, i13) uses a-matrix (i12 // r2, i13 // r3).
@@ -8,7 +9,10 @@ BF16 for BF16), every
 thread first converts its interleaved b rows into the work buffer (packed rows at
 i13*nbw3 + i12*nbw2 + i11*nbw1), then all threads meet at the barrier. The output is then cut
 into tiles that depend on the shapes only (see tile_shape); each thread takes a contiguous run
-of them and computes each with one BLAS call or one quantized dot.
+of them and computes each with one compiled dot: for F32/F16 weights GGML's scalar
+ggml_vec_dot_f32/_f16 (``kernels.dot_float``: a double sum per output, in order, the same bits on
+every host; never numpy's BLAS, whose order is its CPU kernel set's), for the block types their
+integer block dots, under ``numerics="llama.cpp*"`` llama.cpp's x86 orders (``kernels.x86``).
 """
 
 from __future__ import annotations
@@ -63,18 +67,18 @@ def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
 
 
 # The output is cut into tiles whose size depends on the shapes and a's type only, never on nth:
-# each tile is one BLAS call (or one quantized dot), so every element is computed by the same call
-# whatever the number of participants, and results are bit-identical for 1..N of them (GGML's own
-# chunks give that property to its dot products; a BLAS call over a different sub-block would not).
-# (b rows, a rows) per tile: a BLAS call packs its x panel once, so square 512 x 512 blocks beat
-# 256 x 1024 ones (the same number of tiles) by ~7% on one core here; the quantized dots repack a
-# column tile once and prefer long ones (fewer calls per mat-vec).
-TILE_BLAS = (512, 512)
+# each tile is one call of a dot kernel, so every element is computed by the same call whatever the
+# number of participants, and results are bit-identical for 1..N of them (GGML's own chunks give
+# that property to its dot products). The F32/F16 dot of the default numerics sums each element on
+# its own, so there any cut gives the same bits; its tiles (TILE_FLOAT) group the b matrices that
+# share an a matrix (_float_tiles). (b rows, a rows) per tile: the quantized dots repack a column
+# tile once and prefer long ones (fewer calls per mat-vec).
+TILE_FLOAT = (512, 512)
 TILE_QUANT = (256, 1024)
 
 
 def tile_shape(a_type) -> tuple[int, int]:
-    return TILE_BLAS if a_type in (T.F32, T.F16) else TILE_QUANT
+    return TILE_FLOAT if a_type in (T.F32, T.F16) else TILE_QUANT
 
 
 def _tiles(nr0: int, nr1: int, ne1: int, shape=TILE_QUANT):
@@ -96,21 +100,16 @@ def _my_tiles(nr0: int, nr1: int, ne1: int, ith: int, nth: int, shape=TILE_QUANT
 
 
 def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray, tile: tuple) -> None:
-    """out (m, n) = x (m, K) . w (n, K)^T in a's arithmetic; tile names w's rows within a (the
+    """out (m, n) = x (m, K) . w (n, K)^T for a's block type; tile names w's rows within a (the
     key of their repacked form, made once per weight's storage)."""
-    if a.type == T.F32:
-        np.matmul(x, w.T, out=out)
-    elif a.type == T.F16:  # f16 x f16 products are exact in float32; sums in float32
-        np.matmul(x.astype(np.float32), w.astype(np.float32).T, out=out)
-    else:
-        from ..quant import matmul as qm
+    from ..quant import matmul as qm
 
-        def repack():       # imports the compiled packers (numba) only when the kernel runs
-            from ..kernels import dot
-            return dot.pack(a.type, w)
+    def repack():       # imports the compiled packers (numba) only when the kernel runs
+        from ..kernels import dot
+        return dot.pack(a.type, w)
 
-        w = np.ascontiguousarray(w)
-        qm.mul_mat_into(a.type, w, np.ascontiguousarray(x), out, pack=lambda: qm.weight_pack(a, tile, repack, w))
+    w = np.ascontiguousarray(w)
+    qm.mul_mat_into(a.type, w, np.ascontiguousarray(x), out, pack=lambda: qm.weight_pack(a, tile, repack, w))
 
 
 @kernel("MUL_MAT", n_tasks=ALL, work_size=_work_size)
@@ -131,6 +130,8 @@ def forward_mul_mat(node, ith, nth, work):
     r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
     w = a.data
     x86 = _x86_block(a, b, wide(work.numerics)) if is_llama_cpp(work.numerics) else None
+    if x86 is None and a.type in (T.F32, T.F16):
+        return _float_mul_mat(a, act, out, r2, r3, ith, nth)
     for row0, row1, col0, col1 in _my_tiles(ne0, ne1 * ne2 * b.ne[3], ne1, ith, nth, tile_shape(a.type)):
         i13, i12 = divmod(row0 // ne1, ne2)
         i0, i1 = row0 % ne1, row0 % ne1 + (row1 - row0)
@@ -140,6 +141,34 @@ def forward_mul_mat(node, ith, nth, work):
             x86(*args, i0)
         else:
             _dot_block(a, *args, (m3, m2, col0, col1))
+
+
+def _float_tiles(a, ne11: int, r2: int, r3: int):
+    """F32/F16 tiles as (m3, m2, row0, row1, col0, col1): the b matrices that read a's matrix (m2, m3)
+    (mul_mat's broadcast: a grouped-query attention's heads read one K) form one run of r3*r2*ne11 rows,
+    cut with a's rows into TILE_FLOAT tiles, so that a's rows are transposed once for all of them."""
+    rows, cols = TILE_FLOAT
+    for m3 in range(a.ne[3]):
+        for m2 in range(a.ne[2]):
+            for r0 in range(0, r3 * r2 * ne11, rows):
+                for c0 in range(0, a.ne[1], cols):
+                    yield m3, m2, r0, min(r0 + rows, r3 * r2 * ne11), c0, min(c0 + cols, a.ne[1])
+
+
+def _float_mul_mat(a, act, out, r2: int, r3: int, ith: int, nth: int) -> None:
+    """F32/F16 weights, default numerics: participant ith's share of _float_tiles. Every output is its
+    own sum in GGML's scalar order (kernels.dot_float), so neither the tiles nor the share change a bit."""
+    from ..quant import matmul as qm
+
+    tiles = list(_float_tiles(a, act.shape[2], r2, r3))
+    ne11 = act.shape[2]
+    for m3, m2, row0, row1, col0, col1 in tiles[ith * len(tiles) // nth: (ith + 1) * len(tiles) // nth]:
+        u3, rem = np.divmod(np.arange(row0, row1), r2 * ne11)
+        u2, i11 = np.divmod(rem, ne11)
+        i13, i12 = m3 * r3 + u3, m2 * r2 + u2
+        res = np.empty((row1 - row0, col1 - col0), np.float32)
+        qm.mul_mat_into(a.type, a.data[m3, m2, col0:col1], act[i13, i12, i11], res)
+        out[i13, i12, i11, col0:col1] = res
 
 
 X86_TYPES = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)

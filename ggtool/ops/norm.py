@@ -1,7 +1,9 @@
-"""norm and rms_norm: each row normalised on its own, no weight or bias (spec 6.6).
+"""norm and rms_norm: each row normalised on its own, no weight or bias (ggml_norm,
+ggml_rms_norm).
 
 Threads take dim-1 rows interleaved (i01 = ith, ith+nth, ...) inside every (i02, i03) slice.
-Sums are float64 over float32 terms (GGML sums `(ggml_float)(v*v)`, the product in float).
+Sums are GGML's: a float64 from +0.0, plus each float32 term in order (GGML sums `(ggml_float)(v*v)`,
+the product in float), whatever the host (``portable_math.seq_sum``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..kernels.portable_math import seq_sum
 from .base import ALL, function, kernel, new_op
 from .walk import grid_chunks, require, require_type
 
@@ -33,14 +36,14 @@ def _by_chunks(node, ith, nth, op, rows_fn) -> None:
 
 
 def _norm_rows(x, eps, n):
-    mean = (x.sum(axis=-1, dtype=np.float64) / n).astype(f32)
+    mean = (seq_sum(x) / n).astype(f32)
     v = x - mean[..., None]
-    variance = ((v * v).sum(axis=-1, dtype=np.float64) / n).astype(f32)
+    variance = (seq_sum(v * v) / n).astype(f32)
     return v * (f32(1) / np.sqrt(variance + eps))[..., None]
 
 
 def _rms_norm_rows(x, eps, n):
-    mean = ((x * x).sum(axis=-1, dtype=np.float64) / n).astype(f32)
+    mean = (seq_sum(x * x) / n).astype(f32)
     return x * (f32(1) / np.sqrt(mean + eps))[..., None]
 
 

@@ -1,4 +1,4 @@
-"""Reductions over rows: sum, sum_rows, mean, argmax (spec 6.4). All run on thread 0.
+"""Reductions over rows: ggml_sum, ggml_sum_rows, ggml_mean, ggml_argmax. All run on thread 0.
 
 F32 rows are summed in double, as GGML's ggml_float accumulators do, and rounded once.
 """

@@ -1,4 +1,5 @@
-"""rope: rotary position embedding, normal (mode 0) and NEOX (mode 2) pairings (spec 6.12).
+"""rope: rotary position embedding, normal (mode 0) and NEOX (mode 2) pairings (ggml_rope_ext;
+ggml_compute_forward_rope_f32).
 
 a is [head_dim, n_heads, n_tokens, batch]; b holds one I32 position per token. Angles follow
 GGML's cache exactly: theta starts at (float)p and is multiplied by theta_scale once per pair,
@@ -7,9 +8,12 @@ in float32 (an iterative product, not a recomputed power).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from .. import types as T
+from ..kernels import portable_math as pm
 from ..kernels.numerics import is_llama_cpp
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
 from .walk import chunks, require, require_type, unravel_rows, with_shape
@@ -18,21 +22,48 @@ f32 = np.float32
 ROPE_TYPE_NEOX = 2
 
 
+# The caches of recent (positions, parameters): every layer of a model ropes its queries and keys at
+# the same positions with one of a few bases, and computes the same caches again (GGML does too);
+# kept here they are computed once a batch. Bounded: CACHE_KEEP entries of at most CACHE_VALUES pairs.
+_CACHES: OrderedDict = OrderedDict()
+CACHE_KEEP, CACHE_VALUES = 64, 1 << 16
+
+
 def _cos_sin(pos: np.ndarray, ne0: int, n_dims: int, freq_base, freq_scale, attn_factor, x86: bool = False):
+    """_cos_sin_uncached's result, from _CACHES where the same positions and parameters met before."""
+    if len(pos) * (ne0 // 2) > CACHE_VALUES:
+        return _cos_sin_uncached(pos, ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
+    key = (np.asarray(pos, np.int64).tobytes(), ne0, n_dims, float(freq_base), float(freq_scale), float(attn_factor), x86)
+    got = _CACHES.get(key)
+    if got is None:
+        got = _cos_sin_uncached(pos, ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
+        for a in got:
+            a.flags.writeable = False
+        _CACHES[key] = got
+        while len(_CACHES) > CACHE_KEEP:
+            _CACHES.popitem(last=False)
+    else:
+        _CACHES.move_to_end(key)
+    return got
+
+
+def _cos_sin_uncached(pos: np.ndarray, ne0: int, n_dims: int, freq_base, freq_scale, attn_factor, x86: bool = False):
     """cos/sin caches, shape (len(pos), ne0/2): ggml_rope_cache_init with ext_factor = 0. GGML calls
-    the C library's cosf/sinf; by default ggtool rounds the double-precision cos/sin (correctly
-    rounded floats, whatever the C library), llama.cpp's numerics call cosf/sinf, as its builds do."""
-    theta_scale = f32(freq_base) ** (f32(-2.0) / f32(n_dims))
+    the C library's powf, cosf and sinf; by default ggtool takes ``portable_math``'s (correctly
+    rounded floats, the same on every host, whatever the C library), llama.cpp's numerics the C
+    library's, as its builds do."""
+    exponent = f32(-2.0) / f32(n_dims)
     if x86:
         from ..kernels.x86 import rope_cache
 
+        theta_scale = f32(freq_base) ** exponent          # numpy's float32 power: the C library's powf
         return rope_cache(pos.astype(np.int64), ne0 // 2, theta_scale, f32(freq_scale), f32(attn_factor))
+    theta_scale = pm.powf(freq_base, exponent)
     steps = np.empty((len(pos), ne0 // 2), dtype=f32)
     steps[:, 0] = pos.astype(f32)
     steps[:, 1:] = theta_scale
     theta = np.cumprod(steps, axis=1, dtype=f32) * f32(freq_scale)   # sequential float32 products
-    t64 = theta.astype(np.float64)
-    return (np.cos(t64).astype(f32) * f32(attn_factor), np.sin(t64).astype(f32) * f32(attn_factor))
+    return pm.cos_f32(theta) * f32(attn_factor), pm.sin_f32(theta) * f32(attn_factor)
 
 
 @kernel("ROPE", n_tasks=ALL, work_size=lambda node, n_tasks: 4 * node.ne[0] * n_tasks)

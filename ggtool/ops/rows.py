@@ -1,4 +1,5 @@
-"""Data movement by rows and tiles: get_rows, set_rows, repeat, concat (spec 6.5, 6.10)."""
+"""Data movement by rows and tiles: get_rows, set_rows, repeat, concat (ggml_get_rows,
+ggml_set_rows, ggml_repeat, ggml_concat)."""
 
 from __future__ import annotations
 

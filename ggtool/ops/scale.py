@@ -1,4 +1,4 @@
-"""scale and clamp: F32 maps with scalar op_params (spec 6.2, 6.13).
+"""scale and clamp: F32 maps with scalar op_params (ggml_scale, ggml_clamp).
 
 clamp is GGML's oddity: its result is a view of `a` (op CLAMP), so computing it overwrites a.
 """
@@ -14,7 +14,8 @@ from .walk import map_rows, require, require_type, row_walk
 
 @kernel("SCALE", n_tasks=1)
 def forward_scale(node, ith, nth, work):
-    """y = x*s in float32; rows in blocks over every thread although n_tasks is 1 (spec 8.1)."""
+    """y = x*s in float32; rows in blocks over every thread although n_tasks is 1
+    (ggml_get_n_tasks; ggml_compute_forward_scale_f32 splits anyway)."""
     a = node.src[0]
     require_type(a, "scale", (T.F32,))
     require(a.is_contiguous() and node.is_contiguous(), "scale", "a and the result must be contiguous")

@@ -1,4 +1,5 @@
-"""soft_max, soft_max_ext (mask, scale, ALiBi) and diag_mask_inf (spec 6.8, 6.9)."""
+"""soft_max, soft_max_ext (mask, scale, ALiBi) and diag_mask_inf (ggml_soft_max_ext,
+ggml_diag_mask_inf)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import numpy as np
 
 from .. import types as T
+from ..kernels import portable_math as pm
 from ..kernels.numerics import is_llama_cpp, wide
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
 from .walk import chunks, require, require_type, row_walk
@@ -19,14 +21,15 @@ def _soft_max_tasks(node, n_threads: int) -> int:
 
 
 def _alibi_slopes(rows: np.ndarray, ne1: int, ne2: int, max_bias: np.float32) -> np.ndarray:
-    """Per-row slope: head h = (row/ne1) % ne2, m0^(h+1) or m1^(2(h-nhl)+1), all in float32."""
+    """Per-row slope: head h = (row/ne1) % ne2, powf(m0, h+1) or powf(m1, 2(h-nhl)+1), m0 =
+    powf(2, -max_bias/nhl), m1 = powf(2, -(max_bias/2)/nhl): float32, each power correctly rounded."""
     if max_bias <= 0:
         return np.ones(len(rows), dtype=f32)
-    nhl = f32(1 << math.floor(math.log2(ne2)))
-    m0 = f32(2) ** (-max_bias / nhl)
-    m1 = f32(2) ** (-(max_bias / f32(2)) / nhl)
-    h = (rows // ne1) % ne2
-    return np.where(h < nhl, m0 ** (h + 1).astype(f32), m1 ** (2 * (h - nhl) + 1).astype(f32)).astype(f32)
+    nhl = 1 << math.floor(math.log2(ne2))
+    m0 = pm.powf(2.0, -max_bias / f32(nhl))
+    m1 = pm.powf(2.0, -(max_bias / f32(2)) / f32(nhl))
+    slope = np.array([pm.powf(m0, h + 1) if h < nhl else pm.powf(m1, 2 * (h - nhl) + 1) for h in range(ne2)], f32)
+    return slope[(rows // ne1) % ne2]
 
 
 @kernel("SOFT_MAX", n_tasks=_soft_max_tasks, work_size=lambda node, n_tasks: 4 * node.ne[0] * n_tasks)
@@ -66,8 +69,8 @@ def _soft_max_rows(a, x, m, r0: int, r1: int, scale, max_bias, x86, wide_lanes: 
         x86.soft_max_rows(np.ascontiguousarray(w, dtype=f32), y, x86.EXPF, wide_lanes)
         return y
     with np.errstate(all="ignore"):
-        e = np.exp(w - w.max(axis=1, keepdims=True))
-        inv = (1.0 / e.sum(axis=1, dtype=np.float64)).astype(f32)
+        e = pm.exp_f32(w - w.max(axis=1, keepdims=True))
+        inv = (1.0 / pm.seq_sum(e)).astype(f32)         # ggml_float sum in order, then 1.0/sum as float
         return e * inv[:, None]
 
 

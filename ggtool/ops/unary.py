@@ -1,9 +1,13 @@
 """Element-wise F32 maps: the UNARY family (op UNARY, the sub-op in op_params[0]: abs ... exp,
-gelu, silu) and the stand-alone ops sqr, sqrt, log, sin, cos (spec 6.3).
+gelu, silu) and the stand-alone ops sqr, sqrt, log, sin, cos (ggml_unary, ggml_sqr, ...).
 
 GELU and GELU_QUICK go through GGML's fp16 lookup tables, so their outputs are fp16 values.
-Which threads work follows spec 9.3: GELU, GELU_QUICK and SILU split rows in blocks, every
-other op here runs on thread 0 alone. Rows are read the way GGML walks them (row i at i*nb1).
+The transcendentals (exp, expm1, log, tanh, sin, cos, and those inside the tables) are
+``ggtool.kernels.portable_math``'s: correctly rounded float32 results (computed in float64 and
+rounded once, as a good C library's expf, tanhf, ... give them), with the same bits on every host.
+Which threads work follows GGML's kernels (ggml_compute_forward_gelu_f32 and its neighbours):
+GELU, GELU_QUICK and SILU split rows in blocks, every other op here runs on thread 0 alone.
+Rows are read the way GGML walks them (row i at i*nb1).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import types as T
+from ..kernels import portable_math as pm
 from ..kernels.numerics import is_llama_cpp
 from ..tensor import UNARY_OPS
 from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
@@ -29,7 +34,7 @@ GELU_QUICK_COEF = f32(-1.702)
 def _gelu_f32(x: np.ndarray) -> np.ndarray:
     """ggml_gelu_f32, float32 in C's evaluation order (tanhf correctly rounded via float64)."""
     inner = SQRT_2_OVER_PI * x * (f32(1) + GELU_COEF_A * x * x)
-    return f32(0.5) * x * (f32(1) + np.tanh(inner.astype(np.float64)).astype(f32))
+    return f32(0.5) * x * (f32(1) + pm.tanh_f32(inner))
 
 
 def _gelu_f32_x86(x: np.ndarray) -> np.ndarray:
@@ -38,15 +43,27 @@ def _gelu_f32_x86(x: np.ndarray) -> np.ndarray:
     from ..kernels.x86 import fma
 
     inner = SQRT_2_OVER_PI * x * fma(GELU_COEF_A * x, x, np.ones_like(x))
-    return f32(0.5) * x * (f32(1) + np.tanh(inner.astype(np.float64)).astype(f32))
+    return f32(0.5) * x * (f32(1) + pm.tanh_f32(inner))
 
 
 def _gelu_quick_f32(x: np.ndarray) -> np.ndarray:
-    e = np.exp((GELU_QUICK_COEF * x).astype(np.float64)).astype(f32)
-    return x * (f32(1) / (f32(1) + e))
+    """ggml_gelu_quick_f32: x * (1 / (1 + expf(GELU_QUICK_COEF * x)))."""
+    return x * (f32(1) / (f32(1) + pm.exp_f32(GELU_QUICK_COEF * x)))
 
 
 _TABLES: dict[str, np.ndarray] = {}
+
+
+def _quiet_nan_entries(table: np.ndarray) -> np.ndarray:
+    """Sets a table's NaN entries (index h a NaN's fp16 bits) to h quieted and widened, as GGML's
+    tables hold them on x86-64: F16C's conversions quiet a NaN and keep its payload, and every
+    function of x here keeps x's payload. numpy's own fp16 conversions of a NaN differ between its
+    versions and CPU paths, so these entries are set from the bits, the same on every host."""
+    h = np.arange(1 << 16, dtype=np.uint32)
+    nan = ((h & 0x7C00) == 0x7C00) & ((h & 0x3FF) != 0)
+    bits = ((h & 0x8000) << 16) | np.uint32(0x7FC00000) | ((h & 0x3FF) << 13)
+    table[nan] = bits[nan].view(f32)
+    return table
 
 
 def _table(name: str, fn: Callable) -> np.ndarray:
@@ -54,7 +71,7 @@ def _table(name: str, fn: Callable) -> np.ndarray:
     if name not in _TABLES:
         h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(f32)
         with np.errstate(all="ignore"):
-            _TABLES[name] = fn(h).astype(np.float16).astype(f32)
+            _TABLES[name] = _quiet_nan_entries(fn(h).astype(np.float16).astype(f32))
     return _TABLES[name]
 
 
@@ -100,28 +117,37 @@ _OPS: dict[str, tuple[str, bool, str, Callable, str]] = {
             "sign of a: -1, 0 or 1 (NaN gives 0)"),
     "neg": ("NEG", True, "thread0", np.negative, "-a"),
     "step": ("STEP", True, "thread0", lambda x: _relu_like(x, f32(1), f32(0)), "1 where a > 0, else 0"),
-    "tanh": ("TANH", True, "thread0", np.tanh, "tanh(a)"),
-    "elu": ("ELU", True, "thread0", lambda x: _relu_like(x, x, np.expm1(x)), "a if a > 0 else expm1(a)"),
+    "tanh": ("TANH", True, "thread0", pm.tanh_f32, "tanh(a)"),
+    "elu": ("ELU", True, "thread0", lambda x: _relu_like(x, x, pm.expm1_f32(x)), "a if a > 0 else expm1(a)"),
     "relu": ("RELU", True, "thread0", lambda x: _relu_like(x, x, f32(0)), "a if a > 0 else 0"),
-    "sigmoid": ("SIGMOID", True, "thread0", lambda x: f32(1) / (f32(1) + np.exp(-x)), "1/(1+exp(-a))"),
+    "sigmoid": ("SIGMOID", True, "thread0", lambda x: f32(1) / (f32(1) + pm.exp_f32(-x)), "1/(1+exp(-a))"),
     "gelu": ("GELU", True, "block", _gelu,
              "GELU (tanh approximation) looked up through GGML's fp16 table; 0 below -10, a above 10"),
     "gelu_quick": ("GELU_QUICK", True, "block", _gelu_quick,
                    "a*sigmoid(1.702a) looked up through GGML's fp16 table"),
-    "silu": ("SILU", True, "block", lambda x: x / (f32(1) + np.exp(-x)), "a/(1+exp(-a))"),
+    "silu": ("SILU", True, "block", lambda x: x / (f32(1) + pm.exp_f32(-x)), "a/(1+exp(-a))"),
     "hardswish": ("HARDSWISH", True, "thread0", lambda x: x * _hardsigmoid(x), "a*min(1, max(0, (a+3)/6))"),
     "hardsigmoid": ("HARDSIGMOID", True, "thread0", _hardsigmoid, "min(1, max(0, (a+3)/6))"),
-    "exp": ("EXP", True, "thread0", np.exp, "exp(a)"),
+    "exp": ("EXP", True, "thread0", pm.exp_f32, "exp(a)"),
     "sqr": ("SQR", False, "thread0", np.square, "a*a"),
     "sqrt": ("SQRT", False, "thread0", np.sqrt, "sqrt(a)"),
-    "log": ("LOG", False, "thread0", np.log, "natural log of a"),
-    "sin": ("SIN", False, "thread0", np.sin, "sin(a)"),
-    "cos": ("COS", False, "thread0", np.cos, "cos(a)"),
+    "log": ("LOG", False, "thread0", pm.log_f32, "natural log of a"),
+    "sin": ("SIN", False, "thread0", pm.sin_f32, "sin(a)"),
+    "cos": ("COS", False, "thread0", pm.cos_f32, "cos(a)"),
 }
 
 
 # the formulas llama.cpp's x86-64 builds evaluate differently (its numerics, AVX2 and AVX-512 alike)
 _X86: dict[str, Callable] = {"GELU": _gelu_x86}
+# and those it evaluates differently that ggtool does not model (they compute as by default under
+# llama.cpp's numerics): ggml_vec_silu_f32 runs ggml_v_silu, a vector expf of GGML's own, on 16 (8) lanes
+X86_UNMODELLED = ("SILU",)
+
+
+def without_x86_form(nodes) -> list:
+    """The unary nodes among `nodes` that llama.cpp's x86 build computes otherwise and ggtool's
+    llama.cpp numerics do not model (X86_UNMODELLED)."""
+    return [n for n in nodes if n.op == "UNARY" and n.op_desc in X86_UNMODELLED]
 
 
 def _make_kernel(op: str, split: str, fn: Callable):

@@ -1,4 +1,5 @@
-"""The worker pool: GGML's compute threads as processes over shared memory (spec section 9).
+"""The worker pool: GGML's compute threads as processes over shared memory (ggml_graph_compute
+and its thread pool).
 
 Python threads cannot run the numpy kernels of one node in parallel, so `WorkerPool` starts N-1
 worker processes once and reuses them for every graph; the calling process takes part as worker 0,

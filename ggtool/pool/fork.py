@@ -21,13 +21,15 @@ import signal
 import sys
 import threading
 
+from .. import environment
+
 _ALLOWED_PID: list[int] = []   # the command line's pid, once launch.prestart has made it fork-safe
 
 
 def allow() -> bool:
     """Let this process fork its workers (launch.prestart, for the command line only); False where
     it cannot (not Linux) or must not (GGTOOL_FORK=0: fresh interpreters, as before)."""
-    if os.environ.get("GGTOOL_FORK", "").strip() == "0":
+    if not environment.fork():
         return False
     if sys.platform.startswith("linux") and hasattr(os, "fork"):
         _ALLOWED_PID[:] = [os.getpid()]

@@ -14,16 +14,15 @@ closes).
 from __future__ import annotations
 
 import os
-import sys
 
-from .. import role
+from .. import environment, role
 from ..interrupts import at_exit_now, signals_blocked, signals_held
 from ..threads import available_cpus
 from . import fork
 from ..blas import THREAD_VARS
 
-_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PRESTARTED: list[Launched] = []
+_PRESTARTING: list[bool] = []     # non-empty while prestart (the command line's alone) launches
 
 
 class Launched:
@@ -52,7 +51,7 @@ class Launched:
 
 def launch() -> Launched:
     """Start one worker with single-threaded BLAS: forked from this process where that is safe
-    (the command line's, see pool.fork), else a fresh interpreter with our sys.path.
+    (the command line's, see pool.fork), else a fresh interpreter started isolated (ggtool.isolation).
 
     It gets a socket for messages and the read end of a pipe whose write end only this process
     holds: when we die, however we die, the worker's watchdog thread reads EOF and exits, even in
@@ -64,8 +63,8 @@ def launch() -> Launched:
     life_r, life_w = os.pipe()
     bell = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC) if hasattr(os, "eventfd") else -1
     env = {k: "1" for k in THREAD_VARS}
-    env["GGTOOL_QUANT_THREADS"] = "1"   # ggtool.quant's own thread pool: one thread per process
-    env["GGTOOL_POOL_WORKER"] = "1"
+    env[environment.QUANT_THREADS.name] = "1"   # ggtool.quant's own thread pool: one thread per process
+    env[environment.POOL_WORKER.name] = "1"
     try:
         # The worker inherits the signal mask: it starts with the ending signals blocked, so a Ctrl-C
         # or SIGTERM to the whole process group cannot kill it, or have it print a traceback, while
@@ -89,16 +88,18 @@ def launch() -> Launched:
 
 
 def _interpreter(sock: int, life: int, bell: int, env: dict):
-    """A fresh interpreter running ggtool.pool.worker.main on these descriptors (a Popen)."""
+    """A fresh interpreter running ggtool.pool.worker.main on these descriptors (a Popen), isolated
+    (ggtool.isolation: `python -I` in "/", this process's sys.path, the environment it needs)."""
     import subprocess
 
-    path = list(sys.path)
-    if _PKG_ROOT not in path:
-        path.append(_PKG_ROOT)
-    code = f"import sys; sys.path[:] = {path!r}; from ggtool.pool.worker import main; main()"
-    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code, str(sock), str(life), str(bell)]
-    return subprocess.Popen(cmd, pass_fds=(sock, life, *([bell] if bell >= 0 else [])), env={**os.environ, **env},
-                            stdin=subprocess.DEVNULL, stdout=2, close_fds=True)
+    from .. import isolation
+
+    code = "from ggtool.pool.worker import main; main()"
+    if role.COMMAND_LINE or _PRESTARTING:   # the command line's warnings are lines: so are its workers'
+        code = "from ggtool.errors import warnings_as_lines; warnings_as_lines(); " + code
+    return isolation.popen(code, str(sock), str(life), str(bell), env=env,
+                           pass_fds=(sock, life, *([bell] if bell >= 0 else [])), stdin=subprocess.DEVNULL,
+                           stdout=2, close_fds=True)
 
 
 def take() -> Launched | None:
@@ -129,9 +130,12 @@ def prestart(n_threads: int = 0) -> None:
         return
     n = min(n_threads, available_cpus())
     at_exit_now(discard)   # a signal while the command line still starts: they stop with it
+    _PRESTARTING.append(True)
     try:
         for _ in range(n - 1):
             with signals_held():   # started and known together: a signal now stops it (discard)
                 _PRESTARTED.append(launch())
     except OSError:  # out of processes or descriptors: the pool will say so when it starts them
         discard()
+    finally:
+        _PRESTARTING.clear()

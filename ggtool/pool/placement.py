@@ -8,12 +8,14 @@ import ctypes
 import functools
 import os
 
+from .. import environment
+
 
 def placement(nth: int) -> list[int] | None:
     """A distinct CPU for each participant of a compute, on distinct cores while there are enough
     (SMT siblings last), starting with the caller's current CPU; None when there are more
     participants than CPUs or GGTOOL_PLACE=0. See `wake_on`."""
-    if os.environ.get("GGTOOL_PLACE", "").strip() == "0":
+    if not environment.place():
         return None
     try:
         allowed = sorted(os.sched_getaffinity(0))

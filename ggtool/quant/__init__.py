@@ -1,7 +1,8 @@
 """GGML's Q4_0 / Q8_0 / F16 / BF16 arithmetic (and its K-quants, ``ggtool.kquants``), byte-exact
 with the C library.
 
-Everything is float32 exactly as GGML computes it (spec sections 1-2, golden q4_0/q8_0/f16.npz):
+Everything is float32 exactly as GGML computes it (ggml-quants.c's quantize_row_q4_0_ref and
+quantize_row_q8_0_ref, GGML_FP32_TO_FP16; checked by tests/golden/q4_0.npz, q8_0.npz, f16.npz):
 
 * ``fp32_to_fp16``: round to nearest even, overflow to +-inf, subnormals kept, NaN -> 0x7e00 | sign.
 * ``fp32_to_bf16`` / ``bf16_to_fp32`` (GGML_FP32_TO_BF16): round to nearest even on the bits, NaN
@@ -27,7 +28,8 @@ Modules: ``threads`` (worker threads), ``blocks`` (shared block plumbing), ``f16
 ``q8_0``, ``kquants`` (native Q5_0/Q4_K/Q6_K/IQ4_NL dequantizers; the quantizers of ``ggtool.kquants``
 (K-quants, Q4_1, Q5_0, Q5_1, IQ4_NL, and every importance-matrix path) run over arrays),
 ``generic`` (quantize/dequantize/convert for any type, ``quantize(..., imatrix=)``), ``matmul``
-(``mul_mat_quantized``).  This package re-exports the public names.
+(``mul_mat_quantized``), ``validate`` (GGML's ggml_validate_row_data, which every output is checked
+with before it is written).  This package re-exports the public names.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ M=512, and exact.)
 
 Where the dot of a type is not compiled yet in ggtool's command line, its numpy twin computes the
 same bits from the weights as they are, as long as the work is small; large work compiles the
-kernel (``kernels.first_run``, ``kernels.twins``).
+kernel (``kernels.first_run``, ``kernels.twins``). F32/F16 weights (``kernels.dot_float``) take the
+twin below FLOAT_TWIN_SMALL products before numba is loaded, or while not compiled up to FLOAT_TWIN_MAX.
 
 Repacked weights are cached for the life of their storage (``weight_pack``): a weight read from a
 mapped GGUF file is repacked once per process (once per file identity for a large file: ``packs``),
@@ -18,6 +19,7 @@ one in a context once per tensor.
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import numpy as np
@@ -95,15 +97,20 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
         return
-    name = _KERNEL_NAMES.get(wt)
-    if name is None:
-        name = _kernel_name(wt)
-    if name:   # while the kernel is not compiled, its twin (the same bits) where the work is small
-        first_run = _kernels.first_run
-        if not first_run.use_compiled(name, lambda: first_run.dot_seconds(name[4:], N, w_raw.shape[1] // T.type_size(wt)
-                                                                          * T.block_size(wt), M)):
-            _kernels.twins.dot(wt, w_raw, act_raw, out)
+    if wt in (T.F32, T.F16):
+        if _twin(wt, M, N, w_raw.shape[1] * w_raw.itemsize // T.type_size(wt) * T.block_size(wt)):
+            _kernels.twins.dot(wt, w_raw, act_raw, out)     # the same bits
             return
+    else:
+        name = _KERNEL_NAMES.get(wt)
+        if name is None:
+            name = _kernel_name(wt)
+        if name:   # while the kernel is not compiled, its twin (the same bits) where the work is small
+            first_run = _kernels.first_run
+            if not first_run.use_compiled(name, lambda: first_run.dot_seconds(name[4:], N, w_raw.shape[1] // T.type_size(wt)
+                                                                              * T.block_size(wt), M)):
+                _kernels.twins.dot(wt, w_raw, act_raw, out)
+                return
     dot = _kernels.dot
     packed = pack() if pack is not None else dot.pack(wt, w_raw)
     if out.flags.c_contiguous:
@@ -112,6 +119,29 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
         tmp = np.empty(out.shape, _F32)
         dot.dot(wt, packed, act_raw, tmp)
         out[...] = tmp
+
+
+# F32 and F16 products (mul_mat's float weights, attention's K and V): below FLOAT_TWIN_SMALL products
+# the numpy twin costs less than loading numba (0.3-0.9 s), so a process that has not loaded it does
+# not for them (f32-only computes keep numpy's start-up); above FLOAT_TWIN_MAX (the twin at 2-5 ns a
+# product, the kernel ~25x faster) compiling the kernel here costs less than the twin, even in a
+# first-ever run of the command line.
+FLOAT_TWIN_SMALL = 1 << 21
+FLOAT_TWIN_MAX = 1 << 28
+
+
+def _twin(wt, M: int, N: int, K: int) -> bool:
+    """Whether the numpy twin computes this F32/F16 product (the same bits as the kernel): where it is
+    cheaper than loading numba, or the kernel is not compiled yet in ggtool's command line
+    (``kernels.cache``) and the work is not too large for the twin."""
+    from ..kernels import cache
+
+    name = f"dot:{T.type_name(wt)}"
+    products = M * N * K
+    if products <= FLOAT_TWIN_SMALL and "numba" not in sys.modules:
+        return True
+    compiled = cache.use_kernel(name)
+    return not compiled and products <= FLOAT_TWIN_MAX
 
 
 _TENSOR_PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # context leaf -> {key: packed}

@@ -10,10 +10,11 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+from .. import environment
 from ..threads import default_threads, env_threads, one_thread
 
 MAX_THREADS = 8   # the executor's size
-QUANT_THREADS_ENV = "GGTOOL_QUANT_THREADS"
+QUANT_THREADS_ENV = environment.QUANT_THREADS.name
 _threads: int | None = None
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()

@@ -6,14 +6,14 @@ This package is the API the `quantize` command uses; it re-exports the public na
 llama.cpp's llama_tensor_get_type, as tables), `.rules` (options, the plan, the header),
 `.convert` (pieces of rows read, dequantized and quantized; the default `RowConverter`) and
 `.write` (the writing loop: `run_quantization`, `quantize_file`).  Errors carry what and where as
-fields (`RequantizeError`, `ImatrixRequiredError`, `FileTypeError`, `TargetTypeError`, `OverrideSyntaxError`, gguf_io's
+fields (`RequantizeError`, `ImatrixRequiredError`, `InvalidDataError`, `FileTypeError`, `TargetTypeError`, `OverrideSyntaxError`, gguf_io's
 `OutputPathError`); the command line words them.
 """
 
 from __future__ import annotations
 
 from ..gguf_io.write import OutputPathError, check_output_paths
-from .convert import convert_rows
+from .convert import InvalidDataError, convert_rows, validate_piece
 from .ftypes import ALIASES, FILE_TYPES, FileType, FileTypeError, file_type
 from .mix import (
     Category,
@@ -52,6 +52,7 @@ from .write import (
     WINDOW_BYTES,
     QuantizeResult,
     RowConverter,
+    preflight,
     quantize_file,
     run_quantization,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "FileType",
     "FileTypeError",
     "ImatrixRequiredError",
+    "InvalidDataError",
     "KVOverride",
     "Mix",
     "ModelInfo",
@@ -95,8 +97,10 @@ __all__ = [
     "parse_target_type",
     "parse_tensor_type_override",
     "plan_quantization",
+    "preflight",
     "quantize_file",
     "requires_imatrix",
     "run_quantization",
     "tensor_bytes",
+    "validate_piece",
 ]

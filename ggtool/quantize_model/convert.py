@@ -16,7 +16,7 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import QuantizationError
-from ..gguf_io.write import copy_file_bytes
+from ..quant.validate import validate_row_data
 from .rules import QuantizePlan, TensorPlan
 
 
@@ -50,53 +50,83 @@ def convert_rows(x, src_type: T.GGMLType, dst_type: T.GGMLType, name: str, shape
     except QuantizationError as e:
         raise _relocate(e, x if src_type in (T.F32, T.F16) else Q.dequantize(x, src_type), name,
                         shape, r0) from None
-    raw = np.ascontiguousarray(out).view(np.uint8).reshape(-1)
-    _check_written(raw, vals, dst_type, name, shape, r0)
-    return raw.tobytes()
+    return np.ascontiguousarray(out).view(np.uint8).reshape(-1).tobytes()
 
 
-# byte offsets of the f16 fields (d, and m where there is one) in a block of the types ggtool writes
-_F16_FIELDS = {T.Q4_0: (0,), T.Q8_0: (0,), T.GGMLType.Q5_0: (0,), T.GGMLType.Q4_1: (0, 2), T.GGMLType.Q5_1: (0, 2),
-               T.GGMLType.Q2_K: (80, 82), T.GGMLType.Q3_K: (108,), T.GGMLType.Q4_K: (0, 2),
-               T.GGMLType.Q5_K: (0, 2), T.GGMLType.Q6_K: (208,)}
+class InvalidDataError(QuantizationError):
+    """Data that ggml_validate_row_data refuses, found before it is written: `tensor`, `type` (of
+    the data), `index` (numpy order, of the value or the block's first value), `field` ("value",
+    or the block's scale: "d", "m", "dmin", "e"), `problem` ("NaN", "inf", ...), `cause`:
+    "values" (the source's values do not fit the type), "importances" (the importance matrix's
+    weights made the scale so), "copied" (the tensor is copied unchanged and holds it)."""
+
+    kind = "invalid-data"
+
+    def __init__(self, message: str, *, tensor: str, type: T.GGMLType, index: tuple[int, ...], field: str,
+                 problem: str, cause: str):
+        self.tensor, self.type, self.index, self.field, self.problem, self.cause = tensor, type, index, field, problem, cause
+        super().__init__(message)
 
 
-def _check_written(raw: np.ndarray, vals, dst_type: T.GGMLType, name: str, shape, r0: int) -> None:
-    """ggml_validate_row_data on converted rows before they are written: no inf or NaN in an f32,
-    f16 or bf16 value nor in a block's f16 scale. llama-quantize refuses such a tensor too
-    ("quantized data validation failed"); this error names the tensor, the value and its index:
-    70000 in a row that falls back to f16 (largest 65504), a q4_0 block whose values reach 524288."""
-    per = 1
-    if dst_type == T.F32:
-        bad = ~np.isfinite(raw.view(np.float32))
-    elif dst_type == T.F16:
-        bad = ~np.isfinite(raw.view(np.float16))
-    elif dst_type == T.BF16:
-        bad = (raw.view(np.uint16) & 0x7F80) == 0x7F80
-    elif dst_type in _F16_FIELDS:        # every block size is even: its f16 fields are uint16 columns
-        blocks = raw.view(np.uint16).reshape(-1, T.type_size(dst_type) // 2)
-        bad = np.zeros(len(blocks), bool)
-        for o in _F16_FIELDS[dst_type]:
-            bad |= (blocks[:, o // 2] & 0x7C00) == 0x7C00
-        per = T.block_size(dst_type)
-    else:
+def validate_piece(data, t: TensorPlan, r0: int, source=None) -> None:
+    """ggml_validate_row_data on the bytes of a piece before they are written (rows r0.. of tensor
+    t, converted; or the whole tensor copied unchanged). llama-quantize refuses such data too
+    ("quantized data validation failed", naming neither tensor nor block); this error names the
+    tensor, the block or value (numpy index), what is wrong and why: 70000 in a row that falls
+    back to f16 (largest 65504), a q4_0 block whose values reach 524288, an IQ4_NL block whose
+    importances of 3e38 make its scale NaN. `source()` gives the rows' source values (float32)."""
+    found = validate_row_data(t.dst_type, data)
+    if found is None:
         return
-    if not bad.any():
-        return
-    k = int(np.argmax(bad)) * per
-    vals = np.asarray(vals, dtype=np.float32).reshape(-1)
+    shape = tuple(t.ne[::-1])
+    per = T.block_size(t.dst_type)
+    k = found.index * per                                     # its first value, from row r0 on
+    tn = T.type_name(t.dst_type)
+    fields = dict(tensor=t.name, type=t.dst_type, index=_index(shape, r0, k), field=found.field, problem=found.problem)
+    if found.problem == "unknown type":
+        raise InvalidDataError(f"tensor '{t.name}' is {tn}, a type GGML does not validate (llama.cpp cannot load "
+                               "it)", cause="copied", **fields)
+    if t.copy:
+        what = (f"{found.problem} at index {fields['index']}" if per == 1 else
+                f"a {tn} block at index {fields['index']} whose {found.field} is {found.problem}")
+        raise InvalidDataError(f"tensor '{t.name}' ({tn}, copied unchanged) holds {what}, which GGML refuses "
+                               "(llama.cpp cannot load it)", cause="copied", **fields)
+    vals = np.asarray(source(), dtype=np.float32).reshape(-1)
     src = vals[k:k + per]
     fin = np.isfinite(src)
     if not fin.all():
-        raise _nonfinite(vals, k + int(np.argmin(fin)), name, shape, r0)
-    tn = T.type_name(dst_type)
+        raise _nonfinite(vals, k + int(np.argmin(fin)), t.name, shape, r0)
     if per == 1:
         why = (f"; its rows of {shape[-1]} are not a multiple of 32, so llama.cpp's rules give it f16"
-               if dst_type == T.F16 and shape[-1] % 32 else "")
-        raise QuantizationError(f"tensor '{name}': value {float(vals[k]):g} at index {_index(shape, r0, k)} "
-                                f"is too large for {tn} (it would be inf){why}")
-    raise QuantizationError(f"tensor '{name}': the {tn} block at index {_index(shape, r0, k)} holds values up "
-                            f"to {float(np.abs(src).max()):g}, too large for its f16 scale (it would be inf)")
+               if t.dst_type == T.F16 and shape[-1] % 32 else "")
+        raise InvalidDataError(f"tensor '{t.name}': value {float(vals[k]):g} at index {fields['index']} is too large "
+                               f"for {tn} (it would be {found.problem}){why}", cause="values", **fields)
+    weights = _block_importances(t, r0, k, per, shape)
+    if weights is not None and validate_row_data(t.dst_type, Q.quantize(src.reshape(1, per), t.dst_type, t.name)) is None:
+        raise InvalidDataError(f"tensor '{t.name}': the {tn} block at index {fields['index']} would have a "
+                               f"{found.problem} f16 scale ({found.field}): its importances reach {float(np.max(weights)):g}, too "
+                               f"large to weigh its values (up to {float(np.abs(src).max()):g}) with; the importance "
+                               "matrix cannot be used for this tensor", cause="importances", **fields)
+    raise InvalidDataError(f"tensor '{t.name}': the {tn} block at index {fields['index']} holds values up to "
+                           f"{float(np.abs(src).max()):g}, too large for its f16 scale (it would be {found.problem})",
+                           cause="values", **fields)
+
+
+def source_values(x, src_type: T.GGMLType) -> np.ndarray:
+    """Source rows as float32 values (as convert_rows reads them)."""
+    return np.asarray(x, dtype=np.float32) if src_type in (T.F32, T.F16) else Q.dequantize(x, src_type)
+
+
+def _block_importances(t: TensorPlan, r0: int, k: int, per: int, shape) -> np.ndarray | None:
+    """The importances of the block of `per` values at flat index k from row r0 on (None without)."""
+    if t.imatrix is None:
+        return None
+    ncols = shape[-1]
+    row, col = r0 + k // ncols, k % ncols
+    w = np.asarray(t.imatrix)
+    if w.ndim == 2:                                            # per expert: row // rows per expert
+        w = w[row // shape[-2]]
+    return w[col:col + per]
 
 
 def _relocate(e: QuantizationError, vals: np.ndarray, name: str, shape, r0: int) -> QuantizationError:
@@ -168,12 +198,18 @@ def windows(items: list[Piece], window_bytes: int):
 def npy_rows(plan: QuantizePlan, it: Piece) -> np.ndarray:
     ne0 = it.t.ne[0]
     x = np.asarray(plan.npy.reshape(-1, ne0)[it.r0:it.r1])
-    return x.astype(np.float32) if x.dtype == np.float64 else x
+    with np.errstate(over="ignore"):           # inf: refused by the quantizers, naming its index
+        return x.astype(np.float32) if x.dtype == np.float64 else x
 
 
-def copy_tensor(plan: QuantizePlan, t: TensorPlan, out_fd: int, write, on_bytes) -> None:
-    if plan.npy is not None:
+def npy_copy(plan: QuantizePlan, t: TensorPlan) -> np.ndarray:
+    """A .npy input's array as the bytes of its own type (float64 rounded to float32)."""
+    with np.errstate(over="ignore"):           # a float64 beyond float32 is inf here: the validator names it
         a = np.ascontiguousarray(plan.npy, dtype=np.float16 if t.src_type == T.F16 else np.float32)
-        write(a.view(np.uint8).reshape(-1))
-        return
-    copy_file_bytes(t.src_path, t.src_offset, t.src_bytes, out_fd, write, on_bytes)
+    return a.view(np.uint8).reshape(-1)
+
+
+def source_bytes(path: str, offset: int, n_bytes: int) -> np.ndarray:
+    """A copied tensor's bytes in its input file, mapped (read by the validator, then copied)."""
+    from ..gguf_io.storage import FileStorage
+    return FileStorage(path).array[offset: offset + n_bytes]

@@ -29,6 +29,7 @@ from enum import Enum
 
 from .. import types as T
 from ..errors import QuantizationError
+from ..user_regex import UserRegex
 from .ftypes import FileType
 
 _G = T.GGMLType
@@ -271,14 +272,15 @@ class Choice:
 
 @dataclass
 class TensorTypeOverride:
-    """One PATTERN=TYPE: tensors whose name `pattern` matches (re.search) get `type`."""
+    """One PATTERN=TYPE: tensors whose name `pattern` matches (a search, as re.search; run with a
+    time bound, `ggtool.user_regex`) get `type`."""
 
     pattern: str
     type: T.GGMLType
-    regex: re.Pattern = field(init=False, repr=False)
+    regex: UserRegex = field(init=False, repr=False)
 
     def __post_init__(self):
-        self.regex = re.compile(self.pattern)
+        self.regex = UserRegex(self.pattern, "tensor-type")
 
 
 @dataclass
@@ -301,6 +303,7 @@ class Mix:
     i_ffn_gate: int = 0
     i_ffn_up: int = 0
     n_fallback: int = 0
+    override_hits: dict[int, int] = field(default_factory=dict)   # id(override) -> tensors it gave their type
     n_attention_wv: int = field(init=False, default=0)   # attn_v-like tensors in the model
     tied: bool = field(init=False, default=True)         # no output.weight: the embedding is the output
 
@@ -324,6 +327,7 @@ class Mix:
             return Choice(new)
         manual = self._override(name)
         if manual is not None:
+            self.override_hits[id(manual)] = self.override_hits.get(id(manual), 0) + 1
             new = manual.type
             reasons.append(f"tensor type override {manual.pattern!r}")
         elif not self.pure:
@@ -334,6 +338,10 @@ class Mix:
         if warn:
             self.n_fallback += 1
         return Choice(new, tuple(reasons), warn)
+
+    def unused_overrides(self) -> list[TensorTypeOverride]:
+        """The tensor-type overrides that gave no tensor its type (so far in the pass)."""
+        return [o for o in self.overrides if not self.override_hits.get(id(o))]
 
     def _override(self, name: str) -> TensorTypeOverride | None:
         return next((o for o in self.overrides if o.regex.search(name)), None)

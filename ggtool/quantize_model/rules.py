@@ -26,6 +26,7 @@ import numpy as np
 from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError, ImatrixError, InputError, QuantizationError
+from ..gguf_io import edit as E
 from ..gguf_io import write as W
 from ..gguf_io.format import (
     DEFAULT_ALIGNMENT,
@@ -39,6 +40,7 @@ from ..gguf_io.format import (
     shard_path,
 )
 from ..imatrix import Imatrix
+from ..user_regex import RegexError, shown
 from .ftypes import FileType, file_type
 from .mix import C, Choice, Mix, ModelInfo, TensorTypeOverride, category, fallback, requires_imatrix
 
@@ -50,20 +52,37 @@ WRITABLE = (T.F32, T.F16, T.BF16, T.Q4_0, _G.Q4_1, _G.Q5_0, _G.Q5_1, T.Q8_0, _G.
             _G.Q2_K, _G.Q3_K, _G.Q4_K, _G.Q5_K, _G.Q6_K)
 
 
+# llama_model_kv_override's tags and the GGUF types llama-quantize writes them as
+KV_TYPES = {"int": W.UINT32, "float": W.FLOAT32, "bool": W.BOOL, "str": W.STRING}
+
+
 @dataclass(frozen=True)
 class KVOverride:
     """One metadata value set in the output (llama.cpp's llama_model_kv_override): `tag` is int,
-    float, bool or str; written as UINT32 (of |value|), FLOAT32, BOOL or STRING, as llama.cpp does."""
+    float, bool or str; written as UINT32 (of |value|), FLOAT32, BOOL or STRING, as llama.cpp does.
+    Checked when made by set-metadata's own check (`gguf_io.edit.check_metadata`): what it refuses
+    (a split key, gguf-py's header names, general.architecture other than a string, a bad
+    general.alignment, an empty or non-UTF-8 key, a value its type cannot hold) is refused here in
+    the same words. A general.alignment set so is honoured: the tensors are laid out for it."""
 
     key: str
     tag: str
     value: object
 
+    def __post_init__(self):
+        E.check_metadata(self.key, self.vtype, self.stored)
+
+    @property
+    def vtype(self) -> int:
+        return KV_TYPES[self.tag]
+
+    @property
+    def stored(self):
+        """The value as written: |value| for an int (llama.cpp's (uint32_t)std::abs)."""
+        return abs(int(self.value)) if self.tag == "int" else self.value
+
     def raw(self) -> bytes:
-        if self.tag == "int":
-            return W.kv_scalar(self.key, W.UINT32, abs(int(self.value)) % (1 << 32))
-        vtype = {"float": W.FLOAT32, "bool": W.BOOL, "str": W.STRING}[self.tag]
-        return W.kv_scalar(self.key, vtype, self.value)
+        return W.kv_scalar(self.key, self.vtype, self.stored)
 
 
 class OverrideSyntaxError(GGToolError):
@@ -79,27 +98,28 @@ class OverrideSyntaxError(GGToolError):
 
 def parse_kv_override(text: str) -> KVOverride:
     """KEY=TYPE:VALUE as llama.cpp's string_parse_kv_override reads it (TYPE int, float, bool, str;
-    a key under 128 bytes, a string of at most 127)."""
+    a key under 128 bytes, a string of at most 127); the key and value then pass set-metadata's
+    checks (MetadataEditError, in its words)."""
     key, sep, rest = text.partition("=")
+    if sep:
+        E.check_key(key)
     if not sep or len(key.encode()) >= 128:
         raise OverrideSyntaxError(text, "kv", "expected KEY=TYPE:VALUE with a key under 128 bytes")
     tag, colon, value = rest.partition(":")
-    if not colon or tag not in ("int", "float", "bool", "str"):
+    if not colon or tag not in KV_TYPES:
         raise OverrideSyntaxError(text, "kv", "TYPE must be int, float, bool or str (KEY=TYPE:VALUE)")
-    try:
-        if tag == "int":
+    if tag == "int":
+        try:
             return KVOverride(key, tag, int(value))
-        if tag == "float":
-            v = float(value)
-            if not np.isfinite(np.float32(v)):
-                raise ValueError
-            return KVOverride(key, tag, v)
-    except ValueError:
-        raise OverrideSyntaxError(text, "kv", f"{value!r} is not a finite {tag}") from None
+        except ValueError:
+            raise OverrideSyntaxError(text, "kv", f"{value!r} is not an integer") from None
+    if tag == "float":
+        return KVOverride(key, tag, E.parse_value(key, W.FLOAT32, value))
     if tag == "bool":
         if value not in ("true", "false"):
             raise OverrideSyntaxError(text, "kv", "a bool is true or false")
         return KVOverride(key, tag, value == "true")
+    E.check_text(key, value)
     if len(value.encode()) > 127:
         raise OverrideSyntaxError(text, "kv", "a string value cannot exceed 127 bytes")
     return KVOverride(key, tag, value)
@@ -113,8 +133,8 @@ def parse_tensor_type_override(text: str) -> TensorTypeOverride:
         raise OverrideSyntaxError(text, "tensor-type", "expected PATTERN=TYPE")
     try:
         return TensorTypeOverride(pattern.lower(), parse_target_type(tname))
-    except re.error as e:
-        raise OverrideSyntaxError(text, "tensor-type", f"bad regular expression ({e})") from None
+    except RegexError as e:
+        raise OverrideSyntaxError(text, "tensor-type", str(e)) from None
 
 
 @dataclass
@@ -134,7 +154,7 @@ class QuantizeOptions:
     allow_requantize: bool = False  # quantize tensors that are already quantized (llama.cpp's flag)
     keep_split: bool = False       # a split input gives as many output files, the same tensors in each
     imatrix: Imatrix | None = None  # importance matrix (ggtool.imatrix): the weighted quantizers
-    dry_run: bool = False          # plan only: a missing required importance matrix is a warning
+    dry_run: bool = False          # plan only: a missing required importance matrix is a refusal kept in the plan
 
     def __post_init__(self):
         self.type = file_type(self.type)
@@ -232,6 +252,7 @@ class QuantizePlan:
     npy: np.ndarray | None = None        # the array of a .npy input
     sources: list[str] = field(default_factory=list)   # every input file (the shards of a split model)
     kept_split: bool = False             # keep_split of a GGUF: shards named PREFIX-0000k-of-0000n.gguf, even one
+    refusals: list[GGToolError] = field(default_factory=list)   # a dry run's: what the real run raises at once
 
     @property
     def tensors(self) -> list[TensorPlan]:
@@ -341,6 +362,11 @@ def _overrides(opts: QuantizeOptions) -> list[KVOverride]:
     return list(opts.kv_overrides) + extra
 
 
+def _alignment(opts: QuantizeOptions, default: int) -> int:
+    """The output's alignment: an override of general.alignment (checked when made), else `default`."""
+    return next((int(o.stored) for o in reversed(opts.kv_overrides) if o.key == E.ALIGNMENT_KEY), default)
+
+
 def _is_npy(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(6) == b"\x93NUMPY"
@@ -364,8 +390,9 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     from ..gguf_io import GGUFFile  # gguf-py loads only for a GGUF input
 
     g = GGUFFile(path)                 # the first shard of a split model opens them all
-    alignment = g.alignment
-    check_write_alignment(alignment, path)
+    alignment = _alignment(opts, g.alignment)
+    if alignment == g.alignment:
+        check_write_alignment(alignment, path)
     drop = {"general.quantization_version", "general.file_type", *SPLIT_KEYS}
     raw = g.reader.data
     kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
@@ -376,19 +403,21 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     order = ([g.tensors[n] for s in g.shards for n in s.own_tensors] if split
              else sorted(g.tensors.values(), key=lambda t: _llama_order(t.name)))
     mix = new_mix(opts, _model_info(g, opts), [t.name for t in order], has_imatrix=opts.imatrix is not None)
-    plans, warnings, requant = {}, [], []
+    plans, warnings, requant, refusals = {}, [], [], []
     for info in order:
         c = _checked(info.name, mix.choose(info.name, info.ne, info.type))
         if c.type != info.type and T.is_quantized(info.type):
             requant.append((info, c.type))
         if c.type != info.type and not Q.can_dequantize(info.type):
             raise QuantizationError(f"tensor '{info.name}': cannot dequantize {T.type_name(info.type)}")
-        w, warn = _importances(opts, info.name, info.ne, c.type) if c.type != info.type else (None, None)
+        w, warn = _importances(opts, info.name, info.ne, c.type, refusals) if c.type != info.type else (None, None)
         if warn:
             warnings.append(warn)
         plans[info.name] = TensorPlan(0, info.name, info.ne, info.type, c.type, info.offset, info.n_bytes,
                                       tensor_bytes(c.type, info.ne), warn, src_path=info.path, reasons=c.reasons,
                                       fallback=c.fallback, imatrix=w)
+    warnings += [f"tensor-type pattern {shown(o.pattern)} gives no tensor its type (it matches none of the tensors "
+                 "quantized, or an earlier pattern matched them first)" for o in mix.unused_overrides()]
     if requant and not opts.allow_requantize:
         # llama.cpp's llama_model_quantize refuses to quantize a tensor that is already quantized
         # unless allow_requantize is set: the second rounding adds to the first, silently
@@ -405,14 +434,15 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
                  for k, s in enumerate(g.shards)]
     else:
         files = [OutputFile(kv, list(plans.values()), alignment)]
-    return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths, kept_split=split))
+    return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths, kept_split=split, refusals=refusals))
 
 
-def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType) -> tuple[np.ndarray | None, str | None]:
+def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType,
+                 refusals: list[GGToolError]) -> tuple[np.ndarray | None, str | None]:
     """(the tensor's importances or None, a warning or None), as llama_model_quantize looks them up
     for a tensor it converts: no entry is a warning (quantized without), an entry of another size
     an error (the token embeddings excepted: a warning), a type that needs one and has none an
-    error (in a dry run, a warning)."""
+    error (in a dry run, which completes as llama-quantize's does, it joins `refusals`)."""
     w, warn = None, None
     if opts.imatrix is not None:
         try:
@@ -424,10 +454,10 @@ def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType) -> tuple[n
         if w is None and warn is None:
             warn = f"did not find importance weights for {name}; quantized without"
     if w is None and requires_imatrix(name, t, opts.type):
+        refusal = ImatrixRequiredError(name, t, missing_entry=opts.imatrix is not None)
         if not opts.dry_run:
-            raise ImatrixRequiredError(name, t, missing_entry=opts.imatrix is not None)
-        warn = (f"{name} ({T.type_name(t)}): this quantization will require an importance matrix "
-                f"(the dry run completes without one)")
+            raise refusal
+        refusals.append(refusal)
     return w, warn
 
 
@@ -449,7 +479,8 @@ def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
     src_bytes = int(arr.size) * (2 if src == T.F16 else 4)
     tp = TensorPlan(0, name, ne, src, dst, 0, src_bytes, tensor_bytes(dst, ne), src_path=path, fallback=warn)
     kv = _file_type_kv(opts)
-    plan = QuantizePlan(path, opts, [OutputFile(kv, [tp], GGUF_DEFAULT_ALIGNMENT)], [], npy=arr, sources=[path])
+    plan = QuantizePlan(path, opts, [OutputFile(kv, [tp], _alignment(opts, GGUF_DEFAULT_ALIGNMENT))], [], npy=arr,
+                        sources=[path])
     return _layout(plan)
 
 

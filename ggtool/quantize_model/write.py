@@ -12,7 +12,6 @@ a caller (or a test) can wrap it without patching this module.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -23,9 +22,20 @@ from typing import Protocol
 from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError
-from ..gguf_io.write import check_output_paths
-from ..tensor_io import atomic_path, named_write_errors
-from .convert import Piece, convert_rows, copy_tensor, npy_rows, pieces, source_rows, windows
+from ..gguf_io.write import check_output_paths, copy_file_bytes
+from ..tensor_io import atomic_paths, named_write_errors
+from .convert import (
+    Piece,
+    convert_rows,
+    npy_copy,
+    npy_rows,
+    pieces,
+    source_bytes,
+    source_rows,
+    source_values,
+    validate_piece,
+    windows,
+)
 from .rules import OutputFile, QuantizeOptions, QuantizePlan, TensorPlan, header_bytes, plan_quantization
 
 PIECE_BYTES = 4 << 20                         # f32 bytes of one conversion task
@@ -49,6 +59,17 @@ class QuantizeResult:
     outputs: list[str]           # the files written: [output], or its shards
 
 
+def preflight(plan: QuantizePlan, output_path: str, *, force: bool = False) -> list[str]:
+    """What the run checks before it writes a byte, for a dry run to say too: the plan's refusals
+    (a dry run's plan keeps them: a tensor that needs an importance matrix), then every output new
+    (or `force`), writable and none an input. Raises the first; returns the output paths."""
+    if plan.refusals:
+        raise plan.refusals[0]
+    outputs = plan.output_paths(output_path)
+    check_output_paths(plan.sources or plan.input, outputs, force)
+    return outputs
+
+
 def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = False,
                      on_start: Callable[[TensorPlan], None] | None = None,
                      on_done: Callable[[TensorPlan], None] | None = None,
@@ -60,18 +81,25 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
     a window at a time on `threads` threads (each piece on one, by `converter`); the results are
     written in file order, so memory stays at a window of converted bytes.  Callbacks: on_start(t)
     before a tensor's data is written, on_done(t) after it, on_bytes(n) as source bytes are consumed."""
-    outputs = plan.output_paths(output_path)
-    # every output new (or `force`) and none an input: checked here, so every entry point is covered
-    check_output_paths(plan.sources or plan.input, outputs, force)
+    outputs = preflight(plan, output_path, force=force)
     t0 = time.perf_counter()
     threads = max(1, int(plan.options.threads))
     executor = ThreadPoolExecutor(threads, thread_name_prefix="ggtool-quantize") if threads > 1 else None
 
-    def convert(it: Piece) -> bytes:
+    def produce(it: Piece):
+        """A piece's bytes, validated (the one place every byte of tensor data is checked before
+        it is written): converted rows, or a copied tensor's (None: copied from the input file)."""
         t = it.t
-        x = (npy_rows(plan, it) if plan.npy is not None else
-             source_rows(t.src_path, t.src_offset, t.src_type, t.ne[0], it.r0, it.r1))
-        return converter(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0, imatrix=t.imatrix)
+        if t.copy:
+            data = npy_copy(plan, t) if plan.npy is not None else source_bytes(t.src_path, t.src_offset, t.src_bytes)
+            source = None
+        else:
+            x = (npy_rows(plan, it) if plan.npy is not None else
+                 source_rows(t.src_path, t.src_offset, t.src_type, t.ne[0], it.r0, it.r1))
+            data = converter(x, t.src_type, t.dst_type, t.name, tuple(t.ne[::-1]), it.r0, imatrix=t.imatrix)
+            source = lambda: source_values(x, t.src_type)   # noqa: E731 (read only to word an error)
+        validate_piece(data, t, it.r0, source)
+        return None if t.copy and plan.npy is None else data
 
     def write_file(out: OutputFile, f, path: str) -> int:
         def write(buf):
@@ -85,20 +113,24 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
         write(head)
         pos = 0
         for window in windows(pieces(out.tensors, PIECE_BYTES), WINDOW_BYTES * threads):
-            todo = [it for it in window if not it.t.copy]
-            results = iter(executor.map(convert, todo) if executor is not None and len(todo) > 1
-                           else map(convert, todo))
+            results = iter(executor.map(produce, window) if executor is not None and len(window) > 1
+                           else map(produce, window))
             for it in window:
                 t = it.t
                 if it.first:
                     if on_start:
                         on_start(t)
                     written = 0
+                data = next(results)
                 if t.copy:
-                    copy_tensor(plan, t, f.fileno(), write, on_bytes)
+                    if data is None:
+                        copy_file_bytes(t.src_path, t.src_offset, t.src_bytes, f.fileno(), write, on_bytes)
+                    else:
+                        write(data)
+                        if on_bytes:
+                            on_bytes(len(data))
                     written = t.src_bytes
                 else:
-                    data = next(results)
                     write(data)
                     written += len(data)
                     if on_bytes:
@@ -117,12 +149,13 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
     size = 0
     try:
         # the parallelism is across pieces: the array-level quantizers run on one thread each;
-        # atomic_path: a temporary file beside each output, renamed over it (with the normal
-        # new-file mode) only when every file has been written, all removed on any error or Ctrl-C;
-        # a FIFO or a device output is written in place.
-        with Q.threads_set_to(1), contextlib.ExitStack() as renames:
-            for out, path in zip(plan.files, outputs):
-                tmp = renames.enter_context(atomic_path(path))
+        # atomic_paths: a temporary file beside each output, moved into place (with the normal
+        # new-file mode) only when every file has been written, all removed on any error or
+        # Ctrl-C; without `force` none replaces a file, even one made while this one wrote (of
+        # writers racing for a new name one wins, the others say it exists); a FIFO or a device
+        # output is written in place.
+        with Q.threads_set_to(1), atomic_paths(outputs, replace=force) as tmps:
+            for out, path, tmp in zip(plan.files, outputs, tmps):
                 with open(tmp, "wb", buffering=0) as f:
                     size += write_file(out, f, path)
     finally:

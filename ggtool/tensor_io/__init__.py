@@ -17,6 +17,7 @@ from .inputs import MMAP_TYPES, NO_DATA, Inputs
 from .outputs import (
     FORMATS,
     atomic_path,
+    atomic_paths,
     copy_gguf,
     destination,
     format_for_path,
@@ -32,7 +33,7 @@ from .outputs import (
 from .sources import Source, SourceSyntaxError, parse_named_source, parse_source
 
 __all__ = [
-    "FORMATS", "MMAP_TYPES", "NO_DATA", "Inputs", "Source", "SourceSyntaxError", "atomic_path", "convert_array",
+    "FORMATS", "MMAP_TYPES", "NO_DATA", "Inputs", "Source", "SourceSyntaxError", "atomic_path", "atomic_paths", "convert_array",
     "copy_gguf", "default_type", "destination", "format_for_path", "gguf_array", "named_write_errors",
     "parse_json_array", "parse_named_source", "parse_source", "read_npy", "read_npy_header", "remove_stale_temporaries",
     "tensor_array", "write_gguf", "write_gguf_atomic", "write_npy", "write_npy_atomic", "write_text_atomic",

@@ -35,15 +35,16 @@ JSON_NONFINITE = ("NaN", "Infinity", "-Infinity")
 def parse_json_array(text: str) -> np.ndarray:
     """Nested JSON lists of numbers -> a float64 (or int64, if all are integers) array. NaN,
     Infinity and -Infinity are accepted bare (as Python writes them) or as the strings ggtool's own
-    JSON output writes (JSON_NONFINITE); booleans, other strings, null and ragged lists are not."""
+    JSON output writes (JSON_NONFINITE); booleans, other strings, null, ragged lists and nesting
+    deeper than json_input.MAX_DEPTH are not."""
     import json  # not for .npy or GGUF inputs
 
+    from .. import json_input
+
     try:
-        value = json.loads(text)
+        value = json_input.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", kind="json") from None
-    except RecursionError:
-        raise InputError("JSON is nested too deeply", kind="json") from None
     shape = _json_shape(value, ())
     if len(shape) > MAX_DIMS:
         raise InputError(f"JSON array has {len(shape)} dimensions; GGML tensors have at most {MAX_DIMS}", kind="json")

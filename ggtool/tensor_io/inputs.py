@@ -212,9 +212,11 @@ class Inputs:
                         text = f.read()
                 except (OSError, UnicodeDecodeError) as e:
                     raise InputError(f"{s.path}: {os_message(e)}", kind="os") from None
-            else:
-                text = s.json
-            return self._from_array(s, parse_json_array(text), json_source=True)
+                try:
+                    return self._from_array(s, parse_json_array(text), json_source=True)
+                except InputError as e:
+                    raise e.at(within=s.path) from None
+            return self._from_array(s, parse_json_array(s.json), json_source=True)
         if s.kind == "stdin":
             return self._from_stdin(s, stdin_bytes)
         if s.kind == "text":

@@ -109,10 +109,12 @@ def destination(path: str) -> tuple[bool, str]:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str) -> Iterator[str]:
+def atomic_path(path: str, *, replace: bool = True) -> Iterator[str]:
     """The path to write `path` through: a temporary file beside the file it names (see
     `destination`), moved over it only if the block succeeds (else removed); or, for a FIFO, a
-    device or a socket, `path` itself, written in place.
+    device or a socket, `path` itself, written in place. `replace=False`: `path` must not exist
+    when the file is moved into place (OutputPathError `exists` if it does), decided atomically
+    (see `atomic_paths`).
 
     So a failed or interrupted write never leaves a half-written file, and never clobbers the old
     one. The temporary file is `.NAME.PID.XXXXXXXX.tmp`, locked (flock) by its writer while it
@@ -120,31 +122,107 @@ def atomic_path(path: str) -> Iterator[str]:
     Making it and knowing its name hold SIGINT, SIGTERM and SIGHUP until both are done, so that a
     signal cannot leave a temporary file nobody will remove.
     """
-    direct, target = destination(path)
-    if direct:
-        yield path
-        return
-    directory, name = os.path.split(target)
-    remove_stale_temporaries(directory, name)
-    tmp, fd = None, -1
-    try:
-        with signals_held():
-            try:
-                fd, tmp = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp", dir=directory)
-            except OSError as e:
-                raise GGToolError(f"cannot write {path}: {e.strerror or e}") from None
-            fcntl.flock(fd, fcntl.LOCK_EX)   # held until it is renamed or removed: a writer alive
+    with atomic_paths([path], replace=replace) as (tmp,):
         yield tmp
-        os.chmod(tmp, _new_file_mode(target))
-        os.replace(tmp, target)   # a signal before it leaves the old file, one after it the new
+
+
+@contextlib.contextmanager
+def atomic_paths(paths: list[str], *, replace: bool = True) -> Iterator[list[str]]:
+    """atomic_path for several files that appear together (a model's shards): one temporary file
+    each, all moved into place only when the block succeeds.
+
+    With `replace=False` no existing file is replaced, even one another process creates while this
+    one writes: each finished temporary file is hard-linked to its name (os.link fails if the name
+    exists; where the file system has no hard links, the name is first created with O_EXCL, then
+    the file renamed over it). If any name is taken, the files this call already put in place are
+    removed again and OutputPathError `exists` is raised: of writers racing for a new name, exactly
+    one succeeds and the others say so."""
+    found = [destination(p) for p in paths]
+    if not replace:
+        for p, (direct, _) in zip(paths, found):
+            if direct:
+                raise _exists(p)
+    tmps: list[str | None] = [None] * len(paths)
+    fds: list[int] = []
+    try:
+        for k, (p, (direct, target)) in enumerate(zip(paths, found)):
+            if direct:
+                tmps[k] = p
+                continue
+            directory, name = os.path.split(target)
+            remove_stale_temporaries(directory, name)
+            with signals_held():
+                try:
+                    fd, tmp = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp", dir=directory)
+                except OSError as e:
+                    raise GGToolError(f"cannot write {p}: {e.strerror or e}") from None
+                fds.append(fd)
+                tmps[k] = tmp
+                fcntl.flock(fd, fcntl.LOCK_EX)   # held until it is renamed or removed: a writer alive
+        yield list(tmps)
+        moves = [(p, tmp, target) for p, tmp, (direct, target) in zip(paths, tmps, found) if not direct]
+        for _, tmp, target in moves:
+            os.chmod(tmp, _new_file_mode(target))
+        if replace:
+            for _, tmp, target in moves:
+                os.replace(tmp, target)   # a signal before it leaves the old file, one after it the new
+        else:
+            _link_all(moves)
     except BaseException:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        for (direct, _), tmp in zip(found, tmps):
+            if tmp is not None and not direct:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
         raise
     finally:
-        if fd >= 0:
+        for fd in fds:
             os.close(fd)
+
+
+def _exists(path: str):
+    from ..gguf_io.write import OutputPathError
+    return OutputPathError(path, "exists")
+
+
+def _link_all(moves: list[tuple[str, str, str]]) -> None:
+    """Put each finished temporary file at its new name without replacing anything (see
+    atomic_paths); on a name taken, undo the ones placed and raise OutputPathError `exists`."""
+    placed: list[tuple[str, os.stat_result]] = []
+    try:
+        for path, tmp, target in moves:
+            st = os.stat(tmp)
+            try:
+                os.link(tmp, target, follow_symlinks=False)
+            except FileExistsError:
+                raise _exists(path) from None
+            except OSError:                     # no hard links here: claim the name, then rename onto it
+                try:
+                    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+                except FileExistsError:
+                    raise _exists(path) from None
+                os.replace(tmp, target)
+            placed.append((target, st))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    except BaseException:
+        for target, st in placed:             # ours only: the same file we placed
+            with contextlib.suppress(OSError):
+                now = os.stat(target, follow_symlinks=False)
+                if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                    os.unlink(target)
+        raise
+
+
+def install(tmp: str, path: str) -> None:
+    """Move the complete file `tmp` (beside the file `destination(path)` names) over it, with the
+    mode the old file had or a new one gets: what `atomic_path` does last, for a writer that keeps
+    its unfinished file across runs to resume it (ggtool.evaluate)."""
+    direct, target = destination(path)
+    if direct:
+        raise GGToolError(f"cannot write {path}: not a regular file")
+    with signals_held():
+        os.chmod(tmp, _new_file_mode(target))
+        os.replace(tmp, target)
 
 
 def remove_stale_temporaries(directory: str, name: str) -> list[str]:

@@ -15,6 +15,7 @@ llama.cpp's (the White_Space property).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import regex
@@ -72,9 +73,10 @@ _UCAT_NAMES = {"N": "N", "L": "L", "P": "P", "M": "M", "S": "S", "Lu": "L", "Ll"
 class _Collapse(dict):
     """str.translate table: a non-ASCII character -> its category byte (filled as characters come)."""
 
+    def __init__(self):
+        super().__init__((cp, cp) for cp in range(128))   # ASCII stays itself
+
     def __missing__(self, cp: int) -> str:
-        if cp < 128:
-            raise LookupError   # ASCII stays itself
         if cp in _WHITESPACE:
             c = "\x0b"
         else:
@@ -117,9 +119,10 @@ def collapse_regex(expr: str) -> str:
 def _whitespace_only(text: str) -> str:
     """For a pattern without \\p{..} llama.cpp uses std::wregex on the code points, non-ASCII
     whitespace as 0x0B."""
-    if text.isascii():
-        return text
-    return "".join("\x0b" if ord(c) > 0x7F and ord(c) in _WHITESPACE else c for c in text)
+    return text if text.isascii() else text.translate(_WIDE_WHITESPACE)
+
+
+_WIDE_WHITESPACE = {cp: "\x0b" for cp in _WHITESPACE if cp > 0x7F}
 
 
 class Splitter:
@@ -133,25 +136,40 @@ class Splitter:
             self.steps.append((re.compile(pattern, re.ASCII), uses_categories))
 
     def split(self, text: str) -> list[str]:
+        return list(self.pieces(text))
+
+    def pieces(self, text: str) -> Iterator[str]:
+        """The pre-tokens of `text`, one at a time: each regex runs over the spans the one before
+        left, lazily, so no list of every piece of a long text is made."""
         if not text:
-            return []
-        collapsed = None
-        plain = None
-        bounds = [0, len(text)]   # span edges, ascending
+            return
+        subjects: dict[bool, str] = {}
+
+        def subject(uses_categories: bool) -> str:
+            s = subjects.get(uses_categories)
+            if s is None:
+                s = subjects[uses_categories] = collapse(text) if uses_categories else _whitespace_only(text)
+            return s
+
+        spans: Iterator[tuple[int, int]] = iter(((0, len(text)),))
         for pattern, uses_categories in self.steps:
-            if uses_categories:
-                subject = collapsed = collapse(text) if collapsed is None else collapsed
-            else:
-                subject = plain = _whitespace_only(text) if plain is None else plain
-            new = [0]
-            for a, b in zip(bounds, bounds[1:]):
-                for m in pattern.finditer(subject, a, b):
-                    s, e = m.span()
-                    if s > new[-1]:
-                        new.append(s)
-                    if e > new[-1]:
-                        new.append(e)
-                if b > new[-1]:
-                    new.append(b)
-            bounds = new
-        return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+            spans = _cut(pattern, subject(uses_categories), spans)
+        for a, b in spans:
+            yield text[a:b]
+
+
+def _cut(pattern: re.Pattern, subject: str, spans: Iterator[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """Each span cut where `pattern`'s matches in it start and end (the text between matches is a
+    span of its own, as llama.cpp keeps it)."""
+    for a, b in spans:
+        at = a
+        for m in pattern.finditer(subject, a, b):
+            s, e = m.span()
+            if s > at:
+                yield at, s
+                at = s
+            if e > at:
+                yield at, e
+                at = e
+        if b > at:
+            yield at, b

@@ -9,7 +9,9 @@ is llama-cpp-python's Llama.detokenize (what the golden file records).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -17,7 +19,7 @@ from ggtool.errors import GGToolError, InputError
 
 from .bpe import BPE, BYTE_TO_CHAR, decode_text
 from .pretokenize import PRE_TOKENIZERS, PreTokenizer, Splitter
-from .spm import spm_tokenize
+from .spm import ESCAPED_SPACE, SPM
 
 # llama_token_attr bits, and tokenizer.ggml.token_type values -> attr (llama_token_type order)
 UNDEFINED, UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 4, 8, 16, 32
@@ -25,7 +27,6 @@ LSTRIP, RSTRIP = 128, 256
 TYPE_TO_ATTR = (UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE)
 
 MODELS = ("llama", "gpt2")   # tokenizer.ggml.model values this package implements
-ESCAPED_SPACE = "\u2581"
 
 # token texts llama.cpp marks CONTROL (end of generation, FIM) whatever their type says
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
@@ -50,16 +51,19 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
 
 
 class VocabError(GGToolError):
-    """A vocabulary llama.cpp would refuse, or a token id outside it; `path` names the file."""
+    """A vocabulary llama.cpp would refuse (or one that lies about itself), or a token id outside
+    it. `path` names the file, `key` the metadata key at fault (None for an id outside it)."""
 
-    def __init__(self, message: str, path: str | None = None):
-        self.path = path
+    kind = "bad-vocabulary"
+
+    def __init__(self, message: str, path: str | None = None, key: str | None = None):
+        self.path, self.key, self.message = path, key, message
         super().__init__(f"{path}: {message}" if path else message)
 
 
 @dataclass
 class _Meta:
-    """The tokenizer.* keys of a GGUF file, as plain Python values."""
+    """The tokenizer.* keys of a GGUF file, as plain Python values, their types checked."""
 
     model: str
     pre: str | None
@@ -70,24 +74,106 @@ class _Meta:
     keys: dict
 
 
+KEY = "tokenizer.ggml."
+# the *_token_id keys llama.cpp reads (llama_vocab::impl::load's special_token_types)
+SPECIAL_ID_KEYS = tuple(f"{w}_token_id" for w in (
+    "bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask",
+    "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep", "prefix", "suffix", "middle"))
+BOOL_KEYS = ("add_bos_token", "add_eos_token", "add_sep_token", "add_space_prefix")
+NO_TOKEN = (-1, 2**32 - 1, 2**64 - 1)   # a special id written for "none" (llama.cpp: the default id)
+_INTS = ("UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64")
+_BYTE_TOKEN = re.compile("<0x[0-9A-Fa-f]{2}>")
+
+
 def _read_meta(path: str) -> _Meta:
+    """The tokenizer.* metadata, refused (one VocabError naming the key) where it lies: a key of
+    the wrong type, arrays whose lengths disagree, a token or merge that is not UTF-8 text, a merge
+    that is not a pair, a NaN score, a special id outside the vocabulary, an empty vocabulary.
+    Duplicate tokens are refused by Vocab."""
     from ggtool.gguf_io import open_gguf
+    from ggtool.gguf_io.format import EscapedText
 
     g = open_gguf(path)
+    present = set(g.keys())
 
-    def get(key, default=None):
-        return g.metadata(key, default)
+    def fail(key: str, message: str):
+        raise VocabError(f"{KEY}{key} {message}", path, KEY + key)
 
-    model = get("tokenizer.ggml.model")
+    def typed(key: str, want: tuple[str, ...], what: str):
+        """The value of tokenizer.ggml.KEY if its GGUF type is one of `want`, None if absent."""
+        if KEY + key not in present:
+            return None
+        t = g.value_type(KEY + key)
+        if t not in want and not (g.array_len(KEY + key) == 0 and t.startswith("ARRAY")):
+            fail(key, f"is {t}, not {what}")
+        return g.metadata(KEY + key)
+
+    def not_text(key: str, items: list) -> None:
+        if EscapedText in set(map(type, items)):
+            bad = next(i for i, t in enumerate(items) if isinstance(t, EscapedText))
+            fail(f"{key}[{bad}]", f"is not UTF-8 text ({items[bad].raw!r})")
+
+    model = typed("model", ("STRING",), "a string")
     if model is None:
-        raise VocabError("no vocabulary (tokenizer.ggml.model is absent)", path)
-    tokens = get("tokenizer.ggml.tokens")
+        raise VocabError(f"no vocabulary ({KEY}model is absent)", path, KEY + "model")
+    pre = typed("pre", ("STRING",), "a string")
+    tokens = typed("tokens", ("ARRAY[STRING]",), "an array of strings")
     if tokens is None:
-        raise VocabError("no vocabulary (tokenizer.ggml.tokens is absent)", path)
-    keys = {k[len("tokenizer.ggml."):]: get(k) for k in g.keys()
-            if k.startswith("tokenizer.ggml.") and g.array_len(k) is None}
-    return _Meta(model, get("tokenizer.ggml.pre"), tokens, get("tokenizer.ggml.scores"),
-                 get("tokenizer.ggml.token_type"), get("tokenizer.ggml.merges"), keys)
+        raise VocabError(f"no vocabulary ({KEY}tokens is absent)", path, KEY + "tokens")
+    n = len(tokens)
+    if n == 0:
+        fail("tokens", "is empty: a vocabulary needs at least one token")
+    not_text("tokens", tokens)
+
+    def one_per_token(key: str, values: list | None) -> None:
+        if values is not None and len(values) != n:
+            fail(key, f"has {len(values)} entries for {n} tokens ({KEY}tokens): one per token")
+
+    scores = typed("scores", ("ARRAY[FLOAT32]", "ARRAY[INT32]"), "an array of FLOAT32 (or INT32)")
+    one_per_token("scores", scores)
+    if scores is not None:
+        arr = np.asarray(scores, np.float32)   # as llama.cpp holds them (INT32 ones rounded to float)
+        nan = np.flatnonzero(np.isnan(arr))
+        if nan.size:
+            fail(f"scores[{nan[0]}]", "is NaN: scores order the merges")
+        scores = arr.tolist()
+    types = typed("token_type", ("ARRAY[INT32]",), "an array of INT32")
+    one_per_token("token_type", types)
+    merges = typed("merges", ("ARRAY[STRING]",), 'an array of strings ("left right" pairs)')
+    if merges is not None:
+        not_text("merges", merges)
+        bad = _first_not_a_pair(merges)
+        if bad is not None:
+            fail(f"merges[{bad}]", f"{merges[bad]!r} is not a pair \"left right\" (two non-empty parts, one space)")
+
+    keys = {}
+    for k in sorted(present):
+        short = k[len(KEY):]
+        if not k.startswith(KEY) or g.array_len(k) is not None:
+            continue
+        if short in SPECIAL_ID_KEYS:
+            v = typed(short, _INTS, "an integer (a token id)")
+            if v not in NO_TOKEN and not 0 <= v < n:
+                fail(short, f"is {v}, outside the vocabulary ({n} tokens: 0 to {n - 1})")
+        elif short in BOOL_KEYS:
+            v = typed(short, ("BOOL",), "a BOOL")
+        else:
+            v = g.metadata(k)
+        keys[short] = v
+    return _Meta(model, pre, tokens, scores, types, merges, keys)
+
+
+_NOT_A_PAIR = re.compile(r"^(?![^ \n]+ [^ \n]+$)", re.M)
+
+
+def _first_not_a_pair(merges: list[str]) -> int | None:
+    """The index of the first merge that is not "left right" (two non-empty parts, one space),
+    or None: one regex over the merges joined by newlines (a merge holding one: item by item)."""
+    joined = "\n".join(merges)
+    if joined.count("\n") == len(merges) - 1:
+        m = _NOT_A_PAIR.search(joined) if merges else None
+        return None if m is None else joined.count("\n", 0, m.start())
+    return next((i for i, x in enumerate(merges) if x.count(" ") != 1 or x[0] == " " or x[-1] == " "), None)
 
 
 class Vocab:
@@ -97,8 +183,8 @@ class Vocab:
         self.path = path
         self.model = meta.model
         if meta.model not in MODELS:
-            raise VocabError(f"tokenizer.ggml.model '{meta.model}' is not supported "
-                             f"(supported: {', '.join(MODELS)})", path)
+            raise VocabError(f"{KEY}model '{meta.model}' is not supported "
+                             f"(supported: {', '.join(MODELS)})", path, KEY + "model")
         kv = meta.keys
         self.is_spm = meta.model == "llama"
         self.pre: PreTokenizer | None = None
@@ -107,12 +193,13 @@ class Vocab:
             self.add_space_prefix, self.clean_spaces, add_bos = True, False, True
         else:
             if meta.merges is None:
-                raise VocabError("cannot find tokenizer merges (tokenizer.ggml.merges)", path)
+                raise VocabError(f"{KEY}merges is absent: a gpt2 (BPE) vocabulary needs its merges", path,
+                                 KEY + "merges")
             name = meta.pre or "default"   # llama.cpp: missing pre-tokenizer type, using 'default'
             self.pre = PRE_TOKENIZERS.get(name)
             if self.pre is None:
-                raise VocabError(f"tokenizer.ggml.pre '{name}' is not supported (supported: "
-                                 f"{', '.join(sorted(PRE_TOKENIZERS))})", path)
+                raise VocabError(f"{KEY}pre '{name}' is not supported (supported: "
+                                 f"{', '.join(sorted(PRE_TOKENIZERS))})", path, KEY + "pre")
             bos, eos, unk = 11, 11, -1
             self.add_space_prefix, self.clean_spaces, add_bos = False, self.pre.clean_spaces, self.pre.add_bos
         self.add_space_prefix = bool(kv.get("add_space_prefix", self.add_space_prefix))
@@ -129,13 +216,18 @@ class Vocab:
             seen: dict[str, int] = {}
             for i, t in enumerate(tokens):
                 if t in seen:
-                    raise VocabError(f"duplicate token in vocabulary: {t!r} has ids {seen[t]} and {i}", path)
+                    raise VocabError(f"{KEY}tokens has {t!r} twice (ids {seen[t]} and {i}): llama.cpp refuses "
+                                     "a vocabulary with duplicates", path, KEY + "tokens")
                 seen[t] = i
-        self.scores = list(meta.scores[:n]) if meta.scores is not None else [0.0] * n
+        self.scores = meta.scores if meta.scores is not None else [0.0] * n
         if meta.types is not None:
-            types = np.asarray(meta.types[:n], np.int64)
+            types = np.asarray(meta.types, np.int64)
             known = (types >= 0) & (types < len(TYPE_TO_ATTR))
             self.attrs = np.asarray(TYPE_TO_ATTR)[np.where(known, types, 0)].tolist()
+            for i in np.flatnonzero(types == TYPE_TO_ATTR.index(BYTE)).tolist():
+                if not _BYTE_TOKEN.fullmatch(tokens[i]):
+                    raise VocabError(f"{KEY}token_type[{i}] says BYTE, but token {i} {tokens[i]!r} is not <0xXX>",
+                                     path, KEY + "token_type")
         else:
             self.attrs = [NORMAL] * n
 
@@ -143,7 +235,7 @@ class Vocab:
             v = kv.get(key)
             if default >= n:
                 default = -1
-            return v if isinstance(v, int) and 0 <= v < n else default
+            return v if v is not None and v not in NO_TOKEN else default
 
         self.bos_id = special("bos_token_id", bos)
         self.eos_id = special("eos_token_id", eos)
@@ -152,19 +244,28 @@ class Vocab:
         self.add_eos = bool(kv.get("add_eos_token", add_eos))
         for flag, tid, key in ((self.add_bos, self.bos_id, "bos"), (self.add_eos, self.eos_id, "eos")):
             if flag and tid < 0:
-                raise VocabError(f"tokenizer.ggml.add_{key}_token is true, but tokenizer.ggml.{key}_token_id "
-                                 "is not set", path)
+                raise VocabError(f"{KEY}add_{key}_token is true, but {KEY}{key}_token_id is not set", path,
+                                 f"{KEY}{key}_token_id")
         self._mark_control_tokens(kv)
 
         # llama.cpp's cache_special_tokens: longest text first
         special = np.flatnonzero(np.asarray(self.attrs) & (CONTROL | USER_DEFINED | UNKNOWN)).tolist()
         self.special_ids = sorted(special, key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogatepass")))
         self._pieces: dict[int, bytes] = {}
-        if self.is_spm:
-            self._bpe = None
-        else:
-            self._bpe = BPE(self.token_to_id, list(meta.merges), self.pre.ignore_merges)
-            self._splitter = Splitter(self.pre.regexes)
+        self._merges = meta.merges
+
+    # the tokenizers' tables, made on the first tokenize (detokenizing needs none of them)
+    @cached_property
+    def _spm(self) -> SPM:
+        return SPM(self.tokens, self.scores, self.token_to_id, self.byte_to_token)
+
+    @cached_property
+    def _bpe(self) -> BPE:
+        return BPE(self.token_to_id, self._merges, self.pre.ignore_merges)
+
+    @cached_property
+    def _splitter(self) -> Splitter:
+        return Splitter(self.pre.regexes)
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> Vocab:
@@ -183,7 +284,7 @@ class Vocab:
         ids = self.token_to_id
         attrs = self.attrs
         for what, texts in _FIM_TEXTS.items():
-            if isinstance(kv.get(f"{what}_token_id"), int):
+            if kv.get(f"{what}_token_id", NO_TOKEN[0]) not in NO_TOKEN:
                 continue
             for t in texts:   # llama.cpp takes the first it meets; the lists rarely match twice
                 if t in ids:
@@ -251,16 +352,16 @@ class Vocab:
                     continue
                 if self.add_space_prefix and prev_special:
                     f = " " + f
-                spm_tokenize(f.replace(" ", ESCAPED_SPACE), self.token_to_id, self.scores, self.byte_to_token, out)
+                self._spm.tokenize(f, out)
                 prev_special = False
         else:
             word = self._bpe.word
-            split = self._splitter.split
+            pieces = self._splitter.pieces
             for f in frags:
                 if type(f) is int:
                     out.append(f)
                 else:
-                    for w in split(f):
+                    for w in pieces(f):
                         out.extend(word(w))
         if add_special and self.add_eos:
             out.append(self.eos_id)
