@@ -69,7 +69,7 @@ def command(stdin_text, model, program_file, prompt, tokens_json, n_predict, ctx
             temperature, top_k, top_p, seed, numerics, fmt, verbose):
     from ggtool.dsl import parse
     from ggtool.generate import NoProgramError, Sampling, Session, generate, shipped_program
-    from ggtool.plan import estimate_flops
+    from ggtool.plan import estimate_work
     from ggtool.threads import default_threads
 
     from .tokenize import load_vocab, read_text
@@ -124,7 +124,7 @@ def command(stdin_text, model, program_file, prompt, tokens_json, n_predict, ctx
     session.prepare(len(ids), 1)
     warn_llama_cpp_gaps(session.llama_cpp_gaps(), numerics)
     if n_threads is None:   # the engine's rule, for the step that repeats
-        n_threads = default_threads(estimate_flops(session.graph(1)))
+        n_threads = default_threads(estimate_work(session.graph(1)), steps=max(1, n_predict - 1))
     session.n_threads, session.pool = n_threads, open_pool(n_threads)
 
     sampler = Sampling(temperature, top_k, top_p, seed).sampler()

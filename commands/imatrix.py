@@ -66,7 +66,7 @@ def command(model, text_file, out_file, n_ctx, n_chunks, n_batch, n_ubatch, proc
     from ggtool.evaluate import Model, Schedule, read_text, tokenize_text
     from ggtool.evaluate.collect import ImatrixRun, check_against_model, load_in_files, write_imatrix
     from ggtool.gguf_io.write import check_output_paths
-    from ggtool.plan import estimate_flops
+    from ggtool.plan import estimate_work
     from ggtool.threads import default_threads
 
     numerics = pick_numerics(numerics, verbose)
@@ -99,7 +99,7 @@ def command(model, text_file, out_file, n_ctx, n_chunks, n_batch, n_ubatch, proc
     run = ImatrixRun(m, tokens, dataset=text_file, n_chunks=n_chunks, schedule=Schedule(n_ctx, n_batch, n_ubatch),
                      process_output=process_output, start=start, ppl=not no_ppl, text_file=text_file)
     if n_threads is None:
-        n_threads = default_threads(estimate_flops(run.first_graph()))
+        n_threads = default_threads(estimate_work(run.first_graph()))
     m.use_threads(n_threads, open_pool(n_threads))
     s = run.schedule
     log(f"compute_imatrix: computing over {run.n_chunk} chunks, n_ctx={n_ctx}, "

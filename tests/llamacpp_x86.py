@@ -386,4 +386,10 @@ def gelu_table():
     with np.errstate(all="ignore"):
         inner = (s * h) * fma(a * h, h, f32(1))
         t = np.tanh(inner.astype(f64)).astype(f32)
-        return ((f32(0.5) * h) * (f32(1) + t)).astype(np.float16).astype(f32)
+        table = ((f32(0.5) * h) * (f32(1) + t)).astype(np.float16).astype(f32)
+    # NaN entries as F16C makes them: vcvtph2ps quiets h keeping its payload, every operation keeps
+    # the first NaN operand's, vcvtps2ph keeps the top 10 bits (numpy's conversions vary by version)
+    i = np.arange(1 << 16, dtype=np.uint32)
+    nan = ((i & 0x7C00) == 0x7C00) & ((i & 0x3FF) != 0)
+    table[nan] = (((i & 0x8000) << 16) | np.uint32(0x7FC00000) | ((i & 0x3FF) << 13))[nan].view(f32)
+    return table

@@ -50,14 +50,27 @@ def test_threads_from_environment(run, monkeypatch):
 
 
 def test_default_threads_are_those_compute_would_use(run, monkeypatch):
-    """ggtool.threads' rule: the cores we may use, one per 40 GFLOP of the graph's work."""
+    """ggtool.threads' rule (choose: the fastest count for the graph's work among the free CPUs),
+    and why, in the table and the JSON; a given count is obeyed."""
+    from ggtool import threads
+
     monkeypatch.delenv("GGTOOL_THREADS", raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
-    assert json.loads(ok(run("plan", *ARGS, "--json")))["requested"] == 1      # a small graph
-    big = ("mul_mat(w, x)", "--tensor", "w=f32[8192,8192]", "--tensor", "x=f32[8192,1024]", "--json")  # 137 GFLOP
-    assert json.loads(ok(run("plan", *big)))["requested"] == 3
+    monkeypatch.setattr(threads, "CGROUP_CPU_MAX", "/nonexistent")
+    monkeypatch.setattr(threads, "others_running", lambda: 0)
+    doc = json.loads(ok(run("plan", *ARGS, "--json")))
+    assert doc["requested"] == 1 and doc["threads_why"].startswith("1 thread: ")    # a small graph
+    big = ("mul_mat(w, x)", "--tensor", "w=f32[8192,8192]", "--tensor", "x=f32[8192,1024]")  # 137 GFLOP
+    doc = json.loads(ok(run("plan", *big, "--json")))
+    want = threads.choose(threads.Work(flops=2 * 8192**3 // 8, weight_bytes=8192**2 * 4, params=8192**2, barriers=1))
+    assert doc["requested"] == want.n == 5 and doc["threads_why"] == want.reason
+    assert f"threads   = {want.reason}" in ok(run("plan", *big)).splitlines()
+    monkeypatch.setattr(threads, "others_running", lambda: 3)     # others busy on 3 of the 5
+    assert json.loads(ok(run("plan", *big, "--json")))["requested"] == 2
     monkeypatch.setenv("GGTOOL_THREADS", "4")
-    assert json.loads(ok(run("plan", *ARGS, "--json")))["requested"] == 4
+    doc = json.loads(ok(run("plan", *ARGS, "--json")))
+    assert doc["requested"] == 4 and doc["threads_why"] == "4 given (--threads or GGTOOL_THREADS)"
+    assert not any(line.startswith("threads ") for line in ok(run("plan", *ARGS)).splitlines())
 
 
 def test_plan_counts_memory_mapped_weights(run):

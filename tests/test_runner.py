@@ -285,7 +285,8 @@ def test_mul_mat_of_every_block_type(wtype, m, pool3):
     b = leaf(ctx, values((m, k), special=False))
     y = F["mul_mat"](ctx, a, b)
     g = ggtool.Graph(ctx).expand(y)
-    assert compiled_kernels(g) == ["mm_convert", "mm_k" if wtype.endswith("K") else "mm_q32"]
+    kernel = "mm_k6" if wtype in ("q3_K", "q6_K") else "mm_k" if wtype.endswith("K") else "mm_q32"
+    assert compiled_kernels(g) == ["mm_convert", kernel]
     same_as_python(g, [y], pools=[pool3])
 
 

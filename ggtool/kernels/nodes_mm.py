@@ -6,7 +6,7 @@ runs it:
   blocks split between the participants as ggml_compute_forward_mul_mat splits them (a decode row is
   shared by all of them); the quantizers are ``kernels.quantize``'s and ``kernels.kquants``', block
   by block the bytes ``ops.matmul._convert_src1`` writes. Then the barrier.
-- ``mm_q32``, ``mm_k`` (GGML's scalar order, on ``dot``'s repacked
+- ``mm_q32``, ``mm_k``, ``mm_k6`` (GGML's scalar order, on ``dot``'s repacked
   weights: the tiles of ``simd``) and ``mm_x86`` (llama.cpp's x86 orders, ``x86``): the participant's
   own units of work, a table made by ``ops.matmul`` in its process (``UNIT`` words each: which
   activation rows, which weight rows as row groups of one repacked tile, and that tile's arrays).
@@ -141,7 +141,7 @@ def mm_q32(row, frow, ith, nth, wdata):
         M, nb, n = ap.shape[1], u[U_NB], u[U_N]
         out, stride = _out(w, u)
         o = f32s(out)
-        d = _arr(u[U_P + 1], np.float32)
+        d = _arr(u[U_P + 1], np.uint16)           # fp16 bits: the tile widens them
         for g in range(u[U_G0], u[U_G1]):
             acc[:, :] = 0
             for b in range(nb):
@@ -156,30 +156,31 @@ def mm_q32(row, frow, ith, nth, wdata):
                         simd.tile_q8_0(_arr(u[U_P], np.int8), wo * 32, d, d, wo, ap, so * 16, off, da, da, so, acc,
                                        m0 * GROUP, mt)
                     else:
-                        simd.tile_q8_1(_arr(u[U_P], np.int8), wo * 32, d, _arr(u[U_P + 2], np.float32), wo, ap, so * 16,
+                        simd.tile_q8_1(_arr(u[U_P], np.int8), wo * 32, d, _arr(u[U_P + 2], np.uint16), wo, ap, so * 16,
                                        off, da, sa, so, acc, m0 * GROUP, mt)
             _store(acc, o, stride, g, n, u[U_COL0])
     return 0
 
 
 def mm_k(row, frow, ith, nth, wdata):
-    """The dot step of the K-quants (``dot_k``'s one packed form and ``simd.tile_k``)."""
+    """The dot step of the K-quants with mins (Q2_K, Q4_K, Q5_K: ``dot_k._pack_k``'s form and
+    ``simd.tile_k``, as ``dot_k._dot_k`` runs it; P args: the activations' row bytes, hm)."""
     w = words(row, ROW)
     units, count = i64s(w[M_UNITS]), w[M_COUNT]
     if count == 0:
         return 0
-    rb = w[M_ARG]
-    ap, bp, da = _act_pairs_k(_act(w, units[0:UNIT], wdata, rb))
+    rb, hm = w[M_ARG], w[M_ARG + 1]
+    ap, bp, da = _act_pairs_k(_act(w, units[0:UNIT], wdata, rb), False)
     acc = np.empty((ap.shape[1], GROUP), np.float32)
     for k in range(count):
         u = units[k * UNIT:(k + 1) * UNIT]
         if k > 0 and not _same(u, units[(k - 1) * UNIT:k * UNIT]):
-            ap, bp, da = _act_pairs_k(_act(w, u, wdata, rb))
+            ap, bp, da = _act_pairs_k(_act(w, u, wdata, rb), False)
             acc = np.empty((ap.shape[1], GROUP), np.float32)
         M, nb, n = ap.shape[1], u[U_NB], u[U_N]
         out, stride = _out(w, u)
         o = f32s(out)
-        codes, sc, mn = _arr(u[U_P], np.int8), _arr(u[U_P + 1], np.int32), _arr(u[U_P + 2], np.int16)
+        codes, sc, mn = _arr(u[U_P], np.int8), _arr(u[U_P + 1], np.int8), _arr(u[U_P + 2], np.int8)
         dw, dmw = _arr(u[U_P + 3], np.float32), _arr(u[U_P + 4], np.float32)
         for g in range(u[U_G0], u[U_G1]):
             acc[:, :] = 0
@@ -188,7 +189,39 @@ def mm_k(row, frow, ith, nth, wdata):
                 for m0 in range(0, M, simd.MT):
                     so = b * M + m0
                     simd.tile_k(codes, gb * 256 * GROUP, sc, mn, gb * 16 * GROUP, dw, dmw, gb * GROUP, ap, so * 128,
-                                bp, so * 8, da, so, acc, m0 * GROUP, min(simd.MT, M - m0))
+                                bp, so * 8, da, so, acc, m0 * GROUP, min(simd.MT, M - m0), hm)
+            _store(acc, o, stride, g, n, u[U_COL0])
+    return 0
+
+
+def mm_k6(row, frow, ith, nth, wdata):
+    """The dot step of Q6_K and Q3_K (packed in 6 bits: ``dot_k._pack_k6``'s form and ``simd.tile_k6``,
+    as ``dot_k._dot_k6`` runs it; P args: the activations' row bytes)."""
+    w = words(row, ROW)
+    units, count = i64s(w[M_UNITS]), w[M_COUNT]
+    if count == 0:
+        return 0
+    rb = w[M_ARG]
+    ap, _, da = _act_pairs_k(_act(w, units[0:UNIT], wdata, rb), True)
+    acc = np.empty((ap.shape[1], GROUP), np.float32)
+    for k in range(count):
+        u = units[k * UNIT:(k + 1) * UNIT]
+        if k > 0 and not _same(u, units[(k - 1) * UNIT:k * UNIT]):
+            ap, _, da = _act_pairs_k(_act(w, u, wdata, rb), True)
+            acc = np.empty((ap.shape[1], GROUP), np.float32)
+        M, nb, n = ap.shape[1], u[U_NB], u[U_N]
+        out, stride = _out(w, u)
+        o = f32s(out)
+        codes, hi = _arr(u[U_P], np.uint8), _arr(u[U_P + 1], np.uint16)
+        sc, dw = _arr(u[U_P + 2], np.int8), _arr(u[U_P + 3], np.float32)
+        for g in range(u[U_G0], u[U_G1]):
+            acc[:, :] = 0
+            for b in range(nb):
+                gb = g * nb + b
+                for m0 in range(0, M, simd.MT):
+                    so = b * M + m0
+                    simd.tile_k6(codes, gb * 128 * GROUP, hi, gb * 32 * GROUP, sc, gb * 16 * GROUP, dw, gb * GROUP,
+                                 ap, so * 128, da, so, acc, m0 * GROUP, min(simd.MT, M - m0))
             _store(acc, o, stride, g, n, u[U_COL0])
     return 0
 
@@ -253,5 +286,5 @@ def mm_x86(row, frow, ith, nth, wdata):
     return 0
 
 
-for _fn in (mm_convert, mm_q32, mm_k, mm_x86):
+for _fn in (mm_convert, mm_q32, mm_k, mm_k6, mm_x86):
     register(_fn)

@@ -129,13 +129,14 @@ def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray, tile: tuple) ->
 _CONVERT = {T.Q8_0: 0, T.GGMLType.Q8_1: 1, T.GGMLType.Q8_K: 2, T.F16: 3}         # nodes_mm.CV_*
 _Q32 = {T.Q4_0: 0, T.Q8_0: 1, T.GGMLType.Q5_0: 1, T.GGMLType.Q4_1: 2, T.GGMLType.Q5_1: 2}   # nodes_mm.Q32_*
 _K_TYPES = (T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
+_K6_TYPES = (T.GGMLType.Q3_K, T.GGMLType.Q6_K)      # packed in 6 bits, no mins (kernels.dot_k._pack_k6)
 _UNIT = 16          # nodes_mm.UNIT
 _GROUP = 128        # kernels.dot_base.GROUP: weight rows per repacked row group
 
 
 def _mul_mat_compiled(node, numerics):
     """mul_mat as the compiled runner runs it: src1 converted into the work buffer (``mm_convert``,
-    then the barrier), then each participant's units (``mm_q32``, ``mm_k``; ``mm_x86`` under
+    then the barrier), then each participant's units (``mm_q32``, ``mm_k``, ``mm_k6``; ``mm_x86`` under
     llama.cpp's numerics). F32 and F16 weights under GGML's numerics (``kernels.dot_float``) and BF16 stay in Python."""
     a, b = node.src
     if not (a.has_data and b.has_data and node.has_data and plain(node)):
@@ -171,8 +172,10 @@ def _mul_mat_compiled(node, numerics):
         sub = _x86_sub(a, b, which, numerics)
         args = (rb, which[0], sub, T.row_size(a.type, a.ne[0]))
         kernel = "mm_x86"
+    elif a.type in _K6_TYPES:
+        args, kernel = (rb,), "mm_k6"
     elif a.type in _K_TYPES:
-        args, kernel = (rb,), "mm_k"
+        args, kernel = (rb, 1), "mm_k"        # hm: Q2_K, Q4_K and Q5_K have mins
     else:
         args, kernel = (rb, _Q32[a.type]), "mm_q32"
     needs = () if x86 else (f"dot:{T.type_name(a.type)}",)     # its packers, run in bind
@@ -248,7 +251,7 @@ class _UnitsBind:
                 packed = self._pack(a, u)
                 keep.append(packed)
                 arrays = [p for p in packed if isinstance(p, np.ndarray)]
-                table[k, 8] = packed[-1]                      # nb
+                table[k, 8] = a.ne[0] // T.block_size(a.type)   # nb: blocks a row
                 table[k, 11:11 + len(arrays)] = [p.ctypes.data for p in arrays]
         if self.act is not None:
             act = self.act

@@ -54,12 +54,24 @@ def _gelu_quick_f32(x: np.ndarray) -> np.ndarray:
 _TABLES: dict[str, np.ndarray] = {}
 
 
+def _quiet_nan_entries(table: np.ndarray) -> np.ndarray:
+    """Sets a table's NaN entries (index h a NaN's fp16 bits) to h quieted and widened, as GGML's
+    tables hold them on x86-64: F16C's conversions quiet a NaN and keep its payload, and every
+    function of x here keeps x's payload. numpy's own fp16 conversions of a NaN differ between its
+    versions and CPU paths, so these entries are set from the bits, the same on every host."""
+    h = np.arange(1 << 16, dtype=np.uint32)
+    nan = ((h & 0x7C00) == 0x7C00) & ((h & 0x3FF) != 0)
+    bits = ((h & 0x8000) << 16) | np.uint32(0x7FC00000) | ((h & 0x3FF) << 13)
+    table[nan] = bits[nan].view(f32)
+    return table
+
+
 def _table(name: str, fn: Callable) -> np.ndarray:
     """TABLE[h] = fp16(fn(fp32(h))) for all 65,536 fp16 bit patterns, kept as float32."""
     if name not in _TABLES:
         h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(f32)
         with np.errstate(all="ignore"):
-            _TABLES[name] = fn(h).astype(np.float16).astype(f32)
+            _TABLES[name] = _quiet_nan_entries(fn(h).astype(np.float16).astype(f32))
     return _TABLES[name]
 
 
