@@ -18,7 +18,8 @@ that count itself):
 - llama.cpp: `llama-bench -m MODEL -t T -r 1 -p PROMPT -n 0` (prompt tokens/s, one batch from an empty
   cache) and `-p 0 -n GEN -d PROMPT` (tokens/s of GEN single-token steps after PROMPT tokens in the
   cache), its defaults otherwise (F16 K/V cache, flash attention auto, weights repacked);
-- ggtool: `ggtool.generate.Session` over the shipped llama program (what `ggtool generate` runs), in
+- ggtool: `ggtool.generate.Session` over the shipped program of the model's architecture (what
+  `ggtool generate` runs: llama's, gemma3's for --model gemma-3-270m), in
   a fresh process with a worker pool of T participants: a warm-up (the prompt and one step: kernels
   loaded, graphs built), then the prompt in one batch from an empty cache (timed), then GEN greedy
   steps after it (timed), as llama-bench times them.
@@ -202,7 +203,8 @@ from ggtool.dsl import parse
 from ggtool.generate import Session, shipped_program
 
 n = args["threads"]
-program = shipped_program("llama")
+from ggtool.gguf_io import open_gguf
+program = shipped_program(open_gguf(args["model"]).metadata("general.architecture", "llama"))   # as ggtool generate
 prompt = args["prompt_ids"]
 session = Session(args["model"], parse(program.read_text(), str(program)), n_ctx=len(prompt) + args["gen"] + 1)
 session.prepare(len(prompt), 1)
