@@ -193,7 +193,7 @@ def llama_kernels(exe: str, model: Path) -> dict:
 
 
 # -- ggtool ----------------------------------------------------------------------------------------------
-GGTOOL_SIDE_MAIN = r"""
+SIDE_GGTOOL_MAIN = r"""
 import json, sys, time
 args = json.loads(sys.argv[1])
 from ggtool.pool.launch import prestart
@@ -270,7 +270,7 @@ print(json.dumps(out))
 """
 
 
-GGTOOL_SIDE = None     # PROTOCOL + GGTOOL_SIDE_MAIN, below
+SIDE_GGTOOL = None     # PROTOCOL + SIDE_GGTOOL_MAIN, below
 
 
 def llama_python_side(python: str, lib: str, model: Path, threads: int, prompt_ids: list[int], gen: int) -> dict:
@@ -292,14 +292,14 @@ def ggtool_side(model: Path, threads: int, prompt_ids: list[int], gen: int, runs
         env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     arg = json.dumps({"model": str(model), "threads": threads, "prompt_ids": prompt_ids, "gen": gen, "runs": runs})
     with tempfile.TemporaryDirectory() as cwd:   # a neutral working directory
-        r = subprocess.run([sys.executable, "-c", GGTOOL_SIDE, arg], capture_output=True, text=True, env=env, cwd=cwd)
+        r = subprocess.run([sys.executable, "-c", SIDE_GGTOOL, arg], capture_output=True, text=True, env=env, cwd=cwd)
     if r.returncode:
         raise SystemExit(f"ggtool side failed ({r.returncode}) at {threads} threads:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 # -- the run ---------------------------------------------------------------------------------------------
-GGTOOL_SIDE = PROTOCOL + GGTOOL_SIDE_MAIN
+SIDE_GGTOOL = PROTOCOL + SIDE_GGTOOL_MAIN
 
 
 def default_threads_list() -> list[int]:

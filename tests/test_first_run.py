@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ggtool import role
+from ggtool.errors import CacheWarning
 from ggtool.kernels import cache, first_run, warm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +105,8 @@ def test_an_unwritable_cache_or_stderr_does_not_stop_the_compile(cli, monkeypatc
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setattr(sys, "stderr", open(os.devnull, "w"))
     sys.stderr.close()
-    assert first_run.use_compiled("dot:q4_K", 10 * BUDGET)
+    with pytest.warns(CacheWarning, match="cache is not used"):     # said once, as a warning (kernels.cache)
+        assert first_run.use_compiled("dot:q4_K", 10 * BUDGET)
     assert compiled == ["dot:q4_K"]
 
 
@@ -189,11 +191,31 @@ def test_kernels_of_a_large_generation_compile_ahead_side_by_side(cli, monkeypat
 
 
 def test_a_compile_ahead_process_is_isolated_and_fills_the_cache(tmp_path, monkeypatch):
-    """The real process: python -I in the cache's folder, this process's sys.path given explicitly;
-    it compiles the kernel into the cache and marks it ready."""
-    monkeypatch.setenv("GGTOOL_CACHE_DIR", str(tmp_path))
+    """The real process, started by ggtool.isolation: python -I in "/", this process's sys.path given
+    explicitly, a filtered environment; a ggtool package and a sitecustomize planted in the working
+    directory and on PYTHONPATH never run in it. It compiles the kernel into the cache and marks it ready."""
+    planted = tmp_path / "planted"
+    for where in (planted / "ggtool", planted):
+        where.mkdir(parents=True, exist_ok=True)
+    trap = f"open({str(tmp_path / 'ran')!r}, 'a').write(__name__)\n"
+    (planted / "ggtool" / "__init__.py").write_text(trap)
+    (planted / "sitecustomize.py").write_text(trap)
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.setenv("GGTOOL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     proc = first_run._spawn("quantize:Q8_K")
     assert proc.args[:2] == [sys.executable, "-I"] and proc.wait(timeout=300) == 0
-    assert os.path.exists(cache.marker("ready", "quantize:Q8_K"))
-    assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path) for f in fs)
+    assert not (tmp_path / "ran").exists()
+    assert os.path.isfile(cache.marker("ready", "quantize:Q8_K"))
+    assert not os.path.exists(cache.marker("wanted", "quantize:Q8_K"))
+    assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "cache") for f in fs)
+
+
+def test_a_compile_ahead_process_needs_a_cache(tmp_path, monkeypatch):
+    """Where the cache cannot be used (a file at its name), no process starts: the kernel compiles in
+    process at first use."""
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("GGTOOL_CACHE_DIR", str(tmp_path / "file"))
+    with pytest.warns(CacheWarning, match="cache is not used"):
+        assert first_run._spawn("quantize:Q8_K") is None
