@@ -219,6 +219,7 @@ def test_a_compile_ahead_process_needs_a_cache(tmp_path, monkeypatch):
     process at first use."""
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setenv("GGTOOL_CACHE_DIR", str(tmp_path / "file"))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)     # set once numba is loaded (kernels.jit): else it wins
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheWarning)
         assert first_run._spawn("quantize:Q8_K") is None
