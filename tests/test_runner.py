@@ -594,3 +594,26 @@ def test_compiled_runner_named_in_docs():
     text = (ROOT / "docs" / "engine.md").read_text()
     for name in ("ggtool.runner", "kernels/runner.py", "kernels/nodes.py", "futex"):
         assert name in text, name
+
+
+# -- the background compiler (kernels.warm) -------------------------------------------------------------------
+def test_the_background_compiler_knows_the_runner_and_every_node_kernel(tmp_path, monkeypatch):
+    """What ``ggtool.runner`` wishes for in the command line ("runner", "node:<kernel>") is a kind the
+    background compiler keeps and compiles (else its queue drops the wish and a runner is never cached);
+    a node kernel that does not exist is dropped like any stray name."""
+    from ggtool.kernels import cache, nodes, warm
+
+    assert warm.known("runner") and not warm.known("runner:x") and not warm.known("node:no_such_kernel")
+    assert {k for k in nodes.KERNELS} >= {"mm_convert", "mm_q32", "mm_k", "mm_k6", "mm_x86", "rms_norm_f32"}
+    assert all(warm.known(f"node:{k}") for k in nodes.KERNELS)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "_dirs", {})
+    tag = sys.implementation.cache_tag
+    (tmp_path / "wanted").mkdir()
+    for name in ("runner", "node:scale_f32", "node:no_such_kernel"):
+        (tmp_path / "wanted" / f"{name}.{tag}").touch()
+    assert warm._pending(str(tmp_path)) == ["node:scale_f32", "runner"]
+    monkeypatch.setattr(sys, "stdin", type("In", (), {"buffer": type("B", (), {"read": lambda self: b""})()})())
+    warm.main()
+    assert sorted(os.listdir(tmp_path / "ready")) == [f"node:scale_f32.{tag}", f"runner.{tag}"]
+    assert not (tmp_path / "failed").exists() and os.listdir(tmp_path / "wanted") == []
