@@ -386,4 +386,3 @@ def _error_message(i: int, node, ith: int, nth: int, work, code: int) -> str:
         pass
     return str(node_error(i, node, GGToolError(f"its compiled kernel failed (code {code}) where its Python "
                                                 f"forward does not: a bug in ggtool")))
-
