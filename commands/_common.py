@@ -95,7 +95,7 @@ def input_options(f):
                         help="An input tensor (repeatable); SOURCE forms are listed below.")(f)
 
 
-BY_THE_WORK = "one per 40 GFLOP of the graph's work, 1 to the number of CPUs"   # ggtool.threads.default_threads
+BY_THE_WORK = "the count fastest for the graph's work among the free CPUs (`ggtool plan` says why)"   # ggtool.threads.choose
 
 
 def threads_option(f=None, *, help: str = "Threads (GGML's n_threads): participants in the compute, "

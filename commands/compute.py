@@ -7,7 +7,7 @@ import os
 import click
 
 from ggtool.context import Context
-from ggtool.plan import estimate_flops
+from ggtool.plan import estimate_work
 from ggtool.tensor_io import (
     FORMATS,
     copy_gguf,
@@ -136,7 +136,7 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
     timer.mark("build")
 
     if n_threads is None:   # not given: the engine's default for a graph of this size
-        n_threads = default_threads(estimate_flops(built.graph))
+        n_threads = default_threads(estimate_work(built.graph))
     pool = open_pool(n_threads)
     from ggtool.compute import graph_compute
 

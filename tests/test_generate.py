@@ -218,6 +218,26 @@ def test_steps_on_a_pool_are_described_once(stories):
         assert set(two._steps) == {(3, 4), (1, 4), (1, 8)}
 
 
+def test_a_pool_given_after_the_graphs_are_built_describes_them_once(stories):
+    """`ggtool generate` builds the graphs first, then picks the thread count for them and gives the
+    session its pool: those graphs are frozen then (before: described again at every step)."""
+    from ggtool.pool import WorkerPool
+
+    one = Session(STORIES, stories, n_ctx=16, kv_pad=8)
+    with WorkerPool(2) as pool:
+        two = Session(STORIES, stories, n_ctx=16, kv_pad=8)
+        for s in (one, two):
+            s.prepare(3, 1)
+        two.n_threads, two.pool = 2, pool
+        assert np.array_equal(one.eval([1, 403, 407]), two.eval([1, 403, 407]))
+        assert np.array_equal(one.eval([261]), two.eval([261]))
+        described = pool.stats["described"]
+        for t in (378, 402, 260):               # the (1, 8) graph, built before the pool was given
+            assert np.array_equal(one.eval([t]), two.eval([t]))
+        assert pool.stats["described"] == described > 0
+        assert set(two._steps) == {(3, 8), (1, 8)}
+
+
 def test_context_full(stories):
     session = Session(STORIES, stories, n_ctx=4)
     session.eval([1, 403, 407])

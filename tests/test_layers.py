@@ -47,6 +47,7 @@ LAYERS = (
     {"ops": ["ggtool.ops"]},                              # builders, n_tasks, work sizes, kernels
     {"alloc": ["ggtool.alloc"]},                          # ggml_gallocr
     {"plan": ["ggtool.plan"]},                            # ggml_graph_plan
+    {"runner": ["ggtool.runner"]},                        # the compiled graph runner's steps and tables
     {"compute": ["ggtool.compute"]},                      # ggml_graph_compute, in one process
     {"pool": ["ggtool.pool"],                             # ggml_graph_compute on worker processes
      "dsl": ["ggtool.dsl"]},                              # programs that build graphs

@@ -21,8 +21,8 @@ from .. import types as T
 from ..kernels import portable_math as pm
 from ..kernels.numerics import is_llama_cpp, wide
 from ..tensor import UNARY_OPS
-from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import map_rows, require_type, row_walk
+from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block
+from .walk import map_rows, plain, require_type, row_walk, walks_inside
 
 f32 = np.float32
 
@@ -199,7 +199,21 @@ def _make_builder(name: str, op: str, unary: bool):
     return build
 
 
+def _gelu_compiled(node, numerics):
+    """``gelu_f32``: the lookup in `gelu_table(numerics)` (its address, per process) as `_gelu` does it."""
+    src = node.src[0]
+    if not (src.type == node.type == T.F32 and plain(src, node) and walks_inside(src, node)):
+        return None
+
+    def bind(ith: int, nth: int, shared: dict):
+        table = gelu_table(numerics)
+        return (int(table.ctypes.data),), table, None
+    return CompiledStep("gelu_f32", bind=bind)
+
+
+_COMPILED: dict[str, Callable] = {"GELU": _gelu_compiled}     # the compiled runner's (ggtool.runner)
+
 for _name, (_op, _unary, _split, _fn, _doc) in _OPS.items():
     assert not _unary or _op in UNARY_OPS
-    kernel(_op, n_tasks=ALL if _split == "block" else 1)(_make_kernel(_op, _split, _fn))
+    kernel(_op, n_tasks=ALL if _split == "block" else 1, compiled=_COMPILED.get(_op))(_make_kernel(_op, _split, _fn))
     function(_name, f"ggml_{_name}(ctx, a)", _doc)(_make_builder(_name, _op, _unary))
