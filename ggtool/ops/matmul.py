@@ -131,6 +131,9 @@ _CONVERT = {T.Q8_0: 0, T.GGMLType.Q8_1: 1, T.GGMLType.Q8_K: 2, T.F16: 3}        
 _Q32 = {T.Q4_0: 0, T.Q8_0: 1, T.GGMLType.Q5_0: 1, T.GGMLType.Q4_1: 2, T.GGMLType.Q5_1: 2}   # nodes_mm.Q32_*
 _K_TYPES = (T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
 _K6_TYPES = (T.GGMLType.Q3_K, T.GGMLType.Q6_K)      # packed in 6 bits, no mins (kernels.dot_k._pack_k6)
+# the weight types whose llama.cpp x86 order the runner has a kernel for (nodes_mm.mm_x86); the other
+# types of X86_TYPES run llama.cpp's order from Python (_x86_block)
+_RUNNER_X86 = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
 _UNIT = 16          # nodes_mm.UNIT
 _GROUP = 128        # kernels.dot_base.GROUP: weight rows per repacked row group
 
@@ -149,6 +152,8 @@ def _mul_mat_compiled(node, numerics):
     vdt = T.vec_dot_type(a.type)
     x86 = is_llama_cpp(numerics) and x86_order(a)
     if x86:
+        if a.type not in _RUNNER_X86:
+            return None
         which = _x86_kind(a)
     elif a.type in _Q32 or a.type in _K_TYPES:
         which = None
@@ -210,7 +215,7 @@ def _x86_sub(a, b, which, numerics) -> int:
     if which[0] == 3:
         return int(ne11 >= 8)
     if which[0] == 4:
-        tiny = b.is_contiguous() and ne11 >= 2 and a.ne[1] % 4 == 0
+        tiny = _sgemm_takes(a, b, 16 if wide(numerics) else 8) and b.is_contiguous()   # as _x86_block
         return int(tiny) | (2 if wide(numerics) else 0)
     return 0
 
