@@ -354,7 +354,7 @@ def _logits(numerics: str, nth: int, pool=None, compiled: bool = True):
     from ggtool.dsl import build, parse
     from ggtool.tensor_io import Inputs, parse_named_source
 
-    path = ROOT / "fixtures" / "llama.gg"
+    path = ROOT / "ggtool" / "programs" / "llama.gg"
     ctx = ggtool.Context()
     inputs = Inputs([parse_named_source("tokens=i32:[1,403,407,261,378,26]")], gguf_paths=[str(STORIES)])
     built = build(parse(path.read_text(), str(path)), ctx, inputs)

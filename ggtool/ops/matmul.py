@@ -152,8 +152,8 @@ def _mul_mat_compiled(node, numerics):
     vdt = T.vec_dot_type(a.type)
     x86 = is_llama_cpp(numerics) and x86_order(a)
     if x86:
-        if a.type not in _RUNNER_X86:
-            return None
+        if a.type not in _RUNNER_X86 or (a.type == T.GGMLType.Q4_K and not x86_repacked(a)):
+            return None         # unpacked Q4_K takes llama.cpp's vec_dot or tiled kernel (_x86_block)
         which = _x86_kind(a)
     elif a.type in _Q32 or a.type in _K_TYPES:
         which = None
