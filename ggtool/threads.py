@@ -2,7 +2,7 @@
 default-thread rule (`choose`, `default_threads`), and a participant of a compute on one thread
 (`single_threaded`).
 
-The rule. A count given explicitly (the command line's --threads, GGTOOL_THREADS, `WorkerPool(n)`,
+The rule. A count given explicitly (the command line's thread count, GGTOOL_THREADS, `WorkerPool(n)`,
 `quant.set_threads(n)`) always wins. Otherwise, for a compute whose work is known (`Work`: its
 arithmetic, the bytes of weights it reads, the barriers its nodes meet; `ggtool.plan.estimate_work`),
 the count is the one a cost model says is fastest, among the CPUs that are free now:

@@ -17,7 +17,7 @@ from gguf_craft import kv, kv_str, split_model, tensor_info
 
 from ggtool.gguf_io import GGUFFile
 
-LLAMA = STORIES.parent / "llama.gg"
+LLAMA = STORIES.parent.parent / "ggtool" / "programs" / "llama.gg"
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 extra (`pip install 'ggtool[cluster]'`): this module is the only one that imports it, and only when
 a cluster is asked for.
 
-`RayExecutor(address)` connects to a running cluster (`ray start --head` on one host, `ray start
---address HOST:PORT` on the others), after checking within seconds that the address answers. Each
+`RayExecutor(address)` connects to a running cluster (`ray start` as the head on one host, then
+`ray start` with the head's HOST:PORT on the others), after checking within seconds that the address answers. Each
 task asks for one CPU; a task whose worker dies is run again by Ray (`max_retries`), and the caller
 takes one result per task, so nothing is counted twice. Files: `ship` is "shared" (every node reads
 the caller's paths), "ship" (each file's bytes go through the object store, written once per node
@@ -48,7 +48,7 @@ def _host_port(address: str) -> tuple[str, int]:
         a = a[len("ray://"):]
     host, sep, port = a.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ClusterError(f"{address!r} is not a Ray address (HOST:PORT, as `ray start --head` prints it)",
+        raise ClusterError(f"{address!r} is not a Ray address (HOST:PORT, as the head's `ray start` prints it)",
                            kind="address", address=address)
     return host.strip("[]"), int(port)
 
@@ -197,7 +197,7 @@ class RayExecutor:
 
 
 def executor_for(address: str | None, *, ship: str = "auto"):
-    """A RayExecutor for `address` ("" or None: none). The place the command line's --ray lands."""
+    """A RayExecutor for `address` ("" or None: none). Where the command line's Ray address lands."""
     if not address:
         return None
     return RayExecutor(address, ship=ship)

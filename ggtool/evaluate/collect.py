@@ -203,7 +203,7 @@ class ImatrixRun:
 
     def _run_tasks(self, t0: float) -> Iterator[ChunkReport]:
         """Each batch of chunks a task (distribute.imatrix_group): its sums, from zero, added to the
-        others' in chunk order (float32, as --in-file merges files); the nll of its pieces added in
+        others' in chunk order (float32, as merging imatrix files adds them); the nll of its pieces added in
         the order one process adds them. The same bits on one worker or many; against a run in one
         process, whose float32 sums run on across batches, they differ by that regrouping."""
         from ..imatrix import ImatrixSums, merge_sums

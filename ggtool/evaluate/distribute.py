@@ -13,7 +13,7 @@ depend on where or in which order the tasks ran.
 
 A task's model or file is a `FileSource`: a path every process sees, or the file's bytes in Ray's
 object store, written once per process into a private cache folder (ship mode). Executors:
-`LocalExecutor` (this process, in order: what `--ray` gives, on one machine, without Ray) and
+`LocalExecutor` (this process, in order: what a Ray cluster gives, on one machine, without Ray) and
 `ggtool.evaluate.cluster.RayExecutor`. A task's result carries its index; a task run twice (a
 worker lost, Ray's retry) gives the same result, and the caller takes one per index.
 """

@@ -8,7 +8,7 @@ Everything lives in one directory, DIR, which makes the sweep resumable cell by 
 - `manifest.json`: what every cell shares (the source model, the text's tokens, n_ctx, chunks,
   numerics, the base): a DIR that holds another sweep is refused, naming what differs;
 - `base.bin`, `base.json`: the base log-probabilities and their record (computed from the source
-  model, or from --base MODEL; a base-logits file given as the base is read where it is);
+  model, or from a given base model; a base-logits file given as the base is read where it is);
 - per type T: `T.gguf` and `T.quant.json` once quantized, `T.json` once evaluated.
 
 A cell's record is written last, atomically, and names the digest of the file it describes: a

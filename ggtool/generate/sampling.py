@@ -313,7 +313,7 @@ def _check_candidates(cur: S.Candidates, sampler: S.Sampler) -> None:
 
 
 def parse_logit_bias(text: str) -> tuple[int, float]:
-    """llama.cpp's --logit-bias TOKEN_ID(+/-)BIAS: "15043+1" -> (15043, 1.0), "2-inf" -> (2, -inf)."""
+    """llama.cpp's logit bias, TOKEN_ID(+/-)BIAS: "15043+1" -> (15043, 1.0), "2-inf" -> (2, -inf)."""
     import re
 
     m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)\s*", text)

@@ -52,7 +52,9 @@ from ..errors import CacheWarning
 # (its helpers, into both kernel modules of the records) and grids (tables frozen into the kernels as
 # constants).
 SHARED = ("simd.py", "dot_base.py", "dot_k.py", "x86.py", "../kquants/blocks.py", "../kquants/legacy.py",
-          "../kquants/weighted.py", "../qtypes/_kernel_base.py", "../qtypes/grids.py")
+          "../kquants/weighted.py", "../qtypes/_kernel_base.py", "../qtypes/grids.py",
+          # the compiled runner's node kernels compile these modules' functions in
+          "quantize.py", "kquants.py", "dot.py", "native.py", "nodes.py")
 # numba settings that change the machine code of a kernel (numba's own cache does not key them)
 NUMBA_CODEGEN = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE",
                  "NUMBA_ENABLE_AVX", "NUMBA_DISABLE_INTEL_SVML", "NUMBA_BOUNDSCHECK", "NUMBA_FASTMATH")

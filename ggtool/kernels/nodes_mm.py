@@ -34,14 +34,17 @@ _CV_BYTES = (34, 36, 292, 2)            # bytes per block
 
 carray = numba.carray
 _q8_1 = quantize.q8_1_quantize_cpu.dispatcher
-_fp16 = quantize.fp32_to_fp16.dispatcher
 
 
 @njit(inline="always")
 def _convert_blocks(kind, src, dst, n):
     """n blocks of f32 at src into the vec_dot_type's bytes at dst: -1, or the first bad value's index."""
-    if kind == CV_F16:
-        return _fp16(carray(voidptr(src), (n,), np.float32), carray(voidptr(dst), (n,), np.uint16))
+    if kind == CV_F16:          # GGML_FP32_TO_FP16, value by value (no bad value to report)
+        xi = carray(voidptr(src), (n,), np.uint32)
+        o = carray(voidptr(dst), (n,), np.uint16)
+        for k in range(n):
+            o[k] = np.uint16(quantize._f16_bits(xi[k]))
+        return -1
     bs, nbytes = _CV_BLOCK[kind], _CV_BYTES[kind]
     x = carray(voidptr(src), (n, bs), np.float32)
     out = carray(voidptr(dst), (n, nbytes), np.uint8)

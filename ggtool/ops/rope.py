@@ -106,8 +106,9 @@ def _rope_compiled(node, numerics):
                 if p is None:
                     return
                 every = p.data.reshape(-1)
-                for t0 in range(0, len(every), step):       # tokens a chunk at a time: small temporaries
-                    c, s = _cos_sin(every[t0:t0 + step], a_ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
+                for t0 in range(0, len(every), step):       # tokens a chunk at a time: small temporaries,
+                    c, s = _cos_sin_uncached(every[t0:t0 + step], a_ne0, n_dims,   # none kept in _CACHES
+                                             freq_base, freq_scale, attn_factor, x86)
                     cos[t0:t0 + step], sin[t0:t0 + step] = c[:, :half], s[:, :half]
             got = shared[key] = (cos, sin)
         cos, sin = got
