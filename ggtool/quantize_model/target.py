@@ -33,7 +33,7 @@ from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError
 from .mix import allows_quantization, fallback
-from .rules import RECORD_KEY, QuantizeOptions, QuantizePlan, TensorPlan, plan_quantization
+from .rules import RECORD_KEY, QuantizeOptions, RequantizeError, QuantizePlan, TensorPlan, plan_quantization
 
 _G = T.GGMLType
 # the candidate types, cheapest first (rows their blocks do not divide take llama.cpp's fallback)
@@ -65,6 +65,7 @@ class SizeTarget:
 
     bpw: float | None = None
     size: int | None = None
+    given: str | None = None        # as the user wrote it (errors quote it)
 
     def max_bytes(self, n_weights: int) -> int:
         return self.size if self.size is not None else int(math.floor(self.bpw * n_weights / 8))
@@ -75,6 +76,8 @@ class SizeTarget:
 
     @property
     def shown(self):
+        if self.given is not None:
+            return self.given
         return self.bpw if self.bpw is not None else self.size
 
 
@@ -91,7 +94,7 @@ def parse_target(bpw: float | str | None = None, size: int | str | None = None) 
             raise TargetSizeError("bpw", bpw, "not a number") from None
         if not math.isfinite(b) or b <= 0:
             raise TargetSizeError("bpw", bpw, "bits per weight must be a finite number above 0")
-        return SizeTarget(bpw=b)
+        return SizeTarget(bpw=b, given=str(bpw))
     text = str(size).strip().lower().replace(" ", "")
     m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(k|m|g|kib|mib|gib)?b?", text)
     if not m:
@@ -99,7 +102,7 @@ def parse_target(bpw: float | str | None = None, size: int | str | None = None) 
     n = int(float(m.group(1)) * _SUFFIX.get(m.group(2) or "", 1))
     if n <= 0:
         raise TargetSizeError("size", size, "the size must be above 0 bytes")
-    return SizeTarget(size=n)
+    return SizeTarget(size=n, given=str(size))
 
 
 @dataclass
@@ -297,6 +300,12 @@ def plan_for_target(input_path: str, opts: QuantizeOptions, target: SizeTarget, 
     arch = str(GGUFFile(input_path).metadata("general.architecture", "") or "")
     eligible = [t for t in plan0.tensors
                 if allows_quantization(t.name, t.ne, arch, leave_output=opts.leave_output_tensor)]
+    quantized = [t for t in eligible if T.is_quantized(t.src_type)]
+    if quantized and not opts.allow_requantize:
+        # every candidate may be chosen: a tensor already quantized could be requantized (refused
+        # now, before the measuring, as the plan of any file type refuses it)
+        t = quantized[0]
+        raise RequantizeError(t.name, t.src_type, fallback(t.name, candidates[0], int(t.ne[0]))[0], len(quantized))
     max_bytes = target.max_bytes(plan0.n_elements)
     sens = []
     for k, t in enumerate(eligible):
