@@ -55,15 +55,15 @@ type is warned about).
 
 A mix for a size: --target-bpw B (bits per weight of the whole file) or
 --target-size N (bytes; K/M/G or KiB/MiB/GiB) chooses each tensor's type
-from q2_K, q3_K, q4_K, q5_K, q6_K and q8_0 (llama.cpp's fallbacks where the
-rows need them) by measured sensitivity: a sample of each tensor's rows is
+from q2_K, q3_K, q4_0, iq4_nl, q4_1, q4_K, q5_0, q5_1, q5_K, q6_K and q8_0
+(llama.cpp's fallbacks where the rows need them) by measured sensitivity: a sample of each tensor's rows is
 quantized to each type and its error weighted by the --imatrix importances
 (plain squared error without one) relative to the tensor's own; the sum of
 these errors is minimised under the size (largest error removed per byte
 first). The file is no larger than the target; the choice is written as
 --tensor-type rules, recorded in the file under quantize.tensor_types (a
-string array) and printed by --dry-run, so llama-quantize --tensor-type-file
-with the same --imatrix writes the same types. docs/quantize-target.md.
+string array) and printed by --dry-run, so llama-quantize given them (its
+tensor type file) and the same importance matrix writes the same tensors. docs/quantize-target.md.
 --dry-run prints each tensor's type and why (the rule or fallback that moved
 it), the file size and bits per weight, writing nothing; where the real run
 would refuse before writing (OUTPUT exists, a tensor needs an importance

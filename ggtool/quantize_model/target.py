@@ -36,12 +36,13 @@ from .mix import allows_quantization, fallback
 from .rules import RECORD_KEY, QuantizeOptions, RequantizeError, QuantizePlan, TensorPlan, plan_quantization
 
 _G = T.GGMLType
-# the candidate types, cheapest first (rows their blocks do not divide take llama.cpp's fallback)
-CANDIDATES = (_G.Q2_K, _G.Q3_K, _G.Q4_K, _G.Q5_K, _G.Q6_K, T.Q8_0)
+# the candidate types (rows their blocks do not divide take llama.cpp's fallback): the K-quants, and
+# the 32-value types that rows of 64*k+32... columns (576, 640: SmolLM2, Gemma 3) can still take
+CANDIDATES = (_G.Q2_K, _G.Q3_K, T.Q4_0, _G.IQ4_NL, _G.Q4_1, _G.Q4_K, _G.Q5_0, _G.Q5_1, _G.Q5_K, _G.Q6_K, T.Q8_0)
 # the file type that names a mix (general.file_type) by the type holding most of its weights
 _FILE_TYPE_OF = {_G.Q2_K: "Q2_K", _G.Q3_K: "Q3_K_M", _G.Q4_K: "Q4_K_M", _G.Q5_K: "Q5_K_M", _G.Q6_K: "Q6_K",
                  T.Q8_0: "Q8_0", T.Q4_0: "Q4_0", _G.Q4_1: "Q4_1", _G.Q5_0: "Q5_0", _G.Q5_1: "Q5_1"}
-SAMPLE_ROWS = 1024      # rows of each tensor measured (evenly spaced; all of them when fewer)
+SAMPLE_ROWS = 256      # rows of each tensor measured (evenly spaced; all of them when fewer)
 _SUFFIX = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3}
 
 
@@ -337,7 +338,9 @@ def plan_for_target(input_path: str, opts: QuantizeOptions, target: SizeTarget, 
                                   f"not the chosen {T.type_name(types[bad])}")
             return TargetMix(target, types, list(plan.options.recorded_tensor_types), plan, sens,
                              sum(o.error for o in chosen.values()))
-        budget -= over      # the header grew with the rules: take it from the tensors
+        # the header and padding of this plan, measured: the tensors get what is left (less than
+        # they used, so the choice changes)
+        budget = sum(o.bytes for o in chosen.values()) - over
     raise TargetSizeError(target.what, target.shown, "no mix found that fits (the header kept growing)")
 
 
