@@ -8,7 +8,12 @@ and gemma's cached run against llama.cpp's.
   then `ggtool compute -f ggtool/programs/llama.gg --gguf Q4.gguf --tensor tokens=i32:[...] -o out.npy`
   (both processes timed together: the quantizer's kernels are part of the first run);
 - gemma: docs/gemma.md's `ggtool compute -f ggtool/programs/gemma3.gg --gguf GEMMA --threads T ...` of 13
-  tokens (--tokens N repeats them to N), for each T of --threads (a comma list: 1,2 compares them).
+  tokens (--tokens N repeats them to N), for each T of --threads (a comma list: 1,2 compares them;
+  0 is ggtool's default count, no --threads given: the runs' env has no GGTOOL_THREADS);
+- gemma-gen: `ggtool generate --gguf GEMMA --tokens [13 ids] -n 128 --ignore-eos --threads T` (issue
+  30: a generation is large work, which a first-ever run compiles for; -n is --generate);
+- llama311m: the same generation, -n 64, of bench/bench_scaling.py's random llama (issue 30's shape,
+  Q4_0: 311M parameters; made there once, in its --models-dir).
 
 First-ever: GGTOOL_CACHE_DIR is a new empty folder for every run. Cached: the same folder again,
 after runs that filled it. A first-ever run leaves a background process compiling its kernels
@@ -56,14 +61,31 @@ def llama_cpp(python: str, threads: str, tokens: int) -> list[str]:
             "--tokens", gemma_tokens(tokens)[5:-1]]
 
 
-def commands(example: str, tmp: str, threads: str, tokens: int = 30) -> list[list[str]]:
+def llama311m_path() -> str:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_scaling
+
+    return str(bench_scaling.model_path(Path(tempfile.gettempdir()) / "ggtool-bench-scaling", "issue", 0, "Q4_0"))
+
+
+def commands(example: str, tmp: str, threads: str, tokens: int = 30, generate: int = 128) -> list[list[str]]:
     if example == "stories":
         q4 = os.path.join(tmp, "stories-q4_0.gguf")
         return [ggtool("quantize", str(ROOT / "fixtures/stories260K.gguf"), q4, "--force", "--quiet"),
                 ggtool("compute", "-f", str(ROOT / "ggtool/programs/llama.gg"), "--gguf", q4,
                        "--tensor", f"tokens={STORIES_TOKENS}", "--format", "npy")]
-    return [ggtool("compute", "-f", str(ROOT / "ggtool/programs/gemma3.gg"), "--gguf", gemma_path(), "--threads", threads,
+    if example in ("gemma-gen", "llama311m"):
+        model, n, ids = ((gemma_path(), generate, GEMMA_TOKENS[4:]) if example == "gemma-gen" else
+                         (llama311m_path(), generate // 2, "[1,300,400,500,600,700,800,900]"))
+        return [ggtool("generate", "--gguf", model, "--tokens", ids, "-n", str(n), "--ignore-eos",
+                       "--format", "json", *threads_args(threads))]
+    return [ggtool("compute", "-f", str(ROOT / "ggtool/programs/gemma3.gg"), "--gguf", gemma_path(), *threads_args(threads),
                    "--tensor", f"tokens={gemma_tokens(tokens)}", "--format", "npy")]
+
+
+def threads_args(threads: str) -> list[str]:
+    """--threads T, or nothing for T = 0: ggtool's default rule (ggtool.threads.choose)."""
+    return [] if threads == "0" else ["--threads", threads]
 
 
 def gemma_tokens(n: int) -> str:
@@ -91,6 +113,7 @@ def run(cmds: list[list[str]], cache: str, tree: Path = ROOT) -> tuple[float, fl
     """Wall time and CPU time (user + sys of the commands and the workers they wait for; not the
     background compiler, which is no child of ours and runs once they have exited)."""
     env = dict(os.environ, GGTOOL_CACHE_DIR=cache)
+    env.pop("GGTOOL_THREADS", None)
     env.pop("NUMBA_CACHE_DIR", None)
     t, c0 = time.perf_counter(), _cpu()
     for c in cmds:
@@ -112,6 +135,7 @@ def main() -> None:
     ap.add_argument("--only", default="stories,gemma")
     ap.add_argument("--threads", default="1,2", help="gemma's --threads, a comma list")
     ap.add_argument("--tokens", type=int, default=30, help="gemma's sequence length")
+    ap.add_argument("--generate", type=int, default=128, help="gemma-gen's new tokens (llama311m: half as many)")
     ap.add_argument("--tree", action="append", default=[], type=Path, help="another checkout, measured alike")
     ap.add_argument("--llama-python", default="/work/bench-env/venv/bin/python",
                     help="a Python with llama-cpp-python, for the reference run ('' for none)")
@@ -120,9 +144,9 @@ def main() -> None:
     llama = a.llama_python if a.llama_python and os.path.exists(a.llama_python) else None
     print(f"python {sys.version.split()[0]}, {a.runs} runs, median wall time; gemma {a.tokens} tokens")
     with tempfile.TemporaryDirectory() as tmp:
-        cases = [(e, t) for e in a.only.split(",") for t in (a.threads.split(",") if e == "gemma" else ["-"])]
+        cases = [(e, t) for e in a.only.split(",") for t in (a.threads.split(",") if e != "stories" else ["-"])]
         for example, threads in cases:
-            cmds = commands(example, tmp, threads, a.tokens)
+            cmds = commands(example, tmp, threads, a.tokens, a.generate)
             cold_t = {tr: [] for tr in trees}
             warm_t = {tr: [] for tr in trees}
             ref_t: list[float] = []
@@ -135,7 +159,7 @@ def main() -> None:
                     cold_t[tree].append(run(cmds, cold, tree))
                     shutil.rmtree(cold, ignore_errors=True)
                     warm_t[tree].append(run(cmds, os.path.join(tmp, f"warm{k}"), tree))
-                if llama and example == "gemma":
+                if llama and example == "gemma" and threads != "0":
                     ref_t.append(timed(llama_cpp(llama, threads, a.tokens)))
             label = example if threads == "-" else f"{example} t={threads}"
             for tree in trees:

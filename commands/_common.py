@@ -95,7 +95,7 @@ def input_options(f):
                         help="An input tensor (repeatable); SOURCE forms are listed below.")(f)
 
 
-BY_THE_WORK = "one per 40 GFLOP of the graph's work, 1 to the number of CPUs"   # ggtool.threads.default_threads
+BY_THE_WORK = "the count fastest for the graph's work among the free CPUs (`ggtool plan` says why)"   # ggtool.threads.choose
 
 
 def threads_option(f=None, *, help: str = "Threads (GGML's n_threads): participants in the compute, "
@@ -147,7 +147,7 @@ def warn_llama_cpp_gaps(gaps, numerics: str) -> None:
         parts.append(f"{n} {what} (first: '{gap.nodes[0].name}')")
     one = len(gaps) == 1 and len(gaps[0].nodes) == 1
     log(f"Warning: --numerics {numerics} follows llama.cpp's order for mul_mat with {X86_COVERED} weights, "
-        f"soft_max, rope and gelu; {', '.join(parts)} {'computes' if one else 'compute'} in GGML's order and may "
+        f"soft_max, rope, gelu and silu; {', '.join(parts)} {'computes' if one else 'compute'} in GGML's order and may "
         f"differ from llama.cpp's in the last bits")
 
 

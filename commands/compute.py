@@ -7,7 +7,7 @@ import os
 import click
 
 from ggtool.context import Context
-from ggtool.plan import estimate_flops
+from ggtool.plan import estimate_work
 from ggtool.tensor_io import (
     FORMATS,
     copy_gguf,
@@ -75,11 +75,13 @@ each place reused once its tensor's last consumer has run. --alloc context gives
 memory of its own for the whole run (GGML's context mode). The results are byte-identical.
 
 --numerics ggml (the default) sums as GGML's reference code does. --numerics llama.cpp sums mul_mat
-(F32, Q8_0, Q5_0, Q4_0, Q4_K, Q6_K weights), soft_max, rope and gelu in the order of the llama.cpp
-x86-64 CPU build this CPU's flags make (llamafile's tinyBLAS, the repacked Q4_0/Q4_K kernels, and
-AVX-512's 16-float lanes or AVX2's 8): gemma-3's logits then equal that build's bit for bit
-(docs/gemma.md). llama.cpp-avx512 and llama.cpp-avx2 name a build whatever the CPU; x86 is
-llama.cpp-avx512. mul_mat with other weight types sums as by default, with a warning. Its products are slower than the default's on large matrices (about the
+(every weight type: F32, F16, BF16, Q4_0 ... Q8_0, IQ4_NL, Q2_K ... Q6_K), soft_max, rope, gelu and
+silu in the order of the llama.cpp x86-64 CPU build this CPU's flags make (llamafile's tinyBLAS, the
+repacked Q4_0/Q4_K/IQ4_NL kernels, the tiled K-quant kernel, the vec_dots, and AVX-512's 16-float lanes
+or AVX2's 8): gemma-3's and stories260K's logits then equal that build's bit for bit
+(docs/gemma.md, docs/engine.md). llama.cpp-avx512 and llama.cpp-avx2 name a build whatever the CPU; x86 is
+llama.cpp-avx512. A node it had no llama.cpp order for would sum as by default, with a warning. Its
+products are slower than the default's on large matrices (about the
 same time for a whole gemma-3-270m pass).
 
 {NUMPY_ORDER_HELP}
@@ -134,7 +136,7 @@ def command(program, program_file, output_names, graph_size, max_steps, tensor_s
     timer.mark("build")
 
     if n_threads is None:   # not given: the engine's default for a graph of this size
-        n_threads = default_threads(estimate_flops(built.graph))
+        n_threads = default_threads(estimate_work(built.graph))
     pool = open_pool(n_threads)
     from ggtool.compute import graph_compute
 

@@ -196,7 +196,7 @@ def command(stdin_text, model_path, program_file, prompt, tokens_json, chat, sys
     if len(ids) > n_ctx:
         raise click.UsageError(f"the prompt has {len(ids)} tokens, more than the cache's {n_ctx} (--ctx-size)")
     _check_stops(model, stops, n_ctx - len(ids) + 1, n_predict)
-    gen = model.generator(n_ctx, n_threads, numerics)
+    gen = model.generator(n_ctx, n_threads, numerics, steps=min(n_predict, n_ctx - len(ids) + 1) - 1)
     _warn(notes, gen, numerics)
     chain = model.sampler(sampling)
     if verbose:
@@ -382,7 +382,7 @@ def _interactive(model, template, messages, sampling, n_predict, ctx_size, n_thr
     """A conversation on the terminal: each line typed is the user's message; the reply streams; the
     KV cache keeps what the next turn shares with this one. Ctrl-D (or an empty line twice) ends."""
     n_ctx, notes = model.context_size(ctx_size, 0, 0, conversation=True)
-    gen = model.generator(n_ctx, n_threads, numerics)
+    gen = model.generator(n_ctx, n_threads, numerics, steps=n_ctx)   # a conversation: many steps
     _warn(notes, gen, numerics)
     chain = model.sampler(sampling)
     if verbose:

@@ -72,7 +72,7 @@ def command(model, text_file, out_file, n_ctx, n_chunks, n_batch, n_ubatch, proc
     from ggtool.evaluate import Model, Schedule, read_text, tokenize_text
     from ggtool.evaluate.collect import ImatrixRun, check_against_model, load_in_files, write_imatrix
     from ggtool.gguf_io.write import check_output_paths
-    from ggtool.plan import estimate_flops
+    from ggtool.plan import estimate_work
     from ggtool.threads import default_threads
 
     numerics = pick_numerics(numerics, verbose)
@@ -108,7 +108,7 @@ def command(model, text_file, out_file, n_ctx, n_chunks, n_batch, n_ubatch, proc
                      executor=executor)
     if executor is None:
         if n_threads is None:
-            n_threads = default_threads(estimate_flops(run.first_graph()))
+            n_threads = default_threads(estimate_work(run.first_graph()))
         m.use_threads(n_threads, open_pool(n_threads))
     s = run.schedule
     log(f"compute_imatrix: computing over {run.n_chunk} chunks, n_ctx={n_ctx}, "

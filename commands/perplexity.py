@@ -89,7 +89,7 @@ def command(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, base_file, kl,
             n_threads, numerics, ray_address, ray_ship, as_json, out_file, force, quiet, verbose):
     from ggtool.evaluate import BaseFile, EvaluateError, Model, Perplexity, Schedule, read_text, tokenize_text
     from ggtool.gguf_io.write import check_output_paths
-    from ggtool.plan import estimate_flops
+    from ggtool.plan import estimate_work
     from ggtool.threads import default_threads
 
     numerics = pick_numerics(numerics, verbose)
@@ -121,7 +121,7 @@ def command(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, base_file, kl,
                          anchor=out_file, resume=resume, text_file=text_file, executor=executor)
         if executor is None:
             if n_threads is None:      # the engine's rule, for the evaluation that repeats
-                n_threads = default_threads(estimate_flops(run.first_graph()))
+                n_threads = default_threads(estimate_work(run.first_graph()))
             m.use_threads(n_threads, open_pool(n_threads))
         _run(run, quiet)
     except EvaluateError as e:

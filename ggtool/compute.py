@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import itertools
 import sys
+import weakref
 
 import numpy as np
 
+from . import runner
 from .context import OBJECT_SIZE, pad
 from .errors import ComputeError, GGToolError, OutOfMemoryError, memory_limit
 from .kernels.numerics import host_flags, resolve
-from .ops.base import kernel_for
 from .plan import Plan, make_plan
+from .runner import node_error, run_node  # noqa: F401 - ggtool.compute.run_node, as before the runner
 from .threads import single_threaded
 
 
@@ -19,7 +21,7 @@ class Work:
     """What a kernel gets besides its node: the work buffer, the barrier, and the numerics, resolved
     (``ggtool.kernels.numerics``): "ggml" (GGML's scalar reference order of float operations),
     "llama.cpp-avx512" or "llama.cpp-avx2" (llama.cpp's x86-64 builds' orders,
-    ``ggtool.kernels.x86``), which mul_mat, soft_max, rope and gelu follow."""
+    ``ggtool.kernels.x86``), which mul_mat, soft_max, rope, gelu and silu follow."""
 
     __slots__ = ("wdata", "_barrier", "numerics")
 
@@ -46,23 +48,6 @@ class Progress:
 def work_view(graph, plan: Plan) -> np.ndarray:
     buf = graph.ctx.buffer
     return buf[plan.work_offset: plan.work_offset + plan.work_size]
-
-
-def run_node(index: int, node, ith: int, nth: int, work: Work) -> None:
-    """One node's kernel for participant ith of nth. Callers run nodes inside
-    `np.errstate(all="ignore")`: as in GGML, inf and NaN are results, not errors."""
-    forward = kernel_for(node).forward
-    if forward is None or 0 in node.ne:  # NONE and views; empty tensors
-        return
-    try:
-        forward(node, ith, nth, work)
-    except Exception as e:  # a kernel failure is reported with its node, never as a traceback
-        raise node_error(index, node, e) from e
-
-
-def node_error(index: int, node, e: BaseException) -> ComputeError:
-    msg = str(e) if isinstance(e, GGToolError) else f"{type(e).__name__}: {e}"
-    return ComputeError(f"node {index} '{node.name}' ({node.op_desc}) failed: {msg}")
 
 
 ALLOC_MODES = ("context", "graph")
@@ -117,11 +102,24 @@ def forget_packs(tensors) -> None:
 def materialize_written(graph) -> None:
     """A memory-mapped tensor (a GGUF weight, a .npy input) a node writes into is copied into the
     context first (Context.materialize): the map is read-only, and a file is never written."""
-    targets = written(graph.nodes)
+    targets = _written_of(graph)
     for t in targets:
         if t.storage is not None:
             t.ctx.materialize(t)
     forget_packs(targets)
+
+
+_WRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # frozen graph -> written(nodes)
+
+
+def _written_of(graph) -> list:
+    """written(graph.nodes), once for a frozen graph (its nodes keep their fields)."""
+    if graph not in _FROZEN:
+        return written(graph.nodes)
+    got = _WRITTEN.get(graph)
+    if got is None:
+        got = _WRITTEN[graph] = written(graph.nodes)
+    return got
 
 
 def verify_maps(graph) -> None:
@@ -250,10 +248,18 @@ def graph_compute(graph, n_threads: int = 1, pool=None, plan: Plan | None = None
 
 
 def run_in_process(graph, plan: Plan, progress: Progress | None = None, observe=None) -> None:
-    """Every node in this process as participant 0 of 1; `observe` (callback, node indices) is
-    called with each of those nodes as it finishes (see graph_compute)."""
+    """Every node in this process as participant 0 of 1: on the compiled runner (``ggtool.runner``)
+    where this process has it and no node is observed, else node after node from Python; `observe`
+    (callback, node indices) is called with each of those nodes as it finishes (see graph_compute)."""
     work = Work(work_view(graph, plan), numerics=plan.numerics)
     callback, wanted = observe if observe is not None else (None, ())
+    bound = _bound(graph, plan) if COMPILED and not wanted else None
+    if bound is not None:
+        with single_threaded():
+            failed = runner.participate(bound, graph.nodes, 0, 1, work, _Alone.sync(), progress)
+        if failed is not None:
+            raise ComputeError(failed[1])
+        return
     with single_threaded(), np.errstate(all="ignore"):
         for i, node in enumerate(graph.nodes):
             if progress is not None:
@@ -261,3 +267,54 @@ def run_in_process(graph, plan: Plan, progress: Progress | None = None, observe=
             run_node(i, node, 0, 1, work)
             if i in wanted:
                 callback(node)
+
+
+# False: every compute runs its nodes from Python, as before the compiled runner (tests compare both)
+COMPILED = True
+
+_FROZEN: weakref.WeakSet = weakref.WeakSet()
+_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # frozen graph -> (key, Bound)
+
+
+def freeze(graph) -> None:
+    """Promise that `graph`'s tensors keep their fields (ops, parameters, sources, shapes, data
+    offsets: only their data changes) for as long as it lives, as a generation step's graph does:
+    its compiled steps are then made once per plan, not at every compute (WorkerPool.freeze promises
+    the same to the pool)."""
+    _FROZEN.add(graph)
+
+
+def _bound(graph, plan: Plan):
+    """The graph's compiled steps for one participant in this process (None where it has no compiled
+    runner), kept for a frozen graph while its plan, numerics, node placement and the contexts'
+    buffers are those they were made for."""
+    frozen = graph in _FROZEN
+    got = _BOUND.get(graph) if frozen else None
+    if got is not None:
+        contexts = got[2]
+    else:
+        contexts = [weakref.ref(c) for c in {id(t.ctx): t.ctx for t in itertools.chain(graph.nodes, graph.leafs)
+                                             if t.storage is None}.values()]
+    buffers = tuple(None if c() is None else c().buffer.ctypes.data for c in contexts)
+    key = (id(plan), plan.numerics, id(graph.binding), plan.work_offset, buffers)
+    if got is not None and got[0] == key and got[1].fresh():
+        return got[1]
+    program = runner.make_program(graph.nodes, 1, plan.numerics, fuse=graph.binding is not None)
+    if program is None:
+        return None
+    bound = runner.bind(program, graph.nodes, plan.numerics, 0, 1)
+    if frozen:
+        _BOUND[graph] = (key, bound, contexts)
+    return bound
+
+
+class _Alone:
+    """The barrier block of a participant alone (no barrier is ever met; the runner reads its abort
+    word), one per process."""
+    _block = None
+
+    @classmethod
+    def sync(cls):
+        if cls._block is None:
+            cls._block = np.zeros(64, np.int64)
+        return runner.Sync(int(cls._block.ctypes.data), 1, 0, int(runner.CHECK_EVERY * 1e9))

@@ -96,7 +96,7 @@ THREADS = Variable(
     "GGTOOL_THREADS",
     "Participants of a compute (`compute`, `generate`, `plan`: this process and N-1 workers) and "
     "`quantize`'s threads, where the command line gives no thread count.",
-    "the CPUs this process may use; for a graph, one per 40 GFLOP of its work (1 below that)",
+    "the free CPUs; for a graph, the count a cost model finds fastest for its work among them (`ggtool plan` says why)",
     positive_int)
 QUANT_THREADS = Variable(
     "GGTOOL_QUANT_THREADS",

@@ -119,7 +119,8 @@ def describe_graph(sel: Selection, alloc: Allocation | None = None) -> dict:
 # -- plans -------------------------------------------------------------------------------------------
 def describe_plan(graph: Graph, plan: Plan) -> dict:
     """n_threads, work_size, mem_size (the GGML context size), compute_buffer_size and
-    intermediates_size (when the plan has an allocation), requested, and per node n_tasks and work."""
+    intermediates_size (when the plan has an allocation), requested, and per node n_tasks, work and
+    split (who computes it: "all", "one" or "-", plan.NodePlan)."""
     doc = {
         "n_threads": plan.n_threads,
         "work_size": plan.work_size,
@@ -130,6 +131,6 @@ def describe_plan(graph: Graph, plan: Plan) -> dict:
         doc["intermediates_size"] = plan.allocation.intermediates_size
     doc["requested"] = plan.requested
     doc["nodes"] = [{"index": i, "op": p.node.op, "op_desc": p.node.op_desc, "name": p.node.name,
-                     "n_tasks": p.n_tasks, "work_size": p.work_size}
+                     "n_tasks": p.n_tasks, "work_size": p.work_size, "split": p.split}
                     for i, p in enumerate(plan.nodes)]
     return doc

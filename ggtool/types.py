@@ -45,7 +45,7 @@ NP_DTYPES = {
 # CPU vec_dot_type (type_traits_cpu[].vec_dot_type): what mul_mat converts src1 to; F32 where GGML leaves it zero.
 _VEC_DOT = {GGMLType.F16: GGMLType.F16, GGMLType.Q4_0: GGMLType.Q8_0, GGMLType.Q5_0: GGMLType.Q8_0,
             GGMLType.Q8_0: GGMLType.Q8_0, GGMLType.Q4_1: GGMLType.Q8_1, GGMLType.Q5_1: GGMLType.Q8_1,
-            GGMLType.BF16: GGMLType.BF16, GGMLType.IQ4_NL: GGMLType.Q8_0}
+            GGMLType.BF16: GGMLType.BF16, GGMLType.IQ4_NL: GGMLType.Q8_0, GGMLType.MXFP4: GGMLType.Q8_0}
 _KQUANTS = {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
             GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ3_XXS, GGMLType.IQ1_S, GGMLType.IQ3_S,
             GGMLType.IQ2_S, GGMLType.IQ4_XS, GGMLType.IQ1_M, GGMLType.TQ1_0, GGMLType.TQ2_0}

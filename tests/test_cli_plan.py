@@ -28,7 +28,7 @@ def test_plan_json(run):
     assert (doc["n_threads"], doc["work_size"], doc["requested"]) == (plan.n_threads, plan.work_size, 4)
     assert doc["mem_size"] == plan.mem_size(graph)
     assert doc["nodes"] == [{"index": 0, "op": "MUL_MAT", "op_desc": "MUL_MAT", "name": "node_0",
-                             "n_tasks": plan.nodes[0].n_tasks, "work_size": plan.nodes[0].work_size}]
+                             "n_tasks": plan.nodes[0].n_tasks, "work_size": plan.nodes[0].work_size, "split": "all"}]
     assert doc["work_size"] > 0  # q4_0 weights: x is converted to q8_0 in the work buffer
 
 
@@ -36,8 +36,9 @@ def test_plan_text(run):
     out = ok(run("plan", *ARGS, "--threads", "2"))
     graph, plan = expected(2)
     lines = out.splitlines()
-    assert lines[0] == "=== PLAN ===" and lines[2].split() == ["index", "op", "name", "n_tasks", "work_size"]
-    assert lines[3].split() == ["-", "0", "MUL_MAT", "node_0", str(plan.nodes[0].n_tasks), str(plan.nodes[0].work_size)]
+    assert lines[0] == "=== PLAN ===" and lines[2].split() == ["index", "op", "name", "n_tasks", "work_size", "split"]
+    assert lines[3].split() == ["-", "0", "MUL_MAT", "node_0", str(plan.nodes[0].n_tasks), str(plan.nodes[0].work_size),
+                                "all"]
     assert f"n_threads = {plan.n_threads} (requested 2)" in lines
     assert f"work_size = {plan.work_size}" in lines
     assert any(line.startswith(f"mem_size  = {plan.mem_size(graph)} ") for line in lines)
@@ -49,14 +50,27 @@ def test_threads_from_environment(run, monkeypatch):
 
 
 def test_default_threads_are_those_compute_would_use(run, monkeypatch):
-    """ggtool.threads' rule: the cores we may use, one per 40 GFLOP of the graph's work."""
+    """ggtool.threads' rule (choose: the fastest count for the graph's work among the free CPUs),
+    and why, in the table and the JSON; a given count is obeyed."""
+    from ggtool import threads
+
     monkeypatch.delenv("GGTOOL_THREADS", raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
-    assert json.loads(ok(run("plan", *ARGS, "--json")))["requested"] == 1      # a small graph
-    big = ("mul_mat(w, x)", "--tensor", "w=f32[8192,8192]", "--tensor", "x=f32[8192,1024]", "--json")  # 137 GFLOP
-    assert json.loads(ok(run("plan", *big)))["requested"] == 3
+    monkeypatch.setattr(threads, "CGROUP_CPU_MAX", "/nonexistent")
+    monkeypatch.setattr(threads, "others_running", lambda: 0)
+    doc = json.loads(ok(run("plan", *ARGS, "--json")))
+    assert doc["requested"] == 1 and doc["threads_why"].startswith("1 thread: ")    # a small graph
+    big = ("mul_mat(w, x)", "--tensor", "w=f32[8192,8192]", "--tensor", "x=f32[8192,1024]")  # 137 GFLOP
+    doc = json.loads(ok(run("plan", *big, "--json")))
+    want = threads.choose(threads.Work(flops=2 * 8192**3 // 8, weight_bytes=8192**2 * 4, params=8192**2, barriers=1))
+    assert doc["requested"] == want.n == 5 and doc["threads_why"] == want.reason
+    assert f"threads   = {want.reason}" in ok(run("plan", *big)).splitlines()
+    monkeypatch.setattr(threads, "others_running", lambda: 3)     # others busy on 3 of the 5
+    assert json.loads(ok(run("plan", *big, "--json")))["requested"] == 2
     monkeypatch.setenv("GGTOOL_THREADS", "4")
-    assert json.loads(ok(run("plan", *ARGS, "--json")))["requested"] == 4
+    doc = json.loads(ok(run("plan", *ARGS, "--json")))
+    assert doc["requested"] == 4 and doc["threads_why"] == "4 given (--threads or GGTOOL_THREADS)"
+    assert not any(line.startswith("threads ") for line in ok(run("plan", *ARGS)).splitlines())
 
 
 def test_plan_counts_memory_mapped_weights(run):

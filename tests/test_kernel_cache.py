@@ -201,8 +201,8 @@ console()
 
 F16 = """
 import warnings
+import numpy as np          # before the filter: numpy's ImportWarning on NPY_DISABLE_CPU_FEATURES (.ci/avx2-host) is not ours
 warnings.simplefilter("always")
-import numpy as np
 from ggtool.kernels import quantize
 out = np.zeros(3, np.uint16)
 quantize.fp32_to_fp16(np.array([1.0, 2.5, -3.0], np.float32), out)
@@ -232,3 +232,29 @@ def test_a_damaged_compiled_kernel_is_compiled_anew_and_reported(tmp_path):
             in again.stderr
         after = _python(F16, env)
         assert after.stdout == "[15360, 16640, 49664] 1\n" and after.stderr == "", after.stderr
+
+
+def test_every_module_whose_compiled_functions_others_compile_in_is_shared():
+    """numba checks a cached kernel against its own module's source only: a kernel module that
+    imports another's compiled functions (x86_float, x86_legacy, x86_kquants take x86's lanes and
+    reductions) would keep running their old code after that module changes, unless the other is in
+    cache.SHARED (whose sources key the cache)."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    from numba.core.registry import CPUDispatcher
+
+    from ggtool.kernels import cache
+
+    root = Path(cache.__file__).parent
+    missing = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                mod = importlib.import_module(f"ggtool.kernels.{node.module}")
+                if any(isinstance(getattr(mod, a.name, None), CPUDispatcher) for a in node.names) \
+                        and f"{node.module}.py" not in cache.SHARED:
+                    missing.append((path.name, node.module))
+    assert not missing, missing
+    assert "x86.py" in cache.SHARED

@@ -164,7 +164,7 @@ def test_kernel_cache_goes_to_ggtool_cache_dir(tmp_path):
     assert np.allclose(eval_json(r.stdout), 32, rtol=1e-3)      # 1 x 1 in 32 products, as fp16 scales give
     (kernels,) = os.listdir(tmp_path / "numba")   # named after what the code depends on: see test_kernel_cache.py
     from ggtool.kernels import cache, jit
-    assert jit.SHARED == ("simd.py", "dot_base.py", "dot_k.py", "../kquants/blocks.py", "../kquants/legacy.py") \
+    assert jit.SHARED == ("simd.py", "dot_base.py", "dot_k.py", "x86.py", "../kquants/blocks.py", "../kquants/legacy.py") \
         and kernels == cache.kernel_key()
     assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "numba" / kernels) for f in fs)
 

@@ -36,6 +36,7 @@ LAYERS = (
     {"kernels": ["ggtool.kernels"],
      "shm": ["ggtool.pool.shm"]},                         # POSIX shared memory (the pool's, below its own layers)
     {"kquants": ["ggtool.kquants"]},                      # GGML's block quantizers (compiled), run by quant
+    {"qtypes": ["ggtool.qtypes"]},                        # one record per GGML type (reusing kquants' searches)
     {"quant": ["ggtool.quant"]},                          # arrays of GGML's number formats
     {"tensor": ["ggtool.tensor"],                         # struct ggml_tensor; its context is a protocol
      "gguf_io": ["ggtool.gguf_io"]},                      # GGUF files: bytes and metadata, no tensors
@@ -46,6 +47,7 @@ LAYERS = (
     {"ops": ["ggtool.ops"]},                              # builders, n_tasks, work sizes, kernels
     {"alloc": ["ggtool.alloc"]},                          # ggml_gallocr
     {"plan": ["ggtool.plan"]},                            # ggml_graph_plan
+    {"runner": ["ggtool.runner"]},                        # the compiled graph runner's steps and tables
     {"compute": ["ggtool.compute"]},                      # ggml_graph_compute, in one process
     {"pool": ["ggtool.pool"],                             # ggml_graph_compute on worker processes
      "dsl": ["ggtool.dsl"]},                              # programs that build graphs

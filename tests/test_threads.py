@@ -12,49 +12,140 @@ import ggtool
 from ggtool import quant as Q
 from ggtool.errors import GGToolError
 from ggtool.ops import FUNCTIONS
-from ggtool.plan import estimate_flops
+from ggtool.plan import estimate_flops, estimate_work
 from ggtool.quant.threads import MAX_THREADS
-from ggtool.threads import PARTICIPANT_MIN_FLOPS, available_cpus, default_threads, one_thread, single_threaded
+from ggtool import threads
+from ggtool.threads import Work, available_cpus, choose, default_threads, one_thread, predict, single_threaded
 
 
 @pytest.fixture
 def five_cpus(monkeypatch):
+    """Five CPUs this process may use, none busy with another process (a quiet machine)."""
     monkeypatch.delenv("GGTOOL_THREADS", raising=False)
     monkeypatch.delenv("GGTOOL_QUANT_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    monkeypatch.setattr(threads, "CGROUP_CPU_MAX", "/nonexistent/cpu.max")
+    monkeypatch.setattr(threads, "_quota", [])
+    monkeypatch.setattr(threads, "_read_others", lambda: 0)
+    threads._seen.clear()
+    yield
+    threads._seen.clear()
 
 
-def test_the_default_is_ggtool_threads_else_the_cpus_we_may_use(five_cpus, monkeypatch):
+def busy(monkeypatch, n: int) -> None:
+    """n other processes running now."""
+    monkeypatch.setattr(threads, "_read_others", lambda: n)
+    threads._seen.clear()
+
+
+def test_the_default_is_ggtool_threads_else_the_free_cpus(five_cpus, monkeypatch):
     assert available_cpus() == default_threads() == 5
+    busy(monkeypatch, 2)
+    assert default_threads() == 3
     monkeypatch.setenv("GGTOOL_THREADS", "3")
     assert default_threads() == 3
+    c = choose(Work(flops=10**15))
+    assert c.given and c.n == 3 and "GGTOOL_THREADS=3" in c.reason
     monkeypatch.setenv("GGTOOL_THREADS", "zero")
     with pytest.raises(GGToolError, match="GGTOOL_THREADS must be a positive integer"):
         default_threads()
 
 
-def test_a_graph_too_small_for_workers_computes_in_process(five_cpus, monkeypatch):
-    """No thread count given: the CPUs, unless the graph is too small to gain from workers; an
-    explicit GGTOOL_THREADS is obeyed whatever the size."""
+def graphs():
     ctx = ggtool.Context(no_alloc=True)
     small = ggtool.Graph(ctx).expand(FUNCTIONS["add"](ctx, ctx.new_tensor("f32", [16]), ctx.new_tensor("f32", [16])))
     w, x = ctx.new_tensor("f32", [4096, 4096]), ctx.new_tensor("f32", [4096, 512])
     x8 = ctx.new_tensor("f32", [4096, 4096 * 6])
     big = ggtool.Graph(ctx).expand(FUNCTIONS["mul_mat"](ctx, w, x))    # 2*4096*4096*512 = 17 GFLOP
     huge = ggtool.Graph(ctx).expand(FUNCTIONS["mul_mat"](ctx, w, x8))  # 2*4096*4096*24576 = 825 GFLOP
-    assert estimate_flops(small) < estimate_flops(big) < PARTICIPANT_MIN_FLOPS
-    assert default_threads(estimate_flops(small)) == 1
-    assert default_threads(estimate_flops(big)) == 1
-    assert default_threads(estimate_flops(huge)) == 5
+    return small, big, huge
+
+
+def test_a_graph_too_small_for_workers_computes_in_process(five_cpus, monkeypatch):
+    """No thread count given: the count the cost model finds fastest. A small graph computes in
+    this process (a worker costs more to start than it saves); 825 GFLOP use every CPU; an
+    explicit GGTOOL_THREADS is obeyed whatever the size."""
+    small, big, huge = (estimate_work(g) for g in graphs())
+    assert default_threads(small) == 1
+    assert default_threads(big) == 1          # 0.17 s of work: half of it saves less than a worker costs to start
+    assert default_threads(huge) == 5
     monkeypatch.setenv("GGTOOL_THREADS", "3")
-    assert default_threads(estimate_flops(small)) == 3
+    assert default_threads(small) == 3
 
 
-def test_the_default_adds_a_participant_per_share_of_work(five_cpus):
-    """Each participant the default adds brings PARTICIPANT_MIN_FLOPS of work: a worker costs a
-    fixed start-up and saves only its share (gemma-3-270m at 30 tokens, 16 GFLOP, is faster on one)."""
-    m = PARTICIPANT_MIN_FLOPS
-    assert [default_threads(f) for f in (0, m - 1, m, 2 * m - 1, 2 * m, 3 * m, 100 * m)] == [1, 1, 1, 1, 2, 3, 5]
+def test_the_count_is_the_fastest_the_model_predicts(five_cpus):
+    """choose() picks the n of least predicted time (ties to fewer) and says why; the model's terms
+    move it the way the pool's costs do."""
+    work = Work(flops=2 * 300 * 10**6, weight_bytes=170 * 2**20, params=300 * 10**6, barriers=120)
+    one_shot, steps = choose(work), choose(work, steps=128)
+    assert one_shot.n == 1 and "starting a worker" in one_shot.reason      # ~20 ms of work: not worth a start
+    assert steps.n == 5 and steps.reason.startswith("5 threads: 300M weights (170 MiB)")
+    for c, s in ((one_shot, 1), (steps, 128)):
+        assert list(c.predicted) == [predict(work, k, s) for k in range(1, 6)]
+        assert c.predicted[c.n - 1] == min(c.predicted)
+    assert choose(work, steps=128, started=True).n == 5
+    tiny = Work(flops=10**6, weight_bytes=2**20, params=2**18, barriers=120)   # a step's barriers cost more than its work
+    assert choose(tiny, steps=10**6, started=True).n == 1
+    assert predict(tiny, 2, 1, started=True) > predict(tiny, 1)
+    assert predict(work, 1) == work.seconds() == work.weight_bytes / threads.BYTE_RATE   # a mat-vec: memory-bound
+
+
+def test_busy_cpus_are_not_counted(five_cpus, monkeypatch):
+    """Other processes running now take CPUs from the count: an oversubscribed pool waits on every
+    barrier for a participant the scheduler has put aside."""
+    work = Work(flops=10**13, weight_bytes=2**30, params=10**9, barriers=100)
+    assert choose(work, steps=64).n == 5
+    busy(monkeypatch, 3)
+    c = choose(work, steps=64)
+    assert (c.n, c.free) == (2, 2) and "2 of 5 CPUs free" in c.reason
+    busy(monkeypatch, 9)
+    c = choose(work, steps=64)
+    assert (c.n, c.free) == (1, 1) and "others are busy" in c.reason
+
+
+def test_the_running_count_is_read_from_proc_loadavg(five_cpus, monkeypatch, tmp_path):
+    """The median of a few reads of /proc/loadavg's running count, less this process; an unreadable
+    or malformed file counts nobody (the rule then falls back to the CPUs it may use)."""
+    monkeypatch.undo()
+    monkeypatch.setattr(threads, "SAMPLE_GAP", 0)
+    f = tmp_path / "loadavg"
+    monkeypatch.setattr(threads, "LOADAVG", str(f))
+    for text, others in (("0.50 0.40 0.30 4/180 12345\n", 3), ("1.0 1.0 1.0 1/99 7\n", 0), ("garbage", 0),
+                         ("", 0), ("1 2 3 x/y 4", 0)):
+        f.write_text(text)
+        assert threads._read_others() == others, text
+    f.unlink()
+    assert threads._read_others() == 0
+    reads = iter(["0 0 0 9/9 1", "0 0 0 2/9 1", "0 0 0 3/9 1", "0 0 0 9/9 1", "0 0 0 2/9 1"])
+    monkeypatch.setattr("builtins.open", lambda *a, **k: __import__("io").StringIO(next(reads)))
+    assert threads._read_others() == 2      # median 3, less this process
+
+
+def test_a_cgroup_quota_caps_the_cpus(five_cpus, monkeypatch, tmp_path):
+    f = tmp_path / "cpu.max"
+    monkeypatch.setattr(threads, "CGROUP_CPU_MAX", str(f))
+    for text, cpus in (("max 100000\n", 5), ("250000 100000\n", 2), ("50000 100000\n", 1),
+                       ("1000000 100000\n", 5), ("nonsense", 5)):
+        f.write_text(text)
+        threads._quota.clear()              # read once a process: a new process reads it anew
+        assert available_cpus() == cpus, text
+
+
+def test_the_work_of_a_graph(five_cpus):
+    """estimate_work: the weights each mul_mat reads (a leaf once), the arithmetic, and a barrier per
+    computing node (one more for a mul_mat that converts its activations)."""
+    ctx = ggtool.Context(no_alloc=True)
+    w, x = ctx.new_tensor("q4_0", [64, 32]), ctx.new_tensor("f32", [64, 3])
+    F = FUNCTIONS
+    h = F["mul_mat"](ctx, w, x)                                                   # [32, 3]
+    r = F["relu"](ctx, F["cont"](ctx, F["transpose"](ctx, h)))                    # [3, 32]
+    y = F["mul_mat"](ctx, w, F["mul_mat"](ctx, ctx.new_tensor("f32", [3, 64]), r))   # w . [64, 32]
+    g = ggtool.Graph(ctx).expand(y)
+    work = estimate_work(g)
+    assert (work.weight_bytes, work.params) == (w.nbytes + 3 * 64 * 4, 64 * 32 + 3 * 64)
+    assert work.flops == estimate_flops(g)
+    # mul_mat (+1: q8_0), cont, relu, mul_mat (f32), mul_mat (+1); transpose is a view
+    assert work.barriers == 7
 
 
 def test_the_quantizers_follow_the_rule(five_cpus, monkeypatch):
@@ -87,11 +178,10 @@ def test_single_threaded_quantizes_the_same_bytes():
 
 
 def test_the_help_states_the_rule_of_ggtool_threads():
-    """--threads' shown default (commands/_common.BY_THE_WORK) says the share ggtool.threads uses."""
+    """--threads' shown default (commands/_common.BY_THE_WORK) says what ggtool.threads.choose does."""
     from ggtool.commands._common import BY_THE_WORK
-    from ggtool.threads import PARTICIPANT_MIN_FLOPS
 
-    assert f"one per {PARTICIPANT_MIN_FLOPS // 10**9} GFLOP" in BY_THE_WORK
+    assert "fastest for the graph's work among the free CPUs" in BY_THE_WORK
 
 
 @pytest.mark.parametrize("name", ["GGTOOL_THREADS", "GGTOOL_QUANT_THREADS"])

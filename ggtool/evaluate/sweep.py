@@ -407,10 +407,10 @@ class Sweep:
     def _threads(self, model, run) -> None:
         if self.executor is not None:
             return
-        from ..plan import estimate_flops
+        from ..plan import estimate_work
         from ..threads import default_threads
 
-        n = self.opts.threads or default_threads(estimate_flops(run.first_graph()))
+        n = self.opts.threads or default_threads(estimate_work(run.first_graph()))
         if n > 1:
             from ..pool import get_pool
             model.use_threads(n, get_pool(n))

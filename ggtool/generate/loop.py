@@ -22,14 +22,30 @@ def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_
     token of `stop_ids` (which is yielded)."""
     if n_predict <= 0 or not prompt:
         return
+    from ..kernels.first_run import prepare, repeating
+    from ..threads import free_cpus
+
     session.prepare(len(prompt), 1)
-    t0 = clock()
-    logits = session.eval(prompt)
-    prompt_seconds = clock() - t0
-    t1 = clock()
-    for i in range(n_predict):
-        token = sample(logits)
-        yield Event(token, prompt_seconds, clock() - t1)
-        if token in stop_ids or i + 1 == n_predict:
-            return
-        logits = session.eval([token])
+    if hasattr(session, "graph"):     # the step's kernels that a first-ever run compiles: start them now
+        prepare(products(session.graph(1)), n_predict, free_cpus())
+    with repeating(n_predict) as steps:     # a kernel not compiled yet: its twin's cost counts once a step to come
+        t0 = clock()
+        logits = session.eval(prompt)
+        prompt_seconds = clock() - t0
+        t1 = clock()
+        for i in range(n_predict):
+            token = sample(logits)
+            yield Event(token, prompt_seconds, clock() - t1)
+            if token in stop_ids or i + 1 == n_predict:
+                return
+            steps.next(n_predict - 1 - i)
+            logits = session.eval([token])
+
+
+def products(graph) -> list[tuple]:
+    """The matrix products of a graph as the first-ever-run policy weighs them
+    (ggtool.kernels.first_run.prepare): weight type name, rows, row length, activation rows."""
+    from .. import types as T
+
+    return [(T.type_name(n.src[0].type), n.src[0].nrows, n.src[0].ne[0], n.src[1].nrows)
+            for n in graph.nodes if n.op == "MUL_MAT"]

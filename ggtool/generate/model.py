@@ -159,15 +159,16 @@ class Model:
         return rendered, ids
 
     # -- running -------------------------------------------------------------------------------------
-    def generator(self, n_ctx: int, threads: int | None = None, numerics: str = "ggml") -> Generator:
-        return Generator(self, n_ctx, threads, numerics)
+    def generator(self, n_ctx: int, threads: int | None = None, numerics: str = "ggml", steps: int = 1) -> Generator:
+        return Generator(self, n_ctx, threads, numerics, steps)
 
 
 class Generator:
     """One model, its KV cache of n_ctx cells and the threads each step runs on; `generate` runs a
-    prompt on, keeping in the cache what a later prompt can reuse."""
+    prompt on, keeping in the cache what a later prompt can reuse. `steps`: the one-token steps the
+    caller expects to run, which the default thread count weighs against a pool's start."""
 
-    def __init__(self, model: Model, n_ctx: int, threads: int | None = None, numerics: str = "ggml"):
+    def __init__(self, model: Model, n_ctx: int, threads: int | None = None, numerics: str = "ggml", steps: int = 1):
         from .session import Session
 
         self.model, self.n_ctx = model, n_ctx
@@ -178,10 +179,10 @@ class Generator:
             raise LogitsError(f"{model.path}: the model computes {self.n_logits} logits but its vocabulary has "
                               f"{model.vocab.n_tokens} tokens (tokenizer.ggml.tokens); llama.cpp refuses such a model")
         if threads is None:
-            from ..plan import estimate_flops
+            from ..plan import estimate_work
             from ..threads import default_threads
 
-            threads = default_threads(estimate_flops(self.session.graph(1)))
+            threads = default_threads(estimate_work(self.session.graph(1)), steps=max(1, steps))
         self.n_threads = threads
         if threads > 1:
             from ..pool import get_pool

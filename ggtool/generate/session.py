@@ -66,6 +66,7 @@ class Session:
         from ..tensor_io import Inputs
 
         self.weights = Inputs([], [model_path])
+        self._steps: dict[tuple, _Step] = {}   # (n_tokens, n_kv), or (n_tokens, n_kv, n_out) -> its graph
         self.program, self.n_ctx, self.n_threads, self.pool = program, n_ctx, n_threads, pool
         self.numerics, self.max_steps = numerics, max_steps
         # llama.cpp's attention runs over a multiple of 256 cells (its n_kv): under its numerics the
@@ -78,9 +79,24 @@ class Session:
         self.n_past = 0
         arch = _meta(self.weights, "general.architecture", "")
         self.n_swa = int(_meta(self.weights, f"{arch}.attention.sliding_window", 0))
-        self._steps: dict[tuple, _Step] = {}   # (n_tokens, n_kv), or (n_tokens, n_kv, n_out) -> its graph
         self._state: dict[str, Tensor] = {}
         self._building: dict[str, Tensor] = {}
+
+    @property
+    def pool(self):
+        """The worker pool the steps compute on (None: this process)."""
+        return self._pool
+
+    @pool.setter
+    def pool(self, pool) -> None:
+        """A pool given after graphs were built (`prepare`, then the thread count chosen for them)
+        is told of those graphs too: only their inputs' values change between steps, so it
+        describes each once, not at every step."""
+        self._pool = pool
+        freeze = getattr(pool, "freeze", None)
+        if freeze is not None:
+            for step in self._steps.values():
+                freeze(step.graph)
 
     # -- the DSL environment -----------------------------------------------------------------------
     def tensor(self, name: str, ctx: Context) -> Tensor | None:
@@ -153,9 +169,12 @@ class Session:
         if n_out is not None and "kv_out_ids" not in built.tensors:
             raise NoCacheError(self.program.filename, "kv_out_ids")
         step = self._steps[key] = _Step(built.graph, built.outputs[0][1], batch)
-        freeze = getattr(self.pool, "freeze", None)
-        if freeze is not None:     # only the inputs' values change between steps: describe it once
-            freeze(built.graph)
+        from ..compute import freeze
+
+        freeze(built.graph)        # only the inputs' values change between steps: its steps made once
+        pool_freeze = getattr(self.pool, "freeze", None)
+        if pool_freeze is not None:     # and described once for the pool
+            pool_freeze(built.graph)
         return step
 
     def logits_width(self) -> int:
@@ -169,15 +188,11 @@ class Session:
     def attach_pool(self, n_threads: int, pool) -> None:
         """Compute on `pool` with n_threads participants from now on; the graphs built so far are
         described to it once (WorkerPool.freeze), as those built later are."""
-        self.n_threads, self.pool = n_threads, pool
-        freeze = getattr(pool, "freeze", None)
-        if freeze is not None:
-            for step in self._steps.values():
-                freeze(step.graph)
+        self.n_threads, self.pool = n_threads, pool      # the pool's setter describes them
 
     def llama_cpp_gaps(self) -> list:
         """Under llama.cpp's numerics, what the one-token step computes in GGML's order where llama.cpp's
-        x86 build computes otherwise (``ggtool.ops.llama_cpp_gaps``: mul_mat weight types, silu);
+        x86 build computes otherwise (``ggtool.ops.llama_cpp_gaps``: none today, every weight type and silu have it);
         empty under the default numerics or where every node is covered."""
         if not is_llama_cpp(self.numerics):
             return []

@@ -45,9 +45,14 @@ from .. import environment, role
 from ..errors import CacheWarning
 
 # Modules whose compiled functions other kernel modules compile into theirs: simd's vector tiles
-# (into dot and dot_k), dot_base's store_group (into dot and dot_k), dot_k's scale decoding (into x86),
-# ggtool.kquants' blocks and legacy (their searches and block ends, into kquants.legacy and .weighted).
-SHARED = ("simd.py", "dot_base.py", "dot_k.py", "../kquants/blocks.py", "../kquants/legacy.py")
+# (into dot and dot_k), dot_base's store_group (into dot and dot_k), dot_k's scale decoding (into x86 and
+# x86_kquants), x86's lanes, reductions and activation decoders (into x86_float, x86_legacy, x86_kquants),
+# ggtool.kquants' blocks and legacy (their searches and block ends, into kquants.legacy and .weighted,
+# and into ggtool.qtypes' kernels; weighted's make_qp_quants into IQ2's), ggtool.qtypes' _kernel_base
+# (its helpers, into both kernel modules of the records) and grids (tables frozen into the kernels as
+# constants).
+SHARED = ("simd.py", "dot_base.py", "dot_k.py", "x86.py", "../kquants/blocks.py", "../kquants/legacy.py",
+          "../kquants/weighted.py", "../qtypes/_kernel_base.py", "../qtypes/grids.py")
 # numba settings that change the machine code of a kernel (numba's own cache does not key them)
 NUMBA_CODEGEN = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE",
                  "NUMBA_ENABLE_AVX", "NUMBA_DISABLE_INTEL_SVML", "NUMBA_BOUNDSCHECK", "NUMBA_FASTMATH")

@@ -98,12 +98,14 @@ def decode_q6_k(w):
     """Q6_K (ql[128], qh[64], int8 scales[16], d): codes (ql nibble | qh 2 bits << 4) - 32."""
     b = _blocks(w, 210)
     n, nb = b.shape[:2]
-    ql = b[:, :, 0:128].reshape(n, nb, 2, 2, 32).astype(np.int16)          # [half][g4 & 1][k]
-    qh = b[:, :, 128:192].reshape(n, nb, 2, 1, 32).astype(np.int16)        # [half][k]
-    g4 = np.arange(4, dtype=np.int16).reshape(4, 1)
-    lo = (ql[:, :, :, g4[:, 0] & 1, :] >> (4 * (g4 >> 1))) & 15            # [half][g4][k]
-    hi = (qh >> (2 * g4)) & 3
-    codes = ((lo | (hi << 4)) - 32).astype(np.int8).reshape(n, nb, 256)
+    ql = b[:, :, 0:128].reshape(n, nb, 2, 2, 32)                            # [half][g4 & 1][k]
+    qh = b[:, :, 128:192].reshape(n, nb, 2, 32)                             # [half][k]
+    codes = np.empty((n, nb, 2, 4, 32), np.uint8)                           # [half][g4][k]
+    for g4 in range(4):     # low nibble of ql[g4 & 1] (g4 < 2) or its high one, and bits 2*g4.. of qh
+        lo = ql[:, :, :, g4 & 1] & np.uint8(15) if g4 < 2 else ql[:, :, :, g4 & 1] >> np.uint8(4)
+        np.bitwise_or(lo, ((qh >> np.uint8(2 * g4)) & np.uint8(3)) << np.uint8(4), out=codes[:, :, :, g4])
+    codes -= np.uint8(32)                                                   # 0..63 - 32, as int8 below
+    codes = codes.view(np.int8).reshape(n, nb, 256)
     sc = b[:, :, 192:208].view(np.int8).astype(np.int32)
     return codes, sc, np.zeros((n, nb, 16), np.int32), _f16(b, 208), np.zeros((n, nb), np.float32)
 

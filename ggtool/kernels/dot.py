@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from . import dot_bf16, dot_float, dot_k, simd  # noqa: F401 - the BF16, F32/F16 and K-quant dots register themselves
+from . import decode, dot_bf16, dot_float, dot_k, simd  # noqa: F401 - the BF16, F32/F16 and K-quant dots register themselves
 from .dot_base import DOTS, GROUP, register, store_group
 from .jit import njit
 from .tables import F16_TO_F32
@@ -42,11 +42,48 @@ def dot(type_, packed: tuple, act: np.ndarray, out: np.ndarray) -> None:
 
 
 # -- shared by the 32-value block types ------------------------------------------------------------
-@njit
-def _at(g, nb, b, r, byte, quads):
-    """Index of byte `byte` of row g*GROUP + r's block b in ``simd``'s layout: quads of 4 bytes per
-    row and block, for L rows side by side, a chunk of L rows' quads after another."""
-    return ((((g * nb + b) * (GROUP // simd.L) + r // simd.L) * quads + byte // 4) * simd.L + r % simd.L) * 4 + byte % 4
+PACK_ROWS = 8 * GROUP      # weight rows decoded at a time while packing (bounds the temporaries)
+
+
+def _interleave(rows: np.ndarray, nb: int, quads: int) -> np.ndarray:
+    """Per-block bytes (n, nb, 4 * quads) of rows padded to whole groups -> ``simd``'s layout:
+    [group][block][chunk of L rows][quad][row in chunk][byte of quad]."""
+    gs, C, L = rows.shape[0] // GROUP, GROUP // simd.L, simd.L
+    return rows.reshape(gs, C, L, nb, quads, 4).transpose(0, 3, 1, 4, 2, 5)
+
+
+def _pack_32(w: np.ndarray, decoder, nbytes: int, quads: int, mins: bool, raw_nibbles: bool):
+    """32-value block rows -> (qs, d[, mn], n, nb): the codes of each row and block in quads
+    (``_interleave``; Q4_0 keeps its 16 nibble bytes as they are, the others int8 codes in value
+    order), the block's fp16 scale (and min) per [group][block][row], as their bits (uint16: the
+    tile widens them, exactly; half the bytes of float32, and a mat-vec streams them all); rows
+    past n are zeros. numpy, from ``decode``'s blocks: nothing to compile."""
+    w = np.ascontiguousarray(w)
+    n = w.shape[0]
+    nb = w.shape[1] // nbytes
+    G = (n + GROUP - 1) // GROUP
+    qs = np.zeros((G, nb, GROUP // simd.L, quads, simd.L, 4), np.uint8 if raw_nibbles else np.int8)
+    d = np.zeros((G, nb, GROUP), np.uint16)
+    mn = np.zeros((G, nb, GROUP), np.uint16) if mins else None
+    for r0 in range(0, n, PACK_ROWS):
+        rows = w[r0:r0 + PACK_ROWS]
+        k = rows.shape[0]
+        g0, gs = r0 // GROUP, -(-k // GROUP)
+        b = decode._blocks(rows, nbytes)
+        codes = b[:, :, 2:18] if raw_nibbles else decoder(rows)[0]   # Q4_0: the nibble bytes as they are
+        dd = np.ascontiguousarray(b[:, :, 0:2]).view(np.uint16)[:, :, 0]
+        mm = np.ascontiguousarray(b[:, :, 2:4]).view(np.uint16)[:, :, 0] if mins else None
+        pad = gs * GROUP - k
+        if pad:
+            codes, dd = (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) for x in (codes, dd))
+            mm = None if mm is None else np.concatenate([mm, np.zeros((pad, nb), mm.dtype)])
+        qs[g0:g0 + gs] = _interleave(codes, nb, quads)
+        d[g0:g0 + gs] = dd.reshape(gs, GROUP, nb).transpose(0, 2, 1)
+        if mins:
+            mn[g0:g0 + gs] = mm.reshape(gs, GROUP, nb).transpose(0, 2, 1)
+    if mins:
+        return qs.reshape(-1), d.reshape(-1), mn.reshape(-1), n, nb
+    return qs.reshape(-1), d.reshape(-1), n, nb
 
 
 @njit
@@ -79,10 +116,15 @@ def _act_pairs(act, f16, nbytes, nibbles, sums):
     return ap, off, da, sa
 
 
-# The drivers of the three tiles (one each, so that a type compiles only its own tile): per group of
-# GROUP weight rows and block, ``simd``'s tile for MT activation rows at a time, into acc (M, GROUP).
+# The dots of the three tiles (one each, so that a type compiles only its own tile): the activations
+# prepared (``_act_pairs``, compiled once for every 32-value type and called from compiled code),
+# then per group of GROUP weight rows and block, ``simd``'s tile for MT activation rows at a time,
+# into acc (M, GROUP). The tile loop is in the dot itself: a driver of its own, called from a
+# compiled dot, would be compiled twice, once alone and once into the dot (~1 s a type of a
+# first-ever run), and a driver called from Python would cost each call a second dispatch.
 @njit
-def _run_q4_0(qs, d, n, nb, ap, off, da, out):
+def _dot_q4_0(qs, d, n, nb, act, f16, out):
+    ap, off, da, _ = _act_pairs(act, f16, Q8_0_BYTES, True, True)
     M, G = ap.shape[1], (n + GROUP - 1) // GROUP
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
@@ -96,7 +138,8 @@ def _run_q4_0(qs, d, n, nb, ap, off, da, out):
 
 
 @njit
-def _run_q8_0(qs, d, n, nb, ap, off, da, out):
+def _dot_q8_0(qs, d, n, nb, act, f16, out):
+    ap, off, da, _ = _act_pairs(act, f16, Q8_0_BYTES, False, False)
     M, G = ap.shape[1], (n + GROUP - 1) // GROUP
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
@@ -110,7 +153,9 @@ def _run_q8_0(qs, d, n, nb, ap, off, da, out):
 
 
 @njit
-def _run_q8_1(qs, d, mn, n, nb, ap, off, da, sa, out):
+def _dot_q8_1(qs, d, mn, n, nb, act, f16, out):
+    """GGML's scalar vec_dot_q4_1_q8_1 / q5_1: out += (d_w * d_a) * sumi + m_w * s_a per block."""
+    ap, off, da, sa = _act_pairs(act, f16, 36, False, False)
     M, G = ap.shape[1], (n + GROUP - 1) // GROUP
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
@@ -123,124 +168,30 @@ def _run_q8_1(qs, d, mn, n, nb, ap, off, da, sa, out):
         store_group(acc, out, g, n)
 
 
-# -- Q4_0 ------------------------------------------------------------------------------------------
-@njit
-def _pack_q4_0(w, f16):
-    """qs: the 16 nibble bytes of each row and block in quads (``_at``); d[(g*nb + b)*GROUP + r]
-    the block's scale as float32."""
-    n, nb = w.shape[0], w.shape[1] // Q4_0_BYTES
-    G = (n + GROUP - 1) // GROUP
-    qs = np.zeros(G * nb * 16 * GROUP, np.uint8)
-    d = np.zeros(G * nb * GROUP, np.float32)
-    for g in range(G):
-        for b in range(nb):
-            o = b * Q4_0_BYTES
-            for r in range(min(GROUP, n - g * GROUP)):
-                i = g * GROUP + r
-                d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
-                for j in range(16):
-                    qs[_at(g, nb, b, r, j, 4)] = w[i, o + 2 + j]
-    return qs, d, n, nb
+# -- the types ----------------------------------------------------------------------------------------
+def _pack_q4_0(w, f16=None):
+    """Q4_0: qs the 16 nibble bytes of each row and block in quads (4), d its scale."""
+    return _pack_32(w, decode.decode_q4_0, 18, 4, False, True)
 
 
-@njit
-def _dot_q4_0(qs, d, n, nb, act, f16, out):
-    ap, off, da, sa = _act_pairs(act, f16, Q8_0_BYTES, True, True)
-    _run_q4_0(qs, d, n, nb, ap, off, da, out)
+def _pack_q8_0(w, f16=None):
+    """Q8_0: qs the 32 int8 codes of each row and block in quads (8), d as for Q4_0."""
+    return _pack_32(w, decode.decode_q8_0, 34, 8, False, False)
 
 
-# -- Q8_0 ------------------------------------------------------------------------------------------
-@njit
-def _pack_q8_0(w, f16):
-    """qs: the 32 int8 codes of each row and block in quads (``_at``); d as for Q4_0."""
-    n, nb = w.shape[0], w.shape[1] // Q8_0_BYTES
-    G = (n + GROUP - 1) // GROUP
-    qs = np.zeros(G * nb * QK * GROUP, np.int8)
-    d = np.zeros(G * nb * GROUP, np.float32)
-    wq = w.view(np.int8)
-    for g in range(G):
-        for b in range(nb):
-            o = b * Q8_0_BYTES
-            for r in range(min(GROUP, n - g * GROUP)):
-                i = g * GROUP + r
-                d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
-                for j in range(QK):
-                    qs[_at(g, nb, b, r, j, 8)] = wq[i, o + 2 + j]
-    return qs, d, n, nb
+def _pack_q5_0(w, f16=None):
+    """Q5_0 as Q8_0's packed form: codes (nibble | bit << 4) - 16."""
+    return _pack_32(w, decode.decode_q5_0, 22, 8, False, False)
 
 
-@njit
-def _pack_q5_0(w, f16):
-    """Q5_0 (22 bytes: d, qh u32, nibbles) as Q8_0's packed form: codes (nibble | bit << 4) - 16."""
-    n, nb = w.shape[0], w.shape[1] // 22
-    G = (n + GROUP - 1) // GROUP
-    qs = np.zeros(G * nb * QK * GROUP, np.int8)
-    d = np.zeros(G * nb * GROUP, np.float32)
-    for g in range(G):
-        for b in range(nb):
-            o = b * 22
-            for r in range(min(GROUP, n - g * GROUP)):
-                i = g * GROUP + r
-                d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
-                qh = np.int64(w[i, o + 2]) | (np.int64(w[i, o + 3]) << 8) | (np.int64(w[i, o + 4]) << 16) | \
-                    (np.int64(w[i, o + 5]) << 24)
-                for j in range(16):
-                    q = np.int64(w[i, o + 6 + j])
-                    qs[_at(g, nb, b, r, j, 8)] = ((q & 15) | (((qh >> j) & 1) << 4)) - 16
-                    qs[_at(g, nb, b, r, j + 16, 8)] = ((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16
-    return qs, d, n, nb
+def _pack_q4_1(w, f16=None):
+    """Q4_1: codes 0..15 in Q8_0's packed form, plus the min m per row and block (value = d * code + m)."""
+    return _pack_32(w, decode.decode_q4_1, 20, 8, True, False)
 
 
-@njit
-def _dot_q8_0(qs, d, n, nb, act, f16, out):
-    ap, off, da, sa = _act_pairs(act, f16, Q8_0_BYTES, False, False)
-    _run_q8_0(qs, d, n, nb, ap, off, da, out)
-
-
-# -- Q4_1 / Q5_1 x Q8_1 ------------------------------------------------------------------------------
-@njit
-def _pack_q_1(w, f16, nbytes, five):
-    """Q4_1 (20 bytes: d, m, nibbles) or Q5_1 (24: d, m, qh u32, nibbles): codes 0..15 / 0..31 in
-    Q8_0's packed form, plus the min m per row and block (value = d * code + m)."""
-    n, nb = w.shape[0], w.shape[1] // nbytes
-    G = (n + GROUP - 1) // GROUP
-    qs = np.zeros(G * nb * QK * GROUP, np.int8)
-    d = np.zeros(G * nb * GROUP, np.float32)
-    mn = np.zeros(G * nb * GROUP, np.float32)
-    q0 = 8 if five else 4
-    for g in range(G):
-        for b in range(nb):
-            o = b * nbytes
-            for r in range(min(GROUP, n - g * GROUP)):
-                i = g * GROUP + r
-                d[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o]) | (np.int64(w[i, o + 1]) << 8)]
-                mn[(g * nb + b) * GROUP + r] = f16[np.int64(w[i, o + 2]) | (np.int64(w[i, o + 3]) << 8)]
-                qh = np.int64(0)
-                if five:
-                    qh = np.int64(w[i, o + 4]) | (np.int64(w[i, o + 5]) << 8) | (np.int64(w[i, o + 6]) << 16) | \
-                        (np.int64(w[i, o + 7]) << 24)
-                for j in range(16):
-                    q = np.int64(w[i, o + q0 + j])
-                    qs[_at(g, nb, b, r, j, 8)] = (q & 15) | (((qh >> j) & 1) << 4)
-                    qs[_at(g, nb, b, r, j + 16, 8)] = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
-    return qs, d, mn, n, nb
-
-
-@njit
-def _pack_q4_1(w, f16):
-    return _pack_q_1(w, f16, 20, False)
-
-
-@njit
-def _pack_q5_1(w, f16):
-    return _pack_q_1(w, f16, 24, True)
-
-
-@njit
-def _dot_q8_1(qs, d, mn, n, nb, act, f16, out):
-    """GGML's scalar vec_dot_q4_1_q8_1 / q5_1: out += (d_w * d_a) * sumi + m_w * s_a per block."""
-    ap, off, da, sa = _act_pairs(act, f16, 36, False, False)
-    _run_q8_1(qs, d, mn, n, nb, ap, off, da, sa, out)
+def _pack_q5_1(w, f16=None):
+    """Q5_1: codes 0..31, as Q4_1."""
+    return _pack_32(w, decode.decode_q5_1, 24, 8, True, False)
 
 
 register(T.Q4_0, Q4_0_BYTES, _pack_q4_0, _dot_q4_0)

@@ -59,6 +59,8 @@ _I16, _I32, _I64, _F32 = ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.Floa
 _W = ir.VectorType(_I16, 2 * L)          # 16 rows x 2 words
 _D = ir.VectorType(_I32, L)
 _F = ir.VectorType(_F32, L)
+_H = ir.VectorType(_I16, L)                # 16 fp16 scales as their bits
+_HF = ir.VectorType(ir.HalfType(), L)
 _EVEN = ir.Constant(ir.VectorType(_I32, L), list(range(0, 2 * L, 2)))
 _ODD = ir.Constant(ir.VectorType(_I32, L), list(range(1, 2 * L, 2)))
 
@@ -109,6 +111,14 @@ class _Args:
             ptr = self.b.bitcast(ptr, vt.as_pointer())
         return self.b.load(ptr, align=align)
 
+    def load_scales(self, name, off, half: bool):
+        """L float32 scales of array `name` at `off`: float32 as they are, or fp16 bits (uint16)
+        widened exactly (x86's vcvtph2ps where the CPU has F16C), the same values as the
+        table F16_TO_F32 gives."""
+        if not half:
+            return self.load(name, off, _F, align=4)
+        return self.b.fpext(self.b.bitcast(self.load(name, off, _H, align=2), _HF), _F)
+
     def store(self, name, off, val, align=4):
         ptr = self.b.bitcast(self.at(name, off), val.type.as_pointer())
         self.b.store(val, ptr, align=align)
@@ -141,7 +151,7 @@ def _tile_32(nibbles: bool, q1: bool):
     """One block (32 values) of GROUP weight rows x mt activation rows, added into acc.
 
     Arguments (arrays flat; offsets in elements): qs (codes, the block's quads at qo), d and mn
-    (the rows' float32 scale and min at wo), ap (mt x 16 pairs at po, 16 per activation row), off
+    (the rows' scale and min at wo: float32, or fp16 bits as uint16, widened in the tile), ap (mt x 16 pairs at po, 16 per activation row), off
     (int32: each activation row's start of sumi, at so), da and sa (float32 per activation row at
     so), acc (float32, mt rows of GROUP at ao) and mt. Per row r and activation row i:
     ``acc += (float(sumi) * d) * da`` (Q4_0, Q8_0, Q5_0), or with q1
@@ -151,6 +161,7 @@ def _tile_32(nibbles: bool, q1: bool):
         A = _Args(context, builder, sig, args, _NAMES_32)
         qo, wo, po, so, ao = (A.p[k] for k in ("qo", "wo", "po", "so", "ao"))
         quads = 4 if nibbles else 8
+        half = sig.args[_NAMES_32.index("d")].dtype == types.uint16
 
         def body(mt):
             b = builder
@@ -172,8 +183,8 @@ def _tile_32(nibbles: bool, q1: bool):
                         for k, x in enumerate(xs):
                             pair = A.load("ap", b.add(po, _c(i * 16 + q * len(xs) + k)))
                             accs[i] = _madd(b, accs[i], x, pair)
-                dv = A.load("d", b.add(wo, r0), _F, align=4)
-                mv = A.load("mn", b.add(wo, r0), _F, align=4) if q1 else None
+                dv = A.load_scales("d", b.add(wo, r0), half)
+                mv = A.load_scales("mn", b.add(wo, r0), half) if q1 else None
                 for i in range(mt):
                     f = b.sitofp(accs[i], _F)
                     if q1:
@@ -201,12 +212,15 @@ tile_q8_1 = _tile_32(nibbles=False, q1=True)     # Q4_1, Q5_1 x Q8_1
 
 
 _NAMES_K = ("codes", "co", "sc", "mp", "sco", "d", "dmin", "wo", "ap", "po", "bp", "bo", "da", "so",
-            "acc", "ao", "mt")
+            "acc", "ao", "mt", "hm")
+_B16 = ir.VectorType(ir.IntType(8), L)           # 16 int8 scales, one per row of a vector
+_B32 = ir.VectorType(ir.IntType(8), 2 * L)       # 16 rows x 2 int8 mins
 
 
 def _tile_k_codegen(context, builder, sig, args):
     A = _Args(context, builder, sig, args, _NAMES_K)
     co, sco, wo, po, bo, so, ao = (A.p[k] for k in ("co", "sco", "wo", "po", "bo", "so", "ao"))
+    has_mins = builder.icmp_signed("!=", A.p["hm"], ir.Constant(A.p["hm"].type, 0))
 
     def body(mt):
         b = builder
@@ -227,37 +241,104 @@ def _tile_k_codegen(context, builder, sig, args):
                         for k, x in enumerate(xs):
                             pair = A.load("ap", b.add(po, b.add(_c(i * 128 + k), b.mul(quad, _c(2)))))
                             ts[i] = _madd(b, ts[i], x, pair)
-                scv = A.load("sc", b.add(sco, b.mul(b.add(b.mul(c, _c(16)), j), _c(L))), _D, align=4)
+                scv = b.sext(A.load("sc", b.add(sco, b.mul(b.add(b.mul(c, _c(16)), j), _c(L))), _B16), _D)
                 for i in range(mt):
                     b.store(b.add(b.load(sumi[i]), b.mul(scv, ts[i])), sumi[i])
-            summ = [zero] * mt
-            for jp in range(8):                                 # mins x bsums, two sub-blocks a pair
-                mv = A.load("mp", b.add(sco, b.mul(b.add(b.mul(c, _c(8)), _c(jp)), _c(2 * L))), _W)
-                for i in range(mt):
-                    summ[i] = _madd(b, summ[i], mv, A.load("bp", b.add(bo, _c(i * 8 + jp))))
             dv = A.load("d", b.add(wo, r0), _F, align=4)
-            dmv = A.load("dmin", b.add(wo, r0), _F, align=4)
+            os_ = [b.add(b.add(ao, _c(i * GROUP)), r0) for i in range(mt)]
             for i in range(mt):
-                da = _splat(b, das[i], L)
-                o = b.add(b.add(ao, _c(i * GROUP)), r0)
-                a = A.load("acc", o, _F, align=4)
-                a = b.fadd(a, b.fmul(b.fmul(dv, da), b.sitofp(b.load(sumi[i]), _F)))
-                a = b.fsub(a, b.fmul(b.fmul(dmv, da), b.sitofp(summ[i], _F)))
-                A.store("acc", o, a)
+                a = A.load("acc", os_[i], _F, align=4)
+                A.store("acc", os_[i], b.fadd(a, b.fmul(b.fmul(dv, _splat(b, das[i], L)), b.sitofp(b.load(sumi[i]), _F))))
+            with b.if_then(has_mins):                         # mins x bsums, two sub-blocks a pair
+                summ = [zero] * mt
+                for jp in range(8):
+                    mv = b.sext(A.load("mp", b.add(sco, b.mul(b.add(b.mul(c, _c(8)), _c(jp)), _c(2 * L))), _B32), _W)
+                    for i in range(mt):
+                        summ[i] = _madd(b, summ[i], mv, A.load("bp", b.add(bo, _c(i * 8 + jp))))
+                dmv = A.load("dmin", b.add(wo, r0), _F, align=4)
+                for i in range(mt):
+                    a = A.load("acc", os_[i], _F, align=4)
+                    A.store("acc", os_[i], b.fsub(a, b.fmul(b.fmul(dmv, _splat(b, das[i], L)), b.sitofp(summ[i], _F))))
 
     _switch_mt(builder, A.p["mt"], body)
     return context.get_dummy_value()
 
 
 @intrinsic
-def tile_k(typingctx, codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt):
+def tile_k(typingctx, codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt, hm):
     """One K-quant block (256 values) of GROUP weight rows x mt activation rows, added into acc.
 
-    codes (int8 quads at co), sc (int32 sub-block scales, [16][GROUP] at sco), mp (int16 mins in
-    pairs of sub-blocks, [8][GROUP][2] at sco), d / dmin (float32 per row at wo), ap (mt x 128
-    pairs at po), bp (mt x 8 pairs of the activation's 16 bsums at bo), da (float32 at so), acc (mt
-    rows of GROUP at ao), mt. ``sumi = sum_j sc_j * (codes_j . a_j)``, ``summ = sum_j m_j * bsums_j``,
-    then ``acc += (d * da) * float(sumi)`` and ``acc -= (dmin * da) * float(summ)``."""
-    sig = types.void(codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt)
+    codes (int8 quads at co), sc (int8 sub-block scales, [16][GROUP] at sco), mp (int8 mins in
+    pairs of sub-blocks, [8][GROUP][2] at sco; read only where hm, the type has mins), d / dmin
+    (float32 per row at wo; dmin read only where hm), ap (mt x 128 pairs at po), bp (mt x 8 pairs
+    of the activation's 16 bsums at bo), da (float32 at so), acc (mt rows of GROUP at ao), mt.
+    ``sumi = sum_j sc_j * (codes_j . a_j)``, ``acc += (d * da) * float(sumi)``; where hm, then
+    ``summ = sum_j m_j * bsums_j`` and ``acc -= (dmin * da) * float(summ)``."""
+    sig = types.void(codes, co, sc, mp, sco, d, dmin, wo, ap, po, bp, bo, da, so, acc, ao, mt, hm)
     _check(sig.args, _NAMES_K)
     return sig, _tile_k_codegen
+
+
+_NAMES_K6 = ("codes", "co", "hi", "ho", "sc", "sco", "d", "wo", "ap", "po", "da", "so", "acc", "ao", "mt")
+_PAIRS = ir.Constant(ir.VectorType(_I32, 2 * L), [i // 2 for i in range(2 * L)])   # each row's word, twice
+
+
+def _tile_k6_codegen(context, builder, sig, args):
+    A = _Args(context, builder, sig, args, _NAMES_K6)
+    co, ho, sco, wo, po, so, ao = (A.p[k] for k in ("co", "ho", "sco", "wo", "po", "so", "ao"))
+
+    def body(mt):
+        b = builder
+        das = [b.load(A.at("da", b.add(so, _c(i)))) for i in range(mt)]
+        zero = ir.Constant(_D, None)
+        with cgutils.for_range(b, _c(GROUP // L)) as loop:
+            c = loop.index
+            r0 = b.mul(c, _c(L))
+            sumi = [cgutils.alloca_once_value(b, zero) for _ in range(mt)]
+            with cgutils.for_range(b, _c(8)) as pbl:           # pairs of sub-blocks (32 values)
+                pb = pbl.index
+                ts = [[zero] * mt, [zero] * mt]                # the pair's first and second sub-block
+                for jq in range(4):
+                    quad = b.add(b.add(b.mul(c, _c(32)), b.mul(pb, _c(4))), _c(jq))
+                    v = A.load("codes", b.add(co, b.mul(quad, _c(4 * L))), _W)
+                    h = A.load("hi", b.add(ho, b.mul(quad, _c(L))), _H, align=2)
+                    hw = b.shuffle_vector(h, ir.Constant(_H, None), _PAIRS)
+                    nibs = [b.and_(v, _wsplat(b, 15)), b.and_(b.lshr(v, _wsplat(b, 4)), _wsplat(b, 15)),
+                            b.and_(b.lshr(v, _wsplat(b, 8)), _wsplat(b, 15)), b.lshr(v, _wsplat(b, 12))]
+                    for k, nib in enumerate(nibs):
+                        shifts = ir.Constant(_W, [4 * k + 2 * (i % 2) for i in range(2 * L)])
+                        top = b.shl(b.and_(b.lshr(hw, shifts), _wsplat(b, 3)), _wsplat(b, 4))
+                        x = b.sub(b.or_(nib, top), _wsplat(b, 32))
+                        for i in range(mt):
+                            pair = A.load("ap", b.add(po, b.add(_c(i * 128 + jq * 4 + k), b.mul(pb, _c(16)))))
+                            ts[k % 2][i] = _madd(b, ts[k % 2][i], x, pair)
+                for half in range(2):
+                    j = b.add(b.mul(pb, _c(2)), _c(half))
+                    scv = b.sext(A.load("sc", b.add(sco, b.mul(b.add(b.mul(c, _c(16)), j), _c(L))), _B16), _D)
+                    for i in range(mt):
+                        b.store(b.add(b.load(sumi[i]), b.mul(scv, ts[half][i])), sumi[i])
+            dv = A.load("d", b.add(wo, r0), _F, align=4)
+            for i in range(mt):
+                o = b.add(b.add(ao, _c(i * GROUP)), r0)
+                a = A.load("acc", o, _F, align=4)
+                A.store("acc", o, b.fadd(a, b.fmul(b.fmul(dv, _splat(b, das[i], L)), b.sitofp(b.load(sumi[i]), _F))))
+
+    _switch_mt(builder, A.p["mt"], body)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def tile_k6(typingctx, codes, co, hi, ho, sc, sco, d, wo, ap, po, da, so, acc, ao, mt):
+    """One block (256 values) of a K-quant type without mins whose codes fit 6 bits (Q6_K, Q3_K), of
+    GROUP weight rows x mt activation rows, added into acc; the codes stored in 6 bits, as Q6_K
+    stores them: the low 4 bits as nibbles, Q4_0's way (a byte holds value j of a pair of
+    sub-blocks and value j + 16, quads of 4 bytes: codes at co, [chunk][32 quads][L][4]), the top 2
+    bits in one 16-bit word per row and quad (hi at ho, [chunk][32][L]: bits 4k and 4k + 2 go with
+    the low and high word of the nibbles' k-th pair). Code minus 32 is the value's integer.
+    sc (int8 per 16 values, [16][GROUP] at sco), d (float32 per row at wo), ap (mt x 128 pairs at
+    po, in the nibbles' order: pair 16 * pb + 4 * quad + k is values (x, x + 2) of pair-block pb,
+    x = 4 * quad + k // 2 + 16 * (k % 2)), da (float32 at so), acc (mt rows of GROUP at ao), mt.
+    ``sumi = sum_j sc_j * (codes_j . a_j)``, ``acc += (d * da) * float(sumi)``, as ``tile_k``."""
+    sig = types.void(codes, co, hi, ho, sc, sco, d, wo, ap, po, da, so, acc, ao, mt)
+    _check(sig.args, _NAMES_K6)
+    return sig, _tile_k6_codegen

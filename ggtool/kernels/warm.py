@@ -54,6 +54,21 @@ def _quantizer(kind: str) -> None:
     kernel(np.zeros((1, nval), np.float32), np.zeros((1, nbytes), np.uint8))
 
 
+def _runner(_: str) -> None:
+    from . import runner
+    runner.warm()
+
+
+def _node(name: str) -> None:
+    from . import nodes
+    nodes.compile_kernel(name)
+
+
+def _node_names() -> set[str]:
+    from . import nodes, nodes_mm  # noqa: F401 - nodes_mm registers mul_mat's kernels
+    return set(nodes.KERNELS)
+
+
 def _float_rows(kind: str) -> None:
     import numpy as np
 
@@ -71,7 +86,9 @@ def _dot_types() -> set[str]:
 # What the queue may name, "<kind>:<argument>" (``cache.use_kernel``): kind -> (how to compile it, the
 # arguments it takes, or None for any: the compile function refuses what it does not know).
 KINDS = {"dot": (_dot, _dot_types), "quantize": (_quantizer, lambda: set(QUANTIZERS)),
-         "float_rows": (_float_rows, lambda: {"exp", "seq_sum"})}
+         "float_rows": (_float_rows, lambda: {"exp", "seq_sum"}),
+         "runner": (_runner, lambda: {""}),          # the compiled graph runner's loop and barrier
+         "node": (_node, _node_names)}               # one of its node kernels
 
 
 def known(name: str) -> bool:

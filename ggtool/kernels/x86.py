@@ -21,6 +21,8 @@ only the float32 steps (FMA, lanes, horizontal sums) are placed as the SIMD code
 - ``dot_f32``: F32 x F32, src1 not contiguous: ``ggml_vec_dot_f32`` (4 accumulators of 16 lanes over
   steps of 64, then ``x0+x2, x1+x3, x0+x1`` and ``_mm512_reduce_add_ps``); contiguous: tinyBLAS<16,
   __m512> (16 FMA lanes over k, then the reduce).
+- ``silu_rows``: ``ggml_v_silu`` on 16-value (AVX2: 8) chunks of a row, the C library's expf for the
+  rest (silu, and the silu of llama.cpp's fused swiglu).
 - ``soft_max_rows``: ``ggml_v_expf`` (the AVX-512 polynomial) on 16-value chunks, each chunk's sum
   reduced in float and added in double (llama.cpp's KV cache is padded to 256 cells, so every value
   goes through the polynomial).
@@ -37,6 +39,7 @@ from llvmlite import ir
 
 from .dot_k import Q8_K_BYTES, _scale_min_k4
 from .jit import njit, numba
+from .tables import KVALUES_IQ4NL
 
 F32, F64 = np.float32, np.float64
 _I = np.int32
@@ -134,14 +137,14 @@ VK = 32   # K-quant rows side by side (their blocks are longer)
 
 
 # the block types dot_q0 takes: bytes per block
-Q8_0_KIND, Q5_0_KIND, Q4_0_KIND = 0, 1, 2
-_Q0_BYTES = (34, 22, 18)
+Q8_0_KIND, Q5_0_KIND, Q4_0_KIND, IQ4_NL_KIND = 0, 1, 2, 3
+_Q0_BYTES = (34, 22, 18, 18)
 
 
 @njit
 def _decode_q0(w, n0, kind, nb, wq, wd, f16):
-    """Rows n0 .. n0+V0 of Q8_0, Q5_0 or Q4_0 (`kind`): codes wq (nb * 32, V0) and d (nb, V0), as
-    float32; rows past the end are zero."""
+    """Rows n0 .. n0+V0 of Q8_0, Q5_0, Q4_0 or IQ4_NL (`kind`): codes (IQ4_NL: its levels) wq
+    (nb * 32, V0) and d (nb, V0), as float32; rows past the end are zero."""
     nbytes = _Q0_BYTES[kind]
     wq[:, :] = 0
     wd[:, :] = 0
@@ -163,6 +166,11 @@ def _decode_q0(w, n0, kind, nb, wq, wd, f16):
                     x = np.int32(w[n, o + 2 + j])
                     wq[32 * b + j, r] = (x & 15) - 8
                     wq[32 * b + 16 + j, r] = (x >> 4) - 8
+            elif kind == IQ4_NL_KIND:
+                for j in range(16):
+                    x = np.int32(w[n, o + 2 + j])
+                    wq[32 * b + j, r] = KVALUES_IQ4NL[x & 15]
+                    wq[32 * b + 16 + j, r] = KVALUES_IQ4NL[x >> 4]
             else:
                 for k in range(32):
                     wq[32 * b + k, r] = s8[n, o + 2 + k]
@@ -170,8 +178,8 @@ def _decode_q0(w, n0, kind, nb, wq, wd, f16):
 
 @njit
 def dot_q0(w, kind, act, out, f16):
-    """out (M, N) = w (N rows of Q8_0, Q5_0 or Q4_0: `kind`) . act (M rows of Q8_0). A lane's four
-    products and their sum stay below 2**16: exact in float32."""
+    """out (M, N) = w (N rows of Q8_0, Q5_0, Q4_0 or IQ4_NL: `kind`) . act (M rows of Q8_0). A lane's
+    four products and their sum stay below 2**16: exact in float32."""
     N, M = w.shape[0], act.shape[0]
     nb = w.shape[1] // _Q0_BYTES[kind]
     ad, af = _act_q8_0(act, f16)
@@ -201,6 +209,13 @@ def dot_q0(w, kind, act, out, f16):
 def dot_q4_0(w, act, out, f16):
     """out (M, N) = w (N rows of Q4_0) . act (M rows of Q8_0) as the repacked q4_0_8x8 gemm/gemv:
     per block one FMA of the exact block sum (32 products below 2**10: below 2**15) and d_w * d_a."""
+    dot_b32_repacked(w, Q4_0_KIND, act, out, f16)
+
+
+@njit
+def dot_b32_repacked(w, kind, act, out, f16):
+    """dot_q4_0 for Q4_0 or IQ4_NL (`kind`): q4_0_8x8 and iq4_nl_8x8 are one template (its block sums
+    below 2**19 for IQ4_NL's levels: exact)."""
     N, M = w.shape[0], act.shape[0]
     nb = w.shape[1] // 18
     ad, af = _act_q8_0(act, f16)
@@ -209,7 +224,7 @@ def dot_q4_0(w, act, out, f16):
     acc = np.empty(V0, F32)
     isum = np.empty(V0, F32)
     for n0 in range(0, N, V0):
-        _decode_q0(w, n0, Q4_0_KIND, nb, wq, wd, f16)
+        _decode_q0(w, n0, kind, nb, wq, wd, f16)
         for m in range(M):
             acc[:] = 0
             for b in range(nb):
@@ -422,7 +437,7 @@ def _fold(acc, lanes, out_row, n0, count):
 def dot_f32(a, b, out, tiny, wide):
     """out (M, N) = b (M, K) . a (N, K)^T: tinyBLAS's lanes if `tiny` (16, or 8 unless `wide`, over
     all of k), else ggml_vec_dot_f32's (64 over steps of 64, or 32 over steps of 32; the tail added
-    after the reduce). V0 rows of a at a time, transposed, so that every loop runs across them."""
+    after the reduce, its last K % 8 (AVX2: K % 4) products by FMA, the others each rounded). V0 rows of a at a time, transposed, so that every loop runs across them."""
     N, M, K = a.shape[0], b.shape[0], a.shape[1]
     if tiny:
         lanes = 16 if wide else 8
@@ -445,10 +460,16 @@ def dot_f32(a, b, out, tiny, wide):
                 for r in range(V0):
                     al[r] = fmaf(ak[r], bk, al[r])
             _fold(acc, lanes, out[m], n0, count)
-            for k in range(k_lanes, K):       # vec_dot's tail, after the reduce
+            # vec_dot's tail, after the reduce, as GCC compiled `sumf += x[i]*y[i]`: vectorized in order
+            # (each product rounded, then added) over 8 (AVX2: 4) values at a time, the rest contracted
+            k_fma = K - (K - k_lanes) % (8 if wide else 4)
+            for k in range(k_lanes, K):
                 ak, bk = at[k], bm[k]
                 for r in range(count):
-                    out[m, n0 + r] = fmaf(ak[r], bk, out[m, n0 + r])
+                    if k < k_fma:
+                        out[m, n0 + r] = out[m, n0 + r] + ak[r] * bk
+                    else:
+                        out[m, n0 + r] = fmaf(ak[r], bk, out[m, n0 + r])
 
 
 # -- soft_max and rope -------------------------------------------------------------------------------
@@ -514,6 +535,24 @@ def soft_max_rows(w, y, e, wide):
         inv = F32(1.0 / total)
         for i in range(n):
             y[r, i] = y[r, i] * inv
+
+
+@njit
+def silu_rows(x, y, e, wide):
+    """y = silu(x) row by row as ggml_vec_silu_f32 / ggml_vec_swiglu_f32's silu: ggml_v_silu
+    (``x / (1 + ggml_v_expf(0 - x))``, the AVX-512 or AVX2 expf) on 16-value (AVX2: 8-value) chunks
+    from the row's start, the rest ``x / (1 + expf(-x))`` with the C library's expf. e is ``EXPF``."""
+    R, n = x.shape
+    width = 16 if wide else 8
+    for r in range(R):
+        nv = n - n % width
+        for i in range(n):
+            v = x[r, i]
+            if i < nv:
+                ex = _v_expf(F32(0) - v, e) if wide else _v_expf_avx2(F32(0) - v, e)
+            else:
+                ex = np.exp(-v)
+            y[r, i] = v / (F32(1) + ex)
 
 
 @njit

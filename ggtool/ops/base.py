@@ -10,6 +10,20 @@ asserts), its n_tasks, its work size and its forward kernel:
 Kernels take GGML's (ith, nth) and must touch only their own slice, so the worker pool can run
 them unchanged in several processes. `work.wdata` is the plan's work buffer (uint8, shared) and
 `work.barrier()` is the barrier for ops that need one inside (mul_mat after converting src1).
+
+Two more things an op may declare beside its kernel:
+
+- `split`: who computes a node at run time. GGML runs every node on every thread (`nth` is the
+  plan's thread count whatever the node's n_tasks); an op whose forward returns unless `ith == 0`
+  is ONE, the others ALL (SUB, SCALE, GET_ROWS and SET_ROWS split rows over every thread although
+  their n_tasks is 1). Default: ALL where n_tasks is not 1, else ONE.
+- `compiled`: `(node, numerics) -> CompiledStep, a tuple of them, or None`: the node as the compiled
+  graph runner runs it (``ggtool.runner``): which kernel of ``ggtool.kernels.nodes`` and the op's
+  parameters, checked here against what that kernel handles (types, strides); None leaves the node
+  to `forward` in Python. The compiled kernel gives the same bits as `forward`.
+- `fuse`: `(node, next node, numerics) -> CompiledStep or None`: both nodes in one step where GGML's
+  CPU backend fuses them (ggml_cpu_try_fuse_ops: RMS_NORM then MUL), the bits of the two unchanged;
+  the runner asks only where the node's one consumer is the next node and its result is no output.
 """
 
 from __future__ import annotations
@@ -25,9 +39,33 @@ from ..errors import GGToolError, ShapeError
 from ..tensor import UNARY_OPS, Tensor
 
 ALL = -1  # n_tasks = n_threads
+ONE = 1   # split: participant 0 alone computes the node
+
+SPLIT_ALL, SPLIT_ONE = "all", "one"
 
 KERNELS: dict[str, Kernel] = {}
 FUNCTIONS: dict[str, Function] = {}
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    """One step of a node in the compiled runner: a kernel of ``ggtool.kernels.nodes`` (by name), the
+    op's int and float parameters (the kernel's own layout), the tensors its table row describes
+    (None: the node, then its sources), and `bind`: per process, (ith, nth, shared) -> (more ints,
+    objects to keep alive, a prologue run before each compute or None): what only the process that
+    runs the step can know (addresses of its own arrays: repacked weights, a rope cache; `shared`, a
+    dict for the whole graph in this process, lets nodes share such arrays and prologues). `needs`: other compiled
+    kernels the step runs (``kernels.cache`` names: its bind's packers), which the process that plans
+    wants compiled before it compiles the step. `stable`: tensors whose bytes `bind` reads (weights it
+    repacks): the step is compiled only where the graph neither computes nor writes them. Which steps
+    a node has depends on the node and the numerics only: every process finds the same."""
+    kernel: str
+    ints: tuple = ()
+    floats: tuple = ()
+    tensors: tuple | None = None
+    bind: Callable | None = None
+    needs: tuple = ()
+    stable: tuple = ()
 
 
 @dataclass
@@ -36,6 +74,24 @@ class Kernel:
     forward: Callable | None                  # (node, ith, nth, work) -> None; None for no-ops
     tasks: int | Callable = 1                 # ALL, a number, or (node, n_threads) -> int
     work: Callable | None = None              # (node, n_tasks) -> bytes
+    split: str | None = None                  # SPLIT_ALL / SPLIT_ONE (None: from tasks)
+    compiled: Callable | None = None          # (node, numerics) -> CompiledStep(s) or None
+    fuse: Callable | None = None              # (node, next node, numerics) -> CompiledStep or None
+
+    def splits(self) -> bool:
+        """Whether every participant computes a share of the node (GGML's compute-time split)."""
+        if self.split is not None:
+            return self.split == SPLIT_ALL
+        return self.tasks != 1
+
+    def steps(self, node: Tensor, numerics: str) -> tuple:
+        """The node's compiled steps, () where it has none."""
+        if self.compiled is None:
+            return ()
+        got = self.compiled(node, numerics)
+        if got is None:
+            return ()
+        return got if isinstance(got, tuple) else (got,)
 
     def n_tasks(self, node: Tensor, n_threads: int) -> int:
         if callable(self.tasks):
@@ -58,11 +114,12 @@ class Function:
         return self.build(ctx, *args, **kwargs)
 
 
-def kernel(op: str, n_tasks: int | Callable = 1, work_size: Callable | None = None):
+def kernel(op: str, n_tasks: int | Callable = 1, work_size: Callable | None = None, split: str | None = None,
+           compiled: Callable | None = None, fuse: Callable | None = None):
     def deco(fn):
         if op in KERNELS:
             raise RuntimeError(f"kernel {op} registered twice")
-        KERNELS[op] = Kernel(op, fn, n_tasks, work_size)
+        KERNELS[op] = Kernel(op, fn, n_tasks, work_size, split, compiled, fuse)
         return fn
     return deco
 

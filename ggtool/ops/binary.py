@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import chunks, cpu_from_float, require, require_type, unravel_rows, with_shape
+from .base import ALL, SPLIT_ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block
+from .walk import chunks, cpu_from_float, plain, require, require_type, unravel_rows, with_shape
 
 
 def _tiled(ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -89,12 +89,24 @@ def _add_quantized(node, a, b, r0: int, r1: int) -> None:
         node.data[i3, i2, i1] = cpu_from_float(x + b.data[i3, i2, i1], node.type)
 
 
+_OPS = {"ADD": 0, "SUB": 1, "MUL": 2, "DIV": 3}   # kernels.nodes' OP_ADD, ...
+
+
+def _compiled(node, numerics):
+    """f32 throughout, packed rows of a and the result (what the forward requires): ``binary_f32``,
+    rows in blocks (ADD, SUB) or interleaved (MUL, DIV) as the forward takes them."""
+    a, b = node.src
+    if not (node.type == a.type == b.type == T.F32 and plain(node, a, b) and node.nb[0] == a.nb[0] == 4):
+        return None
+    return CompiledStep("binary_f32", (_OPS[node.op], int(node.op in ("MUL", "DIV"))))
+
+
 def _quantized_src0_work(node, n_tasks: int) -> int:
     a = node.src[0]
     return 4 * a.ne[0] * n_tasks if T.is_quantized(a.type) else 0
 
 
-@kernel("ADD", n_tasks=ALL, work_size=_quantized_src0_work)
+@kernel("ADD", n_tasks=ALL, work_size=_quantized_src0_work, compiled=_compiled)
 def forward_add(node, ith, nth, work):
     if _same_shape_f32(node, ith, nth, np.add, interleaved=False):
         return
@@ -105,7 +117,7 @@ def forward_add(node, ith, nth, work):
     _forward(node, ith, nth, np.add, interleaved=False)
 
 
-@kernel("SUB", n_tasks=1)
+@kernel("SUB", n_tasks=1, split=SPLIT_ALL, compiled=_compiled)
 def forward_sub(node, ith, nth, work):
     """n_tasks is 1 (ggml_get_n_tasks), yet every thread takes its block of rows (ggml_compute_forward_sub_f32)."""
     if _same_shape_f32(node, ith, nth, np.subtract, interleaved=False):
@@ -114,7 +126,7 @@ def forward_sub(node, ith, nth, work):
     _forward(node, ith, nth, np.subtract, interleaved=False)
 
 
-@kernel("MUL", n_tasks=ALL)
+@kernel("MUL", n_tasks=ALL, compiled=_compiled)
 def forward_mul(node, ith, nth, work):
     if _same_shape_f32(node, ith, nth, np.multiply, interleaved=True):
         return
@@ -122,7 +134,7 @@ def forward_mul(node, ith, nth, work):
     _forward(node, ith, nth, np.multiply, interleaved=True)
 
 
-@kernel("DIV", n_tasks=ALL)
+@kernel("DIV", n_tasks=ALL, compiled=_compiled)
 def forward_div(node, ith, nth, work):
     if _same_shape_f32(node, ith, nth, np.divide, interleaved=True):
         return

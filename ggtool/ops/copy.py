@@ -18,8 +18,9 @@ import numpy as np
 
 from .. import types as T
 from ..errors import GGToolError
-from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block, view_tensor
-from .walk import chunks, cpu_from_float, require, strided_as, with_shape, write_linear
+from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block, view_tensor
+from .rows import CONVERSIONS
+from .walk import chunks, cpu_from_float, f16_table, plain, require, strided_as, with_shape, write_linear
 
 
 def _flat(t) -> np.ndarray | None:
@@ -119,9 +120,27 @@ def _copy_work(node, n_tasks: int) -> int:
     return 4 * node.ne[0] * n_tasks if T.is_quantized(node.type) or through_f32 else 0
 
 
-kernel("DUP", n_tasks=ALL, work_size=_copy_work)(_forward_dup)
-kernel("CPY", n_tasks=ALL, work_size=_copy_work)(_forward_dup)
-kernel("CONT", n_tasks=ALL)(_forward_dup)
+def _copy_compiled(node, numerics):
+    """``copy``: f32, f16 and i32 elements (f32 <-> f16 converted), any strides, each element to the
+    destination element of its linear index, or where the forward copies by rows, to its own indices."""
+    src = node.src[0]
+    conv = CONVERSIONS.get((src.type, node.type))
+    if conv is None or src.nelements != node.nelements or not plain(src, node):
+        return None
+    by_rows = 0
+    if src.type == node.type and not (src.is_contiguous() and node.is_contiguous()):
+        size = T.type_size(src.type)
+        if src.ne[0] == node.ne[0] and src.nb[0] == size and node.nb[0] == size:
+            end = sum((src.ne[i] - 1) * node.nb[i] for i in (1, 2, 3)) + T.row_size(src.type, src.ne[0])
+            if node.ne != src.ne and end > node.nbytes:
+                return None                       # the forward refuses it
+            by_rows = 1
+    return CompiledStep("copy", (conv, by_rows), bind=f16_table)
+
+
+kernel("DUP", n_tasks=ALL, work_size=_copy_work, compiled=_copy_compiled)(_forward_dup)
+kernel("CPY", n_tasks=ALL, work_size=_copy_work, compiled=_copy_compiled)(_forward_dup)
+kernel("CONT", n_tasks=ALL, compiled=_copy_compiled)(_forward_dup)
 
 
 @function("cpy", "ggml_cpy(ctx, a, b)",

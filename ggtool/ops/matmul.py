@@ -20,11 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..errors import GGToolError, QuantizationError
 from ..kernels.numerics import is_llama_cpp, wide
-from .base import ALL, check, fmt_ne, function, kernel, new_op
-from .walk import grid_chunks, require, require_type
+from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op
+from .walk import grid_chunks, plain, require, require_type
 
 WEIGHT_TYPES = (T.F32, T.F16, *T.DOT_TYPES)
+LLAMA_CPP_ONLY = (T.GGMLType.IQ4_NL,)    # weights only llama.cpp's numerics compute (kernels.x86_legacy)
 
 
 def _work_size(node, n_tasks: int) -> int:
@@ -40,6 +42,18 @@ def _check_layout(node, a, b) -> None:
             "a and b must not be permuted in dim 0 (nb0 == type size)")
     nb = node.nb
     require(nb[0] == 4 and nb[0] <= nb[1] <= nb[2] <= nb[3], "mul_mat", "the result must not be transposed or permuted")
+
+
+def _not_finite(b, vdt) -> GGToolError:
+    """The error of a NaN or inf in b, which cannot be quantized to vdt: its first in b's logical order,
+    whichever participant met one (each converts its own part of b)."""
+    x = b.data
+    bad = np.argwhere(~np.isfinite(x))[0]
+    v = x[tuple(bad)]
+    what = "NaN" if np.isnan(v) else ("inf" if v > 0 else "-inf")
+    where = ", ".join(str(int(i)) for i in bad[::-1])
+    return GGToolError(f"mul_mat: b '{b.name}' holds {what} at [{where}] (ne order), which cannot be converted "
+                       f"to {T.type_name(vdt)}, the weights' vec_dot_type")
 
 
 def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
@@ -112,16 +126,174 @@ def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray, tile: tuple) ->
     qm.mul_mat_into(a.type, w, np.ascontiguousarray(x), out, pack=lambda: qm.weight_pack(a, tile, repack, w))
 
 
-@kernel("MUL_MAT", n_tasks=ALL, work_size=_work_size)
+# -- the compiled runner's steps (kernels.nodes_mm) ----------------------------------------------------
+_CONVERT = {T.Q8_0: 0, T.GGMLType.Q8_1: 1, T.GGMLType.Q8_K: 2, T.F16: 3}         # nodes_mm.CV_*
+_Q32 = {T.Q4_0: 0, T.Q8_0: 1, T.GGMLType.Q5_0: 1, T.GGMLType.Q4_1: 2, T.GGMLType.Q5_1: 2}   # nodes_mm.Q32_*
+_K_TYPES = (T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
+_K6_TYPES = (T.GGMLType.Q3_K, T.GGMLType.Q6_K)      # packed in 6 bits, no mins (kernels.dot_k._pack_k6)
+# the weight types whose llama.cpp x86 order the runner has a kernel for (nodes_mm.mm_x86); the other
+# types of X86_TYPES run llama.cpp's order from Python (_x86_block)
+_RUNNER_X86 = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
+_UNIT = 16          # nodes_mm.UNIT
+_GROUP = 128        # kernels.dot_base.GROUP: weight rows per repacked row group
+
+
+def _mul_mat_compiled(node, numerics):
+    """mul_mat as the compiled runner runs it: src1 converted into the work buffer (``mm_convert``,
+    then the barrier), then each participant's units (``mm_q32``, ``mm_k``, ``mm_k6``; ``mm_x86`` under
+    llama.cpp's numerics). F32 and F16 weights under GGML's numerics (``kernels.dot_float``) and BF16 stay in Python."""
+    a, b = node.src
+    if not (a.has_data and b.has_data and node.has_data and plain(node)):
+        return None
+    ne = node.ne
+    if ne != (a.ne[1], b.ne[1], b.ne[2], b.ne[3]) or a.nb[0] != T.type_size(a.type) or \
+            b.nb[0] != T.type_size(b.type) or node.nb[0] != 4 or not node.nb[0] <= node.nb[1] <= node.nb[2] <= node.nb[3]:
+        return None
+    vdt = T.vec_dot_type(a.type)
+    x86 = is_llama_cpp(numerics) and x86_order(a)
+    if x86:
+        if a.type not in _RUNNER_X86:
+            return None
+        which = _x86_kind(a)
+    elif a.type in _Q32 or a.type in _K_TYPES:
+        which = None
+    else:
+        return None
+    steps = []
+    if b.type != vdt:
+        if b.type != T.F32 or vdt not in _CONVERT or not plain(b) or b.ne[0] % T.block_size(vdt):
+            return None
+        steps.append(CompiledStep("mm_convert", (_CONVERT[vdt], T.row_size(vdt, b.ne[0])), tensors=(node, a, b)))
+        act = (0, T.row_size(vdt, b.ne[0]), T.row_size(vdt, b.ne[0] * b.ne[1]), T.row_size(vdt, b.ne[0] * b.ne[1] * b.ne[2]))
+    elif vdt == T.F32 and x86:
+        if not plain(a, b):
+            return None
+        act = None       # b's own rows (bound per process: its address)
+    else:
+        if b.nb[1] != T.row_size(b.type, b.ne[0]) or b.data_offset % 2 or any(nb % 2 for nb in b.nb):
+            return None
+        act = None
+    rb = T.row_size(vdt, b.ne[0])
+    if x86:
+        sub = _x86_sub(a, b, which, numerics)
+        args = (rb, which[0], sub, T.row_size(a.type, a.ne[0]))
+        kernel = "mm_x86"
+    elif a.type in _K6_TYPES:
+        args, kernel = (rb,), "mm_k6"
+    elif a.type in _K_TYPES:
+        args, kernel = (rb, 1), "mm_k"        # hm: Q2_K, Q4_K and Q5_K have mins
+    else:
+        args, kernel = (rb, _Q32[a.type]), "mm_q32"
+    needs = () if x86 else (f"dot:{T.type_name(a.type)}",)     # its packers, run in bind
+    steps.append(CompiledStep(kernel, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86), needs=needs,
+                              stable=() if x86 else (a,)))
+    return tuple(steps)
+
+
+def _x86_kind(a):
+    """(nodes_mm's X_* kernel,) for a's type under llama.cpp's numerics."""
+    if a.type == T.F32:
+        return (4,)
+    if a.type == T.GGMLType.Q4_K:
+        return (2,)
+    if a.type == T.GGMLType.Q6_K:
+        return (3,)
+    if x86_repacked(a):
+        return (1,)
+    return (0,)
+
+
+def _x86_sub(a, b, which, numerics) -> int:
+    """The x86 kernel's own argument: Q0's kind, Q4_K's gemm rows, Q6_K's tiled, F32's tiny | wide."""
+    from ..kernels import x86
+
+    ne11 = b.ne[1]
+    if which[0] == 0:
+        return {T.Q8_0: x86.Q8_0_KIND, T.GGMLType.Q5_0: x86.Q5_0_KIND, T.Q4_0: x86.Q4_0_KIND}[a.type]
+    if which[0] == 2:
+        return ne11 - ne11 % 4
+    if which[0] == 3:
+        return int(ne11 >= 8)
+    if which[0] == 4:
+        tiny = _sgemm_takes(a, b, 16 if wide(numerics) else 8) and b.is_contiguous()   # as _x86_block
+        return int(tiny) | (2 if wide(numerics) else 0)
+    return 0
+
+
+class _UnitsBind:
+    """The dot step's per-process part: this participant's units (nodes_mm.UNIT words each: the tiles
+    of `_tiles` cut into row groups, dealt out in order, a contiguous share each), the repacked tiles
+    they read (made here as `_dot_block` makes them, in the same cache), and the activations' place."""
+
+    def __init__(self, node, act, args, x86: bool):
+        self.node, self.act, self.args, self.x86 = node, act, args, x86
+
+    def __call__(self, ith: int, nth: int, shared: dict):
+        from ..kernels.tables import F16_TO_F32
+
+        node = self.node
+        a, b = node.src
+        ne0, ne1, ne2, _ = node.ne
+        r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
+        every = []
+        for row0, row1, col0, col1 in _tiles(ne0, ne1 * ne2 * b.ne[3], ne1, tile_shape(a.type)):
+            i13, i12 = divmod(row0 // ne1, ne2)
+            i0 = row0 % ne1
+            n = col1 - col0
+            for g in range(-(-n // _GROUP)):
+                every.append((i13, i12, i0, i0 + (row1 - row0), col0, g, n, i12 // r2, i13 // r3))
+        mine = every[ith * len(every) // nth: (ith + 1) * len(every) // nth]
+        units, keep = [], []
+        for i13, i12, r0, r1, col0, g, n, m2, m3 in mine:
+            last = units[-1] if units else None
+            if last is not None and last[:5] == [i13, i12, r0, r1, col0] and last[6] == g:
+                last[6] = g + 1
+                continue
+            units.append([i13, i12, r0, r1, col0, g, g + 1, n, 0, m2, m3])
+        table = np.zeros((max(len(units), 1), _UNIT), np.int64)
+        for k, u in enumerate(units):
+            table[k, :11] = u
+            if not self.x86:
+                packed = self._pack(a, u)
+                keep.append(packed)
+                arrays = [p for p in packed if isinstance(p, np.ndarray)]
+                table[k, 8] = a.ne[0] // T.block_size(a.type)   # nb: blocks a row
+                table[k, 11:11 + len(arrays)] = [p.ctypes.data for p in arrays]
+        if self.act is not None:
+            act = self.act
+        else:
+            act = (int(b.data.ctypes.data), *b.nb[1:])
+        keep.append(table)
+        return (int(table.ctypes.data), len(units), int(F16_TO_F32.ctypes.data), *act, *self.args), (keep, F16_TO_F32), None
+
+    @staticmethod
+    def _pack(a, u):
+        from ..quant import matmul as qm
+
+        m2, m3, col0, n = u[9], u[10], u[4], u[7]
+        w = np.ascontiguousarray(a.data[m3, m2, col0:col0 + n])
+
+        def repack():
+            from ..kernels import dot
+            return dot.pack(a.type, w)
+
+        return qm.weight_pack(a, (m3, m2, col0, col0 + n), repack, w)
+
+
+@kernel("MUL_MAT", n_tasks=ALL, work_size=_work_size, compiled=_mul_mat_compiled)
 def forward_mul_mat(node, ith, nth, work):
     a, b = node.src
     _check_layout(node, a, b)
-    require_type(a, "mul_mat", WEIGHT_TYPES)
+    llama_cpp = is_llama_cpp(work.numerics)
+    require_type(a, "mul_mat", WEIGHT_TYPES + (LLAMA_CPP_ONLY if llama_cpp else ()))
     vdt = T.vec_dot_type(a.type)
     if b.type != vdt:
         require(b.type == T.F32, "mul_mat",
                 f"b '{b.name}' is {T.type_name(b.type)}; it must be f32 (converted to {T.type_name(vdt)}) or {T.type_name(vdt)}")
-        act = _convert_src1(b, vdt, work, ith, nth)
+        try:
+            act = _convert_src1(b, vdt, work, ith, nth)
+        except QuantizationError:
+            raise _not_finite(b, vdt) from None
         work.barrier()
     else:
         act = b.data
@@ -129,7 +301,7 @@ def forward_mul_mat(node, ith, nth, work):
     ne0, ne1, ne2, _ = node.ne
     r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
     w = a.data
-    x86 = _x86_block(a, b, wide(work.numerics)) if is_llama_cpp(work.numerics) else None
+    x86 = _x86_block(a, b, wide(work.numerics)) if llama_cpp else None
     if x86 is None and a.type in (T.F32, T.F16):
         return _float_mul_mat(a, act, out, r2, r3, ith, nth)
     for row0, row1, col0, col1 in _my_tiles(ne0, ne1 * ne2 * b.ne[3], ne1, ith, nth, tile_shape(a.type)):
@@ -171,22 +343,27 @@ def _float_mul_mat(a, act, out, r2: int, r3: int, ith: int, nth: int) -> None:
         out[i13, i12, i11, col0:col1] = res
 
 
-X86_TYPES = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
-X86_COVERED = "f32, q8_0, q5_0, q4_0, q6_K and q4_K (2-D, rows in eights: the repacked kernels)"
+# llama.cpp's x86 forms (ggtool.kernels.x86, x86_kquants, x86_legacy, x86_float), by weight type
+X86_TYPES = (T.F32, T.F16, T.BF16, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_1, T.GGMLType.Q5_1,
+             T.GGMLType.IQ4_NL, T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
+X86_COVERED = ", ".join(T.type_name(t) for t in X86_TYPES)
+# types llama.cpp's x86 CPU_REPACK buffer takes (2-D weights, rows in eights), per build: Q2_K on AVX-512 only
+_REPACKED = (T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.IQ4_NL)
+_K_QUANTS = {T.GGMLType.Q2_K: 0, T.GGMLType.Q3_K: 1, T.GGMLType.Q4_K: 2, T.GGMLType.Q5_K: 3}
+TILED_ROWS = 8        # ggml-cpu's tiled K-quant kernel from 8 activation rows (ggml_tiled_min_batch)
 
 
-def x86_repacked(a) -> bool:
-    """Whether llama.cpp's x86 build repacks weights `a` for mul_mat (ggml-cpu's CPU_REPACK:
-    q4_0_8x8, q4_K_8x8): Q4_0 or Q4_K, 2-D, rows in eights. A tied output projection is repacked
-    too: llama.cpp loads it as the output layer's own copy of the token embeddings."""
-    return a.type in (T.Q4_0, T.GGMLType.Q4_K) and a.ne[1] % 8 == 0 and a.ne[2] == a.ne[3] == 1
+def x86_repacked(a, wide_lanes: bool = True) -> bool:
+    """Whether llama.cpp's x86 build (`wide_lanes`: the AVX-512 one) repacks weights `a` for mul_mat
+    (ggml-cpu's CPU_REPACK: q4_0_8x8, q4_K_8x8, iq4_nl_8x8, and q2_K_8x8 on AVX-512): 2-D, rows in
+    eights. A tied output projection is repacked too: llama.cpp loads it as the output layer's own
+    copy of the token embeddings."""
+    types = _REPACKED + ((T.GGMLType.Q2_K,) if wide_lanes else ())
+    return a.type in types and a.ne[1] % 8 == 0 and a.ne[2] == a.ne[3] == 1
 
 
 def x86_order(a) -> bool:
-    """Whether mul_mat with weights `a` has llama.cpp's x86 order here (Q4_K: repacked only; its
-    other kernel, ggml_vec_dot_q4_K_q8_K, is not modelled)."""
-    if a.type == T.GGMLType.Q4_K:
-        return x86_repacked(a)
+    """Whether mul_mat with weights `a` has llama.cpp's x86 order here."""
     return a.type in X86_TYPES
 
 
@@ -196,34 +373,73 @@ def without_x86_order(nodes) -> list:
     return [n for n in nodes if n.op == "MUL_MAT" and not x86_order(n.src[0])]
 
 
+def _sgemm_takes(a, b, lanes: int) -> bool:
+    """Whether llamafile_sgemm takes F32/F16/BF16 weights `a` (tinyBLAS<lanes>): 2 rows of b or more,
+    k a multiple of the lanes, a's rows in fours; b contiguous where it is not converted first. A product
+    of attention (a computed, not a tensor of the model: kq . v) runs over llama.cpp's KV cache,
+    whose cells come in multiples of 256 (the padding adds zeros): k passes."""
+    converted = b.type != T.vec_dot_type(a.type)
+    k_fits = a.ne[0] % lanes == 0 or a.root.op != "NONE"
+    return b.ne[1] >= 2 and k_fits and a.ne[1] % 4 == 0 and (converted or b.is_contiguous())
+
+
 def _x86_block(a, b, wide_lanes: bool = True):
-    """llama.cpp's x86-64 order for a's type (``ggtool.kernels.x86``), as (w, x, out, i0) -> None,
-    i0 being x's first row in its matrix; None for the types it leaves to the default kernels.
-    `wide_lanes`: the AVX-512 build's F32 lanes (16), else AVX2's (8); the quantized kernels sum
-    alike in both."""
+    """llama.cpp's x86-64 order for a's type, as (w, x, out, i0) -> None, i0 being x's first row in
+    its matrix; None for the types it leaves to the default kernels. `wide_lanes`: the AVX-512 build
+    (16 F32 lanes, vdpbf16ps, Q2_K repacked), else AVX2's (8 lanes). Which of llama.cpp's paths a
+    mul_mat takes (ggml_compute_forward_mul_mat): the repacked gemm/gemv for CPU_REPACK weights; the
+    tiled kernel for K-quants from 8 rows; llamafile's sgemm (F32/F16/BF16 tinyBLAS, tinyBLAS_Q0 for
+    Q8_0/Q5_0/Q4_0/IQ4_NL) from 2 rows; else the vec_dot of the type."""
     if not x86_order(a):
         return None
     from ..kernels import x86
     from ..kernels.tables import F16_TO_F32 as f16
 
     t, ne11 = a.type, b.ne[1]
-    tiny = b.is_contiguous() and ne11 >= 2 and a.ne[1] % 4 == 0   # llamafile_sgemm takes F32 x F32
-    repacked = x86_repacked(a)
-    kind = {T.Q8_0: x86.Q8_0_KIND, T.GGMLType.Q5_0: x86.Q5_0_KIND, T.Q4_0: x86.Q4_0_KIND}.get(t)
+    repacked = x86_repacked(a, wide_lanes)
+    tiled = ne11 >= TILED_ROWS
+    if t == T.F32:
+        tiny = _sgemm_takes(a, b, 16 if wide_lanes else 8)
+        tiny = tiny and b.is_contiguous()
+    elif t in (T.F16, T.BF16):
+        from ..kernels import x86_float
+        from ..kernels.tables import BF16_TO_F32
+
+        kind, table = (x86_float.F16_KIND, f16) if t == T.F16 else (x86_float.BF16_KIND, BF16_TO_F32)
+        lanes = 32 if (t == T.BF16 and wide_lanes) else (16 if wide_lanes else 8)
+        tiny = _sgemm_takes(a, b, lanes)
+    elif t in _K_QUANTS and not (t == T.GGMLType.Q4_K and repacked):
+        from ..kernels import x86_kquants
+    elif t in (T.GGMLType.Q4_1, T.GGMLType.Q5_1, T.GGMLType.IQ4_NL):
+        from ..kernels import x86_legacy
+    kind_q0 = {T.Q8_0: x86.Q8_0_KIND, T.GGMLType.Q5_0: x86.Q5_0_KIND, T.Q4_0: x86.Q4_0_KIND,
+               T.GGMLType.IQ4_NL: x86.IQ4_NL_KIND}.get(t)
+    gemm_rows = ne11 - ne11 % 4                 # the repacked gemm takes rows in fours, the gemv the rest
 
     def block(w, x, out, i0):
         w, x = np.ascontiguousarray(w), np.ascontiguousarray(x)
         tmp = np.empty(out.shape, np.float32)
         if t == T.F32:
             x86.dot_f32(w, x, tmp, tiny, wide_lanes)
-        elif t == T.GGMLType.Q4_K:      # the repacked gemm takes rows in fours, the gemv the rest
-            x86.dot_q4_k(w, x, tmp, i0, ne11 - ne11 % 4, f16)
-        elif t == T.GGMLType.Q6_K:      # the tiled kernel from 8 rows, the AVX2 dot below
-            x86.dot_q6_k(w, x, tmp, ne11 >= 8, f16)
-        elif repacked:                  # Q4_0: the q4_0_8x8 gemm and gemv add alike
-            x86.dot_q4_0(w, x, tmp, f16)
-        else:                           # Q8_0, Q5_0, and Q4_0 unpacked: tinyBLAS_Q0's lanes
-            x86.dot_q0(w, kind, x, tmp, f16)
+        elif t in (T.F16, T.BF16):
+            x86_float.dot_half(w.view(np.uint16), kind, x.view(np.uint16), tmp, tiny, wide_lanes, table)
+        elif t == T.GGMLType.Q6_K:              # the tiled kernel from 8 rows, the AVX2 dot below
+            x86.dot_q6_k(w, x, tmp, tiled, f16)
+        elif t == T.GGMLType.Q4_K and repacked:
+            x86.dot_q4_k(w, x, tmp, i0, gemm_rows, f16)
+        elif t == T.GGMLType.Q2_K and repacked:
+            x86_kquants.repacked_q2_k(w, x, tmp, i0, gemm_rows, f16)
+        elif t in _K_QUANTS:
+            (x86_kquants.tiled_k if tiled else x86_kquants.vec_dot_k)(w, _K_QUANTS[t], x, tmp, f16)
+        elif t in (T.GGMLType.Q4_1, T.GGMLType.Q5_1):
+            x86_legacy.vec_dot_q1(w, x86_legacy.Q4_1_KIND if t == T.GGMLType.Q4_1 else x86_legacy.Q5_1_KIND,
+                                  x, tmp, f16)
+        elif repacked:                          # Q4_0, IQ4_NL: the q4_0_8x8 / iq4_nl_8x8 gemm and gemv add alike
+            x86.dot_b32_repacked(w, kind_q0, x, tmp, f16)
+        elif t == T.GGMLType.IQ4_NL and ne11 == 1:
+            x86_legacy.vec_dot_iq4_nl(w, x, tmp, not wide_lanes, f16)
+        else:                                   # Q8_0, Q5_0, Q4_0/IQ4_NL unpacked: tinyBLAS_Q0's lanes
+            x86.dot_q0(w, kind_q0, x, tmp, f16)
         out[...] = tmp
     return block
 

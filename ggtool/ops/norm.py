@@ -12,8 +12,8 @@ import numpy as np
 
 from .. import types as T
 from ..kernels.portable_math import seq_sum
-from .base import ALL, function, kernel, new_op
-from .walk import grid_chunks, require, require_type
+from .base import ALL, CompiledStep, function, kernel, new_op
+from .walk import grid_chunks, plain, require, require_type
 
 f32 = np.float32
 
@@ -57,7 +57,30 @@ def norm(ctx, a, eps):
     return new_op(ctx, "NORM", a.type, a.ne, (a,), params=(float(eps),))
 
 
-@kernel("RMS_NORM", n_tasks=ALL)
+def _rms_norm_compiled(node, numerics):
+    """``rms_norm_f32``: f32, packed rows, eps >= 0 (else the forward says what is wrong)."""
+    a = node.src[0]
+    eps = f32(node.param_f32(0))
+    if not (a.type == node.type == T.F32 and plain(a, node) and a.nb[0] == node.nb[0] == 4 and eps >= 0):
+        return None
+    return CompiledStep("rms_norm_f32", (0,), (float(eps),))
+
+
+def _rms_norm_fuse(node, nxt, numerics):
+    """RMS_NORM then MUL by an f32 row of its width, in one step as GGML's CPU backend fuses them
+    (ggml_compute_forward_rms_norm_mul_fused): each row's (x * scale) * w, both products rounded as
+    the two nodes round them; the norm's own result is not written."""
+    if nxt.op != "MUL" or nxt.src[0] is not node:
+        return None
+    base = _rms_norm_compiled(node, numerics)
+    w = nxt.src[1]
+    if base is None or not (w.type == nxt.type == T.F32 and plain(w, nxt) and w.nb[0] == nxt.nb[0] == 4
+                            and w.ne[0] == node.ne[0] and nxt.ne == node.ne):
+        return None
+    return CompiledStep("rms_norm_f32", (1,), base.floats, tensors=(node, node.src[0], w, nxt))
+
+
+@kernel("RMS_NORM", n_tasks=ALL, compiled=_rms_norm_compiled, fuse=_rms_norm_fuse)
 def forward_rms_norm(node, ith, nth, work):
     _by_chunks(node, ith, nth, "rms_norm", _rms_norm_rows)
 

@@ -8,6 +8,7 @@ in float32 (an iterative product, not a recomputed power).
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -15,8 +16,8 @@ import numpy as np
 from .. import types as T
 from ..kernels import portable_math as pm
 from ..kernels.numerics import is_llama_cpp
-from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import chunks, require, require_type, unravel_rows, with_shape
+from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block
+from .walk import CHUNK_BYTES, chunks, plain, require, require_type, unravel_rows, with_shape
 
 f32 = np.float32
 ROPE_TYPE_NEOX = 2
@@ -66,7 +67,56 @@ def _cos_sin_uncached(pos: np.ndarray, ne0: int, n_dims: int, freq_base, freq_sc
     return pm.cos_f32(theta) * f32(attn_factor), pm.sin_f32(theta) * f32(attn_factor)
 
 
-@kernel("ROPE", n_tasks=ALL, work_size=lambda node, n_tasks: 4 * node.ne[0] * n_tasks)
+def _leaf(t) -> bool:
+    """Whether t's data is an input of the graph (a leaf, or a view of one), not computed by it."""
+    while t.view_src is not None:
+        if t.op not in ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"):
+            return False
+        t = t.view_src
+    return t.op == "NONE"
+
+
+def _rope_compiled(node, numerics):
+    """``rope_f32``: what the forward computes without refusing, f32 packed rows, positions that are
+    an input (their cos/sin caches are made before each compute, by `_cos_sin` as the forward makes
+    them, once for all rope nodes of one input and parameters)."""
+    a, pos = node.src[0], node.src[1]
+    p = node.op_params
+    n_dims, mode = int(p[1]), int(p[2])
+    freq_base, freq_scale, ext_factor, attn_factor = (node.param_f32(i) for i in (5, 6, 7, 8))
+    if not (a.type == node.type == T.F32 and plain(a, node, pos) and a.nb[0] == node.nb[0] == 4
+            and pos.type == T.I32 and pos.is_contiguous() and _leaf(pos) and n_dims <= a.ne[0]
+            and n_dims % 2 == 0 and mode in (0, ROPE_TYPE_NEOX) and ext_factor == 0.0):
+        return None
+    x86 = is_llama_cpp(numerics)
+    a_ne0 = a.ne[0]
+    key = ("rope", id(pos), a_ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
+
+    def bind(ith: int, nth: int, shared: dict):
+        got = shared.get(key)
+        prologue = None
+        if got is None:
+            half = n_dims // 2
+            cos, sin = np.zeros((pos.ne[0], half), f32), np.zeros((pos.ne[0], half), f32)
+            positions = weakref.ref(pos)   # what keeps the bound steps keeps no tensor (nor its context) alive
+            step = max(1, CHUNK_BYTES // (4 * a_ne0))
+
+            def prologue():
+                p = positions()
+                if p is None:
+                    return
+                every = p.data.reshape(-1)
+                for t0 in range(0, len(every), step):       # tokens a chunk at a time: small temporaries
+                    c, s = _cos_sin(every[t0:t0 + step], a_ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
+                    cos[t0:t0 + step], sin[t0:t0 + step] = c[:, :half], s[:, :half]
+            got = shared[key] = (cos, sin)
+        cos, sin = got
+        return (int(cos.ctypes.data), int(sin.ctypes.data), cos.shape[1]), got, prologue
+
+    return CompiledStep("rope_f32", (int(mode == ROPE_TYPE_NEOX), n_dims, int(x86)), bind=bind)
+
+
+@kernel("ROPE", n_tasks=ALL, work_size=lambda node, n_tasks: 4 * node.ne[0] * n_tasks, compiled=_rope_compiled)
 def forward_rope(node, ith, nth, work):
     """Rows (i1 fastest, then i2, i3) in blocks; pairs below n_dims rotate, the rest are copied."""
     a, pos = node.src[0], node.src[1]

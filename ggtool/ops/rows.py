@@ -6,11 +6,29 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block, view_tensor
-from .walk import chunks, cpu_from_float, require, require_type, unravel_rows, with_shape
+from .base import ALL, SPLIT_ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block, view_tensor
+from .walk import chunks, cpu_from_float, f16_table, plain, require, require_type, unravel_rows, with_shape
 
 
-@kernel("GET_ROWS", n_tasks=1)
+# get_rows' source kinds in kernels.nodes (K_F32, ...): the types its compiled kernel converts
+_ROWS_KIND = {T.F32: 0, T.F16: 1, T.I32: 2, T.Q4_0: 3, T.Q8_0: 4}
+
+
+def _get_rows_compiled(node, numerics):
+    """``get_rows``: f32, f16, i32, q4_0 and q8_0 rows (packed), i32 indices, packed result rows."""
+    a, idx = node.src
+    kind = _ROWS_KIND.get(a.type)
+    if kind is None or not (a.has_data and a.nb[0] == T.type_size(a.type) and plain(node, idx) and node.nb[0] == 4):
+        return None
+    if T.is_quantized(a.type):
+        if a.data_offset % 2 or any(nb % 2 for nb in a.nb):   # the block's f16 scale is read as bytes
+            return None
+    elif not plain(a):
+        return None
+    return CompiledStep("get_rows", (kind,), bind=f16_table)
+
+
+@kernel("GET_ROWS", n_tasks=1, split=SPLIT_ALL, compiled=_get_rows_compiled)
 def forward_get_rows(node, ith, nth, work):
     """out[:, i10, i11, i12] = a[:, idx[i10, i11, i12], i11, i12], converted to F32 (I32 stays).
     The nelements(idx) output rows are split in blocks over every thread although n_tasks is 1."""
@@ -54,7 +72,22 @@ def _set_rows_work(node, n_tasks: int) -> int:
     return 4 * b.ne[0] * n_tasks if b.type == T.F16 and node.type != T.F16 else 0
 
 
-@kernel("SET_ROWS", n_tasks=1, work_size=_set_rows_work)
+# element conversions of kernels.nodes (C_COPY4, ...) by (source type, destination type)
+CONVERSIONS = {(T.F32, T.F32): 0, (T.I32, T.I32): 0, (T.F16, T.F16): 1, (T.BF16, T.BF16): 1,
+               (T.F32, T.F16): 2, (T.F16, T.F32): 3}
+
+
+def _set_rows_compiled(node, numerics):
+    """``set_rows``: f32/f16 rows into f32/f16, i32 or i64 indices."""
+    b, idx = node.src[0], node.src[1]
+    conv = CONVERSIONS.get((b.type, node.type))
+    if conv is None or not (plain(b, idx, node) and b.nb[0] == T.type_size(b.type) and
+                            node.nb[0] == T.type_size(node.type)):
+        return None
+    return CompiledStep("set_rows", (conv, T.type_size(idx.type)), bind=f16_table)
+
+
+@kernel("SET_ROWS", n_tasks=1, work_size=_set_rows_work, split=SPLIT_ALL, compiled=_set_rows_compiled)
 def forward_set_rows(node, ith, nth, work):
     """dst[:, idx[i, i02 % ne11, i03 % ne12], i02, i03] = from_float(b[:, i, i02, i03]): b's rows
     (split in blocks over the threads, for every i02, i03) written into the result, a view of a, at

@@ -8,11 +8,18 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from .base import check, fmt_ne, function, kernel, new_op, row_block, view_tensor
-from .walk import map_rows, require, require_type, row_walk
+from .base import SPLIT_ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block, view_tensor
+from .walk import map_rows, plain, require, require_type, row_walk
 
 
-@kernel("SCALE", n_tasks=1)
+def _scale_compiled(node, numerics):
+    a = node.src[0]
+    if not (a.type == node.type == T.F32 and plain(a, node) and a.is_contiguous() and node.is_contiguous()):
+        return None
+    return CompiledStep("scale_f32", floats=(float(np.float32(node.param_f32(0))),))
+
+
+@kernel("SCALE", n_tasks=1, split=SPLIT_ALL, compiled=_scale_compiled)
 def forward_scale(node, ith, nth, work):
     """y = x*s in float32; rows in blocks over every thread although n_tasks is 1
     (ggml_get_n_tasks; ggml_compute_forward_scale_f32 splits anyway)."""

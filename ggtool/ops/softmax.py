@@ -10,8 +10,8 @@ import numpy as np
 from .. import types as T
 from ..kernels import portable_math as pm
 from ..kernels.numerics import is_llama_cpp, wide
-from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import chunks, require, require_type, row_walk
+from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block
+from .walk import chunks, plain, require, require_type, row_walk, walks_inside
 
 f32 = np.float32
 
@@ -32,7 +32,30 @@ def _alibi_slopes(rows: np.ndarray, ne1: int, ne2: int, max_bias: np.float32) ->
     return slope[(rows // ne1) % ne2]
 
 
-@kernel("SOFT_MAX", n_tasks=_soft_max_tasks, work_size=lambda node, n_tasks: 4 * node.ne[0] * n_tasks)
+def _soft_max_compiled(node, numerics):
+    """``soft_max_x86`` under llama.cpp's numerics (no ALiBi); GGML's numerics stay in Python."""
+    if not is_llama_cpp(numerics):
+        return None
+    a = node.src[0]
+    mask = node.src[1] if len(node.src) > 1 else None
+    if not (a.type == node.type == T.F32 and plain(a, node) and walks_inside(a, node)
+            and f32(node.param_f32(1)) <= 0):
+        return None
+    mkind = 0
+    if mask is not None:
+        if not (plain(mask) and mask.is_contiguous()):
+            return None
+        mkind = 1 if mask.type == T.F32 else 2
+
+    def bind(ith: int, nth: int, shared: dict):
+        from ..kernels import x86
+        from ..kernels.tables import F16_TO_F32
+        return (int(x86.EXPF.ctypes.data), int(F16_TO_F32.ctypes.data)), (x86.EXPF, F16_TO_F32), None
+    return CompiledStep("soft_max_x86", (int(wide(numerics)), mkind), (float(f32(node.param_f32(0))),), bind=bind)
+
+
+@kernel("SOFT_MAX", n_tasks=_soft_max_tasks, work_size=lambda node, n_tasks: 4 * node.ne[0] * n_tasks,
+        compiled=_soft_max_compiled)
 def forward_soft_max(node, ith, nth, work):
     """Rows in blocks: w = x*scale (+ slope*mask row r % ne1); y = exp(w - max) / sum (sum in double)."""
     a = node.src[0]

@@ -12,16 +12,17 @@ Rows are read the way GGML walks them (row i at i*nb1).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
 
 from .. import types as T
 from ..kernels import portable_math as pm
-from ..kernels.numerics import is_llama_cpp
+from ..kernels.numerics import is_llama_cpp, wide
 from ..tensor import UNARY_OPS
-from .base import ALL, check, fmt_ne, function, kernel, new_op, row_block
-from .walk import map_rows, require_type, row_walk
+from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block
+from .walk import map_rows, plain, require_type, row_walk, walks_inside
 
 f32 = np.float32
 
@@ -137,11 +138,23 @@ _OPS: dict[str, tuple[str, bool, str, Callable, str]] = {
 }
 
 
-# the formulas llama.cpp's x86-64 builds evaluate differently (its numerics, AVX2 and AVX-512 alike)
+def _silu_x86(x: np.ndarray, wide_lanes: bool) -> np.ndarray:
+    """llama.cpp's silu (ggml_vec_silu_f32, and the silu of its fused swiglu): ggml_v_silu in 16 (AVX2: 8)
+    lanes from each row's start, the C library's expf for the tail (ggtool.kernels.x86.silu_rows)."""
+    from ..kernels import x86
+
+    y = np.empty(x.shape, f32)
+    x86.silu_rows(np.ascontiguousarray(x), y, x86.EXPF, wide_lanes)
+    return y
+
+
+# the formulas llama.cpp's x86-64 builds evaluate differently (its numerics, AVX2 and AVX-512 alike),
+# and those whose lanes differ between the two builds (called with wide: the AVX-512 build)
 _X86: dict[str, Callable] = {"GELU": _gelu_x86}
-# and those it evaluates differently that ggtool does not model (they compute as by default under
-# llama.cpp's numerics): ggml_vec_silu_f32 runs ggml_v_silu, a vector expf of GGML's own, on 16 (8) lanes
-X86_UNMODELLED = ("SILU",)
+_X86_LANES: dict[str, Callable] = {"SILU": _silu_x86}
+# and those it evaluates differently that ggtool does not model (they would compute as by default under
+# llama.cpp's numerics): none since silu follows ggml_v_silu (_silu_x86)
+X86_UNMODELLED: tuple[str, ...] = ()
 
 
 def without_x86_form(nodes) -> list:
@@ -161,7 +174,11 @@ def _make_kernel(op: str, split: str, fn: Callable):
         src = node.src[0]
         require_type(src, op.lower(), (T.F32,))
         x, y = row_walk(src), row_walk(node)
-        f = _X86.get(op, fn) if is_llama_cpp(work.numerics) else fn
+        f = fn
+        if is_llama_cpp(work.numerics):
+            f = _X86.get(op, fn)
+            if op in _X86_LANES:
+                f = functools.partial(_X86_LANES[op], wide_lanes=wide(work.numerics))
         with np.errstate(all="ignore"):
             map_rows(f, x, y, r0, r1)
     forward.__name__ = f"forward_{op.lower()}"
@@ -182,7 +199,21 @@ def _make_builder(name: str, op: str, unary: bool):
     return build
 
 
+def _gelu_compiled(node, numerics):
+    """``gelu_f32``: the lookup in `gelu_table(numerics)` (its address, per process) as `_gelu` does it."""
+    src = node.src[0]
+    if not (src.type == node.type == T.F32 and plain(src, node) and walks_inside(src, node)):
+        return None
+
+    def bind(ith: int, nth: int, shared: dict):
+        table = gelu_table(numerics)
+        return (int(table.ctypes.data),), table, None
+    return CompiledStep("gelu_f32", bind=bind)
+
+
+_COMPILED: dict[str, Callable] = {"GELU": _gelu_compiled}     # the compiled runner's (ggtool.runner)
+
 for _name, (_op, _unary, _split, _fn, _doc) in _OPS.items():
     assert not _unary or _op in UNARY_OPS
-    kernel(_op, n_tasks=ALL if _split == "block" else 1)(_make_kernel(_op, _split, _fn))
+    kernel(_op, n_tasks=ALL if _split == "block" else 1, compiled=_COMPILED.get(_op))(_make_kernel(_op, _split, _fn))
     function(_name, f"ggml_{_name}(ctx, a)", _doc)(_make_builder(_name, _op, _unary))

@@ -184,3 +184,38 @@ def cpu_from_float(x: np.ndarray, dst_type) -> np.ndarray:
     else:
         raise GGToolError(f"no conversion from f32 to {T.type_name(dst_type)}")
     return q.reshape(*x.shape[:-1], -1)
+
+
+def plain(*tensors) -> bool:
+    """Whether compiled kernels may address these tensors by their words (``kernels.nodes``): each has
+    data, its type is not a block type, and its offset and strides are multiples of its element size
+    (a kernel reads element i0 of row (i1, i2, i3) at offset i0*nb0 + i1*nb1 + ... in elements)."""
+    for t in tensors:
+        if t is None or not t.has_data or T.is_quantized(t.type):
+            return False
+        size = T.type_size(t.type)
+        if t.data_offset % size or any(nb % size for nb in t.nb):
+            return False
+    return True
+
+
+def packed_rows_of(t) -> bool:
+    """Whether t's elements are packed within its rows (nb0 == the type's size)."""
+    return t.nb[0] == T.type_size(t.type)
+
+
+def f16_table(ith: int, nth: int, shared: dict):
+    """A CompiledStep's bind: the address of the f16 -> f32 table (``kernels.tables``) in this process."""
+    from ..kernels.tables import F16_TO_F32
+
+    return (int(F16_TO_F32.ctypes.data),), F16_TO_F32, None
+
+
+def walks_inside(*tensors) -> bool:
+    """Whether GGML's row walk (row i at i*nb1, ne0 packed elements) stays inside each tensor's root,
+    as `row_walk` checks before the forward reads or writes through it."""
+    for t in tensors:
+        nr, ne0 = t.nrows, t.ne[0]
+        if nr and ne0 and t.view_offs + (nr - 1) * t.nb[1] + ne0 * T.type_size(t.type) > t.root.nbytes:
+            return False
+    return True

@@ -1,8 +1,13 @@
-"""The barrier between nodes and the per-participant loop: the same code in the caller and the workers.
+"""How participants wait for each other: the spin bound of the compiled runner's barrier, and the
+Python path's barrier and per-participant loop (the same code in the caller and the workers).
 
-They meet in the pool's control segment (its layout: wire.ABORT, wire.arrivals, wire.at_node).
-`programs` turns a plan into what each participant runs; `participate` runs it, with a `Barrier`
-between segments of nodes.
+The compiled runner (``ggtool.runner``, ``ggtool.kernels.runner``) runs a graph's steps with GGML's
+barrier in compiled code; `spin_ns` is how long its waiters spin before they sleep, from the number
+of participants and the cores free for them. Where the runner is not loaded (a first-ever run, whose
+kernels are compiled in the background for the next; numba missing) the graph runs from Python:
+`programs` turns a plan into what each participant runs, and `participate` runs it, with a
+`Barrier` between segments of nodes. Both meet in the pool's control segment (its layout:
+wire.ABORT, wire.arrivals, wire.at_node).
 """
 
 from __future__ import annotations
@@ -14,19 +19,49 @@ import numpy as np
 
 from ..compute import Work, run_node
 from ..errors import ComputeError
+from ..runner import CHECK_EVERY, Aborted  # noqa: F401 - the pool's names for them
 from .wire import ABORT, arrivals, at_node
 
 _SPIN = 50             # barrier: busy polls before yielding the CPU (short: with more participants than
                        # free cores, spinning only delays the participant we wait for)
 _YIELD_FOR = 0.002     # seconds of sched_yield polling before sleeping
 _MAX_SLEEP = 0.001     # longest sleep between polls
-CHECK_EVERY = 0.005    # seconds between liveness checks while waiting
 
 _BARRIER = (-1, 0)
 
+# The compiled barrier's spin before a waiter sleeps on the futex. Where every participant has a core
+# of its own, a waiter spins as GGML's threads do (which never sleep) for long enough that a step's
+# waits almost never reach the futex (a sleeper costs the last arrival a system call, and itself a
+# wake-up of 5-50 us); where the machine has fewer free cores than participants, a spinning waiter
+# takes the core the participant it waits for needs, so it spins only a couple of microseconds.
+SPIN_FREE_NS = 200_000
+SPIN_BUSY_NS = 2_000
+_LOAD_EVERY = 0.1      # seconds a reading of the machine's load is kept
+_load = [-1.0, 0]      # when /proc/loadavg was read, the CPUs free then
 
-class Aborted(BaseException):
-    """Another participant stopped the graph (BaseException: kernels' `except Exception` let it pass)."""
+
+def free_cpus() -> int:
+    """The CPUs this process may use, less the tasks running elsewhere now (/proc/loadavg's count of
+    runnable tasks, this process's own excepted), read at most every 0.1 s."""
+    now = time.monotonic()
+    if now - _load[0] < _LOAD_EVERY:
+        return _load[1]
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):   # pragma: no cover (not Linux)
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):   # pragma: no cover (no /proc)
+        running = 1
+    _load[:] = now, cpus - max(0, running - 1)
+    return _load[1]
+
+
+def spin_ns(nth: int) -> int:
+    """How long a waiter at the compiled barrier spins before it sleeps (see SPIN_FREE_NS)."""
+    return SPIN_FREE_NS if nth <= free_cpus() else SPIN_BUSY_NS
 
 
 class Barrier:
@@ -95,18 +130,18 @@ def participate(nodes, prog, ith: int, work: Work, mv: memoryview, progress=None
 def programs(plan, nth: int):
     """Per-participant programs: (node index, nth for the call) or a barrier.
 
-    Nodes with n_tasks > 1 run on every participant with (ith, nth); runs of single-task nodes run
-    on participant 0 with (0, 1). A barrier separates consecutive segments and follows a final
-    multi-task node; no-op nodes (views, NONE, empty tensors) are left out.
+    Nodes that split (the plan's split "all", as GGML splits them whatever their n_tasks) run on
+    every participant with (ith, nth); runs of nodes of participant 0 alone (split "one") run on it
+    with (0, 1). A barrier separates consecutive segments and follows a final multi-participant
+    node; no-op nodes (views, NONE, empty tensors: split "-") are left out.
     """
-    from ..ops import kernel_for
+    from ..plan import SPLIT_ALL, SPLIT_NONE
 
     segs: list = []
     for i, p in enumerate(plan.nodes):
-        node = p.node
-        if node.op == "NONE" or node.is_empty() or kernel_for(node).forward is None:
+        if p.split == SPLIT_NONE:
             continue
-        if p.n_tasks > 1:
+        if p.split == SPLIT_ALL:
             segs.append(i)
         elif segs and isinstance(segs[-1], list):
             segs[-1].append(i)

@@ -19,13 +19,13 @@ import weakref
 from collections import OrderedDict
 from multiprocessing.connection import wait as _wait
 
-from .. import role
-from ..compute import Work, run_in_process, single_threaded, work_view
+from .. import role, runner
+from ..compute import Work, freeze, run_in_process, single_threaded, work_view
 from ..errors import ComputeError, GGToolError
 from ..interrupts import signals_held
 from ..threads import default_threads
 from . import shm, wire
-from .barrier import CHECK_EVERY, Aborted, Barrier, participate, programs
+from .barrier import CHECK_EVERY, Aborted, Barrier, participate, programs, spin_ns
 from .placement import placement, wake_on
 from .procs import State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
 from .segments import live_segments, segment_size
@@ -33,6 +33,8 @@ from .wire import (
     ABORT,
     CTL_SIZE,
     MAX_PARTICIPANTS,
+    N_BARRIER,
+    SLEEPERS,
     Error,
     Failed,
     Map,
@@ -49,12 +51,15 @@ _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
 
 
 class _Entry:
-    """A graph as sent to the workers: its key, pickled description, segments and participant 0's program."""
+    """A graph as sent to the workers: its key, pickled description, segments and participant 0's
+    program: the compiled runner's (`program`, bound in this process on first use: `bound`), or the
+    Python path's (`prog0`)."""
 
-    __slots__ = ("blob", "key", "prog0", "segs")
+    __slots__ = ("blob", "bound", "key", "prog0", "program", "segs")
 
-    def __init__(self, key, blob, segs, prog0):
-        self.key, self.blob, self.segs, self.prog0 = key, blob, segs, prog0
+    def __init__(self, key, blob, segs, prog0, program=None):
+        self.key, self.blob, self.segs, self.prog0, self.program = key, blob, segs, prog0, program
+        self.bound = None
 
 
 class WorkerPool:
@@ -233,6 +238,7 @@ class WorkerPool:
         at every compute (wire.Described). Without the promise a compute describes the graph again
         and finds any change."""
         self._frozen.add(graph)
+        freeze(graph)      # and its compiled steps in one process too
 
     def _entry(self, graph, plan, nth: int) -> _Entry:
         """The graph as the workers know it, from the cache when nothing changed since it was sent."""
@@ -259,9 +265,10 @@ class WorkerPool:
             return entry
         key = self._next_key
         self._next_key += 1
-        prog0, progw = programs(plan, nth)
+        program = runner.make_program(graph.nodes, nth, plan.numerics, fuse=graph.binding is not None)
+        prog0, progw = programs(plan, nth) if program is None else ((), ())
         segs = {r[2] for r in records if isinstance(r[2], str)} | {work[0]}
-        entry = _Entry(key, wire.pack(records, graph.n_nodes, kernels, work, progw), segs, prog0)
+        entry = _Entry(key, wire.pack(records, graph.n_nodes, kernels, work, progw, program), segs, prog0, program)
         self._entries[fingerprint] = entry
         self._keys[key] = entry
         while len(self._entries) > _GRAPH_CACHE:
@@ -277,11 +284,12 @@ class WorkerPool:
         live = self._forget_stale(entry)
         mv = memoryview(self._state.ctl.array).cast("q")
         g0 = self._reset_control(mv, nth)
+        spin = spin_ns(nth)
         try:
             for ith, w in enumerate(workers, 1):
-                self._send_run(ith, w, entry, nth, g0, cpus, live)
+                self._send_run(ith, w, entry, nth, g0, spin, cpus, live)
             self.stats["runs"] += 1
-            failures = self._take_part(graph, plan, entry, nth, g0, workers, mv, progress)
+            failures = self._take_part(graph, plan, entry, nth, g0, spin, workers, mv, progress)
             failures += self._failures(workers)
         except WorkerDied as d:
             raise self._died(d, mv, graph) from None
@@ -307,15 +315,17 @@ class WorkerPool:
         return live
 
     def _reset_control(self, mv: memoryview, nth: int) -> int:
-        """Clear the abort flag and each participant's node; returns the barrier generation the
-        compute starts from (every counter is at or below it)."""
+        """Clear the abort flag, the compiled barrier's arrivals and sleepers (a compute stopped
+        midway may have left some: every worker has answered since) and each participant's node;
+        returns the Python barrier's generation the compute starts from (every counter is at or
+        below it)."""
         g0 = max(mv[arrivals(i)] for i in range(len(self._state.workers) + 1))
-        mv[ABORT] = 0
+        mv[ABORT] = mv[N_BARRIER] = mv[SLEEPERS] = 0
         for i in range(nth):
             mv[at_node(i)] = -1
         return g0
 
-    def _send_run(self, ith: int, w: Worker, entry: _Entry, nth: int, g0: int, cpus: list[int] | None,
+    def _send_run(self, ith: int, w: Worker, entry: _Entry, nth: int, g0: int, spin: int, cpus: list[int] | None,
                   live: set[str]) -> None:
         """Tell worker ith to run `entry`, with what it lacks (the graph, segments to attach) and
         what it may drop; wake it on its CPU if the compute is placed."""
@@ -332,20 +342,28 @@ class WorkerPool:
         if cpus:
             wake_on(w.pid, cpus[ith])
         try:
-            w.send(Run(entry.key, ith, nth, g0, cpus is not None, blob, attach, drop_segs, drop_graphs))
+            w.send(Run(entry.key, ith, nth, g0, spin, cpus is not None, blob, attach, drop_segs, drop_graphs))
         except OSError:
             raise WorkerDied(ith, w) from None
         w.graphs.add(entry.key)
         w.segs.update(attach)
 
-    def _take_part(self, graph, plan, entry: _Entry, nth: int, g0: int, workers: list[Worker], mv: memoryview,
-                   progress) -> list[tuple[int, str]]:
+    def _take_part(self, graph, plan, entry: _Entry, nth: int, g0: int, spin: int, workers: list[Worker],
+                   mv: memoryview, progress) -> list[tuple[int, str]]:
         """This process's own program, as participant 0 (checking its workers are alive while it
         waits at a barrier); its failure, if any, as [(node, message)]."""
-        work = Work(work_view(graph, plan), Barrier(mv, 0, nth, g0, functools.partial(_check_alive, workers)),
-                    plan.numerics)
+        check = functools.partial(_check_alive, workers)
         try:
-            failed = participate(graph.nodes, entry.prog0, 0, work, mv, progress)
+            if entry.program is not None:
+                if entry.bound is None or not entry.bound.fresh():
+                    entry.bound = runner.bind(entry.program, graph.nodes, plan.numerics, 0, nth)
+                base = self._state.ctl.array.ctypes.data
+                sync = runner.Sync(base, nth, spin, int(CHECK_EVERY * 1e9), check, base + 8 * at_node(0))
+                work = Work(work_view(graph, plan), sync.barrier, plan.numerics)
+                failed = runner.participate(entry.bound, graph.nodes, 0, nth, work, sync, progress)
+            else:
+                work = Work(work_view(graph, plan), Barrier(mv, 0, nth, g0, check), plan.numerics)
+                failed = participate(graph.nodes, entry.prog0, 0, work, mv, progress)
         except Aborted:
             return []
         return [failed] if failed else []

@@ -5,11 +5,14 @@ and the graph as the workers see it.
   then `Run`, `Map`, `Preload` or `Exit`; a worker answers `Init` with `Ready` (or `Error`), `Run`
   with `Done`, `Failed` (a kernel's error), `Stopped` (another participant stopped the graph) or
   `Error` (it could not run it), and `Map` with `Results`, `Raised` or `Error`.
-- The control segment is int64 slots shared by all participants, a 64-byte line each: the abort
-  flag (`ABORT`), then participant i's line, `arrivals(i)` (its barrier counter) and `at_node(i)`
-  (the node it is computing, -1: none yet).
+- The control segment is int64 slots shared by all participants, a 64-byte line each: first the
+  compiled runner's barrier block (``ggtool.kernels.runner``: the arrivals, the generation, the
+  sleepers and the abort flag `ABORT`, a line each), then participant i's line: `arrivals(i)` (its
+  counter for the Python barrier, `barrier.Barrier`, where the compiled runner is not loaded) and
+  `at_node(i)` (the node it is computing, -1: none yet).
 - The graph: the caller `describe`s it (per tensor: type, ne, nb, op, op_params, sources, data
-  offset, buffer) and `pack`s it with its kernels and the workers' program; a worker `install`s
+  offset, buffer) and `pack`s it with its kernels and the workers' program (the compiled runner's
+  steps, ``ggtool.runner.Program``, or the Python path's, `barrier.programs`); a worker `install`s
   it, rebuilding light Tensor objects on the shared buffers, and caches the result so that
   computing the same graph again only needs a `Run` of its key. A graph its owner freezes (a
   generation step's, computed once per token) is described once per plan (`Described`): a step
@@ -38,14 +41,16 @@ class Init(NamedTuple):
 
 
 class Run(NamedTuple):
-    """Compute graph `key` as participant `ith` of `nth`, from barrier generation `generation`.
-    `placed`: the caller chose the CPU this wake-up runs on (placement.wake_on). `graph`: the packed
-    description, the first time this worker gets the graph (else None); `attach`: (segment, size)
-    to map first; `drop_segments` and `drop_graphs`: what the caller no longer has."""
+    """Compute graph `key` as participant `ith` of `nth`, from barrier generation `generation` (the
+    Python barrier's), spinning `spin_ns` at a compiled barrier before sleeping. `placed`: the caller
+    chose the CPU this wake-up runs on (placement.wake_on). `graph`: the packed description, the first
+    time this worker gets the graph (else None); `attach`: (segment, size) to map first;
+    `drop_segments` and `drop_graphs`: what the caller no longer has."""
     key: int
     ith: int
     nth: int
     generation: int
+    spin_ns: int
     placed: bool
     graph: bytes | None
     attach: list
@@ -118,20 +123,23 @@ def decode(raw: tuple):
 # -- the control segment: int64 slots, a 64-byte line each ------------------------------------------
 MAX_PARTICIPANTS = 256
 LINE = 8                 # int64 slots per 64-byte cache line
-ABORT = 0                # slot: non-zero once a participant stopped the graph
-ARRIVALS, AT_NODE = 0, 1  # in participant i's line (line 1+i): its barrier counter, the node it computes
-CTL_SIZE = (1 + MAX_PARTICIPANTS) * LINE * 8
+SYNC_LINES = 4           # the compiled runner's barrier block (kernels.runner: BARRIER_WORDS)
+N_BARRIER, N_PASSED, SLEEPERS = 0, LINE, 2 * LINE   # its slots: arrivals, generation, sleepers
+ABORT = 3 * LINE         # slot: non-zero once a participant stopped the graph (the block's abort word)
+ARRIVALS, AT_NODE = 0, 1  # in participant i's line: its Python barrier's counter, the node it computes
+CTL_SIZE = (SYNC_LINES + MAX_PARTICIPANTS) * LINE * 8
 
 
 def arrivals(ith: int) -> int:
-    """The slot of participant ith's arrival counter: only it writes it, ever increasing."""
-    return (1 + ith) * LINE + ARRIVALS
+    """The slot of participant ith's arrival counter (the Python barrier): only it writes it, ever
+    increasing."""
+    return (SYNC_LINES + ith) * LINE + ARRIVALS
 
 
 def at_node(ith: int) -> int:
     """The slot of the node participant ith is computing (-1: none yet), for the caller's report
     of a worker that died."""
-    return (1 + ith) * LINE + AT_NODE
+    return (SYNC_LINES + ith) * LINE + AT_NODE
 
 
 # -- the graph --------------------------------------------------------------------------------------
@@ -221,7 +229,7 @@ class Described:
         return work_of(plan, share_context(graph.ctx).name) == self.work
 
 
-def pack(records, n_nodes: int, kernels: dict, work, progw) -> bytes:
+def pack(records, n_nodes: int, kernels: dict, work, progw, program=None) -> bytes:
     """Pickle a graph description. Kernels go by reference (module and name); a kernel that pickle
     cannot name (a closure made by a factory, a lambda) goes as (module, qualname): the worker imports
     the module and takes the kernel its registry then holds for the op, if it is the same function."""
@@ -238,7 +246,7 @@ def pack(records, n_nodes: int, kernels: dict, work, progw) -> bytes:
         except Exception:
             shipped[op] = (module, getattr(fn, "__qualname__", repr(fn)))
     try:
-        return pickle.dumps((records, n_nodes, shipped, work, progw), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((records, n_nodes, shipped, work, progw, program), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
         raise GGToolError(f"the graph cannot be sent to the worker processes: {e}") from None
 
@@ -276,13 +284,15 @@ class _Ctx:
 
 
 class WorkerGraph:
-    """A graph installed in a worker: its nodes, program, work buffer, kernels and segments used."""
+    """A graph installed in a worker: its nodes, program (the compiled runner's `program`, bound in
+    this process on first use: `bound`, else the Python path's `prog`), work buffer, kernels and
+    segments used."""
 
-    __slots__ = ("kernels", "nodes", "numerics", "prog", "segs", "wdata", "written")
+    __slots__ = ("bound", "kernels", "nodes", "numerics", "prog", "program", "segs", "wdata", "written")
 
 
 def install(blob: bytes, segs: dict) -> WorkerGraph:
-    records, n_nodes, kernels, (wseg, woff, wsize, numerics), progw = pickle.loads(blob)
+    records, n_nodes, kernels, (wseg, woff, wsize, numerics), progw, program = pickle.loads(blob)
     ctxs: dict[str, _Ctx] = {}
     nostore = _Ctx(None)
     tensors = []
@@ -306,6 +316,7 @@ def install(blob: bytes, segs: dict) -> WorkerGraph:
     wg.nodes = tensors[:n_nodes]
     wg.written = written(wg.nodes)
     wg.prog = progw
+    wg.program, wg.bound = program, None
     wg.wdata = segs[wseg][woff: woff + wsize] if woff is not None else segs[wseg][:0]
     wg.numerics = numerics
     wg.kernels = _resolve_kernels(kernels)

@@ -13,6 +13,7 @@ items, `Preload` the compiled kernels, `Exit`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import signal
@@ -23,6 +24,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from .. import runner
 from ..compute import Work, forget_packs
 from ..errors import GGToolError
 from ..ops.base import KERNELS, Kernel
@@ -31,6 +33,7 @@ from .barrier import Aborted, Barrier, participate
 from .placement import Release
 from .wire import (
     ABORT,
+    at_node,
     Done,
     Error,
     Exit,
@@ -50,6 +53,9 @@ from .wire import (
 
 # Seconds a worker waits, after a SIGTERM or SIGHUP, for its caller to stop it before it exits by itself.
 TERM_GRACE = 2.0
+# Nanoseconds a worker's compiled steps run before they return to Python (where nothing waits for it:
+# its caller's death and signals are its other threads' to see; an abort, the barrier's)
+WAIT_NS = 50_000_000
 _TERM_SIGNALS = {signal.SIGTERM, signal.SIGHUP}
 
 
@@ -80,12 +86,12 @@ def _nothing() -> None:
 
 
 def _preload_kernels() -> None:
-    """Load numba and the compiled kernels (~0.35 s) while the caller is still building its graph
-    (the caller's "preload" message, WorkerPool.preload_kernels): at the first quantized node they
-    are ready, and the caller loads its own copy without sharing the machine with ours. A failure
-    is left for the kernel that needs them to report."""
+    """Load numba and the compiled kernels (~0.35 s; the graph runner's modules too) while the caller
+    is still building its graph (the caller's "preload" message, WorkerPool.preload_kernels): at the
+    first quantized node they are ready, and the caller loads its own copy without sharing the
+    machine with ours. A failure is left for the kernel that needs them to report."""
     try:
-        from ..kernels import dot, dot_k, kquants, quantize  # noqa: F401
+        from ..kernels import dot, dot_k, kquants, nodes, nodes_mm, quantize, runner  # noqa: F401
     except Exception:  # noqa: BLE001
         pass
 
@@ -226,14 +232,28 @@ class _Worker:
         forget_packs(wg.written)   # weights the graph writes into: repacked anew each run
         for op, fn in wg.kernels.items():
             k = KERNELS.get(op)
-            if k is None or k.forward is not fn:
+            if k is None:
                 KERNELS[op] = Kernel(op, fn)
-        work = Work(wg.wdata, Barrier(self.ctl, msg.ith, msg.nth, msg.generation, _nothing), wg.numerics)
+            elif k.forward is not fn:
+                KERNELS[op] = dataclasses.replace(k, forward=fn)
         try:
-            failed = participate(wg.nodes, wg.prog, msg.ith, work, self.ctl)
+            if wg.program is not None:
+                failed = self.run_compiled(wg, msg)
+            else:
+                work = Work(wg.wdata, Barrier(self.ctl, msg.ith, msg.nth, msg.generation, _nothing), wg.numerics)
+                failed = participate(wg.nodes, wg.prog, msg.ith, work, self.ctl)
         except Aborted:
             return Stopped()
         return Done() if failed is None else Failed(*failed)
+
+    def run_compiled(self, wg: WorkerGraph, msg: Run):
+        """Participant ith's part on the compiled runner (its steps bound here once per graph)."""
+        if wg.bound is None or wg.bound[0] != (msg.ith, msg.nth) or not wg.bound[1].fresh():
+            wg.bound = ((msg.ith, msg.nth), runner.bind(wg.program, wg.nodes, wg.numerics, msg.ith, msg.nth))
+        base = np.frombuffer(self.ctl, np.int64).ctypes.data
+        sync = runner.Sync(base, msg.nth, msg.spin_ns, WAIT_NS, None, base + 8 * at_node(msg.ith))
+        work = Work(wg.wdata, sync.barrier, wg.numerics)
+        return runner.participate(wg.bound[1], wg.nodes, msg.ith, msg.nth, work, sync)
 
     def install(self, msg: Run) -> WorkerGraph:
         """The graph of `msg`, after forgetting what the caller dropped and attaching what it added."""

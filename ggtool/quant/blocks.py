@@ -16,12 +16,13 @@ CHUNK_BLOCKS = 8192           # blocks per work item: 1 MiB of f32 input, about 
 _F32 = np.float32
 
 
-def kernel(kind: str, name: str):
+def kernel(kind: str, name: str, values: int = 0):
     """The compiled kernel `name` (``ggtool.kernels.quantize``, or ``kquants`` for Q8_K), or its
     numpy twin of the same name (``kernels.twins``, the same bytes) while the quantizer `kind` is
-    not compiled in the command line's cache (``kernels.cache.use_kernel``)."""
-    from ..kernels import cache
-    if not cache.use_kernel(f"quantize:{kind}"):
+    not compiled in the command line's cache and the work (`values` to quantize) is small
+    (``kernels.first_run``)."""
+    from ..kernels import first_run
+    if not first_run.use_compiled(f"quantize:{kind}", first_run.quantize_seconds(values)):
         from ..kernels import twins
         return getattr(twins, name)
     if kind == "Q8_K":

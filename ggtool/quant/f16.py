@@ -12,7 +12,7 @@ from .threads import _run_chunks
 
 def fp32_to_fp16(x) -> np.ndarray:
     """GGML_FP32_TO_FP16 elementwise: float16 array (RNE; NaN -> 0x7e00 with the input's sign)."""
-    fp16 = kernel("F16", "fp32_to_fp16")
+    fp16 = kernel("F16", "fp32_to_fp16", np.size(x))
     x = np.asarray(x, dtype=_F32)
     flat = x.reshape(-1)
     if not flat.flags.aligned:

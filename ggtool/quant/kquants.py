@@ -68,4 +68,4 @@ def quantize_k(x, t, name: str = "tensor", imatrix=None) -> np.ndarray:
 def quantize_q8_k(x, name: str = "tensor") -> np.ndarray:
     """Q8_K bytes of x (quantize_row_q8_K_ref, which is also GGML's CPU from_float): rows of 256-value
     blocks of 292 bytes (float32 d, int8 qs[256], int16 bsums[16])."""
-    return _quantize_blocks(x, name, "Q8_K", Q8_K_BYTES, kernel("Q8_K", "quantize_q8_k"), 256)
+    return _quantize_blocks(x, name, "Q8_K", Q8_K_BYTES, kernel("Q8_K", "quantize_q8_k", np.size(x)), 256)

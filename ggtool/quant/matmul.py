@@ -8,7 +8,9 @@ of participants. (Measured on 2 cores: faster than expanding the weights to floa
 M=512, and exact.)
 
 Where the dot of a type is not compiled yet in ggtool's command line, its numpy twin computes the
-same bits from the weights as they are (``kernels.cache``, ``kernels.twins``).
+same bits from the weights as they are, as long as the work is small; large work compiles the
+kernel (``kernels.first_run``, ``kernels.twins``). F32/F16 weights (``kernels.dot_float``) take the
+twin below FLOAT_TWIN_SMALL products before numba is loaded, or while not compiled up to FLOAT_TWIN_MAX.
 
 Repacked weights are cached for the life of their storage (``weight_pack``): a weight read from a
 mapped GGUF file is repacked once per process (once per file identity for a large file: ``packs``),
@@ -65,6 +67,29 @@ def mul_mat_quantized(w_raw, w_type, act_raw) -> np.ndarray:
     return out
 
 
+_KERNEL_NAMES: dict = {}    # weight type -> "dot:<type>" (first_run's name), "" where no twin stands in
+
+
+def _kernel_name(wt) -> str:
+    from ..kernels import twins
+    name = _KERNEL_NAMES[wt] = f"dot:{T.type_name(wt)}" if twins.covers(wt) else ""
+    return name
+
+
+class _Kernels:
+    """ggtool.kernels' modules that mul_mat calls, imported at first use (the dots load numba)."""
+
+    def __getattr__(self, module: str):
+        import importlib
+
+        m = importlib.import_module(f"..kernels.{module}", __package__)
+        setattr(self, module, m)
+        return m
+
+
+_kernels = _Kernels()
+
+
 def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pack=None) -> None:
     """out (M, N) = w_raw (N rows of wt) . act_raw (M rows of wt's vec_dot_type); `pack()` may
     supply the cached repacked weights (else they are repacked here)."""
@@ -72,11 +97,21 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
         return
-    from ..kernels import twins
-    if twins.covers(wt) and _twin(wt, M, N, w_raw.shape[1] * w_raw.itemsize // T.type_size(wt) * T.block_size(wt)):
-        twins.dot(wt, w_raw, act_raw, out)     # the same bits
-        return
-    from ..kernels import dot
+    if wt in (T.F32, T.F16):
+        if _twin(wt, M, N, w_raw.shape[1] * w_raw.itemsize // T.type_size(wt) * T.block_size(wt)):
+            _kernels.twins.dot(wt, w_raw, act_raw, out)     # the same bits
+            return
+    else:
+        name = _KERNEL_NAMES.get(wt)
+        if name is None:
+            name = _kernel_name(wt)
+        if name:   # while the kernel is not compiled, its twin (the same bits) where the work is small
+            first_run = _kernels.first_run
+            if not first_run.use_compiled(name, lambda: first_run.dot_seconds(name[4:], N, w_raw.shape[1] // T.type_size(wt)
+                                                                              * T.block_size(wt), M)):
+                _kernels.twins.dot(wt, w_raw, act_raw, out)
+                return
+    dot = _kernels.dot
     packed = pack() if pack is not None else dot.pack(wt, w_raw)
     if out.flags.c_contiguous:
         dot.dot(wt, packed, act_raw, out)
@@ -96,13 +131,12 @@ FLOAT_TWIN_MAX = 1 << 28
 
 
 def _twin(wt, M: int, N: int, K: int) -> bool:
-    """Whether the numpy twin computes this product (the same bits as the kernel): where the kernel is
-    not compiled yet in ggtool's command line (``kernels.cache``), and for F32/F16 where it is cheaper."""
+    """Whether the numpy twin computes this F32/F16 product (the same bits as the kernel): where it is
+    cheaper than loading numba, or the kernel is not compiled yet in ggtool's command line
+    (``kernels.cache``) and the work is not too large for the twin."""
     from ..kernels import cache
 
     name = f"dot:{T.type_name(wt)}"
-    if wt not in (T.F32, T.F16):
-        return not cache.use_kernel(name)
     products = M * N * K
     if products <= FLOAT_TWIN_SMALL and "numba" not in sys.modules:
         return True
@@ -151,6 +185,12 @@ def weight_pack(a, key, make, source=None):
     return packed
 
 
+# Bumped whenever repacked weights are dropped: what holds on to repacked arrays itself (the compiled
+# runner's bound steps, ggtool.runner) makes them anew when it has changed
+EPOCH = [0]
+
+
 def forget(t) -> None:
     """Drop the repacked weights made from t's leaf (its data is being rewritten)."""
-    _TENSOR_PACKS.pop(_root(t), None)
+    if _TENSOR_PACKS.pop(_root(t), None) is not None:
+        EPOCH[0] += 1

@@ -11,7 +11,7 @@ from .blocks import Q4_0_BYTES, _dequantize_blocks, _quantize_blocks, dequantize
 
 def quantize_q4_0(x, name: str = "tensor") -> np.ndarray:
     """Q4_0 bytes of x: uint8 of shape (*x.shape[:-1], x.shape[-1] // 32 * 18)."""
-    return _quantize_blocks(x, name, "Q4_0", Q4_0_BYTES, kernel("Q4_0", "q4_0_quantize"))
+    return _quantize_blocks(x, name, "Q4_0", Q4_0_BYTES, kernel("Q4_0", "q4_0_quantize", np.size(x)))
 
 
 def dequantize_q4_0(raw) -> np.ndarray:

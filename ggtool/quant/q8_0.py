@@ -12,12 +12,12 @@ from .blocks import Q8_0_BYTES, _dequantize_blocks, _quantize_blocks, dequantize
 
 def quantize_q8_0(x, name: str = "tensor") -> np.ndarray:
     """Reference Q8_0 bytes (quantize_row_q8_0_ref: roundf), shape (..., row/32*34)."""
-    return _quantize_blocks(x, name, "Q8_0", Q8_0_BYTES, kernel("Q8_0", "q8_0_quantize"))
+    return _quantize_blocks(x, name, "Q8_0", Q8_0_BYTES, kernel("Q8_0", "q8_0_quantize", np.size(x)))
 
 
 def quantize_q8_0_cpu(x, name: str = "tensor") -> np.ndarray:
     """Q8_0 bytes as the x86 AVX2 CPU from_float makes them for mul_mat (id=127/amax, ties even)."""
-    return _quantize_blocks(x, name, "Q8_0", Q8_0_BYTES, kernel("Q8_0_cpu", "q8_0_quantize_cpu"))
+    return _quantize_blocks(x, name, "Q8_0", Q8_0_BYTES, kernel("Q8_0_cpu", "q8_0_quantize_cpu", np.size(x)))
 
 
 
@@ -29,4 +29,4 @@ def dequantize_q8_0(raw) -> np.ndarray:
 def quantize_q8_1_cpu(x, name: str = "tensor") -> np.ndarray:
     """Q8_1 bytes (fp16 d, fp16 s = d * sum(qs), int8 qs[32]) as the x86 AVX2 from_float makes them
     for mul_mat with Q4_1/Q5_1 weights: d and qs as quantize_q8_0_cpu."""
-    return _quantize_blocks(x, name, "Q8_1", 36, kernel("Q8_1_cpu", "q8_1_quantize_cpu"))
+    return _quantize_blocks(x, name, "Q8_1", 36, kernel("Q8_1_cpu", "q8_1_quantize_cpu", np.size(x)))

@@ -63,6 +63,10 @@ def _run_chunks(fn, n_items: int, chunk: int) -> None:
     """Call fn(start, stop) over [0, n_items) in pieces of `chunk`, on up to get_threads() threads.
 
     Chunks are handed out dynamically; the caller runs chunks too."""
+    if n_items <= chunk:          # one chunk: no thread to ask for
+        if n_items > 0:
+            fn(0, n_items)
+        return
     starts = list(range(0, n_items, chunk))
     nt = min(get_threads(), len(starts))
     if nt <= 1:

@@ -1,0 +1,241 @@
+"""Which of a compiled kernel and its numpy twin a call runs, while the kernel is not in the cache
+yet: the first-ever-run policy (``kernels.cache`` says whether a kernel is cached; ``twins`` are the
+numpy twins, the same bits).
+
+Why a choice: compiling a kernel costs numba ~0.5-2 s of its own Python work (CPU seconds, this
+machine; the first compile of a process ~0.7 s more), and a twin costs per call what the compiled
+kernel does 10-100 times over (a twin decodes every weight it reads, each call: a mat-vec of the
+weights of a 311M-parameter model takes the twins ~0.8 s, the kernels ~25 ms). So the twins are
+right for small work (a short compute, a tiny model: the process never loads numba) and wrong for
+large work (a generation of many tokens over a large model: 1.2 tokens/s against 34, issue 30).
+
+The rule, per kernel and process (a ski rental): a call's twin would cost ``twin_seconds`` (the caller's
+estimate from the work's size: weights, rows, values); where the work repeats (``repeating(n)``: a
+generation's steps), the twin's calls of this step count once for every step still to come. While
+that and the calls of the steps before stay within COMPILE_SECONDS[kind] (what compiling the
+kernel costs), the twin runs; else the kernel is compiled now, in this process
+(``warm.compile_kernel``, what the background compiler would do), marked ready in the cache for
+the next runs, and called. The first compile of a command line says
+so on stderr, once. A kernel another participant (a pool worker, or the caller) has compiled
+meanwhile is used as soon as its ready marker is there. A library user's process compiles as it
+always has (``cache.use_kernel``), and so does every cached kernel.
+
+Ahead of large work whose products are known (``prepare``: a generation's step), the kernels the
+rule would compile start compiling at once, each in a process of its own (``ggtool.isolation``:
+``python -I`` in "/", a filtered environment), side by side on the free CPUs while this process reads
+the model and builds the graph; the first call of such a kernel waits for its process, and
+compiles in process where that failed. Processes still compiling when the command ends are
+stopped (the background compiler finishes their work for the next run).
+
+Light: os, sys, time (subprocess where a kernel compiles ahead); numba loads only where a kernel
+compiles in this process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from contextlib import contextmanager
+
+from .. import role
+from . import cache
+
+# CPU seconds to compile a kernel, measured on this machine (a dot: ~1.4-2.2 s, its tile and the
+# activation pass the 32-value types share; docs/engine.md, "Small work and large work"): a
+# twin may cost as much before the kernel is compiled.
+COMPILE_SECONDS = {"dot": 2.0, "quantize": 1.0}
+
+# What a twin costs (seconds): a dot ~ N*K*(TWIN_DECODE[type] + TWIN_MAC * M) + TWIN_CALL, a
+# quantizer ~ values * TWIN_VALUE + TWIN_CALL (measured with one BLAS thread on 4096 x 2048
+# weights, M = 1..512, and 8M values).
+TWIN_DECODE = {"q4_0": 2.0e-9, "q8_0": 1.2e-9, "q5_0": 5.1e-9, "q4_1": 5.1e-9, "q5_1": 6.0e-9,
+               "q2_K": 8.0e-9, "q3_K": 9.0e-9, "q4_K": 7.5e-9, "q5_K": 9.0e-9, "q6_K": 10.1e-9}
+TWIN_DECODE_DEFAULT = 10e-9
+TWIN_MAC = 0.12e-9
+TWIN_VALUE = 6e-9
+TWIN_CALL = 40e-6
+
+NOTICE = "compiling ggtool's kernels for this CPU (once, ~{s:.0f} s)..."
+
+_compiled: set[str] = set()          # kernels this process runs compiled
+_ahead: dict = {}                    # kernel -> the process compiling it ahead (subprocess.Popen)
+_spent: dict[str, float] = {}        # kernel -> seconds its twin has cost (estimated)
+_told = [False]
+
+
+class Repeats:
+    """How many more times the work computed now will be computed (`left`, this time included), and
+    what each kernel's twin has cost in this time so far (`step`)."""
+
+    def __init__(self, left: int):
+        self.left = max(1, int(left))
+        self.step: dict[str, float] = {}
+
+    def next(self, left: int) -> None:
+        """The next time of the work begins; `left` times are still to come, it included."""
+        self.left = max(1, int(left))
+        self.step.clear()
+
+
+_repeats = [Repeats(1)]
+
+
+@contextmanager
+def repeating(n: int):
+    """The work computed inside is expected to be computed n times over (a generation's n steps):
+    the caller says when each begins (`Repeats.next`, on the object yielded), and the twin's calls
+    of a time count as often as the times still to come when the policy weighs them against compiling."""
+    r = Repeats(n)
+    _repeats.append(r)
+    try:
+        yield r
+    finally:
+        _repeats.remove(r)
+
+
+def dot_seconds(type_name: str, n: int, k: int, m: int) -> float:
+    """A twin's time for a dot of n weight rows of k values (type_name) with m activation rows."""
+    return n * k * (TWIN_DECODE.get(type_name, TWIN_DECODE_DEFAULT) + TWIN_MAC * m) + TWIN_CALL
+
+
+def quantize_seconds(values: int) -> float:
+    """A twin quantizer's time for `values` floats."""
+    return values * TWIN_VALUE + TWIN_CALL
+
+
+def use_compiled(name: str, twin_seconds) -> bool:
+    """Whether this call runs the compiled kernel `name` ("dot:q4_0", "quantize:Q8_0_cpu"), else its
+    twin (see the module docstring); may compile it now. `twin_seconds`: the twin's time for this
+    call, or a function giving it (asked only while the kernel is not compiled)."""
+    if name in _compiled:
+        return True
+    if name in _ahead and _wait_ahead(name):
+        return True
+    if cache.use_kernel(name) or _ready(name):
+        _compiled.add(name)
+        return True
+    if callable(twin_seconds):
+        twin_seconds = twin_seconds()
+    spent, r = _spent.get(name, 0.0), _repeats[-1]
+    before = r.step.get(name, 0.0)
+    if spent - before + (before + twin_seconds) * r.left <= COMPILE_SECONDS[name.split(":", 1)[0]]:
+        r.step[name] = before + twin_seconds
+        _spent[name] = spent + twin_seconds
+        return False
+    compile_now(name)
+    return True
+
+
+def compile_now(name: str) -> None:
+    """Compile kernel `name` in this process (saying so on the command line's stderr, once), and
+    mark it ready in the cache for the next runs."""
+    _tell(COMPILE_SECONDS[name.split(":", 1)[0]] + 0.7)
+    from . import warm
+
+    t = time.process_time()
+    warm.compile_kernel(name)
+    _compiled.add(name)
+    _spent[name] = time.process_time() - t
+    _mark_ready(name)
+
+
+def _tell(seconds: float) -> None:
+    if role.COMMAND_LINE and not role.POOL_WORKER and not _told[0]:
+        _told[0] = True
+        try:
+            sys.stderr.write(NOTICE.format(s=max(1.0, seconds)) + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):   # stderr closed: the compile goes on
+            pass
+
+
+def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
+    """Start compiling, each in a process of its own, the dot kernels that the work ahead would
+    compile anyway: `products` are its matrix products as (weight type name, rows, row length,
+    activation rows), `repeats` how often it is computed. Only in the command line's process, for
+    kernels neither cached nor compiled, and where at least 2 CPUs are free (`free_cpus`: else they
+    compile in process at first use). Returns the kernels started."""
+    if not role.COMMAND_LINE or role.POOL_WORKER or free_cpus < 2:
+        return []
+    cost: dict[str, float] = {}
+    for type_name, n, k, m in products:
+        if type_name in TWIN_DECODE:
+            name = f"dot:{type_name}"
+            cost[name] = cost.get(name, 0.0) + dot_seconds(type_name, n, k, m)
+    todo = [name for name, s in sorted(cost.items()) if s * max(1, repeats) > COMPILE_SECONDS["dot"]
+            and name not in _compiled and name not in _ahead and not cache.use_kernel(name)
+            and not _ready(name)]
+    started = []
+    for name in todo:
+        proc = _spawn(name)
+        if proc is not None:
+            _ahead[name] = proc
+            started.append(name)
+    if started:
+        _tell(COMPILE_SECONDS["dot"] * len(started) / min(len(started), free_cpus) + 0.7)
+        if len(_ahead) == len(started):
+            atexit.register(_stop_ahead)
+    return started
+
+
+def _spawn(name: str):
+    """A compile-ahead process for kernel `name`, started as every child of ggtool is (``isolation``:
+    ``python -I`` in "/", a filtered environment), or None where none can start."""
+    import subprocess
+
+    from .. import isolation
+
+    root = cache.cache_dir()
+    if cache.bypassed() or cache.subfolder(root, "ready") is None:
+        return None         # no cache to compile into: compiled in process at first use
+    try:
+        return isolation.popen(f"from ggtool.kernels.first_run import _compile_main; _compile_main({name!r})",
+                               env={"NUMBA_CACHE_DIR": root}, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:     # no process: compiled in process at first use
+        return None
+
+
+def _wait_ahead(name: str) -> bool:
+    """Wait for the process compiling `name` ahead; whether it compiled it (then this process loads
+    it from the cache)."""
+    proc = _ahead.pop(name)
+    ok = proc.wait() == 0 and _ready(name)
+    if ok:
+        _compiled.add(name)
+    return ok
+
+
+def _stop_ahead() -> None:
+    for proc in list(_ahead.values()):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _ahead.clear()
+
+
+def _compile_main(name: str) -> None:
+    """A compile-ahead process: compile kernel `name` into the cache and mark it ready."""
+    from . import warm
+
+    warm.compile_kernel(name)
+    _mark_ready(name)
+
+
+def _ready(name: str) -> bool:
+    """Whether the cache holds kernel `name`'s ready marker (a plain file, never a link)."""
+    ready = cache.marker("ready", name)
+    return os.path.isfile(ready) and not os.path.islink(ready)
+
+
+def _mark_ready(name: str) -> None:
+    """As the background compiler marks it (``warm``): ready, and no longer wanted."""
+    if cache.bypassed():
+        return
+    from . import warm
+
+    root = cache.cache_dir()
+    warm._mark(root, "ready", name)
+    warm._remove(cache.marker("wanted", name, root))

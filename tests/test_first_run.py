@@ -1,0 +1,225 @@
+"""The first-ever-run policy (ggtool.kernels.first_run): in the command line, a kernel not in the
+cache runs its numpy twin while the work is small, and is compiled in process, marked ready and
+announced once on stderr when the twin's work (a generation's steps counted) would cost more than
+compiling it; a library's process, and every cached kernel, run compiled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggtool import role
+from ggtool.errors import CacheWarning
+from ggtool.kernels import cache, first_run, warm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cli(monkeypatch, tmp_path, capsys):
+    """This process as the command line's, with an empty cache of its own; compiling is recorded,
+    not done, and no background compiler starts."""
+    monkeypatch.setenv("GGTOOL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(role, "COMMAND_LINE", True)
+    monkeypatch.setattr(role, "POOL_WORKER", False)
+    monkeypatch.setattr(cache, "_decided", {})
+    monkeypatch.setattr(cache, "_compiler", object())       # as if the background compiler were started
+    monkeypatch.setattr(first_run, "_compiled", set())
+    monkeypatch.setattr(first_run, "_spent", {})
+    monkeypatch.setattr(first_run, "_told", [False])
+    compiled = []
+    monkeypatch.setattr(warm, "compile_kernel", compiled.append)
+    return compiled, capsys
+
+
+BUDGET = first_run.COMPILE_SECONDS["dot"]
+
+
+def test_small_work_runs_the_twin_and_wishes_for_the_kernel(cli):
+    compiled, capsys = cli
+    assert not first_run.use_compiled("dot:q4_0", BUDGET / 10)
+    assert os.path.exists(cache.marker("wanted", "dot:q4_0"))            # for the background compiler
+    assert not os.path.exists(cache.marker("ready", "dot:q4_0"))
+    assert compiled == [] and capsys.readouterr().err == ""
+
+
+def test_twin_work_past_the_compile_cost_compiles_in_process_once(cli):
+    """A ski rental: the twin runs until its calls would cost more than compiling, then the kernel is
+    compiled here, marked ready (no longer wanted) and used from then on; stderr says so once."""
+    compiled, capsys = cli
+    answers = [first_run.use_compiled("dot:q4_0", BUDGET / 4) for _ in range(6)]
+    assert answers == [False] * 4 + [True] * 2
+    assert compiled == ["dot:q4_0"]
+    assert os.path.exists(cache.marker("ready", "dot:q4_0"))
+    assert not os.path.exists(cache.marker("wanted", "dot:q4_0"))
+    assert first_run.use_compiled("quantize:Q8_0_cpu", 10.0)             # another kernel: no second notice
+    assert compiled == ["dot:q4_0", "quantize:Q8_0_cpu"]
+    assert capsys.readouterr().err.count("compiling ggtool's kernels for this CPU (once, ~") == 1
+
+
+def test_a_generation_counts_each_step_for_the_steps_to_come(cli):
+    """Under repeating(n) the twin's calls of a step count once for every step still to come: a
+    generation of many steps compiles at its first step what one step alone would run as a twin."""
+    compiled, _ = cli
+    step = 1.5 * BUDGET / 100                             # one step's twin work, in two calls
+    with first_run.repeating(100) as steps:
+        assert not first_run.use_compiled("dot:q4_0", step / 2)          # 100 x half a step: within
+        assert first_run.use_compiled("dot:q4_0", step / 2)              # 100 x a whole step: past it
+    assert compiled == ["dot:q4_0"]
+    with first_run.repeating(10) as steps:                # 10 such steps: twins throughout
+        for left in range(10, 0, -1):
+            steps.next(left)
+            assert not first_run.use_compiled("dot:q6_K", step / 2)
+            assert not first_run.use_compiled("dot:q6_K", step / 2)
+    assert compiled == ["dot:q4_0"]
+    assert first_run._repeats[-1].left == 1               # the hint ends with its block
+
+
+def test_a_kernel_compiled_meanwhile_is_used(cli):
+    """Another participant (the caller, or a worker) compiled it and marked it ready: this process
+    loads it from the cache instead of running the twin or compiling it again."""
+    compiled, _ = cli
+    assert not first_run.use_compiled("dot:q8_0", 0.0)
+    ready = cache.marker("ready", "dot:q8_0")
+    os.makedirs(os.path.dirname(ready), exist_ok=True)
+    open(ready, "w").close()
+    assert first_run.use_compiled("dot:q8_0", 0.0) and compiled == []
+
+
+def test_a_library_process_and_a_cached_kernel_run_compiled(cli, monkeypatch):
+    compiled, _ = cli
+    monkeypatch.setattr(role, "COMMAND_LINE", False)
+    assert first_run.use_compiled("dot:q5_0", 0.0) and compiled == []
+
+
+def test_an_unwritable_cache_or_stderr_does_not_stop_the_compile(cli, monkeypatch, tmp_path):
+    compiled, _ = cli
+    monkeypatch.setenv("GGTOOL_CACHE_DIR", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setattr(sys, "stderr", open(os.devnull, "w"))
+    sys.stderr.close()
+    with warnings.catch_warnings():     # the cache says so once a process, a CacheWarning (kernels.cache)
+        warnings.simplefilter("ignore", CacheWarning)
+        assert first_run.use_compiled("dot:q4_K", 10 * BUDGET)
+    assert compiled == ["dot:q4_K"]
+
+
+def test_the_twin_cost_model_grows_with_the_work():
+    small, large = first_run.dot_seconds("q4_0", 64, 256, 1), first_run.dot_seconds("q4_0", 5632, 2048, 1)
+    assert small < 1e-3 < large and first_run.dot_seconds("q6_K", 5632, 2048, 1) > large
+    assert first_run.dot_seconds("q4_0", 5632, 2048, 512) > 10 * large
+    assert first_run.quantize_seconds(10**6) > first_run.quantize_seconds(10**3)
+
+
+CODE = """
+    import sys
+    import numpy as np
+    import ggtool.role
+    ggtool.role.COMMAND_LINE = True
+    from ggtool import quant as Q
+    from ggtool.kernels import cache, first_run
+    x = np.linspace(-3, 3, 32 * 64, dtype=np.float32).reshape(64, 32)
+    with first_run.repeating({n}):
+        print(Q.quantize_q8_0_cpu(x).tobytes().hex())
+    print("numba" in sys.modules, os.path.exists(cache.marker("ready", "quantize:Q8_0_cpu")))
+"""
+
+
+def _python(code: str, tmp_path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["GGTOOL_CACHE_DIR"] = str(tmp_path)
+    return subprocess.run([sys.executable, "-c", "import os\n" + textwrap.dedent(code)], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_the_command_line_compiles_large_work_and_gives_the_twin_s_bytes(tmp_path):
+    """End to end, in a fresh process: small work runs the twin (numba never loads); the same work
+    repeated a million times compiles the kernel in process, says so, and gives the same bytes."""
+    small = _python(CODE.format(n=1), tmp_path / "small")
+    large = _python(CODE.format(n=10**6), tmp_path / "large")
+    assert small.returncode == 0 and large.returncode == 0, small.stderr + large.stderr
+    assert small.stdout.splitlines()[0] == large.stdout.splitlines()[0]
+    assert small.stdout.splitlines()[1] == "False False"
+    assert large.stdout.splitlines()[1] == "True True"
+    assert "compiling ggtool's kernels for this CPU" not in small.stderr
+    assert large.stderr.count("compiling ggtool's kernels for this CPU (once, ~") == 1
+    ref = np.frombuffer(bytes.fromhex(small.stdout.splitlines()[0]), np.uint8)
+    assert ref.size == 64 * 34
+
+
+class _Proc:
+    """A compile-ahead process as first_run holds it: done (or failed) when waited for."""
+
+    def __init__(self, name: str, code: int):
+        self.name, self.code, self.waited = name, code, False
+
+    def wait(self):
+        self.waited = True
+        if self.code == 0:
+            first_run._mark_ready(self.name)
+        return self.code
+
+    def poll(self):
+        return self.code if self.waited else None
+
+    def kill(self):
+        self.code = -9
+
+
+def test_kernels_of_a_large_generation_compile_ahead_side_by_side(cli, monkeypatch):
+    """prepare(): the dots whose twins a generation would outgrow start compiling at once, a process
+    each, where 2 CPUs are free; the first call waits for its process; a failed one compiles here."""
+    compiled, capsys = cli
+    started = []
+    monkeypatch.setattr(first_run, "_ahead", {})
+    monkeypatch.setattr(first_run, "_spawn", lambda name: started.append(name) or _Proc(name, 0 if name != "dot:q6_K" else 1))
+    products = [("q4_0", 5632, 2048, 1), ("q4_0", 2048, 5632, 1), ("q6_K", 32000, 2048, 1), ("f32", 512, 64, 1),
+                ("q8_0", 16, 32, 1)]           # f32 has no twin; 16 rows of q8_0 stay a twin's work
+    assert first_run.prepare(products, repeats=1, free_cpus=2) == []          # one step: the twins are cheaper
+    assert first_run.prepare(products, repeats=64, free_cpus=1) == []         # no CPU to spare: at first use
+    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["dot:q4_0", "dot:q6_K"] == started
+    assert "compiling ggtool's kernels for this CPU" in capsys.readouterr().err
+    assert first_run.use_compiled("dot:q4_0", 0.0) and compiled == []        # its process compiled it
+    assert first_run.use_compiled("dot:q6_K", 10.0) and compiled == ["dot:q6_K"]   # failed: compiled here
+    assert first_run.prepare(products, repeats=64, free_cpus=2) == []         # nothing twice
+
+
+def test_a_compile_ahead_process_is_isolated_and_fills_the_cache(tmp_path, monkeypatch):
+    """The real process, started by ggtool.isolation: python -I in "/", this process's sys.path given
+    explicitly, a filtered environment; a ggtool package and a sitecustomize planted in the working
+    directory and on PYTHONPATH never run in it. It compiles the kernel into the cache and marks it ready."""
+    planted = tmp_path / "planted"
+    for where in (planted / "ggtool", planted):
+        where.mkdir(parents=True, exist_ok=True)
+    trap = f"open({str(tmp_path / 'ran')!r}, 'a').write(__name__)\n"
+    (planted / "ggtool" / "__init__.py").write_text(trap)
+    (planted / "sitecustomize.py").write_text(trap)
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.setenv("GGTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    proc = first_run._spawn("quantize:Q8_K")
+    assert proc.args[:2] == [sys.executable, "-I"] and proc.wait(timeout=300) == 0
+    assert not (tmp_path / "ran").exists()
+    assert os.path.isfile(cache.marker("ready", "quantize:Q8_K"))
+    assert not os.path.exists(cache.marker("wanted", "quantize:Q8_K"))
+    assert any(f.endswith(".nbi") for _, _, fs in os.walk(tmp_path / "cache") for f in fs)
+
+
+def test_a_compile_ahead_process_needs_a_cache(tmp_path, monkeypatch):
+    """Where the cache cannot be used (a file at its name), no process starts: the kernel compiles in
+    process at first use."""
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("GGTOOL_CACHE_DIR", str(tmp_path / "file"))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)     # set once numba is loaded (kernels.jit): else it wins
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        assert first_run._spawn("quantize:Q8_K") is None
