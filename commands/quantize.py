@@ -15,6 +15,7 @@ from ggtool.threads import THREADS_ENV, default_threads
 from ._common import NPY_ORDER_HELP, log
 from ._json import document
 from ._progress import progress_bar
+from .wording import cli_message
 
 _TYPE_NAMES = [f.name for f in QM.FILE_TYPES] + list(QM.ALIASES)
 
@@ -53,17 +54,22 @@ a tensor's name wins) sets the type of the tensors it matches (a pattern that
 backtracks for more than 1 s of CPU is refused; one that gives no tensor its
 type is warned about).
 
-A mix for a size: --target-bpw B (bits per weight of the whole file) or
---target-size N (bytes; K/M/G or KiB/MiB/GiB) chooses each tensor's type
-from q2_K, q3_K, q4_0, iq4_nl, q4_1, q4_K, q5_0, q5_1, q5_K, q6_K and q8_0
-(llama.cpp's fallbacks where the rows need them) by measured sensitivity: a sample of each tensor's rows is
-quantized to each type and its error weighted by the --imatrix importances
-(plain squared error without one) relative to the tensor's own; the sum of
-these errors is minimised under the size (largest error removed per byte
-first). The file is no larger than the target; the choice is written as
---tensor-type rules, recorded in the file under quantize.tensor_types (a
-string array) and printed by --dry-run, so llama-quantize given them (its
-tensor type file) and the same importance matrix writes the same tensors. docs/quantize-target.md.
+A mix for a size: --target-bpw B (bits per weight of the whole file: header,
+metadata and padding counted, so 4.5 means file bytes <= 4.5 * weights / 8) or
+--target-size N (bytes; K/M/G or KiB/MiB/GiB) chooses each tensor's type from
+q2_K, q3_K, q4_0, iq4_nl, q4_1, q4_K, q5_0, q5_1, q5_K, q6_K and q8_0
+(llama.cpp's fallbacks where the rows need them) by measured sensitivity: a
+sample of each tensor's rows is quantized to each type and its error weighted
+by the --imatrix importances (plain squared error without one) relative to the
+tensor's own; the sum of these errors is minimised under the size (largest
+error removed per byte first). The file is no larger than the target; a target
+below the smallest mix is refused, saying the smallest size. INPUT should be
+F32, F16 or BF16: an already quantized one is refused (--allow-requantize
+measures and requantizes it anyway). The choice is written as --tensor-type
+rules, recorded in the file under quantize.tensor_types (a string array) and
+printed by --dry-run, so llama-quantize given them (its tensor type file) and
+the same importance matrix writes the same tensors. --type, --pure and the
+other type options cannot be given with a target. See docs/quantize.md.
 --dry-run prints each tensor's type and why (the rule or fallback that moved
 it), the file size and bits per weight, writing nothing; where the real run
 would refuse before writing (OUTPUT exists, a tensor needs an importance
@@ -225,7 +231,12 @@ def command(ctx, input_path, output_path, ftype, pure, leave_output_tensor, outp
         raise click.UsageError("--json describes the plan: use it with --dry-run")
     target = None
     if target_bpw is not None or target_size is not None:
-        target = QM.parse_target(target_bpw, target_size)     # its errors name the flag
+        if target_bpw is not None and target_size is not None:
+            raise click.UsageError("--target-bpw and --target-size: give one of them, not both")
+        try:
+            target = QM.parse_target(target_bpw, target_size)
+        except QM.TargetSizeError as e:      # a value no model could meet: a usage error (exit 2)
+            raise click.UsageError(cli_message(e)) from None
         given = [f for f, v in (("--type", ctx.get_parameter_source("ftype") == click.core.ParameterSource.COMMANDLINE),
                                 ("--pure", pure), ("--tensor-type", tensor_types),
                                 ("--output-tensor-type", output_tensor_type),
@@ -249,10 +260,13 @@ def command(ctx, input_path, output_path, ftype, pure, leave_output_tensor, outp
                     mbar.update(1)
                 elif verbose:
                     log(f"measuring [{k + 1}/{total}] {name}")
-            mix = QM.plan_for_target(input_path, opts, target, on_tensor=measured)
+            # OUTPUT checked before the measuring (minutes on a large model), as the run checks it
+            mix = QM.plan_for_target(input_path, opts, target, on_tensor=measured,
+                                     output_path=None if dry_run else output_path, force=force)
         plan, rules = mix.plan, mix.rules
         if not quiet:
-            log(f"target {target.shown}{' bits per weight' if target.what == 'bpw' else ' bytes'}: "
+            log(f"{'target' if target.what == 'bpw' else 'target size'} {target.shown}"
+                f"{' bits per weight' if target.what == 'bpw' else ''}: "
                 f"{mix.file_bytes:,} bytes ({mix.bits_per_weight:.4f} bits per weight, whole file), "
                 f"{len(rules)} tensor-type rules (recorded under {QM.RECORD_KEY})")
         if verbose and not dry_run:

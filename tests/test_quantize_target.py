@@ -137,8 +137,92 @@ def test_a_target_below_the_smallest_mix_is_one_line_and_no_file(run, tmp_path):
                 "bits per weight), above the target of")
     assert not out.exists() and len(err.splitlines()) == 1
     fails(run("quantize", STORIES, out, "--target-size", "100K"), "--target-size 100K: the smallest mix")
-    fails(run("quantize", STORIES, out, "--target-bpw", "nan"), "--target-bpw nan: bits per weight must be")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--target-bpw", "nan"], "--target-bpw nan: bits per weight must be a finite number above 0"),
+    (["--target-bpw", "inf"], "--target-bpw inf: bits per weight must be"),
+    (["--target-bpw", "1e400"], "--target-bpw 1e400: bits per weight must be"),
+    (["--target-bpw", "-1"], "--target-bpw -1: bits per weight must be"),
+    (["--target-bpw", ""], "--target-bpw : not a number"),
+    (["--target-bpw", "4.5bits"], "--target-bpw 4.5bits: not a number"),
+    (["--target-size", "1e3"], "--target-size 1e3: expected bytes"),
+    (["--target-size", "-5M"], "--target-size -5M: expected bytes"),
+    (["--target-size", "0K"], "--target-size 0K: the size must be above 0 bytes"),
+    (["--target-bpw", "4", "--target-size", "1M"], "--target-bpw and --target-size: give one of them, not both")])
+def test_a_target_no_model_could_meet_is_a_usage_error(run, tmp_path, args, fragment):
+    out = tmp_path / "o.gguf"
+    err = fails(run("quantize", STORIES, out, *args), fragment, code=2)
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_the_engine_names_no_flag_and_the_command_line_does():
+    """TargetSizeError's str() is the engine's words; wording.py gives the flag and the value as typed."""
+    from ggtool.commands.wording import cli_message
+
+    for bpw, size, flag in (("nan", None, "--target-bpw nan: "), (None, "12Q", "--target-size 12Q: ")):
+        with pytest.raises(QM.TargetSizeError) as e:
+            QM.parse_target(bpw, size)
+        assert "--" not in str(e.value)
+        assert cli_message(e.value).startswith(flag)
+
+
+def test_a_huge_target_gives_each_tensor_its_least_error_type(tmp_path):
+    src, _ = _model(tmp_path, layers=1)
+    mix = QM.plan_for_target(src, QM.QuantizeOptions(), QM.parse_target(bpw="1e30"))
+    for s in mix.sensitivities:
+        assert mix.types[s.name] == min(s.options, key=lambda o: (o.error, o.bytes)).type
+    assert QM.parse_target(size="999999G").max_bytes(1) == 999999 * 1000 ** 3
+
+
+def test_an_existing_output_is_refused_before_anything_is_measured(run, tmp_path):
+    src, _ = _model(tmp_path, layers=1)
+    out = tmp_path / "o.gguf"
+    out.write_bytes(b"keep me")
+    with pytest.raises(QM.OutputPathError):
+        QM.plan_for_target(src, QM.QuantizeOptions(), QM.parse_target(bpw=8), output_path=str(out),
+                           on_tensor=lambda *a: pytest.fail("measured"))
+    fails(run("quantize", src, out, "--target-bpw", "8"), "exists", "--force")
+    assert out.read_bytes() == b"keep me"
+    assert QM.plan_for_target(src, QM.QuantizeOptions(), QM.parse_target(bpw=8), output_path=str(out),
+                              force=True).file_bytes > 0
+
+
+def test_a_quantized_input_is_one_line_naming_allow_requantize(run, tmp_path):
+    src, _ = _model(tmp_path, layers=1)
+    q, out = tmp_path / "q.gguf", tmp_path / "o.gguf"
+    QM.quantize_file(src, q, QM.QuantizeOptions(type="Q8_0"))
+    fails(run("quantize", q, out, "--target-bpw", "6"), "is already quantized (q8_0)", "--allow-requantize")
+    assert not out.exists()
+    r = run("quantize", q, out, "--target-bpw", "6", "--allow-requantize", "-q")
+    assert r.exit_code == 0, r.output
+    assert out.stat().st_size <= math.floor(6 * QM.plan_for_target(
+        q, QM.QuantizeOptions(allow_requantize=True), QM.parse_target(bpw=6)).plan.n_elements / 8)
+
+
+def test_a_plan_whose_offsets_are_wrong_writes_no_file(tmp_path):
+    """The writer checks each tensor starts where the header says and the file's size is the plan's,
+    before the temporary file is renamed: nothing is left behind."""
+    src, _ = _model(tmp_path, layers=1)
+    mix = QM.plan_for_target(src, QM.QuantizeOptions(), QM.parse_target(bpw=8))
+    mix.plan.files[0].tensors[1].dst_offset += 32
+    out = tmp_path / "o.gguf"
+    before = set(tmp_path.iterdir())
+    with pytest.raises(Exception, match="internal error"):
+        QM.run_quantization(mix.plan, str(out))
+    assert set(tmp_path.iterdir()) == before
+
+
+def test_the_help_teaches_the_target_and_names_docs_that_exist(run):
+    text = " ".join(run("quantize", "--help").stdout.split())
+    for needed in ("--target-bpw B", "--target-size", "whole file", "docs/quantize.md", "--allow-requantize",
+                   "smallest", "q8_0"):
+        assert needed in text, needed
+    names = ", ".join(T.type_name(t) for t in QM.CANDIDATES[:-1]) + f" and {T.type_name(QM.CANDIDATES[-1])}"
+    assert names in text
+    for doc in set(__import__("re").findall(r"docs/[\w-]+\.md", text)):
+        assert (ROOT / doc).exists(), doc
 
 
 @pytest.mark.parametrize("flag", [["--pure"], ["--type", "q4_0"], ["--tensor-type", "attn=q8_0"],

@@ -10,10 +10,11 @@ with `w` the importance matrix's entry for the tensor (mean squared activation o
 the numerator estimates the energy of the error in the tensor's outputs), or 1 without one. The
 sum of these errors over tensors is minimised under the size by the greedy of a knapsack on each
 tensor's lower convex hull of (bytes, error): the step with the largest error removed per byte
-added is taken first while it fits. The choice becomes one ``--tensor-type`` rule per tensor
-kind and type (anchored regular expressions naming the layers), so llama-quantize given the same
-rules (``--tensor-type-file``) and importance matrix writes the same types; the rules are
-recorded in the file under ``quantize.tensor_types`` (a string array of PATTERN=TYPE).
+added is taken first while it fits. The choice becomes one tensor-type rule (PATTERN=TYPE, as
+llama-quantize takes them) per tensor kind and type (anchored regular expressions naming the
+layers), so llama-quantize given the same rules (in its tensor type file) and importance matrix
+writes the same types; the rules are recorded in the file under ``quantize.tensor_types`` (a
+string array of PATTERN=TYPE).
 
 The size is the whole file (header, metadata, padding and all): ``bpw`` means file bytes * 8 /
 the model's weights, so a file made for 4.5 is no larger than 4.5 bits per weight.
@@ -48,7 +49,9 @@ _SUFFIX = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "kib": 1024, "mib": 1024 *
 
 class TargetSizeError(GGToolError):
     """A size target that cannot be met or read: `what` ('bpw' or 'size'), `value` as given,
-    `reason`; `smallest_bytes` / `smallest_bpw` when the target is below the smallest mix."""
+    `reason`; `smallest_bytes` / `smallest_bpw` when the target is below the smallest mix.
+    Its str() is the engine's ("a target of 3 bits per weight: ..."); the command line names
+    its flag (commands/wording.py)."""
 
     kind = "target-size"
 
@@ -56,8 +59,8 @@ class TargetSizeError(GGToolError):
                  smallest_bpw: float | None = None):
         self.what, self.value, self.reason = what, value, reason
         self.smallest_bytes, self.smallest_bpw = smallest_bytes, smallest_bpw
-        flag = "--target-bpw" if what == "bpw" else "--target-size"
-        super().__init__(f"{flag} {value}: {reason}")
+        shown = f"a target of {value} bits per weight" if what == "bpw" else f"a target size of {value}"
+        super().__init__(f"{shown}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,11 @@ class SizeTarget:
 
 
 def parse_target(bpw: float | str | None = None, size: int | str | None = None) -> SizeTarget:
-    """A target from --target-bpw B (a finite number above 0) or --target-size N (bytes, or with a
-    suffix K/M/G (powers of 1000) or KiB/MiB/GiB); exactly one of them."""
+    """A target from `bpw` (bits per weight of the whole file: a finite number above 0) or `size`
+    (bytes, or with a suffix K/M/G (powers of 1000) or KiB/MiB/GiB); exactly one of them."""
     if (bpw is None) == (size is None):
         raise TargetSizeError("bpw" if bpw is not None else "size", bpw if bpw is not None else size,
-                              "give exactly one of --target-bpw and --target-size")
+                              "give exactly one of a bits-per-weight target and a size target")
     if bpw is not None:
         try:
             b = float(bpw)
@@ -256,7 +259,7 @@ def _kind(name: str) -> tuple[str, int | None]:
 
 
 def rules_for(types: dict[str, T.GGMLType]) -> list[str]:
-    """PATTERN=TYPE rules (llama-quantize's --tensor-type syntax) giving exactly these tensors
+    """PATTERN=TYPE rules (llama-quantize's tensor-type syntax) giving exactly these tensors
     these types: per tensor kind and type, one anchored pattern naming its layers."""
     groups: dict[tuple[str, T.GGMLType], list[int | None]] = defaultdict(list)
     for name, t in types.items():
@@ -287,9 +290,12 @@ def _file_type_name(types: dict[str, T.GGMLType], sizes: dict[str, int]) -> str:
 
 def plan_for_target(input_path: str, opts: QuantizeOptions, target: SizeTarget, *,
                     candidates=CANDIDATES, sample_rows: int = SAMPLE_ROWS,
-                    on_tensor: Callable[[int, int, str], None] | None = None) -> TargetMix:
+                    on_tensor: Callable[[int, int, str], None] | None = None,
+                    output_path: str | None = None, force: bool = False) -> TargetMix:
     """Measure every quantizable tensor, choose the mix for the target and plan its file (the
-    options' own tensor-type rules, purity and file type are replaced by the chosen ones)."""
+    options' own tensor-type rules, purity and file type are replaced by the chosen ones).
+    With `output_path`, the outputs the run would refuse (one that exists without `force`, one
+    not writable, one that is an input) are refused first, before anything is measured."""
     from ..gguf_io import GGUFFile
     from .rules import parse_tensor_type_override
 
@@ -307,6 +313,9 @@ def plan_for_target(input_path: str, opts: QuantizeOptions, target: SizeTarget, 
         # now, before the measuring, as the plan of any file type refuses it)
         t = quantized[0]
         raise RequantizeError(t.name, t.src_type, fallback(t.name, candidates[0], int(t.ne[0]))[0], len(quantized))
+    if output_path is not None:
+        from .write import preflight
+        preflight(plan0, output_path, force=force)
     max_bytes = target.max_bytes(plan0.n_elements)
     sens = []
     for k, t in enumerate(eligible):
