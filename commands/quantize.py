@@ -15,6 +15,7 @@ from ggtool.threads import THREADS_ENV, default_threads
 from ._common import NPY_ORDER_HELP, log
 from ._json import document
 from ._progress import progress_bar
+from .wording import cli_message
 
 _TYPE_NAMES = [f.name for f in QM.FILE_TYPES] + list(QM.ALIASES)
 
@@ -52,6 +53,23 @@ as llama-quantize --imatrix does; Q2_K_S needs one.
 a tensor's name wins) sets the type of the tensors it matches (a pattern that
 backtracks for more than 1 s of CPU is refused; one that gives no tensor its
 type is warned about).
+
+A mix for a size: --target-bpw B (bits per weight of the whole file: header,
+metadata and padding counted, so 4.5 means file bytes <= 4.5 * weights / 8) or
+--target-size N (bytes; K/M/G or KiB/MiB/GiB) chooses each tensor's type from
+q2_K, q3_K, q4_0, iq4_nl, q4_1, q4_K, q5_0, q5_1, q5_K, q6_K and q8_0
+(llama.cpp's fallbacks where the rows need them) by measured sensitivity: a
+sample of each tensor's rows is quantized to each type and its error weighted
+by the --imatrix importances (plain squared error without one) relative to the
+tensor's own; the sum of these errors is minimised under the size (largest
+error removed per byte first). The file is no larger than the target; a target
+below the smallest mix is refused, saying the smallest size. INPUT should be
+F32, F16 or BF16: an already quantized one is refused (--allow-requantize
+measures and requantizes it anyway). The choice is written as --tensor-type
+rules, recorded in the file under quantize.tensor_types (a string array) and
+printed by --dry-run, so llama-quantize given them (its tensor type file) and
+the same importance matrix writes the same tensors. --type, --pure and the
+other type options cannot be given with a target. See docs/quantize.md.
 --dry-run prints each tensor's type and why (the rule or fallback that moved
 it), the file size and bits per weight, writing nothing; where the real run
 would refuse before writing (OUTPUT exists, a tensor needs an importance
@@ -81,6 +99,7 @@ Examples:
   $ ggtool quantize w.npy w-q4_0.gguf --name blk.0.ffn_up.weight
   $ ggtool quantize model-Q4_K_M.gguf model-f16.gguf --type f16 --allow-requantize
   $ ggtool quantize model-f16.gguf model-q2_k_s.gguf --type q2_k_s --imatrix imatrix.gguf
+  $ ggtool quantize model-f16.gguf mix.gguf --target-bpw 4.5 --imatrix imatrix.gguf
   $ ggtool quantize model-f16-00001-of-00003.gguf model-q4_0.gguf --keep-split
   $ ggtool compare model.gguf model-q4_0.gguf     # what Q4_0 cost, per tensor
 
@@ -162,7 +181,9 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
             "tensors": [{"name": t.name, "ne": list(t.ne), "src_type": T.type_name(t.src_type),
                          "type": T.type_name(t.dst_type), "src_bytes": t.src_bytes, "bytes": t.dst_bytes,
                          "reasons": list(t.reasons), "fallback": _fallback_note(t) if t.fallback else None}
-                        for t in plan.tensors]}
+                        for t in plan.tensors],
+            **({"tensor_type_rules": list(plan.options.recorded_tensor_types)}
+               if plan.options.recorded_tensor_types else {})}
 
 
 @click.command("quantize", help=HELP,
@@ -194,22 +215,63 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
               help="Quantize tensors that are already quantized (each rounding adds to the last).")
 @click.option("--name", "tensor_name", metavar="NAME", help="Tensor name for a .npy INPUT (default: its file stem).")
 @click.option("--force", is_flag=True, help="Overwrite an existing OUTPUT.")
+@click.option("--target-bpw", metavar="B",
+              help="Choose each tensor's type by measured sensitivity so the whole file is at most B bits per weight.")
+@click.option("--target-size", metavar="SIZE",
+              help="The same for a file of at most SIZE bytes (K/M/G: 1000s; KiB/MiB/GiB: 1024s).")
 @click.option("--dry-run", is_flag=True, help="Print each tensor's type and why, the sizes (stdout); write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON on stdout.")
 @click.option("--verbose", "-v", is_flag=True, help="Say why each tensor got its type, and each fallback (stderr).")
 @click.option("--quiet", "-q", is_flag=True, help="No per-tensor lines, no progress bar, no summary.")
-def command(input_path, output_path, ftype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
-            tensor_types, kv_overrides, imatrix_path, n_threads, keep_split, allow_requantize, tensor_name, force, dry_run, as_json,
-            verbose, quiet):
+@click.pass_context
+def command(ctx, input_path, output_path, ftype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
+            tensor_types, kv_overrides, imatrix_path, n_threads, keep_split, allow_requantize, tensor_name, force,
+            target_bpw, target_size, dry_run, as_json, verbose, quiet):
     if as_json and not dry_run:
         raise click.UsageError("--json describes the plan: use it with --dry-run")
+    target = None
+    if target_bpw is not None or target_size is not None:
+        if target_bpw is not None and target_size is not None:
+            raise click.UsageError("--target-bpw and --target-size: give one of them, not both")
+        try:
+            target = QM.parse_target(target_bpw, target_size)
+        except QM.TargetSizeError as e:      # a value no model could meet: a usage error (exit 2)
+            raise click.UsageError(cli_message(e)) from None
+        given = [f for f, v in (("--type", ctx.get_parameter_source("ftype") == click.core.ParameterSource.COMMANDLINE),
+                                ("--pure", pure), ("--tensor-type", tensor_types),
+                                ("--output-tensor-type", output_tensor_type),
+                                ("--token-embedding-type", token_embedding_type)) if v]
+        if given:
+            raise click.UsageError(f"{given[0]} chooses types itself: a size target chooses every tensor's type")
     imatrix = read_imatrix(imatrix_path) if imatrix_path else None   # its errors: wording.py names --imatrix
     opts = QM.QuantizeOptions(type=ftype, pure=pure, leave_output_tensor=leave_output_tensor,
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
                               tensor_types=list(tensor_types), kv_overrides=list(kv_overrides),
                               threads=n_threads, name=tensor_name, allow_requantize=allow_requantize,
                               keep_split=keep_split, imatrix=imatrix, dry_run=dry_run)
-    plan = QM.plan_quantization(input_path, opts)   # a refusal a flag overrides: wording.py names it
+    if target is None:
+        plan = QM.plan_quantization(input_path, opts)   # a refusal a flag overrides: wording.py names it
+        rules = []
+    else:
+        with progress_bar(0, "measure", "tensor", quiet=quiet) as mbar:
+            def measured(k, total, name):
+                if mbar is not None:
+                    mbar.total = total
+                    mbar.update(1)
+                elif verbose:
+                    log(f"measuring [{k + 1}/{total}] {name}")
+            # OUTPUT checked before the measuring (minutes on a large model), as the run checks it
+            mix = QM.plan_for_target(input_path, opts, target, on_tensor=measured,
+                                     output_path=None if dry_run else output_path, force=force)
+        plan, rules = mix.plan, mix.rules
+        if not quiet:
+            log(f"{'target' if target.what == 'bpw' else 'target size'} {target.shown}"
+                f"{' bits per weight' if target.what == 'bpw' else ''}: "
+                f"{mix.file_bytes:,} bytes ({mix.bits_per_weight:.4f} bits per weight, whole file), "
+                f"{len(rules)} tensor-type rules (recorded under {QM.RECORD_KEY})")
+        if verbose and not dry_run:
+            for r in rules:
+                log(f"  --tensor-type {r}")
     n = len(plan.tensors)
     for w in plan.warnings:
         if not quiet:
@@ -223,6 +285,8 @@ def command(input_path, output_path, ftype, pure, leave_output_tensor, output_te
                 out.write(tensor_line(t, n, why=True) + "\n")
             for line in summary_lines(plan):
                 out.write(line + "\n")
+            for r in rules:
+                out.write(f"tensor-type {r}\n")
         # what the real run would refuse before writing, refused here in its words (exit 1)
         QM.preflight(plan, output_path, force=force)
         if not as_json:

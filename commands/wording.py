@@ -37,6 +37,9 @@ def cli_message(e: BaseException) -> str:
         return e.worded(file_label=lambda path: f"--imatrix {path}")
     if isinstance(e, InputError):
         return input_message(e)
+    if e.kind == "target-size":                      # quantize's --target-bpw / --target-size
+        flag = "--target-bpw" if e.what == "bpw" else "--target-size"
+        return f"{flag} {e.value}: {e.reason}"
     if e.kind in ("regex-timeout", "regex-syntax"):     # a user regex: the flag it came from
         return f"--{e.origin}: {e}"
     flag = {"output-exists": " (use --force to overwrite it)",      # quantize's and set-metadata's OUTPUT

@@ -35,6 +35,13 @@ def kv_scalar(key: str, vtype: int, value) -> bytes:
     return gguf_string(key) + struct.pack("<I", vtype) + struct.pack(_SCALAR_FORMATS[vtype], value)
 
 
+def kv_string_array(key: str, values) -> bytes:
+    """The raw bytes of one metadata key whose value is an array of strings."""
+    values = list(values)
+    return (gguf_string(key) + struct.pack("<IIQ", ARRAY, STRING, len(values))
+            + b"".join(gguf_string(v) for v in values))
+
+
 def kv_u32(key: str, value: int) -> bytes:
     return kv_scalar(key, UINT32, value)
 

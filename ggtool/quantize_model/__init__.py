@@ -5,7 +5,7 @@ This package is the API the `quantize` command uses; it re-exports the public na
 `.ftypes` (the file types: names, ids, default tensor types), `.mix` (which type each tensor gets:
 llama.cpp's llama_tensor_get_type, as tables), `.rules` (options, the plan, the header),
 `.convert` (pieces of rows read, dequantized and quantized; the default `RowConverter`) and
-`.write` (the writing loop: `run_quantization`, `quantize_file`).  Errors carry what and where as
+`.target` (a mix for a size: types chosen by measured sensitivity), `.write` (the writing loop: `run_quantization`, `quantize_file`).  Errors carry what and where as
 fields (`RequantizeError`, `ImatrixRequiredError`, `InvalidDataError`, `FileTypeError`, `TargetTypeError`, `OverrideSyntaxError`, gguf_io's
 `OutputPathError`); the command line words them.
 """
@@ -29,6 +29,7 @@ from .mix import (
 from .rules import (
     GGML_QNT_VERSION,
     GGUF_DEFAULT_ALIGNMENT,
+    RECORD_KEY,
     WRITABLE,
     ImatrixRequiredError,
     KVOverride,
@@ -47,6 +48,18 @@ from .rules import (
     plan_quantization,
     tensor_bytes,
 )
+from .target import (
+    CANDIDATES,
+    SizeTarget,
+    TargetMix,
+    TargetSizeError,
+    TensorSensitivity,
+    allocate,
+    measure,
+    parse_target,
+    plan_for_target,
+    rules_for,
+)
 from .write import (
     PIECE_BYTES,
     WINDOW_BYTES,
@@ -58,6 +71,17 @@ from .write import (
 )
 
 __all__ = [
+    "CANDIDATES",
+    "RECORD_KEY",
+    "SizeTarget",
+    "TargetMix",
+    "TargetSizeError",
+    "TensorSensitivity",
+    "allocate",
+    "measure",
+    "parse_target",
+    "plan_for_target",
+    "rules_for",
     "ALIASES",
     "FILE_TYPES",
     "GGML_QNT_VERSION",

@@ -45,6 +45,7 @@ from .ftypes import FileType, file_type
 from .mix import C, Choice, Mix, ModelInfo, TensorTypeOverride, category, fallback, requires_imatrix
 
 GGML_QNT_VERSION = 2
+RECORD_KEY = "quantize.tensor_types"   # the rules a size target chose (a string array), not llama.cpp's
 GGUF_DEFAULT_ALIGNMENT = DEFAULT_ALIGNMENT
 _G = T.GGMLType
 # the tensor types ggtool writes with GGML's bytes (what a rule, a fallback or an option may choose)
@@ -155,6 +156,8 @@ class QuantizeOptions:
     keep_split: bool = False       # a split input gives as many output files, the same tensors in each
     imatrix: Imatrix | None = None  # importance matrix (ggtool.imatrix): the weighted quantizers
     dry_run: bool = False          # plan only: a missing required importance matrix is a refusal kept in the plan
+    # PATTERN=TYPE lines written under quantize.tensor_types (a size target's chosen rules); none: no key
+    recorded_tensor_types: tuple[str, ...] = ()
 
     def __post_init__(self):
         self.type = file_type(self.type)
@@ -351,6 +354,8 @@ def _file_type_kv(opts: QuantizeOptions) -> list[tuple[str, bytes]]:
           ("general.file_type", W.kv_u32("general.file_type", opts.type.id))]
     for o in _overrides(opts):
         kv = [(k, raw) for k, raw in kv if k != o.key] + [(o.key, o.raw())]
+    if opts.recorded_tensor_types:
+        kv.append((RECORD_KEY, W.kv_string_array(RECORD_KEY, opts.recorded_tensor_types)))
     return kv
 
 
@@ -396,7 +401,8 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     drop = {"general.quantization_version", "general.file_type", *SPLIT_KEYS}
     raw = g.reader.data
     kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
-    kv = [(k, b) for k, b in kv if k not in {o.key for o in _overrides(opts)}] + _file_type_kv(opts)
+    replaced = {o.key for o in _overrides(opts)} | ({RECORD_KEY} if opts.recorded_tensor_types else set())
+    kv = [(k, b) for k, b in kv if k not in replaced] + _file_type_kv(opts)
     split = opts.keep_split
     # llama.cpp's order: by layer and name, or (keeping a split, even of one file) shard by shard in
     # file order

@@ -118,6 +118,9 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
             for it in window:
                 t = it.t
                 if it.first:
+                    if pos != t.dst_offset:      # the header's offsets are what readers trust
+                        raise GGToolError(f"internal error: tensor '{t.name}' would start at data offset {pos}, "
+                                          f"the header says {t.dst_offset}")
                     if on_start:
                         on_start(t)
                     written = 0
@@ -144,6 +147,8 @@ def run_quantization(plan: QuantizePlan, output_path: str, *, force: bool = Fals
                     pos = end
                     if on_done:
                         on_done(t)
+        if len(head) + pos != out.size():     # checked before the temporary file is renamed
+            raise GGToolError(f"internal error: {path}: wrote {len(head) + pos} bytes, planned {out.size()}")
         return len(head) + pos
 
     size = 0

@@ -1,0 +1,246 @@
+"""`quantize --target-bpw/--target-size`: a mix of tensor types chosen by measured error for a size
+(ggtool.quantize_model.target): the size kept, the error minimised, the rules recorded and
+reproducing the file, and every bad target one line."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from conftest import fails, write_gguf
+
+from ggtool import quantize_model as QM
+from ggtool import types as T
+from ggtool.imatrix import Imatrix, read_imatrix
+from ggtool.quantize_model import target as TG
+
+ROOT = Path(__file__).resolve().parent.parent
+STORIES = ROOT / "fixtures" / "stories260K.gguf"
+IMATRIX = ROOT / "tests" / "golden" / "imatrix" / "stories260K-imatrix.gguf"
+_G = T.GGMLType
+
+
+@pytest.mark.parametrize("bpw, size, fragment", [
+    ("nan", None, "finite number above 0"), ("inf", None, "finite number above 0"), ("-1", None, "above 0"),
+    ("0", None, "above 0"), ("abc", None, "not a number"), (None, "10x", "expected bytes"),
+    (None, "0", "above 0 bytes"), (None, "-5M", "expected bytes"), ("4", "1M", "exactly one"), (None, None, "exactly one")])
+def test_bad_targets_are_refused(bpw, size, fragment):
+    with pytest.raises(QM.TargetSizeError, match=fragment):
+        QM.parse_target(bpw, size)
+
+
+def test_sizes_read_with_their_suffixes():
+    assert QM.parse_target(size="1.5MiB").size == 1572864
+    assert QM.parse_target(size="2M").size == 2_000_000
+    assert QM.parse_target(size="123").size == 123
+    t = QM.parse_target(bpw="4.5")
+    assert t.max_bytes(1000) == 562          # floor(4.5 * 1000 / 8)
+
+
+def _sens(name, pts):
+    return QM.TensorSensitivity(name, (256, 1), [TG.Option(_G.Q4_K, b, e) for b, e in pts], True)
+
+
+def test_allocation_keeps_the_budget_and_is_the_best_on_a_small_case():
+    rng = np.random.default_rng(3)
+    sens = []
+    for k in range(4):
+        sizes = np.sort(rng.integers(10, 100, 4))
+        errs = np.sort(rng.random(4))[::-1]
+        sens.append(_sens(f"t{k}", list(zip(sizes.tolist(), errs.tolist()))))
+    for budget in range(40, 400, 7):
+        got = QM.allocate(sens, budget)
+        best = min((sum(o.error for o in c) for c in itertools.product(*(s.options for s in sens))
+                    if sum(o.bytes for o in c) <= budget), default=None)
+        if best is None:
+            assert got is None
+            continue
+        assert sum(o.bytes for o in got.values()) <= budget
+        # the greedy on convex hulls is within the error of one step of the optimum; here exact or close
+        assert sum(o.error for o in got.values()) <= best * 1.5 + 1e-12
+    assert QM.allocate(sens, 10 ** 6) == {s.name: min(s.options, key=lambda o: o.error) for s in sens}
+
+
+def test_the_largest_error_removed_per_byte_is_taken_first():
+    a = _sens("a", [(10, 1.0), (20, 0.5)])      # 0.05 per byte
+    b = _sens("b", [(10, 1.0), (20, 0.1)])      # 0.09 per byte
+    got = QM.allocate([a, b], 30)
+    assert (got["a"].bytes, got["b"].bytes) == (10, 20)
+
+
+def test_weighted_error_weights_the_columns():
+    x = np.array([[1.0, 1.0]], np.float32)
+    q = np.array([[0.0, 1.0]], np.float32)
+    assert TG.weighted_error(x, q, None) == 0.5
+    assert TG.weighted_error(x, q, np.array([3.0, 1.0], np.float32)) == 0.75
+    assert TG.weighted_error(np.zeros((1, 2), np.float32), q, None) == 0.0
+
+
+def _model(tmp_path, layers=4):
+    rng = np.random.default_rng(7)
+    ts = {"token_embd.weight": rng.standard_normal((64, 256)).astype(np.float32),
+          "output.weight": rng.standard_normal((64, 256)).astype(np.float32)}
+    for i in range(layers):
+        ts[f"blk.{i}.attn_q.weight"] = rng.standard_normal((64, 256)).astype(np.float32)
+        ts[f"blk.{i}.ffn_down.weight"] = (rng.standard_normal((64, 256)) * (10.0 if i == 0 else 1.0)).astype(np.float32)
+    return write_gguf(tmp_path / "m.gguf", ts, arch="llama", kv={"llama.block_count": layers}), ts
+
+
+def test_the_mix_is_no_worse_than_any_single_type_of_its_size(tmp_path):
+    src, ts = _model(tmp_path)
+    w = Imatrix("w", {n: np.linspace(0.1, 4.0, 256, dtype=np.float32) for n in ts})
+    opts = QM.QuantizeOptions(imatrix=w)
+    mix = QM.plan_for_target(src, opts, QM.parse_target(bpw=4.0))
+    n = mix.plan.n_elements
+    assert mix.file_bytes <= math.floor(4.0 * n / 8)
+    assert len(set(mix.types.values())) > 1                     # a mix, not one type
+    for t in QM.CANDIDATES:                                      # every uniform choice that fits is no better
+        if sum(next(o.bytes for o in s.options if o.type == t) for s in mix.sensitivities) <= \
+                sum(mix.plan.tensors[i].dst_bytes for i in range(len(mix.plan.tensors))):
+            uniform = sum(next(o.error for o in s.options if o.type == t) for s in mix.sensitivities)
+            assert mix.predicted_error <= uniform + 1e-12, t
+    # more room, less error; the error measured is the error the file has
+    big = QM.plan_for_target(src, opts, QM.parse_target(bpw=6.0))
+    assert big.predicted_error < mix.predicted_error and big.file_bytes > mix.file_bytes
+
+
+def test_the_file_keeps_the_size_and_records_rules_that_reproduce_it(run, tmp_path):
+    out, again = tmp_path / "mix.gguf", tmp_path / "again.gguf"
+    r = run("quantize", STORIES, out, "--target-bpw", "8.5", "--imatrix", IMATRIX, "-q")
+    assert r.exit_code == 0, r.output
+    reader = gguf.GGUFReader(str(out))
+    n = sum(int(t.n_elements) for t in reader.tensors)
+    assert out.stat().st_size <= math.floor(8.5 * n / 8)
+    field = reader.fields[QM.RECORD_KEY]
+    rules = [bytes(field.parts[i]).decode() for i in field.data]
+    assert rules and all("=" in x for x in rules)
+    ftype = reader.fields["general.file_type"].contents()
+    name = next(f.name for f in QM.FILE_TYPES if f.id == ftype)
+    args = [a for x in rules for a in ("--tensor-type", x)]
+    r = run("quantize", STORIES, again, "--type", name, "--imatrix", IMATRIX, *args, "-q")
+    assert r.exit_code == 0, r.output
+    b = gguf.GGUFReader(str(again))
+    assert {t.name: (t.tensor_type, t.data.tobytes()) for t in reader.tensors} == \
+        {t.name: (t.tensor_type, t.data.tobytes()) for t in b.tensors}
+    assert QM.RECORD_KEY not in b.fields          # only a size target records its rules
+    dry = run("quantize", STORIES, tmp_path / "d.gguf", "--target-bpw", "8.5", "--imatrix", IMATRIX, "--dry-run", "-q")
+    assert [x.removeprefix("tensor-type ") for x in dry.stdout.splitlines() if x.startswith("tensor-type ")] == rules
+
+
+def test_a_target_below_the_smallest_mix_is_one_line_and_no_file(run, tmp_path):
+    out = tmp_path / "o.gguf"
+    err = fails(run("quantize", STORIES, out, "--target-bpw", "2"), "--target-bpw 2: the smallest mix of",
+                "bits per weight), above the target of")
+    assert not out.exists() and len(err.splitlines()) == 1
+    fails(run("quantize", STORIES, out, "--target-size", "100K"), "--target-size 100K: the smallest mix")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--target-bpw", "nan"], "--target-bpw nan: bits per weight must be a finite number above 0"),
+    (["--target-bpw", "inf"], "--target-bpw inf: bits per weight must be"),
+    (["--target-bpw", "1e400"], "--target-bpw 1e400: bits per weight must be"),
+    (["--target-bpw", "-1"], "--target-bpw -1: bits per weight must be"),
+    (["--target-bpw", ""], "--target-bpw : not a number"),
+    (["--target-bpw", "4.5bits"], "--target-bpw 4.5bits: not a number"),
+    (["--target-size", "1e3"], "--target-size 1e3: expected bytes"),
+    (["--target-size", "-5M"], "--target-size -5M: expected bytes"),
+    (["--target-size", "0K"], "--target-size 0K: the size must be above 0 bytes"),
+    (["--target-bpw", "4", "--target-size", "1M"], "--target-bpw and --target-size: give one of them, not both")])
+def test_a_target_no_model_could_meet_is_a_usage_error(run, tmp_path, args, fragment):
+    out = tmp_path / "o.gguf"
+    err = fails(run("quantize", STORIES, out, *args), fragment, code=2)
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_the_engine_names_no_flag_and_the_command_line_does():
+    """TargetSizeError's str() is the engine's words; wording.py gives the flag and the value as typed."""
+    from ggtool.commands.wording import cli_message
+
+    for bpw, size, flag in (("nan", None, "--target-bpw nan: "), (None, "12Q", "--target-size 12Q: ")):
+        with pytest.raises(QM.TargetSizeError) as e:
+            QM.parse_target(bpw, size)
+        assert "--" not in str(e.value)
+        assert cli_message(e.value).startswith(flag)
+
+
+def test_a_huge_target_gives_each_tensor_its_least_error_type(tmp_path):
+    src, _ = _model(tmp_path, layers=1)
+    mix = QM.plan_for_target(src, QM.QuantizeOptions(), QM.parse_target(bpw="1e30"))
+    for s in mix.sensitivities:
+        assert mix.types[s.name] == min(s.options, key=lambda o: (o.error, o.bytes)).type
+    assert QM.parse_target(size="999999G").max_bytes(1) == 999999 * 1000 ** 3
+
+
+def test_an_existing_output_is_refused_before_anything_is_measured(run, tmp_path):
+    src, _ = _model(tmp_path, layers=1)
+    out = tmp_path / "o.gguf"
+    out.write_bytes(b"keep me")
+    with pytest.raises(QM.OutputPathError):
+        QM.plan_for_target(src, QM.QuantizeOptions(), QM.parse_target(bpw=8), output_path=str(out),
+                           on_tensor=lambda *a: pytest.fail("measured"))
+    fails(run("quantize", src, out, "--target-bpw", "8"), "exists", "--force")
+    assert out.read_bytes() == b"keep me"
+    assert QM.plan_for_target(src, QM.QuantizeOptions(), QM.parse_target(bpw=8), output_path=str(out),
+                              force=True).file_bytes > 0
+
+
+def test_a_quantized_input_is_one_line_naming_allow_requantize(run, tmp_path):
+    src, _ = _model(tmp_path, layers=1)
+    q, out = tmp_path / "q.gguf", tmp_path / "o.gguf"
+    QM.quantize_file(src, q, QM.QuantizeOptions(type="Q8_0"))
+    fails(run("quantize", q, out, "--target-bpw", "6"), "is already quantized (q8_0)", "--allow-requantize")
+    assert not out.exists()
+    r = run("quantize", q, out, "--target-bpw", "6", "--allow-requantize", "-q")
+    assert r.exit_code == 0, r.output
+    assert out.stat().st_size <= math.floor(6 * QM.plan_for_target(
+        q, QM.QuantizeOptions(allow_requantize=True), QM.parse_target(bpw=6)).plan.n_elements / 8)
+
+
+def test_a_plan_whose_offsets_are_wrong_writes_no_file(tmp_path):
+    """The writer checks each tensor starts where the header says and the file's size is the plan's,
+    before the temporary file is renamed: nothing is left behind."""
+    src, _ = _model(tmp_path, layers=1)
+    mix = QM.plan_for_target(src, QM.QuantizeOptions(), QM.parse_target(bpw=8))
+    mix.plan.files[0].tensors[1].dst_offset += 32
+    out = tmp_path / "o.gguf"
+    before = set(tmp_path.iterdir())
+    with pytest.raises(Exception, match="internal error"):
+        QM.run_quantization(mix.plan, str(out))
+    assert set(tmp_path.iterdir()) == before
+
+
+def test_the_help_teaches_the_target_and_names_docs_that_exist(run):
+    text = " ".join(run("quantize", "--help").stdout.split())
+    for needed in ("--target-bpw B", "--target-size", "whole file", "docs/quantize.md", "--allow-requantize",
+                   "smallest", "q8_0"):
+        assert needed in text, needed
+    names = ", ".join(T.type_name(t) for t in QM.CANDIDATES[:-1]) + f" and {T.type_name(QM.CANDIDATES[-1])}"
+    assert names in text
+    for doc in set(__import__("re").findall(r"docs/[\w-]+\.md", text)):
+        assert (ROOT / doc).exists(), doc
+
+
+@pytest.mark.parametrize("flag", [["--pure"], ["--type", "q4_0"], ["--tensor-type", "attn=q8_0"],
+                                  ["--output-tensor-type", "q8_0"]])
+def test_options_that_choose_types_conflict_with_a_target(run, tmp_path, flag):
+    fails(run("quantize", STORIES, tmp_path / "o.gguf", "--target-bpw", "8", *flag), flag[0], code=2)
+
+
+def test_an_npy_array_has_no_mix(run, tmp_path):
+    p = tmp_path / "w.npy"
+    np.save(p, np.ones((4, 256), np.float32))
+    fails(run("quantize", p, tmp_path / "o.gguf", "--target-bpw", "8"), "needs a GGUF model")
+
+
+def test_requantizing_is_refused_before_anything_is_measured(tmp_path):
+    src, _ = _model(tmp_path, layers=1)
+    q = tmp_path / "q.gguf"
+    QM.quantize_file(src, q, QM.QuantizeOptions(type="Q8_0"))
+    with pytest.raises(QM.RequantizeError):
+        QM.plan_for_target(q, QM.QuantizeOptions(), QM.parse_target(bpw=6), on_tensor=lambda *a: pytest.fail("measured"))
+    assert read_imatrix(IMATRIX).values            # the fixture the CLI tests use is there
