@@ -139,11 +139,12 @@ class Binding:
     buffer's payload offset and size, the outputs it was made for, and every moved tensor's
     context-mode data offset (restored by `unbind`)."""
 
-    __slots__ = ("allocation", "offset", "size", "outputs", "saved", "__weakref__")   # a frozen graph's
+    __slots__ = ("allocation", "offset", "size", "outputs", "kept", "saved", "__weakref__")   # a frozen graph's
     # description on the pool (pool.wire.Described) holds its binding weakly, to see it replaced
 
-    def __init__(self, allocation, offset: int, size: int, outputs: frozenset, saved: list):
+    def __init__(self, allocation, offset: int, size: int, outputs: frozenset, saved: list, kept: frozenset = frozenset()):
         self.allocation, self.offset, self.size, self.outputs, self.saved = allocation, offset, size, outputs, saved
+        self.kept = kept        # id() of the outputs and their roots: results a compute must write
 
 
 def bind(graph, outputs=(), plan: Plan | None = None):
@@ -182,7 +183,8 @@ def bind(graph, outputs=(), plan: Plan | None = None):
         if vs is not None and id(vs) in allocation.offsets:
             saved.append((t, t.data_offset))
             t.data_offset = vs.data_offset + t.view_offs
-    graph.binding = Binding(allocation, buf[0], buf[1], key, saved)
+    kept = key | frozenset(id(t.root) for t in outputs)
+    graph.binding = Binding(allocation, buf[0], buf[1], key, saved, kept)
     return allocation
 
 
@@ -299,7 +301,8 @@ def _bound(graph, plan: Plan):
     key = (id(plan), plan.numerics, id(graph.binding), plan.work_offset, buffers)
     if got is not None and got[0] == key and got[1].fresh():
         return got[1]
-    program = runner.make_program(graph.nodes, 1, plan.numerics, fuse=graph.binding is not None)
+    b = graph.binding
+    program = runner.make_program(graph.nodes, 1, plan.numerics, fuse=b is not None, keep=b.kept if b else frozenset())
     if program is None:
         return None
     bound = runner.bind(program, graph.nodes, plan.numerics, 0, 1)

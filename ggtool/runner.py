@@ -147,13 +147,15 @@ def _changing(nodes) -> set:
     return {id(t.root) for t in nodes if t.op not in _VIEWS}
 
 
-def _fused(nodes, i: int, numerics: str, uses):
-    """The fused step of nodes i and i+1 where the op fuses them (Kernel.fuse), else None."""
+def _fused(nodes, i: int, numerics: str, uses, keep: frozenset):
+    """The fused step of nodes i and i+1 where the op fuses them (Kernel.fuse), else None: never for
+    a node whose result is asked for (an output flag, or `keep`: the compute's outputs)."""
     from .tensor import FLAG_OUTPUT
 
     node = nodes[i]
     fuse = kernel_for(node).fuse
-    if fuse is None or i + 1 >= len(nodes) or uses.get(id(node), 0) != 1 or node.flags & FLAG_OUTPUT:
+    if fuse is None or i + 1 >= len(nodes) or uses.get(id(node), 0) != 1 or node.flags & FLAG_OUTPUT \
+            or id(node) in keep:
         return None
     try:
         return fuse(node, nodes[i + 1], numerics)
@@ -161,13 +163,14 @@ def _fused(nodes, i: int, numerics: str, uses):
         return None
 
 
-def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bool = False) -> Program | None:
+def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bool = False,
+                 keep: frozenset = frozenset()) -> Program | None:
     """The steps of `nodes` for nth participants (see the module's docstring), or None where this
     process has no compiled runner (`available`; the kernels the steps would use are asked for all
     the same, for the next run) or the graph is not worth it (`worth`); `compiled` False: every step
     in Python (the runner's loop and barrier still). `fuse`: nodes GGML fuses (Kernel.fuse) are one
     step, where only the program's outputs matter (a compute in the graph allocator's buffer): the
-    first node's result is then never written."""
+    first node's result is then never written; `keep`: id() of the tensors asked for, never fused away."""
     if not worth(nodes):
         return None
     steps = []
@@ -187,7 +190,7 @@ def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bo
         k = kernel_for(node)
         only0 = 0 if k.splits() else ONLY0
         if uses is not None:
-            both = _fused(nodes, i, numerics, uses)
+            both = _fused(nodes, i, numerics, uses, keep)
             if both is not None and kernel_ready(both.kernel):
                 steps.append((both.kernel, i, only0, FUSED))
                 skip = i + 1
@@ -377,12 +380,15 @@ def participate(bound: Bound, nodes, ith: int, nth: int, work, sync: Sync, progr
 
 def _error_message(i: int, node, ith: int, nth: int, work, code: int) -> str:
     quiet = type(work)(work.wdata, None, work.numerics)   # no barrier in the re-run: the others stopped
-    try:
-        with np.errstate(all="ignore"):
-            run_node(i, node, ith, nth, quiet)
-    except ComputeError as e:
-        return str(e)
-    except Aborted:   # pragma: no cover
-        pass
+    # this participant's share first; then the whole node, since a compiled step may share the work
+    # out otherwise than the Python forward does (mm_convert splits a row's blocks, the forward rows)
+    for share in ((ith, nth), (0, 1)) if nth > 1 else ((ith, nth),):
+        try:
+            with np.errstate(all="ignore"):
+                run_node(i, node, *share, quiet)
+        except ComputeError as e:
+            return str(e)
+        except Aborted:   # pragma: no cover
+            pass
     return str(node_error(i, node, GGToolError(f"its compiled kernel failed (code {code}) where its Python "
                                                 f"forward does not: a bug in ggtool")))

@@ -477,13 +477,25 @@ def test_kernel_workers_cannot_import_is_a_clear_error(pool):
         KERNELS.pop("TEST_POOL_LOCAL")
 
 
+def _wait_dead(pid: int, timeout: float = 10.0) -> None:
+    """Until the killed child has exited, every thread of it (waitid without reaping it: the pool
+    reaps it). A fixed sleep is not enough on a loaded machine, and /proc's Z comes too early for a
+    process with threads (its leader shows Z while the others still exit)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} still runs {timeout} s after SIGKILL")
+
+
 def test_worker_killed_between_graphs_is_replaced(shm_clean):
     with WorkerPool(2) as p:
         g, y = chain(ggtool.Context(), 4)
         ggtool.graph_compute(g, 2, pool=p)
         (pid,) = p.pids
         os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
+        _wait_dead(pid)      # dead before the next graph, however loaded the machine
         y.data[...] = 0
         ggtool.graph_compute(g, 2, pool=p)  # rebuilt transparently
         assert p.pids != [pid] and np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)

@@ -244,3 +244,20 @@ def test_requantizing_is_refused_before_anything_is_measured(tmp_path):
     with pytest.raises(QM.RequantizeError):
         QM.plan_for_target(q, QM.QuantizeOptions(), QM.parse_target(bpw=6), on_tensor=lambda *a: pytest.fail("measured"))
     assert read_imatrix(IMATRIX).values            # the fixture the CLI tests use is there
+
+
+def test_a_mix_is_named_by_the_file_type_of_its_main_type():
+    """general.file_type names the type holding most weights, for every candidate (a mostly-IQ4_NL
+    mix is IQ4_NL, not a default); F16/F32 tensors do not count."""
+    for t in TG.CANDIDATES:
+        name = TG._file_type_name({"a": t, "b": T.Q8_0, "c": T.F16}, {"a": 100, "b": 10, "c": 1000})
+        assert next(f.default for f in QM.FILE_TYPES if f.name == name) == t, t
+    assert TG._file_type_name({"a": T.GGMLType.IQ4_NL}, {"a": 1}) == "IQ4_NL"
+
+
+def test_rules_keep_a_top_level_tensor_apart_from_layers_of_its_name():
+    """A top-level tensor named as a layer's tail (`attn_q.weight` beside `blk.N.attn_q.weight`)
+    gets its own anchored rule; the layers theirs."""
+    rules = TG.rules_for({"attn_q.weight": T.Q8_0, "blk.0.attn_q.weight": T.Q8_0, "blk.1.attn_q.weight": T.Q4_0})
+    assert sorted(rules) == sorted([r"^attn_q\.weight$=q8_0", r"^blk\.0\.attn_q\.weight$=q8_0",
+                                    r"^blk\.1\.attn_q\.weight$=q4_0"])

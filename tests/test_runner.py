@@ -171,6 +171,19 @@ def test_rms_norm_then_mul_fused_as_ggml_fuses_them(pool3):
     same_as_python(g, [z], pools=[pool3], alloc="graph", outputs=[z])
 
 
+def test_a_norm_asked_for_is_not_fused_away(pool3):
+    """An output of the compute (graph allocator, outputs=[norm, z]) is written even where GGML's
+    fusion would skip it: the norm's bytes are the Python path's, on 1..3 participants."""
+    ctx = ggtool.Context()
+    x = leaf(ctx, values((5, 64)))
+    w = leaf(ctx, values((1, 64)))
+    n = F["rms_norm"](ctx, x, 1e-5)
+    z = F["add"](ctx, F["mul"](ctx, n, w), x)
+    g = ggtool.Graph(ctx).expand(z)
+    assert compiled_kernels(g, fuse=True) == ["rms_norm_f32", "binary_f32"]     # fused where not asked for
+    same_as_python(g, [n, z], pools=[pool3], alloc="graph", outputs=[n, z])
+
+
 # -- rows, copies ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("type_", ["f32", "f16", "i32", "q4_0", "q8_0"])
 def test_get_rows_of_every_type_it_compiles(type_, pool3):
@@ -403,12 +416,15 @@ def test_a_compiled_kernels_error_is_its_forwards(pool3):
     assert _error(g, 3, pool3) == want
 
 
-def test_a_nan_the_activation_quantizer_refuses(pool3):
+@pytest.mark.parametrize("row", [0, 1])
+def test_a_nan_the_activation_quantizer_refuses(pool3, row):
+    """The same line on 1..3 participants, wherever the NaN is: mm_convert shares a row's blocks out,
+    the Python forward whole rows, so the participant that meets it may hold none of its row there."""
     ctx = ggtool.Context()
     a = ctx.new_tensor("q8_0", [64, 16])
     a.set_data(quant.quantize(values((16, 64), special=False), "q8_0"))
     x = values((2, 64), special=False)
-    x[1, 40] = np.nan
+    x[row, 40] = np.nan
     y = F["mul_mat"](ctx, a, leaf(ctx, x))
     g = ggtool.Graph(ctx).expand(y)
     assert compiled_kernels(g) == ["mm_convert", "mm_q32"]
@@ -417,10 +433,11 @@ def test_a_nan_the_activation_quantizer_refuses(pool3):
         want = _error(g)
     finally:
         compute.COMPILED = True
-    assert want.endswith("failed: mul_mat: b 'leaf_1' holds NaN at [40, 1, 0, 0] (ne order), which cannot be converted "
-                         "to q8_0, the weights' vec_dot_type")
+    assert want.endswith(f"failed: mul_mat: b 'leaf_1' holds NaN at [40, {row}, 0, 0] (ne order), which cannot be "
+                         "converted to q8_0, the weights' vec_dot_type")
     assert _error(g) == want
     assert _error(g, 2, pool3) == want
+    assert _error(g, 3, pool3) == want
 
 
 # -- the barrier ------------------------------------------------------------------------------------------------

@@ -254,7 +254,9 @@ class WorkerPool:
         records, kernels, work = wire.describe(graph, plan, contexts)
         self.stats["described"] += 1
         n_tasks = tuple([p.n_tasks for p in plan.nodes])
-        fingerprint = (nth, work, n_tasks, records, tuple(kernels.items()))
+        kept = graph.binding.kept if graph.binding is not None else frozenset()
+        asked = tuple(i for i, t in enumerate(graph.nodes) if id(t) in kept)    # the fused steps depend on it
+        fingerprint = (nth, work, n_tasks, records, tuple(kernels.items()), asked)
         if frozen:
             self._described[id(graph), id(plan), nth] = wire.Described(graph, plan, fingerprint, contexts, work)
             while len(self._described) > _GRAPH_CACHE:
@@ -265,7 +267,9 @@ class WorkerPool:
             return entry
         key = self._next_key
         self._next_key += 1
-        program = runner.make_program(graph.nodes, nth, plan.numerics, fuse=graph.binding is not None)
+        b = graph.binding
+        program = runner.make_program(graph.nodes, nth, plan.numerics, fuse=b is not None,
+                                      keep=b.kept if b else frozenset())
         prog0, progw = programs(plan, nth) if program is None else ((), ())
         segs = {r[2] for r in records if isinstance(r[2], str)} | {work[0]}
         entry = _Entry(key, wire.pack(records, graph.n_nodes, kernels, work, progw, program), segs, prog0, program)

@@ -42,7 +42,8 @@ _G = T.GGMLType
 CANDIDATES = (_G.Q2_K, _G.Q3_K, T.Q4_0, _G.IQ4_NL, _G.Q4_1, _G.Q4_K, _G.Q5_0, _G.Q5_1, _G.Q5_K, _G.Q6_K, T.Q8_0)
 # the file type that names a mix (general.file_type) by the type holding most of its weights
 _FILE_TYPE_OF = {_G.Q2_K: "Q2_K", _G.Q3_K: "Q3_K_M", _G.Q4_K: "Q4_K_M", _G.Q5_K: "Q5_K_M", _G.Q6_K: "Q6_K",
-                 T.Q8_0: "Q8_0", T.Q4_0: "Q4_0", _G.Q4_1: "Q4_1", _G.Q5_0: "Q5_0", _G.Q5_1: "Q5_1"}
+                 T.Q8_0: "Q8_0", T.Q4_0: "Q4_0", _G.Q4_1: "Q4_1", _G.Q5_0: "Q5_0", _G.Q5_1: "Q5_1",
+                 _G.IQ4_NL: "IQ4_NL"}
 SAMPLE_ROWS = 256      # rows of each tensor measured (evenly spaced; all of them when fewer)
 _SUFFIX = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3}
 
@@ -261,14 +262,14 @@ def _kind(name: str) -> tuple[str, int | None]:
 def rules_for(types: dict[str, T.GGMLType]) -> list[str]:
     """PATTERN=TYPE rules (llama-quantize's tensor-type syntax) giving exactly these tensors
     these types: per tensor kind and type, one anchored pattern naming its layers."""
-    groups: dict[tuple[str, T.GGMLType], list[int | None]] = defaultdict(list)
+    groups: dict[tuple[str, bool, T.GGMLType], list[int | None]] = defaultdict(list)
     for name, t in types.items():
         kind, layer = _kind(name)
-        groups[(kind, t)].append(layer)
+        groups[(kind, layer is None, t)].append(layer)    # a top-level "x" apart from blk.N.x
     rules = []
-    for (kind, t), layers in sorted(groups.items(), key=lambda kv: (kv[0][0], int(kv[0][1]))):
+    for (kind, top, t), layers in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], int(kv[0][2]))):
         tail = re.escape(kind)
-        if layers == [None]:
+        if top:
             pat = f"^{tail}$"
         else:
             alts = "|".join(str(n) for n in sorted(layers))
@@ -328,17 +329,19 @@ def plan_for_target(input_path: str, opts: QuantizeOptions, target: SizeTarget, 
     budget = max_bytes - fixed
     for _ in range(16):
         chosen = allocate(sens, budget)
-        if chosen is None:
-            cheapest = {s.name: s.options[0].type for s in sens}
-            smallest = _plan(input_path, opts, cheapest, sizes, parse_tensor_type_override).file_bytes()
+        cheapest = chosen is None
+        if cheapest:        # the cheapest mix: it fits (a shorter header than the last try's), or nothing does
+            chosen = {s.name: _hull(s.options)[0] for s in sens}
+        types = {n: o.type for n, o in chosen.items()}
+        plan = _plan(input_path, opts, types, sizes, parse_tensor_type_override)
+        over = plan.file_bytes() - max_bytes
+        if over > 0 and cheapest:
+            smallest = plan.file_bytes()
             bpw = smallest * 8.0 / plan0.n_elements
             raise TargetSizeError(target.what, target.shown,
                                   f"the smallest mix of {', '.join(T.type_name(c) for c in candidates)} is "
                                   f"{smallest:,} bytes ({bpw:.3f} bits per weight), above the target of {max_bytes:,} bytes",
                                   smallest_bytes=smallest, smallest_bpw=bpw)
-        types = {n: o.type for n, o in chosen.items()}
-        plan = _plan(input_path, opts, types, sizes, parse_tensor_type_override)
-        over = plan.file_bytes() - max_bytes
         if over <= 0:
             got = {t.name: t.dst_type for t in plan.tensors if t.name in types}
             if got != types:    # the rules must give exactly the chosen types
