@@ -78,7 +78,7 @@ def _leaf(t) -> bool:
 
 def _rope_compiled(node, numerics):
     """``rope_f32``: what the forward computes without refusing, f32 packed rows, positions that are
-    an input (their cos/sin caches are made before each compute, by `_cos_sin` as the forward makes
+    an input (their cos/sin caches are made before each compute, by `_cos_sin_uncached` as the forward makes
     them, once for all rope nodes of one input and parameters)."""
     a, pos = node.src[0], node.src[1]
     p = node.op_params
