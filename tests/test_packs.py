@@ -397,9 +397,9 @@ def test_the_least_recently_used_file_goes_first(cache_root, tmp_path, monkeypat
 
 FILLER = """
 import os, sys, time, warnings
-warnings.simplefilter("error")             # a warning here is a failure
+import numpy as np                         # first: its own ImportWarning of an AVX2 host's settings
+warnings.simplefilter("error")             # a warning of the cache here is a failure
 from ggtool.quant import packs
-import numpy as np
 packs.MIN_FILE_BYTES = 1024
 models, rounds, go = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3]
 while not os.path.exists(go):
