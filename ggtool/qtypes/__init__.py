@@ -51,6 +51,12 @@ class compiled:
         return getattr(importlib.import_module(f"{__name__}.{self.module}"), self.name)
 
 
+def f16_table() -> tuple:
+    """The fp16 -> f32 table, the dot kernels' last argument (kernels.tables, imported when first used)."""
+    from ..kernels.tables import F16_TO_F32
+    return (F16_TO_F32,)
+
+
 def serial(fn: Callable[[int, int], None], n_items: int, chunk: int) -> None:
     """fn(start, stop) over [0, n_items) in pieces of `chunk`, in this thread (``quant`` passes its
     threaded runner of the same signature instead)."""

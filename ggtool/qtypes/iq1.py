@@ -33,7 +33,7 @@ from functools import cache
 import numpy as np
 
 from .. import types as T
-from . import QType, compiled, grids
+from . import QType, compiled, f16_table, grids
 
 F32 = np.float32
 _K = "_lowbit_kernels"
@@ -51,12 +51,6 @@ def quantizer_tables() -> tuple:
     kgrid = (grid << (2 * np.arange(8))).sum(axis=1).astype(np.uint16)
     _, kmap, neighbours = grid_tables(kgrid, 2, 8, 43692, 3)
     return read_only((grid, kmap, neighbours))
-
-
-@cache
-def _dot_args() -> tuple:
-    from ..kernels.tables import F16_TO_F32
-    return (F16_TO_F32,)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -81,7 +75,7 @@ class _IQ1(QType):
 
     @classmethod
     def dot_args(cls) -> tuple:
-        return _dot_args()
+        return f16_table()
 
 
 class IQ1_S(_IQ1, ggml_type=T.GGMLType.IQ1_S):

@@ -17,21 +17,13 @@ vec_dot_type Q8_K: per 32 values ``sumf += ((d_w * d_a) * float(ls - 32)) * floa
 
 from __future__ import annotations
 
-from functools import cache
-
 import numpy as np
 
 from .. import types as T
 from ..kernels.tables import KVALUES_IQ4NL
-from . import QType, compiled, serial
+from . import QType, compiled, f16_table, serial
 
 _K = "_lowbit_kernels"
-
-
-@cache
-def _dot_args() -> tuple:
-    from ..kernels.tables import F16_TO_F32
-    return (F16_TO_F32,)
 
 
 class IQ4_XS(QType, ggml_type=T.GGMLType.IQ4_XS):
@@ -54,7 +46,7 @@ class IQ4_XS(QType, ggml_type=T.GGMLType.IQ4_XS):
     @classmethod
     def pack(cls, w) -> tuple:
         """The packed form of weight rows w (uint8 (N, row bytes)) that mul_mat_packed multiplies."""
-        return cls.pack_kernel(np.ascontiguousarray(w, np.uint8), *_dot_args())
+        return cls.pack_kernel(np.ascontiguousarray(w, np.uint8), *f16_table())
 
     @classmethod
     def mul_mat_packed(cls, packed: tuple, a) -> np.ndarray:
@@ -79,7 +71,7 @@ class IQ4_XS(QType, ggml_type=T.GGMLType.IQ4_XS):
 
     @classmethod
     def dot_args(cls) -> tuple:
-        return _dot_args()
+        return f16_table()
 
     @classmethod
     def dequantize_blocks(cls, blocks):

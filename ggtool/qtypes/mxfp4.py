@@ -15,12 +15,10 @@ wraps round: 1e-45 gives 232), 0 for an all-zero block; each code the first leve
 
 from __future__ import annotations
 
-from functools import cache
-
 import numpy as np
 
 from .. import types as T
-from . import QType, compiled, grids, serial
+from . import QType, compiled, f16_table, grids, serial
 
 F32 = np.float32
 _K = "_lowbit_kernels"
@@ -31,12 +29,6 @@ def e8m0_half(e) -> np.ndarray:
     e = np.asarray(e, np.uint32)
     bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
     return bits.astype(np.uint32).view(F32)
-
-
-@cache
-def _dot_args() -> tuple:
-    from ..kernels.tables import F16_TO_F32
-    return (F16_TO_F32,)
 
 
 class MXFP4(QType, ggml_type=T.GGMLType.MXFP4):
@@ -67,7 +59,7 @@ class MXFP4(QType, ggml_type=T.GGMLType.MXFP4):
 
     @classmethod
     def dot_args(cls) -> tuple:
-        return _dot_args()
+        return f16_table()
 
     @classmethod
     def dequantize_blocks(cls, b: np.ndarray) -> np.ndarray:

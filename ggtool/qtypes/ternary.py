@@ -19,21 +19,13 @@ trit is 1 (zero), as GGML writes it. vec_dot_type Q8_K: ``sumf += float(sumi) * 
 
 from __future__ import annotations
 
-from functools import cache
-
 import numpy as np
 
 from .. import types as T
-from . import QType, compiled, serial
+from . import QType, compiled, f16_table, serial
 
 F32 = np.float32
 _K = "_lowbit_kernels"
-
-
-@cache
-def _dot_args() -> tuple:
-    from ..kernels.tables import F16_TO_F32
-    return (F16_TO_F32,)
 
 
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -70,7 +62,7 @@ class _Ternary(QType):
 
     @classmethod
     def dot_args(cls) -> tuple:
-        return _dot_args()
+        return f16_table()
 
 
 class TQ1_0(_Ternary, ggml_type=T.GGMLType.TQ1_0):
