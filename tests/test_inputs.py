@@ -295,30 +295,29 @@ def test_read_data_false_reads_nothing(tmp_path, npy, monkeypatch):
 
 
 def test_a_gguf_type_ggtool_does_not_compute_is_refused_unless_converted_on_request(tmp_path):
-    """Never a silent conversion: an iq4_nl, f64 or i8 tensor is an error naming the tensor and its
+    """Never a silent conversion: an nvfp4, f64 or i8 tensor is an error naming the tensor and its
     type (with the prefix that asks for the conversion); with that prefix it loads converted."""
     rng = np.random.default_rng(0)
-    iq = rng.integers(0, 256, size=(2, 2 * 18), dtype=np.uint8)   # 2 rows of 2 iq4_nl blocks (18 bytes, 32 values)
-    iq[:, 0:2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)  # each block's scale: a finite f16
-    iq[:, 18:20] = np.frombuffer(np.float16(0.25).tobytes(), np.uint8)
+    iq = rng.integers(0, 256, size=(2, 36), dtype=np.uint8)   # 2 rows of one nvfp4 block (36 bytes, 64 values)
+    iq[:, 32:36] = 0x38                                       # its four UE4M3 scales: finite
     path = tmp_path / "other.gguf"
-    write_gguf(path, {"iq": (iq, T.GGMLType.IQ4_NL), "wide": np.arange(4, dtype=np.float64),
+    write_gguf(path, {"iq": (iq, T.GGMLType.NVFP4), "wide": np.arange(4, dtype=np.float64),
                       "small": np.arange(4, dtype=np.int8)})
     env = inputs(gguf_paths=[path])
-    for name, type_name, target in (("iq", "iq4_nl", "f32"), ("wide", "f64", "f32"), ("small", "i8", "i32")):
+    for name, type_name, target in (("iq", "nvfp4", "f32"), ("wide", "f64", "f32"), ("small", "i8", "i32")):
         with pytest.raises(InputError) as e:
             env.tensor(name, Context())
         assert str(e.value) == (f"{path}: tensor '{name}' is {type_name}, a type ggtool does not compute "
                                 f"with; to use it converted to {target}, say so: {name}={target}:{path}:{name}")
         assert (e.value.input, e.value.file, e.value.tensor, e.value.kind) == (None, str(path), name, "needs-conversion")
         assert e.value.details["spec"] == f"{target}:{path}:{name}"
-    with pytest.raises(InputError, match=rf"^input 'x': {path}:iq is iq4_nl, a type ggtool does not compute with") as e:
+    with pytest.raises(InputError, match=rf"^input 'x': {path}:iq is nvfp4, a type ggtool does not compute with") as e:
         inputs(f"x={path}:iq")
     assert (e.value.input, e.value.file, e.value.tensor) == ("x", str(path), "iq")
     env = inputs(f"iq=f32:{path}:iq", f"wide=f32:{path}:wide", f"small=i32:{path}:small")
     t = env.tensor("iq", Context())
     assert (t.type, t.ne) == (T.F32, (64, 2, 1, 1))
-    want = gguf.quants.dequantize(iq, T.GGMLType.IQ4_NL)
+    want = gguf.quants.dequantize(iq, T.GGMLType.NVFP4)
     np.testing.assert_array_equal(t.numpy().reshape(2, 64), want)
     np.testing.assert_array_equal(env.tensor("wide", Context()).numpy().ravel(), np.arange(4, dtype=np.float32))
     t = env.tensor("small", Context())

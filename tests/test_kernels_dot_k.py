@@ -105,8 +105,10 @@ def test_q8_1_is_q8_0_cpu_plus_the_scaled_sum():
 
 
 def test_unsupported_weight_type_is_one_clear_error():
-    with pytest.raises(QuantizationError, match="no quantized dot product for iq4_nl"):
-        Q.mul_mat_quantized(np.zeros((2, 18), np.uint8), "iq4_nl", np.zeros((1, 34), np.uint8))
+    with pytest.raises(QuantizationError, match="no quantized dot product for nvfp4"):
+        Q.mul_mat_quantized(np.zeros((2, 36), np.uint8), "nvfp4", np.zeros((1, 68), np.uint8))
+    with pytest.raises(QuantizationError, match=r"weight rows of 36 bytes \(iq4_nl\) and activation rows of 34"):
+        Q.mul_mat_quantized(np.zeros((2, 36), np.uint8), "iq4_nl", np.zeros((1, 34), np.uint8))
 
 
 def test_q8_1_has_ggml_block_size_in_plans():

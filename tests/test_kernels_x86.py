@@ -83,10 +83,12 @@ def _gap_graph():
 
 
 def test_llama_cpp_gaps_name_nothing_where_every_node_has_llama_cpps_form():
-    """Every weight type mul_mat takes, and silu, have their llama.cpp x86 form: no gaps."""
+    """Every weight type of ggtool's compiled dots (types.DOT_TYPES: all but the qtypes records'), and
+    silu, have their llama.cpp x86 form: no gaps."""
+    from ggtool import types as T
     from ggtool.ops import llama_cpp_gaps, matmul
 
-    assert set(matmul.WEIGHT_TYPES) <= set(matmul.X86_TYPES)
+    assert {T.F32, T.F16, *T.DOT_TYPES} <= set(matmul.X86_TYPES)
     assert llama_cpp_gaps(_gap_graph().nodes) == []
 
 

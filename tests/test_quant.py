@@ -219,7 +219,9 @@ def test_row_length_not_multiple_of_32(fn):
 def test_generic_quantize_errors():
     with pytest.raises(QuantizationError, match="row length 40"):
         Q.quantize(np.zeros(40, np.float32), "q4_0", name="t")
-    with pytest.raises(QuantizationError, match="cannot quantize to iq2_xxs"):
+    with pytest.raises(QuantizationError, match="cannot quantize to q1_0"):
+        Q.quantize(np.zeros(256, np.float32), T.GGMLType.Q1_0, name="t")
+    with pytest.raises(QuantizationError, match="tensor 't': iq2_xxs needs an importance matrix"):
         Q.quantize(np.zeros(256, np.float32), T.GGMLType.IQ2_XXS, name="t")
     with pytest.raises(QuantizationError, match="row length 16 is not a multiple of 32"):
         Q.quantize(np.zeros(16, np.float32), T.GGMLType.Q5_0, name="t")

@@ -25,8 +25,11 @@ from ..kernels.numerics import is_llama_cpp, wide
 from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op
 from .walk import grid_chunks, plain, require, require_type
 
-WEIGHT_TYPES = (T.F32, T.F16, *T.DOT_TYPES)
-LLAMA_CPP_ONLY = (T.GGMLType.IQ4_NL,)    # weights only llama.cpp's numerics compute (kernels.x86_legacy)
+def weight_types() -> tuple:
+    """The weight types mul_mat multiplies (F32, F16 and ``quant.matmul.dot_types()``)."""
+    from ..quant import matmul as qm
+    return (T.F32, T.F16, *qm.dot_types())
+
 
 
 def _work_size(node, n_tasks: int) -> int:
@@ -119,8 +122,7 @@ def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray, tile: tuple) ->
     from ..quant import matmul as qm
 
     def repack():       # imports the compiled packers (numba) only when the kernel runs
-        from ..kernels import dot
-        return dot.pack(a.type, w)
+        return qm.pack_rows(a.type, w)
 
     w = np.ascontiguousarray(w)
     qm.mul_mat_into(a.type, w, np.ascontiguousarray(x), out, pack=lambda: qm.weight_pack(a, tile, repack, w))
@@ -285,7 +287,7 @@ def forward_mul_mat(node, ith, nth, work):
     a, b = node.src
     _check_layout(node, a, b)
     llama_cpp = is_llama_cpp(work.numerics)
-    require_type(a, "mul_mat", WEIGHT_TYPES + (LLAMA_CPP_ONLY if llama_cpp else ()))
+    require_type(a, "mul_mat", weight_types())
     vdt = T.vec_dot_type(a.type)
     if b.type != vdt:
         require(b.type == T.F32, "mul_mat",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..quant.matmul import dot_types
 from .base import ALL, SPLIT_ALL, CompiledStep, check, fmt_ne, function, kernel, new_op, row_block, view_tensor
 from .walk import chunks, cpu_from_float, f16_table, plain, require, require_type, unravel_rows, with_shape
 
@@ -35,7 +36,7 @@ def forward_get_rows(node, ith, nth, work):
     from .. import quant
 
     a, idx = node.src
-    require_type(a, "get_rows", (T.F32, T.F16, T.I32, *T.DOT_TYPES))
+    require_type(a, "get_rows", (T.F32, T.F16, T.I32, *dot_types()))
     nr = idx.nelements
     r0, r1 = row_block(nr, ith, nth)
     if r0 >= r1:

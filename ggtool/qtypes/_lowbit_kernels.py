@@ -1,5 +1,5 @@
-"""The compiled kernels of IQ1_S, IQ1_M, IQ4_XS, TQ1_0, TQ2_0 and MXFP4 (the records: ``iq1``,
-``iq4xs``, ``ternary``, ``mxfp4``), in one module because numba's cache checks a kernel against
+"""The compiled kernels of IQ1_S, IQ1_M, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 and MXFP4 (the records: ``iq1``,
+``iq4nl``, ``iq4xs``, ``ternary``, ``mxfp4``), in one module because numba's cache checks a kernel against
 its own file only: the helpers they share live beside them, those the IQ2/IQ3 kernels share too in
 ``_kernel_base`` (which the kernel cache's key covers). IQ4_XS's per-32 search is IQ4_NL's own
 (``ggtool.kquants.legacy``, whose file the kernel cache's key covers), not a copy.
@@ -24,7 +24,8 @@ from llvmlite import ir
 
 from ..kernels.jit import njit, numba
 from ..kernels.tables import KVALUES_IQ4NL
-from ..kquants.legacy import best_index, iq4_nl_block
+from ..kquants.legacy import best_index, iq4_nl_block, iq4_nl_quantize
+from ..kquants.weighted import iq4_nl_quantize_w
 from ._kernel_base import _f16_at, _first_bad, _put16, fp16_bits, nearest_int
 from .grids import IQ1S_GRID, KVALUES_MXFP4
 from .mxfp4 import e8m0_half
@@ -105,6 +106,47 @@ def mul_mat_mxfp4(w, a, out, f16):
     for m in range(a.shape[0]):
         for r in range(w.shape[0]):
             out[m, r] = dot_mxfp4(w[r], a[m], f16)
+
+
+# -- IQ4_NL ----------------------------------------------------------------------------------------------
+# The searches are ggtool.kquants' (legacy: without quant_weights, weighted: with), run here in the
+# records' calling convention: (x (rows, n), out (rows, row bytes), qw (n,) or (0,), f16).
+@njit
+def quantize_iq4_nl(x, out, qw, f16):
+    """quantize_iq4_nl over whole rows: the blocks of x, with quant_weights where qw has them."""
+    rows, n = x.shape
+    xb = x.reshape(rows * (n // 32), 32)
+    ob = out.reshape(rows * (n // 32), 18)
+    if qw.shape[0] == 0:
+        return iq4_nl_quantize(xb, ob, f16)
+    return iq4_nl_quantize_w(xb, ob, qw.reshape(n // 32, 32), f16)
+
+
+@njit
+def dot_iq4_nl(w, a, f16):
+    """ggml_vec_dot_iq4_nl_q8_0_generic: one row of IQ4_NL blocks (18 bytes) . one row of Q8_0 (34):
+    ``sumf += (d_a * d_w) * float(sumi1 + sumi2)`` block after block."""
+    nb = w.shape[0] // 18
+    sumf = _F0
+    for ib in range(nb):
+        o, p = 18 * ib, 34 * ib
+        d = F32(_f16_at(a, p, f16) * _f16_at(w, o, f16))
+        s1 = 0
+        s2 = 0
+        for j in range(16):
+            q = w[o + 2 + j]
+            s1 += np.int64(np.int8(a[p + 2 + j])) * _KV_INT[q & 15]
+            s2 += np.int64(np.int8(a[p + 18 + j])) * _KV_INT[q >> 4]
+        sumf = F32(sumf + F32(d * F32(s1 + s2)))
+    return sumf
+
+
+@njit
+def mul_mat_iq4_nl(w, a, out, f16):
+    """out[m, r] = dot_iq4_nl(w[r], a[m])."""
+    for m in range(a.shape[0]):
+        for r in range(w.shape[0]):
+            out[m, r] = dot_iq4_nl(w[r], a[m], f16)
 
 
 # -- TQ1_0, TQ2_0 -------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Type-generic entry points: ``quantize`` / ``dequantize`` / ``convert`` between any GGML types,
 dispatching to the native kernels (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, the K-quants,
-with or without an importance matrix; dequantizing Q5_0, Q4_K, Q6_K, IQ4_NL) or to gguf-py,
+with or without an importance matrix; dequantizing Q5_0, Q4_K, Q6_K, IQ4_NL), to the records of
+``ggtool.qtypes`` (IQ1_S ... IQ4_XS, TQ1_0, TQ2_0, MXFP4: quantizers, dequantizers) or to gguf-py,
 with the integer types checked for range and integrality."""
 
 from __future__ import annotations
@@ -24,17 +25,23 @@ def _gguf_quants():
     return gq
 
 
+def _record(t):
+    """The ``ggtool.qtypes`` record of type t, or None (the types it has no record for)."""
+    from .. import qtypes
+    return qtypes.REGISTRY.get(t)
+
+
 def can_quantize(t) -> bool:
-    """Whether quantize() can produce type t (natively or through gguf-py)."""
+    """Whether quantize() can produce type t (natively, by a qtypes record, or through gguf-py)."""
     t = T.parse_type(t)
-    if t in (T.F32, T.F16, T.BF16, T.Q8_0) or t in WEIGHTED:
+    if t in (T.F32, T.F16, T.BF16, T.Q8_0) or t in WEIGHTED or _record(t) is not None:
         return True
     return _gguf_can(t, "quantize")
 
 
 def can_dequantize(t) -> bool:
     t = T.parse_type(t)
-    if t in T.NP_DTYPES or t in (T.Q4_0, T.Q8_0, T.BF16) or t in _NATIVE_DQ:
+    if t in T.NP_DTYPES or t in (T.Q4_0, T.Q8_0, T.BF16) or t in _NATIVE_DQ or _record(t) is not None:
         return True
     return _gguf_can(t, "dequantize")
 
@@ -59,8 +66,9 @@ def quantize(x, ggml_type, name: str = "tensor", imatrix=None) -> np.ndarray:
     (BF16: the bytes of its uint16 bits, (..., 2n); NaN and inf are values there, as in F16).
 
     `imatrix` (one importance per column, x.shape[-1] floats, as llama-quantize passes it to
-    ggml_quantize_chunk) selects GGML's weighted path of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and
-    Q2_K..Q6_K; the other types ignore it, as GGML does."""
+    ggml_quantize_chunk) selects GGML's weighted path of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+    Q2_K..Q6_K and the qtypes records' types (IQ*, TQ*, MXFP4: those that read it); the other types
+    ignore it, as GGML does. For a 3-d (MoE) x, `imatrix` may be (n_expert, columns): each expert its own."""
     t = T.parse_type(ggml_type)
     if t == T.Q4_0 and imatrix is None:
         return quantize_q4_0(x, name)
@@ -68,6 +76,9 @@ def quantize(x, ggml_type, name: str = "tensor", imatrix=None) -> np.ndarray:
         return quantize_q8_0(x, name)
     if t in WEIGHTED:
         return quantize_k(x, t, name, imatrix)
+    record = _record(t)
+    if record is not None:
+        return _quantize_record(record, x, name, imatrix)
     x = np.asarray(x)
     if t == T.F32:
         return x.astype(_F32)
@@ -104,6 +115,9 @@ def dequantize(raw, ggml_type) -> np.ndarray:
         return raw.astype(_F32)
     if t in _NATIVE_DQ:
         return _dequantize_native(raw, t)
+    record = _record(t)
+    if record is not None:
+        return record.dequantize(raw)
     if t == T.BF16:
         return bf16_to_fp32(raw)
     try:
@@ -112,6 +126,23 @@ def dequantize(raw, ggml_type) -> np.ndarray:
         raise QuantizationError(f"cannot dequantize {T.type_name(t)} data (gguf-py has no "
                                 f"dequantizer for it)") from None
     return np.asarray(out, dtype=_F32)
+
+
+def _quantize_record(record, x, name: str, imatrix) -> np.ndarray:
+    """x in a qtypes record's type, its rows over the quantizer threads (``threads``); a 2-d
+    imatrix gives expert e of a 3-d x the importances imatrix[e], as llama-quantize does."""
+    from .threads import _run_chunks
+
+    qw = None if imatrix is None else np.asarray(imatrix)
+    if qw is None or qw.ndim != 2:
+        return record.quantize(x, qw, name=name, run=_run_chunks)
+    x = np.asarray(x)
+    if x.ndim != 3 or x.shape[0] != qw.shape[0]:
+        raise QuantizationError(f"tensor '{name}': an importance matrix of {qw.shape[0]} experts "
+                                f"does not fit data of shape {x.shape}")
+    if not len(qw):
+        return record.quantize(x, None, name=name, run=_run_chunks)
+    return np.stack([record.quantize(x[e], qw[e], name=name, run=_run_chunks) for e in range(len(qw))])
 
 
 def _to_int(x: np.ndarray, t, name: str) -> np.ndarray:

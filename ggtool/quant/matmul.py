@@ -19,6 +19,7 @@ one in a context once per tensor.
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 
@@ -32,10 +33,19 @@ from .blocks import _F32
 DOT_TYPES = T.DOT_TYPES
 
 
+@functools.cache
+def dot_types() -> tuple:
+    """Every block (and BF16) type mul_mat multiplies as it is: ``types.DOT_TYPES`` (the compiled dots
+    of ``ggtool.kernels.dot``) and the types of ``ggtool.qtypes``' records (their own dot kernels),
+    the registry imported at the first call (not with the engine: ~15 ms)."""
+    from .. import qtypes
+    return T.DOT_TYPES + tuple(t for t in qtypes.REGISTRY if t not in T.DOT_TYPES)
+
+
 def _check(w_raw, wt, act_raw):
-    if wt not in DOT_TYPES:
+    if wt not in dot_types():
         raise QuantizationError(f"mul_mat: no quantized dot product for {T.type_name(wt)} weights "
-                                f"(there is one for {', '.join(T.type_name(t) for t in DOT_TYPES)})")
+                                f"(there is one for {', '.join(T.type_name(t) for t in dot_types())})")
     vdt = T.vec_dot_type(wt)
     wb, ab = T.type_size(wt), T.type_size(vdt)
     if w_raw.shape[1] % wb or act_raw.shape[1] % ab or \
@@ -55,7 +65,7 @@ def _rows(x) -> np.ndarray:
 def mul_mat_quantized(w_raw, w_type, act_raw) -> np.ndarray:
     """GGML's quantized dot products: float32 (M, N), out[m, n] = row n of W . row m of A.
 
-    w_raw: uint8 (N, row_bytes) rows of a type in DOT_TYPES; act_raw: uint8 (M, row_bytes) rows of
+    w_raw: uint8 (N, row_bytes) rows of a type of dot_types(); act_raw: uint8 (M, row_bytes) rows of
     its vec_dot_type (Q8_0, or Q8_K for the K-quants) with as many values. See the module
     docstring for the numerics.
     """
@@ -101,6 +111,9 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
         if _twin(wt, M, N, w_raw.shape[1] * w_raw.itemsize // T.type_size(wt) * T.block_size(wt)):
             _kernels.twins.dot(wt, w_raw, act_raw, out)     # the same bits
             return
+    elif wt not in T.DOT_TYPES:
+        _record_mul_mat(wt, w_raw, act_raw, out, pack)
+        return
     else:
         name = _KERNEL_NAMES.get(wt)
         if name is None:
@@ -119,6 +132,33 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
         tmp = np.empty(out.shape, _F32)
         dot.dot(wt, packed, act_raw, tmp)
         out[...] = tmp
+
+
+def pack_rows(wt, w_raw: np.ndarray) -> tuple:
+    """The packed form of weight rows w_raw (uint8 (n, row bytes)) of wt that mul_mat_into multiplies:
+    ``kernels.dot``'s interleaved groups, or a qtypes record's own (``()`` where it multiplies the rows
+    as they are)."""
+    if wt in T.DOT_TYPES:
+        return _kernels.dot.pack(wt, w_raw)
+    from .. import qtypes
+
+    record = qtypes.get(wt)
+    return record.pack(w_raw) if hasattr(record, "mul_mat_packed") else ()
+
+
+def _record_mul_mat(wt, w_raw, act_raw, out, pack) -> None:
+    """A qtypes record's product: its packed mat-mul where it has one (``pack``/``mul_mat_packed``:
+    the packed form cached as the others' are), else its mul_mat kernel (GGML's generic dot per row);
+    the same bits either way."""
+    from .. import qtypes
+
+    record = qtypes.get(wt)
+    if hasattr(record, "mul_mat_packed"):
+        packed = pack() if pack is not None else pack_rows(wt, w_raw)
+        res = record.mul_mat_packed(packed, act_raw)
+    else:
+        res = record.mul_mat(w_raw, act_raw)
+    out[...] = res
 
 
 # F32 and F16 products (mul_mat's float weights, attention's K and V): below FLOAT_TWIN_SMALL products

@@ -34,8 +34,15 @@ if TYPE_CHECKING:
 __all__ = ["MMAP_TYPES", "NO_DATA", "Inputs"]
 
 # Types a GGUF tensor keeps when loaded (memory-mapped, zero-copy, GGML's type, ne, nb and row size):
-# those ggtool computes with, mul_mat's compiled dots included; the rest only through a type prefix.
+# those ggtool computes with, mul_mat's compiled dots included (``mmap_types``: with the types of
+# ggtool.qtypes' records too); the rest only through a type prefix.
 MMAP_TYPES = (T.F32, T.F16, T.I32, *T.DOT_TYPES)
+
+
+def mmap_types() -> tuple:
+    """MMAP_TYPES and every other type mul_mat multiplies as it is (``quant.matmul.dot_types``)."""
+    from ..quant.matmul import dot_types
+    return (T.F32, T.F16, T.I32, *dot_types())
 
 
 class _NoData:
@@ -285,7 +292,7 @@ class Inputs:
     # -- creating tensors --------------------------------------------------------------------------
     def _create(self, p: _Prepared, ctx: Context) -> Tensor:
         s = p.source
-        if p.info is not None and p.type == p.info.type and p.type in MMAP_TYPES:
+        if p.info is not None and p.type == p.info.type and p.type in mmap_types():
             self._log(s.name, f"{s.path}:{s.tensor} ({T.type_name(p.type)}, memory-mapped)")
             return ctx.new_tensor(p.type, p.ne, storage=p.gguf.storage(p.info.name), data_offset=p.info.offset)
         if not self.read_data:
@@ -350,7 +357,7 @@ def _gguf_load_type(info: TensorInfo, prefix: T.GGMLType | None, s: Source, whol
     a type prefix (`details["spec"]`, the source that asks)."""
     if prefix is not None:
         return prefix
-    if info.type in MMAP_TYPES:
+    if info.type in mmap_types():
         return info.type
     integer = info.type in (T.GGMLType.I8, T.GGMLType.I16, T.GGMLType.I64)
     target = "i32" if integer else "f32"
