@@ -12,13 +12,12 @@ values as float32, their importances from the same imatrix), on THREADS threads,
 (the F16 read and conversion left out), and its bytes compared with llama-quantize's. Rounds
 interleave the two; medians of --runs.
 
-dot: for a ROWS x COLS weight of each type times one Q8_K row, one thread, GFLOP/s = 2*rows*cols /
-time: the record's generic dot kernel (mul_mat), and its K form (decode_k, repacked once as a
-model's weights are) through the K-quant dots' tile (kernels.dot_k, as the registry will wire it;
-bits compared with the generic dot); beside them GGML's own mul_mat of the same bytes
-(ggml_graph_compute_with_ctx on one thread, the activation row F32: its Q8_K conversion included)
-through the libggml of --ggml-build (a small C timer compiled against it), and ggtool's Q4_K kernel (ggtool.kernels.dot
-on its repacked weights) as a yardstick.
+dot: for a ROWS x COLS weight of each type (and Q4_K, a yardstick) times one F32 row, one thread,
+GFLOP/s = 2*rows*cols / time: mul_mat's own path (quant.matmul.mul_mat_into: the K-quant tile on a
+record's K form, its packed form, or its generic dot; weights packed once, as a model's are; the
+row's conversion to the vec_dot_type included); beside it GGML's own mul_mat of the same bytes
+(ggml_graph_compute_with_ctx on one thread) through the libggml of --ggml-build (a small C timer
+compiled against it).
 """
 
 from __future__ import annotations
@@ -170,35 +169,14 @@ def ggml_mulmat(build: Path, ggml_dir: Path) -> Path:
     return exe
 
 
-def k_form_interleaver():
-    """A compiled function that puts a record's K form (codes, scales, d) into the K-quant dots'
-    interleaved layout (kernels.dot_k's _alloc_k/_scatter_k: what the registry's wiring does)."""
-    from ggtool.kernels import dot_base, dot_k
-    from ggtool.kernels.jit import njit
-
-    @njit(cache=False)
-    def interleave(codes, sc, d):
-        n, nb = codes.shape[0], codes.shape[1]
-        c, s, mn, dw, dmw = dot_k._alloc_k(n, nb)
-        m16 = np.zeros(16, np.int32)
-        for i in range(n):
-            for b in range(nb):
-                dot_k._scatter_k(c, s, mn, dw, dmw, i // dot_base.GROUP, nb, b, i % dot_base.GROUP,
-                                 codes[i, b], sc[i, b], m16, d[i, b], np.float32(0.0))
-        return c, s, mn, dw, dmw, n, nb
-
-    return interleave
-
-
 def dot_bench(a) -> None:
     from ggtool import qtypes, quant
     from ggtool import types as T
-    from ggtool.kernels.tables import F16_TO_F32
+    from ggtool.quant import matmul as qm
 
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((a.rows, a.cols)) * 0.02).astype(np.float32)
     act = rng.standard_normal((1, a.cols)).astype(np.float32)
-    a8 = quant.quantize_q8_k(act)
     exe = ggml_mulmat(Path(a.ggml_build), Path(a.ggml)) if a.ggml_build else None
     flops = 2.0 * a.rows * a.cols
     print(f"mat-vec {a.rows} x {a.cols} . 1 row, 1 thread, medians of {a.runs}; machine shared (load {os.getloadavg()[0]:.1f})")
@@ -212,41 +190,32 @@ def dot_bench(a) -> None:
             ts.append(time.perf_counter() - t0)
         return statistics.median(ts)
 
-    from ggtool.kernels import dot as kdot
+    def mul_mat(t, w):
+        """mul_mat's own path (quant.matmul.mul_mat_into on weights packed once, as a model's are),
+        the activation row's conversion to the vec_dot_type included as GGML's timing includes it."""
+        tt = T.parse_type(t)
+        packed = qm.pack_rows(tt, w)
+        out = np.empty((1, a.rows), np.float32)
+        vdt = T.vec_dot_type(tt)
+
+        def run():
+            q = quant.quantize_q8_k(act) if vdt == T.GGMLType.Q8_K else quant.quantize_q8_0_cpu(act)
+            qm.mul_mat_into(tt, w, q, out, pack=lambda: packed)
+        return run
 
     with quant.threads_set_to(1):
-        q4 = quant.quantize(x, "q4_K")
-    packed = kdot.pack(T.GGMLType.Q4_K, q4)               # repacked once, as a model's weights are
-    out = np.empty((1, a.rows), np.float32)
-    yard = timed(lambda: kdot.dot(T.GGMLType.Q4_K, packed, a8, out))
-    print(f"q4_K (ggtool.kernels.dot on repacked weights, yardstick): {flops / yard / 1e9:6.2f} GFLOP/s")
-    interleave = k_form_interleaver()
-    for t in a.types:
-        rec = qtypes.get(t)
-        w = rec.quantize(x, np.ones(a.cols, np.float32))
-        ours = timed(lambda: rec.mul_mat(w, a8))
-        direct = rec.mul_mat(w, a8)
-        packed = interleave(*rec.decode_k(w))
-        tile = np.empty((1, a.rows), np.float32)
-
-        def via_k():
-            kdot.DOTS[T.GGMLType.Q4_K].dot(*packed, a8, F16_TO_F32, tile)
-            np.multiply(tile, rec.dot_final, out=tile)
-
-        k_time = timed(via_k)
-        exact = np.array_equal(tile.view(np.uint32), direct.view(np.uint32))
-        line = (f"{t:8} ggtool generic dot {flops / ours / 1e9:6.2f} GFLOP/s; its K form through the K-quant tile "
-                f"{flops / k_time / 1e9:6.2f} GFLOP/s ({flops / k_time / 1e9 / (flops / yard / 1e9):.2f}x q4_K, "
-                f"bits equal: {exact})")
-        ours = k_time
-        if exe is not None:
-            wf = Path(tempfile.mkdtemp(prefix="bench-iq-w-")) / "w.bin"
-            w.tofile(wf)
-            got = subprocess.run([exe, str(int(rec.ggml_type)), str(a.rows), str(a.cols), str(4 * a.runs), "1", wf],
-                                 check=True, capture_output=True, text=True).stdout.split()
-            c = float(got[0])
-            line += f"; GGML's mul_mat ({Path(a.ggml_build).parent.name}) {flops / c / 1e9:6.2f} GFLOP/s: K form/GGML {c / ours:.2f}"
-        print(line, flush=True)
+        for t in ["q4_K", *a.types]:
+            w = quant.quantize(x, t, imatrix=np.ones(a.cols, np.float32))
+            ours = timed(mul_mat(t, w))
+            line = f"{t:8} ggtool {flops / ours / 1e9:6.2f} GFLOP/s"
+            if exe is not None:
+                wf = Path(tempfile.mkdtemp(prefix="bench-iq-w-")) / "w.bin"
+                w.tofile(wf)
+                got = subprocess.run([exe, str(int(T.parse_type(t))), str(a.rows), str(a.cols), str(4 * a.runs), "1", wf],
+                                     check=True, capture_output=True, text=True).stdout.split()
+                c = float(got[0])
+                line += f"; GGML's mul_mat ({Path(a.ggml_build).parent.name}) {flops / c / 1e9:6.2f} GFLOP/s: ggtool/GGML {c / ours:.2f}"
+            print(line, flush=True)
 
 
 def main() -> None:
@@ -263,7 +232,8 @@ def main() -> None:
     d.add_argument("--rows", type=int, default=2048)
     d.add_argument("--cols", type=int, default=2048)
     d.add_argument("--runs", type=int, default=5)
-    d.add_argument("--types", nargs="+", default=list(TYPES))
+    d.add_argument("--types", nargs="+", default=["iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s",
+                                                  "iq4_nl", "iq4_xs", "tq1_0", "tq2_0", "mxfp4"])
     d.add_argument("--ggml", help="the ggml source folder (vendor/llama.cpp/ggml): its headers")
     d.add_argument("--ggml-build", help="a llama.cpp build's bin folder (libggml*.so): GGML's mul_mat timed beside")
     a = ap.parse_args()

@@ -26,6 +26,18 @@ numpy shape (2, 3), i.e. 2 rows of 3, and becomes a tensor with ne = [3, 2]. Sha
 (f32[3,2]) and everything ggtool prints as ne are in GGML order; JSON and .npy data are in numpy
 order."""
 
+def _wrapped_types() -> str:
+    """The types mul_mat multiplies as they are (ggtool.tensor_io.mmap_types: the registry's included),
+    by name, wrapped as the help's lines."""
+    import textwrap
+
+    from ggtool import types as T
+    from ggtool.tensor_io import mmap_types
+
+    names = " ".join(T.type_name(t) for t in mmap_types() if t not in (T.F32, T.F16, T.I32))
+    return "\n".join(textwrap.wrap(names, 96))
+
+
 # For the commands that read files only (no --tensor: no JSON, no shape-only sources), what they print
 # as ne; NPY_ORDER_HELP adds what a .npy file's shape means, for those that read one.
 GGML_ORDER_HELP = """\
@@ -34,7 +46,7 @@ in GGML order, ne0 first."""
 NPY_ORDER_HELP = GGML_ORDER_HELP + """ A .npy array is in numpy order: shape (2, 3), 2 rows of 3, is a
 tensor with ne = [3, 2]."""
 
-SOURCES_HELP = """\
+SOURCES_HELP = f"""\
 Tensor sources (--tensor NAME=SOURCE, repeatable):
 
 \b
@@ -50,10 +62,11 @@ Tensor sources (--tensor NAME=SOURCE, repeatable):
 
 --gguf FILE makes every tensor of FILE available under its own name (memory-mapped, read only
 if the program uses it). A --tensor name shadows a --gguf tensor; a name found in two --gguf
-files is an error when used. GGUF tensors are used in place, as their own type (f32, f16, i32,
-bf16 and the block types mul_mat multiplies: q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K); a type ggtool
-does not compute with (iq*, ...) is an error unless a prefix asks for the conversion
-(f32:model.gguf:TENSOR)."""
+files is an error when used. GGUF tensors are used in place, as their own type (f32, f16, i32
+and the types mul_mat multiplies:
+{_wrapped_types()});
+a type ggtool does not compute with (nvfp4, q1_0, i8, f64, ...) is an error unless a prefix asks
+for the conversion (f32:model.gguf:TENSOR)."""
 
 
 # -- options ----------------------------------------------------------------------------------------

@@ -168,6 +168,52 @@ def _dot_q8_1(qs, d, mn, n, nb, act, f16, out):
         store_group(acc, out, g, n)
 
 
+@njit
+def _dot_levels(qs, d, n, nb, act, f16, out):
+    """Rows of int8 levels (``pack_levels``) x Q8_0: out += (d_w * d_a) * float(sumi) per block, the
+    order of GGML's generic IQ4_NL and MXFP4 dots (ggml_vec_dot_iq4_nl_q8_0_generic, _mxfp4_)."""
+    ap, off, da, _ = _act_pairs(act, f16, Q8_0_BYTES, False, False)
+    M, G = ap.shape[1], (n + GROUP - 1) // GROUP
+    acc = np.empty((M, GROUP), np.float32)
+    for g in range(G):
+        acc[:, :] = 0
+        for b in range(nb):
+            wo = (g * nb + b) * GROUP
+            for m0 in range(0, M, simd.MT):
+                so = b * M + m0
+                simd.tile_levels(qs, wo * QK, d, d, wo, ap, so * 16, off, da, da, so, acc, m0 * GROUP, min(simd.MT, M - m0))
+        store_group(acc, out, g, n)
+
+
+def pack_levels(w: np.ndarray, decoder, nbytes: int) -> tuple:
+    """Rows of a 32-value type whose values are int8 levels times a scale per block (``ggtool.qtypes``'
+    IQ4_NL, MXFP4) -> (qs, d, n, nb) in Q8_0's packed form, for ``dot_levels``. decoder(rows) gives
+    (levels int8 (k, nb, 32) in value order, d (k, nb): fp16 bits as uint16, or float32)."""
+    w = np.ascontiguousarray(w)
+    n, nb = w.shape[0], w.shape[1] // nbytes
+    G = (n + GROUP - 1) // GROUP
+    qs = np.zeros((G, nb, GROUP // simd.L, 8, simd.L, 4), np.int8)
+    d = None
+    for r0 in range(0, max(n, 1), PACK_ROWS):
+        rows = w[r0:r0 + PACK_ROWS]
+        codes, dd = decoder(rows)
+        if d is None:
+            d = np.zeros((G, nb, GROUP), dd.dtype)
+        k = rows.shape[0]
+        g0, gs = r0 // GROUP, -(-k // GROUP)
+        pad = gs * GROUP - k
+        if pad:
+            codes, dd = (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) for x in (codes, dd))
+        qs[g0:g0 + gs] = _interleave(codes, nb, 8)
+        d[g0:g0 + gs] = dd.reshape(gs, GROUP, nb).transpose(0, 2, 1)
+    return qs.reshape(-1), d.reshape(-1), n, nb
+
+
+def dot_levels(packed: tuple, act: np.ndarray, out: np.ndarray) -> None:
+    """out (M, n) = rows packed by ``pack_levels`` . Q8_0 rows act (uint8 (M, row bytes))."""
+    _dot_levels(*packed, np.ascontiguousarray(act), F16_TO_F32, out)
+
+
 # -- the types ----------------------------------------------------------------------------------------
 def _pack_q4_0(w, f16=None):
     """Q4_0: qs the 16 nibble bytes of each row and block in quads (4), d its scale."""

@@ -179,6 +179,27 @@ def _packer6(decoder, nbytes: int):
     return pack
 
 
+def pack_k_form(w: np.ndarray, decode_k, nbytes: int):
+    """Rows of a type whose dot has the K-quants' form without mins (``ggtool.qtypes``' ``k_form``:
+    IQ2_XXS .. IQ3_S), decoded by decode_k(rows) -> (codes int8 (n, nb, 256), scales (n, nb, 16),
+    d float32 (n, nb)), in ``_pack_k``'s layout for ``_dot_k`` (hm = 0): the same integer sums and
+    ``(d_w * d_a) * sumi`` block after block as the type's generic dot (its final factor apart)."""
+
+    def decoder(rows):
+        codes, scales, d = decode_k(rows)
+        if scales.size and (scales.min() < -128 or scales.max() > 127):
+            raise ValueError("a K-form scale does not fit int8")
+        k = rows.shape[0]
+        return codes, scales.astype(np.int8), np.zeros((k, 0), np.int8), d, np.zeros((k, 0), np.float32)
+
+    return _pack_k(np.ascontiguousarray(w), decoder, nbytes, False)
+
+
+def dot_packed_k(packed: tuple, act: np.ndarray, f16, out: np.ndarray) -> None:
+    """out (M, n) = rows packed by ``pack_k_form`` (or a K-quant's ``_pack_k``) . Q8_K rows act."""
+    _dot_k(*packed, np.ascontiguousarray(act), f16, out)
+
+
 register(T.GGMLType.Q2_K, 84, _packer(decode.decode_q2_k, 84, True), _dot_k)
 register(T.GGMLType.Q3_K, 110, _packer6(decode.decode_q3_k, 110), _dot_k6)
 register(T.GGMLType.Q4_K, 144, _packer(decode.decode_q4_k, 144, True), _dot_k)

@@ -147,7 +147,7 @@ def _check(sig_args, names):
 _NAMES_32 = ("qs", "qo", "d", "mn", "wo", "ap", "po", "off", "da", "sa", "so", "acc", "ao", "mt")
 
 
-def _tile_32(nibbles: bool, q1: bool):
+def _tile_32(nibbles: bool, q1: bool, dd: bool = False):
     """One block (32 values) of GROUP weight rows x mt activation rows, added into acc.
 
     Arguments (arrays flat; offsets in elements): qs (codes, the block's quads at qo), d and mn
@@ -155,7 +155,8 @@ def _tile_32(nibbles: bool, q1: bool):
     (int32: each activation row's start of sumi, at so), da and sa (float32 per activation row at
     so), acc (float32, mt rows of GROUP at ao) and mt. Per row r and activation row i:
     ``acc += (float(sumi) * d) * da`` (Q4_0, Q8_0, Q5_0), or with q1
-    ``acc += (d * da) * float(sumi) + mn * sa`` (Q4_1, Q5_1)."""
+    ``acc += (d * da) * float(sumi) + mn * sa`` (Q4_1, Q5_1), or with dd
+    ``acc += (d * da) * float(sumi)`` (IQ4_NL, MXFP4: GGML's generic dots of ``ggtool.qtypes``)."""
 
     def codegen(context, builder, sig, args):
         A = _Args(context, builder, sig, args, _NAMES_32)
@@ -189,6 +190,8 @@ def _tile_32(nibbles: bool, q1: bool):
                     f = b.sitofp(accs[i], _F)
                     if q1:
                         t = b.fadd(b.fmul(b.fmul(dv, _splat(b, das[i], L)), f), b.fmul(mv, _splat(b, sas[i], L)))
+                    elif dd:
+                        t = b.fmul(b.fmul(dv, _splat(b, das[i], L)), f)
                     else:
                         t = b.fmul(b.fmul(f, dv), _splat(b, das[i], L))
                     o = b.add(b.add(ao, _c(i * GROUP)), r0)
@@ -209,6 +212,7 @@ def _tile_32(nibbles: bool, q1: bool):
 tile_q4_0 = _tile_32(nibbles=True, q1=False)     # Q4_0 x Q8_0
 tile_q8_0 = _tile_32(nibbles=False, q1=False)    # Q8_0, Q5_0 x Q8_0
 tile_q8_1 = _tile_32(nibbles=False, q1=True)     # Q4_1, Q5_1 x Q8_1
+tile_levels = _tile_32(nibbles=False, q1=False, dd=True)   # int8 levels (IQ4_NL, MXFP4) x Q8_0
 
 
 _NAMES_K = ("codes", "co", "sc", "mp", "sco", "d", "dmin", "wo", "ap", "po", "bp", "bo", "da", "so",

@@ -33,6 +33,29 @@ class IQ4_NL(QType, ggml_type=T.GGMLType.IQ4_NL):
     dot_kernel = compiled(_K, "dot_iq4_nl")
     mul_mat_kernel = compiled(_K, "mul_mat_iq4_nl")
 
+    @staticmethod
+    def levels(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (uint8 (k, nb * 18)) as (levels int8 (k, nb, 32) in value order, d as fp16 bits (k, nb))."""
+        b = rows.reshape(rows.shape[0], -1, 18)
+        qs = b[:, :, 2:18]
+        codes = np.concatenate([qs & 15, qs >> 4], axis=2)
+        return KVALUES_IQ4NL.astype(np.int8)[codes], np.ascontiguousarray(b[:, :, 0:2]).view(np.uint16)[:, :, 0]
+
+    @classmethod
+    def pack(cls, w) -> tuple:
+        """Weight rows (uint8 (N, row bytes)) as int8 levels in Q8_0's packed form (kernels.dot.pack_levels)."""
+        from ..kernels import dot
+        return dot.pack_levels(np.ascontiguousarray(w, np.uint8), cls.levels, cls.type_size)
+
+    @classmethod
+    def mul_mat_packed(cls, packed: tuple, a) -> np.ndarray:
+        """mul_mat(w, a) from pack(w) on the vector tile: float32 (rows of a, rows of w), the same bits."""
+        from ..kernels import dot
+        a = np.ascontiguousarray(a, np.uint8)
+        out = np.empty((a.shape[0], packed[2]), np.float32)
+        dot.dot_levels(packed, a, out)
+        return out
+
     @classmethod
     def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:
         """quantize_iq4_nl without quant_weights (the bytes llama-quantize writes without an imatrix)."""

@@ -44,6 +44,29 @@ class MXFP4(QType, ggml_type=T.GGMLType.MXFP4):
     dot_kernel = compiled(_K, "dot_mxfp4")
     mul_mat_kernel = compiled(_K, "mul_mat_mxfp4")
 
+    @staticmethod
+    def levels(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (uint8 (k, nb * 17)) as (levels int8 (k, nb, 32) in value order, d float32 (k, nb))."""
+        b = rows.reshape(rows.shape[0], -1, 17)
+        qs = b[:, :, 1:17]
+        codes = np.concatenate([qs & 15, qs >> 4], axis=2)
+        return grids.KVALUES_MXFP4.astype(np.int8)[codes], e8m0_half(b[:, :, 0])
+
+    @classmethod
+    def pack(cls, w) -> tuple:
+        """Weight rows (uint8 (N, row bytes)) as int8 levels in Q8_0's packed form (kernels.dot.pack_levels)."""
+        from ..kernels import dot
+        return dot.pack_levels(np.ascontiguousarray(w, np.uint8), cls.levels, cls.type_size)
+
+    @classmethod
+    def mul_mat_packed(cls, packed: tuple, a) -> np.ndarray:
+        """mul_mat(w, a) from pack(w) on the vector tile: float32 (rows of a, rows of w), the same bits."""
+        from ..kernels import dot
+        a = np.ascontiguousarray(a, np.uint8)
+        out = np.empty((a.shape[0], packed[2]), np.float32)
+        dot.dot_levels(packed, a, out)
+        return out
+
     @classmethod
     def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:
         """quantize_row_mxfp4_ref: the bytes quantize_mxfp4 writes (it ignores quant_weights)."""

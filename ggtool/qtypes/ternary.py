@@ -14,7 +14,9 @@ Quantizers (``quantize_row_tq{1,2}_0_ref``, run by ``quantize_tq{1,2}_0``; impor
 ``d = amax``, trit ``lroundf(x / d) + 1`` with ``1/d`` from the unrounded d. A block whose amax is
 an fp32 subnormal has ``1/d = inf``: lroundf of inf/NaN is x86's 0x8000000000000000, so every
 trit is 1 (zero), as GGML writes it. vec_dot_type Q8_K: ``sumf += float(sumi) * (d_w * d_a)``
-(TQ1_0) and ``sumf += float(sumi) * (d_a * d_w)`` (TQ2_0), block after block.
+(TQ1_0) and ``sumf += float(sumi) * (d_a * d_w)`` (TQ2_0), block after block: the K-quant dots'
+form (``k_form``: the codes value - 1, every scale 1, d; final factor 1), so mul_mat runs them on
+the K-quant tile.
 """
 
 from __future__ import annotations
@@ -44,8 +46,27 @@ class _Ternary(QType):
     needs_imatrix = False
     ggml_requires_imatrix = False
     llama_cpp: dict = {}
-    k_form = None                # the dot is not in the K-quants' form (no int scale per 16 codes)
-    dot_final = None
+    dot_final = F32(1.0)
+    d_at: int                    # the fp16 d's offset in the block
+
+    @classmethod
+    def trits(cls, blocks: np.ndarray) -> np.ndarray:
+        """Each block's 256 values - 1 .. + 1 (the stored trit - 1), in value order: int32 (n, 256)."""
+        raise NotImplementedError
+
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        d = _f16(blocks, cls.d_at)
+        with np.errstate(invalid='ignore', over='ignore'):   # inf * 0: NaN, as GGML's floats give
+            return cls.trits(blocks).astype(np.float32) * d
+
+    @classmethod
+    def k_form(cls, w, f16=None):
+        """Rows (uint8 (n, nb * type_size)) in the K form: the trits as codes, scale 1, d."""
+        n, nb = w.shape[0], w.shape[1] // cls.type_size
+        blocks = w.reshape(n * nb, cls.type_size)
+        codes = cls.trits(blocks).astype(np.int8).reshape(n, nb, 256)
+        return codes, np.ones((n, nb, 16), np.int32), _f16(blocks, cls.d_at).reshape(n, nb)
 
     @classmethod
     def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:
@@ -70,19 +91,17 @@ class TQ1_0(_Ternary, ggml_type=T.GGMLType.TQ1_0):
     quantize_kernel = compiled(_K, "quantize_tq1_0")
     dot_kernel = compiled(_K, "dot_tq1_0")
     mul_mat_kernel = compiled(_K, "mul_mat_tq1_0")
+    d_at = 52
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
-        d = _f16(blocks, 52)
+    def trits(cls, blocks):
         parts = []
         for start, width in ((0, 32), (32, 16)):
             qs = blocks[:, start:start + width]
             parts += [tq1_trits(qs, n) for n in range(5)]
         qh = blocks[:, 48:52]
         parts += [tq1_trits(qh, n) for n in range(4)]
-        t = np.concatenate(parts, axis=1)
-        with np.errstate(invalid='ignore', over='ignore'):   # inf * 0: NaN, as GGML's floats give
-            return (t - 1).astype(np.float32) * d
+        return np.concatenate(parts, axis=1) - 1
 
 
 class TQ2_0(_Ternary, ggml_type=T.GGMLType.TQ2_0):
@@ -90,14 +109,12 @@ class TQ2_0(_Ternary, ggml_type=T.GGMLType.TQ2_0):
     quantize_kernel = compiled(_K, "quantize_tq2_0")
     dot_kernel = compiled(_K, "dot_tq2_0")
     mul_mat_kernel = compiled(_K, "mul_mat_tq2_0")
+    d_at = 64
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
-        d = _f16(blocks, 64)
+    def trits(cls, blocks):
         parts = []
         for j in range(0, 64, 32):
             qs = blocks[:, j:j + 32].astype(np.int32)
             parts += [(qs >> (2 * n)) & 3 for n in range(4)]
-        t = np.concatenate(parts, axis=1)
-        with np.errstate(invalid='ignore', over='ignore'):   # inf * 0: NaN, as GGML's floats give
-            return (t - 1).astype(np.float32) * d
+        return np.concatenate(parts, axis=1) - 1

@@ -136,28 +136,38 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
 
 def pack_rows(wt, w_raw: np.ndarray) -> tuple:
     """The packed form of weight rows w_raw (uint8 (n, row bytes)) of wt that mul_mat_into multiplies:
-    ``kernels.dot``'s interleaved groups, or a qtypes record's own (``()`` where it multiplies the rows
-    as they are)."""
+    ``kernels.dot``'s interleaved groups; for a qtypes record, the K-quant dots' layout where its dot
+    has their form (``k_form``), its own packed form (``pack``), or ``()``: the rows as they are."""
     if wt in T.DOT_TYPES:
         return _kernels.dot.pack(wt, w_raw)
     from .. import qtypes
 
     record = qtypes.get(wt)
+    if record.k_form is not None:
+        return _kernels.dot_k.pack_k_form(w_raw, record.decode_k, record.type_size)
     return record.pack(w_raw) if hasattr(record, "mul_mat_packed") else ()
 
 
 def _record_mul_mat(wt, w_raw, act_raw, out, pack) -> None:
-    """A qtypes record's product: its packed mat-mul where it has one (``pack``/``mul_mat_packed``:
-    the packed form cached as the others' are), else its mul_mat kernel (GGML's generic dot per row);
-    the same bits either way."""
+    """A qtypes record's product, the bits of its generic dot (GGML's ``*_generic`` vec_dot) whichever
+    way: the K-quant tile on its K form, then its final factor (``dot_final``); its packed mat-mul
+    (``pack``/``mul_mat_packed``), the packed forms cached as the others' are (``pack``); else its
+    mul_mat kernel, row by row."""
     from .. import qtypes
 
     record = qtypes.get(wt)
-    if hasattr(record, "mul_mat_packed"):
-        packed = pack() if pack is not None else pack_rows(wt, w_raw)
-        res = record.mul_mat_packed(packed, act_raw)
+    if record.k_form is None and not hasattr(record, "mul_mat_packed"):
+        out[...] = record.mul_mat(w_raw, act_raw)
+        return
+    packed = pack() if pack is not None else pack_rows(wt, w_raw)
+    if record.k_form is not None:
+        from ..kernels.tables import F16_TO_F32
+
+        res = np.empty((act_raw.shape[0], w_raw.shape[0]), _F32)
+        _kernels.dot_k.dot_packed_k(packed, act_raw, F16_TO_F32, res)
+        np.multiply(res, record.dot_final, out=res)
     else:
-        res = record.mul_mat(w_raw, act_raw)
+        res = record.mul_mat_packed(packed, act_raw)
     out[...] = res
 
 
