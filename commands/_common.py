@@ -147,7 +147,7 @@ def pick_numerics(name: str, verbose: bool) -> str:
 def warn_llama_cpp_gaps(gaps, numerics: str) -> None:
     """--numerics llama.cpp* (or x86) on a graph with nodes it has no llama.cpp order for
     (``ggtool.ops.llama_cpp_gaps``): one line on stderr saying which."""
-    from ggtool.ops.matmul import X86_COVERED
+    from ggtool.ops.matmul import x86_covered
 
     if not gaps:
         return
@@ -159,7 +159,7 @@ def warn_llama_cpp_gaps(gaps, numerics: str) -> None:
             what += f" with {gap.weight_type} weights"
         parts.append(f"{n} {what} (first: '{gap.nodes[0].name}')")
     one = len(gaps) == 1 and len(gaps[0].nodes) == 1
-    log(f"Warning: --numerics {numerics} follows llama.cpp's order for mul_mat with {X86_COVERED} weights, "
+    log(f"Warning: --numerics {numerics} follows llama.cpp's order for mul_mat with {x86_covered()} weights, "
         f"soft_max, rope, gelu and silu; {', '.join(parts)} {'computes' if one else 'compute'} in GGML's order and may "
         f"differ from llama.cpp's in the last bits")
 

@@ -358,7 +358,7 @@ def test_cli_llama_cpp_numerics_name_what_they_do_not_cover(run, monkeypatch):
     covered = run(*args, "--numerics", "llama.cpp-avx2")
     assert ok(covered) and covered.stderr == ""
     monkeypatch.setattr(unary, "X86_UNMODELLED", ("SILU",))
-    monkeypatch.setattr(matmul, "X86_COVERED", "f32")
+    monkeypatch.setattr(matmul, "x86_covered", lambda: "f32")
     r = run(*args, "--numerics", "llama.cpp-avx2")
     assert ok(r) and r.stderr == (
         "Warning: --numerics llama.cpp-avx2 follows llama.cpp's order for mul_mat with f32 weights, soft_max, "

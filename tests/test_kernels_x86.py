@@ -333,7 +333,7 @@ def test_cli_numerics_x86_warns_of_weights_it_has_no_order_for(run, npy, monkeyp
     covered = run("compute", prog, "--tensor", f"w=f16:{w}", "--tensor", f"x={x}", "--numerics", "x86")
     assert covered.exit_code == 0 and covered.stderr == "", covered.output
     monkeypatch.setattr(matmul, "X86_TYPES", tuple(t for t in matmul.X86_TYPES if t != ggtool.types.F16))
-    monkeypatch.setattr(matmul, "X86_COVERED", "f32, q8_0")
+    monkeypatch.setattr(matmul, "x86_covered", lambda: "f32, q8_0")
     r = run("compute", prog, "--tensor", f"w=f16:{w}", "--tensor", f"x={x}", "--numerics", "x86")
     assert r.exit_code == 0, r.output
     assert r.stderr == ("Warning: --numerics x86 follows llama.cpp's order for mul_mat with f32, q8_0 weights, "

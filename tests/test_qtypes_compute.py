@@ -117,14 +117,17 @@ def test_compute_uses_gguf_tensors_of_every_record_type_in_place(run, iq_gguf, t
     assert "iq1_s iq1_m iq2_xxs" in " ".join(r.output.split())
 
 
-def test_llama_cpp_numerics_say_the_records_types_sum_in_ggmls_order(run, iq_gguf, tmp_path):
-    path, _ = iq_gguf
-    np.save(tmp_path / "x.npy", np.ones((1, 512), np.float32))
-    outs = []
-    for numerics in ("ggml", "llama.cpp"):
-        outs.append(tmp_path / f"{numerics}.npy")
-        r = run("compute", "mul_mat(w_iq3_s, x)", "--gguf", path, "--tensor", f"x={tmp_path / 'x.npy'}",
-                "--numerics", numerics, "-o", outs[-1])
-        assert r.exit_code == 0, r.output
-    assert "1 mul_mat node with iq3_s weights (first: 'node_0') computes in GGML's order" in " ".join(r.output.split())
-    assert np.load(outs[0]).tobytes() == np.load(outs[1]).tobytes()
+def test_llama_cpp_numerics_take_the_records_x86_forms_without_a_warning(run, iq_gguf, tmp_path):
+    """Every record type carries llama.cpp's x86 order (tests/test_qtypes_x86.py checks its bits): under
+    --numerics llama.cpp-avx2 mul_mat is that form, and compute warns of no gap."""
+    path, weights = iq_gguf
+    x = np.random.default_rng(2).standard_normal((3, 512)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "y.npy"
+    r = run("compute", "mul_mat(w_iq3_s, x)", "--gguf", path, "--tensor", f"x={tmp_path / 'x.npy'}",
+            "--numerics", "llama.cpp-avx2", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert "GGML's order" not in r.output
+    rec = qtypes.get("iq3_s")
+    acts, _ = _acts(rec.vec_dot_type, x)
+    assert np.load(out).tobytes() == rec.mul_mat_x86("llama.cpp-avx2", weights["iq3_s"], acts, "vec_dot").tobytes()

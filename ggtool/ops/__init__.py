@@ -22,7 +22,7 @@ class LlamaCppGap:
 
 def llama_cpp_gaps(nodes) -> list[LlamaCppGap]:
     """What ``numerics="llama.cpp*"`` leaves in GGML's order among `nodes` (a graph's): mul_mat with
-    weights of no modelled llama.cpp order (``matmul.without_x86_order``, ``matmul.X86_COVERED``) and
+    weights of no modelled llama.cpp order (``matmul.without_x86_order``, ``matmul.x86_covered``) and
     the unary ops llama.cpp's build evaluates its own way (``unary.X86_UNMODELLED``), grouped by op
     and weight type in order of first appearance. Empty where the numerics cover every node."""
     from .. import types as T

@@ -348,7 +348,14 @@ def _float_mul_mat(a, act, out, r2: int, r3: int, ith: int, nth: int) -> None:
 # llama.cpp's x86 forms (ggtool.kernels.x86, x86_kquants, x86_legacy, x86_float), by weight type
 X86_TYPES = (T.F32, T.F16, T.BF16, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_1, T.GGMLType.Q5_1,
              T.GGMLType.IQ4_NL, T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
-X86_COVERED = ", ".join(T.type_name(t) for t in X86_TYPES)
+
+
+def x86_covered() -> str:
+    """The weight types whose llama.cpp x86 order mul_mat follows, by name: X86_TYPES and the qtypes
+    records that carry their forms."""
+    from .. import qtypes
+    extra = [t for t, r in qtypes.REGISTRY.items() if t not in X86_TYPES and r.llama_cpp]
+    return ", ".join(T.type_name(t) for t in (*X86_TYPES, *sorted(extra, key=int)))
 # types llama.cpp's x86 CPU_REPACK buffer takes (2-D weights, rows in eights), per build: Q2_K on AVX-512 only
 _REPACKED = (T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.IQ4_NL)
 _K_QUANTS = {T.GGMLType.Q2_K: 0, T.GGMLType.Q3_K: 1, T.GGMLType.Q4_K: 2, T.GGMLType.Q5_K: 3}
@@ -361,12 +368,28 @@ def x86_repacked(a, wide_lanes: bool = True) -> bool:
     eights. A tied output projection is repacked too: llama.cpp loads it as the output layer's own
     copy of the token embeddings."""
     types = _REPACKED + ((T.GGMLType.Q2_K,) if wide_lanes else ())
-    return a.type in types and a.ne[1] % 8 == 0 and a.ne[2] == a.ne[3] == 1
+    if a.type not in types and not (_record_x86(a.type) and _record(a.type).x86_repacked):
+        return False
+    return a.ne[1] % 8 == 0 and a.ne[2] == a.ne[3] == 1
+
+
+def _record(t):
+    from .. import qtypes
+    return qtypes.REGISTRY.get(t)
+
+
+def _record_x86(t) -> dict:
+    """The llama.cpp x86 forms of a ggtool.qtypes record's type ({} for the others, and where not modelled)."""
+    if t in X86_TYPES or not T.is_quantized(t):
+        return {}
+    record = _record(t)
+    return record.llama_cpp if record is not None else {}
 
 
 def x86_order(a) -> bool:
-    """Whether mul_mat with weights `a` has llama.cpp's x86 order here."""
-    return a.type in X86_TYPES
+    """Whether mul_mat with weights `a` has llama.cpp's x86 order here (X86_TYPES, and the qtypes
+    records that carry their x86 forms)."""
+    return a.type in X86_TYPES or bool(_record_x86(a.type))
 
 
 def without_x86_order(nodes) -> list:
@@ -400,6 +423,16 @@ def _x86_block(a, b, wide_lanes: bool = True):
     t, ne11 = a.type, b.ne[1]
     repacked = x86_repacked(a, wide_lanes)
     tiled = ne11 >= TILED_ROWS
+    if _record_x86(t):
+        from .. import qtypes
+
+        record, numerics = qtypes.get(t), "llama.cpp-avx512" if wide_lanes else "llama.cpp-avx2"
+
+        path = "repacked" if repacked else ("tiled" if tiled else "vec_dot")
+
+        def record_block(w, x, out, i0):
+            out[...] = record.mul_mat_x86(numerics, w, x, path)
+        return record_block
     if t == T.F32:
         tiny = _sgemm_takes(a, b, 16 if wide_lanes else 8)
         tiny = tiny and b.is_contiguous()

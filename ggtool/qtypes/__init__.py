@@ -80,8 +80,11 @@ class QType:
     # ggml_quantize_requires_imatrix: GGML's quantizer asserts one is given (quantize refuses None)
     ggml_requires_imatrix: ClassVar[bool] = False
     quantize_ref: ClassVar[Callable | None] = None   # quantize_row_*_ref where GGML has one (set by each record)
-    # the x86 forms of the dot (ggml-cpu/arch/x86/quants.c: the orders of llama.cpp's AVX2 and
-    # AVX-512 builds), "llama.cpp-avx2" / "llama.cpp-avx512" -> kernel; empty: not modelled yet
+    # the x86 forms of mul_mat (ggml-cpu/arch/x86/quants.c's vec_dot, the tiled kernel, the repacked
+    # gemv/gemm: the orders of llama.cpp's AVX2 and AVX-512 builds), "llama.cpp-avx2" /
+    # "llama.cpp-avx512" -> run(cls, w, act, out, path) (``mul_mat_x86``); empty: not modelled yet
+    # where llama.cpp's CPU_REPACK buffer takes the type's 2-D weights of rows in eights (both x86 builds)
+    x86_repacked: ClassVar[bool] = False
     llama_cpp: ClassVar[dict] = {}
     CHUNK_BLOCKS: ClassVar[int] = 64     # blocks per work item of quantize (a few ms of work)
 
@@ -216,6 +219,23 @@ class QType:
         return cls.k_form(np.ascontiguousarray(w, np.uint8), *cls.dot_args())
 
     @classmethod
+    def x86_form(cls, w) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Weight rows in the K form llama.cpp's x86 kernels sum (``kform_x86``): the type's k_form,
+        unless its generic dot has another shape (IQ4_XS)."""
+        return cls.decode_k(w)
+
+    @classmethod
+    def mul_mat_x86(cls, numerics: str, w, a, path: str) -> np.ndarray:
+        """out[m, r] = row r of w . row m of a (its vec_dot_type) in llama.cpp's x86 order for `numerics`
+        ("llama.cpp-avx2" / "-avx512"), on the path ggml_compute_forward_mul_mat would take for a type
+        that has it: "repacked" (CPU_REPACK weights), "tiled" (from 8 activation rows), else "vec_dot"."""
+        w = np.ascontiguousarray(w, np.uint8)
+        a = np.ascontiguousarray(a, np.uint8)
+        out = np.empty((a.shape[0], w.shape[0]), np.float32)
+        cls.llama_cpp[numerics](cls, w, a, out, path)
+        return out
+
+    @classmethod
     def mul_mat(cls, w, a) -> np.ndarray:
         """out[m, r] = dot(w[r], a[m]): float32 (rows of a, rows of w)."""
         w = np.ascontiguousarray(w, np.uint8)
@@ -223,6 +243,22 @@ class QType:
         out = np.empty((a.shape[0], w.shape[0]), np.float32)
         cls.mul_mat_kernel(w, a, out, *cls.dot_args())
         return out
+
+
+def kform_x86(gemv_wrap: bool = True, tiled_wrap: bool = False) -> dict:
+    """``llama_cpp`` for a type whose x86 kernels have the K-quants' shape (``_x86_kernels``: the
+    AVX2 vec_dot, which the AVX-512 build compiles too, and the tiled kernel): `gemv_wrap` /
+    `tiled_wrap`, whether that kernel puts the codes' signs on the int8 activations (-(-128) = -128)."""
+
+    def run(cls, w, a, out, path):
+        from . import _x86_kernels as X
+
+        codes, scales, d = cls.x86_form(w)
+        factor = cls.dot_final if cls.dot_final is not None else np.float32(1.0)
+        tiled = path == "tiled"
+        (X.tiled if tiled else X.gemv)(codes, scales.astype(np.int32), d, a, factor, tiled_wrap if tiled else gemv_wrap, out)
+
+    return {"llama.cpp-avx2": run, "llama.cpp-avx512": run}
 
 
 def _bad_value(x: np.ndarray, flat_index: int, name: str) -> QuantizationError:

@@ -61,13 +61,31 @@ class _IQ1(QType):
     block_size = 256
     vec_dot_type = T.GGMLType.Q8_K
     quantize_ref = None                         # GGML has no quantize_row_iq1_*_ref
-    llama_cpp: dict = {}
     k_form = None                # the dot is not in the K-quants' form (no int scale per 16 codes)
     dot_final = None
 
     @classmethod
     def grids(cls) -> dict[str, np.ndarray]:
         return {"iq1s_grid": grids.IQ1S_GRID}
+
+    @classmethod
+    def x86_parts(cls, w) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Weight rows (uint8 (n, nb * type_size)) as llama.cpp's x86 kernels take them apart: the grid
+        values int8 (n, nb, 256), the odd scale 2 ls + 1 of each 16 int32 (n, nb, 16), the sign of each
+        value's delta int8 (n, nb, 256), d float32 (n, nb)."""
+        raise NotImplementedError
+
+    def _x86(cls, w, a, out, path):
+        """From 8 activation rows the tiled kernel (codes 8 grid + delta, d / 8), else the AVX2 vec_dot."""
+        from . import _x86_kernels as X
+        g, ls, sign, d = cls.x86_parts(np.ascontiguousarray(w, np.uint8))
+        if path == "tiled":
+            codes = (8 * g.astype(np.int16) + sign).astype(np.int8)
+            X.tiled(codes, ls, d, a, F32(0.125), False, out)
+        else:
+            X.gemv_iq1(g, ls, sign, d, a, cls.ggml_type == T.GGMLType.IQ1_M, True, out)
+
+    llama_cpp = {"llama.cpp-avx2": _x86, "llama.cpp-avx512": _x86}
 
     @classmethod
     def quantizer_tables(cls) -> tuple:
@@ -85,6 +103,18 @@ class IQ1_S(_IQ1, ggml_type=T.GGMLType.IQ1_S):
     quantize_kernel = compiled(_K, "quantize_iq1_s")
     dot_kernel = compiled(_K, "dot_iq1_s")
     mul_mat_kernel = compiled(_K, "mul_mat_iq1_s")
+
+    @classmethod
+    def x86_parts(cls, w):
+        n, nb = w.shape[0], w.shape[1] // 50
+        blocks = w.reshape(n * nb, 50)
+        qs = blocks[:, 2:34].astype(np.int64).reshape(-1, 8, 4)
+        qh = np.ascontiguousarray(blocks[:, 34:50]).view(np.uint16).astype(np.int64)   # (n nb, 8)
+        idx = qs | (((qh[:, :, None] >> (3 * np.arange(4))) & 7) << 8)
+        g = GRID_VALUES[idx].reshape(n, nb, 256)
+        ls = np.repeat(2 * ((qh >> 12) & 7) + 1, 2, axis=1).astype(np.int32).reshape(n, nb, 16)
+        sign = np.repeat(np.where(qh & 0x8000, -1, 1), 32, axis=1).astype(np.int8).reshape(n, nb, 256)
+        return g, ls, sign, _f16(blocks[:, 0:2]).reshape(n, nb)
 
     @classmethod
     def dequantize_blocks(cls, blocks):
@@ -113,6 +143,23 @@ class IQ1_M(_IQ1, ggml_type=T.GGMLType.IQ1_M):
         """The fp16 bits of d: the top 4 bits of the four uint16 scales."""
         sc = np.ascontiguousarray(blocks[:, 48:56]).view(np.uint16).astype(np.uint32)
         return ((sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0x00F0) | ((sc[:, 2] >> 4) & 0x0F00) | (sc[:, 3] & 0xF000)).astype(np.uint16)
+
+    @classmethod
+    def x86_parts(cls, w):
+        n, nb = w.shape[0], w.shape[1] // 56
+        blocks = w.reshape(n * nb, 56)
+        sc = np.ascontiguousarray(blocks[:, 48:56]).view(np.uint16).astype(np.int64)     # (n nb, 4)
+        ib = np.arange(8)
+        s = sc[:, ib // 2]
+        ls = np.stack([(s >> (6 * (ib % 2))) & 7, (s >> (6 * (ib % 2) + 3)) & 7], axis=2)   # (n nb, 8, 2)
+        qs = blocks[:, 0:32].astype(np.int64).reshape(-1, 8, 4)
+        qh4 = np.repeat(blocks[:, 32:48].astype(np.int64).reshape(-1, 8, 2), 2, axis=2)
+        idx = qs | ((qh4 << np.array([8, 4, 8, 4])) & 0x700)
+        sign = np.where(qh4 & np.array([0x08, 0x80, 0x08, 0x80]), -1, 1)                  # (n nb, 8, 4)
+        g = GRID_VALUES[idx].reshape(n, nb, 256)
+        d = cls.scale_bits(blocks).view(np.float16).astype(F32).reshape(n, nb)
+        return (g, (2 * ls + 1).astype(np.int32).reshape(n, nb, 16),
+                np.repeat(sign.reshape(-1, 32), 8, axis=1).astype(np.int8).reshape(n, nb, 256), d)
 
     @classmethod
     def dequantize_blocks(cls, blocks):

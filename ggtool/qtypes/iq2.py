@@ -25,7 +25,7 @@ from functools import cache
 import numpy as np
 
 from .. import types as T
-from . import QType, compiled, grids, serial
+from . import QType, compiled, grids, kform_x86, serial
 
 F32 = np.float32
 _K = "_iq23_kernels"
@@ -61,7 +61,7 @@ def _dot_args(name: str) -> tuple:
 class _IQ2(QType):
     block_size = 256
     vec_dot_type = T.GGMLType.Q8_K
-    llama_cpp: dict = {}
+    llama_cpp = kform_x86(gemv_wrap=True, tiled_wrap=False)   # AVX2 vec_dot: signs on the activations
 
     @classmethod
     def quantizer_tables(cls) -> tuple:

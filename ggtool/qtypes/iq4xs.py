@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import types as T
 from ..kernels.tables import KVALUES_IQ4NL
-from . import QType, compiled, f16_table, serial
+from . import QType, compiled, f16_table, kform_x86, serial
 
 _K = "_lowbit_kernels"
 
@@ -32,7 +32,7 @@ class IQ4_XS(QType, ggml_type=T.GGMLType.IQ4_XS):
     vec_dot_type = T.GGMLType.Q8_K
     needs_imatrix = False
     ggml_requires_imatrix = False
-    llama_cpp: dict = {}
+    llama_cpp = kform_x86(gemv_wrap=True, tiled_wrap=True)    # mul_add_epi8 / the sign trick in both
     k_form = None                # the dot is not in the K-quants' form (no int scale per 16 codes)
     dot_final = None
     quantize_kernel = compiled(_K, "quantize_iq4_xs")
@@ -55,6 +55,21 @@ class IQ4_XS(QType, ggml_type=T.GGMLType.IQ4_XS):
         out = np.empty((a.shape[0], packed[3]), np.float32)
         cls.mul_mat_packed_kernel(*packed, a, out)
         return out
+
+    @classmethod
+    def x86_form(cls, w):
+        """The rows as llama.cpp's x86 kernels sum them: the levels as codes, ls - 32 the scale of each
+        16 (per 32 in the block), d; no final factor."""
+        w = np.ascontiguousarray(w, np.uint8)
+        n, nb = w.shape[0], w.shape[1] // 136
+        blocks = w.reshape(n * nb, 136)
+        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(n, nb)
+        sh = blocks[:, 2].astype(np.int32) | (blocks[:, 3].astype(np.int32) << 8)
+        ib = np.arange(8)
+        ls = ((blocks[:, 4 + ib // 2].astype(np.int32) >> (4 * (ib % 2))) & 15) | (((sh[:, None] >> (2 * ib)) & 3) << 4)
+        qs = blocks[:, 8:].reshape(-1, 8, 16)
+        codes = KVALUES_IQ4NL.astype(np.int8)[np.concatenate([qs & 15, qs >> 4], axis=2)].reshape(n, nb, 256)
+        return codes, np.repeat(ls - 32, 2, axis=1).reshape(n, nb, 16), d
 
     @classmethod
     def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:

@@ -37,7 +37,18 @@ class MXFP4(QType, ggml_type=T.GGMLType.MXFP4):
     vec_dot_type = T.GGMLType.Q8_0
     needs_imatrix = False
     ggml_requires_imatrix = False
-    llama_cpp: dict = {}
+    x86_repacked = True           # mxfp4_8x8 where the CPU has AVX2
+
+    def _x86(cls, w, a, out, path):
+        """The repacked gemv/gemm (rows in eights), else ggml_vec_dot_mxfp4_q8_0's AVX2 code (never tiled)."""
+        from . import _x86_kernels as X
+        levels, d = cls.levels(w)
+        if path == "repacked":
+            X.repacked_b32(levels, d, a, *f16_table(), out)
+        else:
+            X.gemv_pairs(levels, d, a, True, *f16_table(), out)
+
+    llama_cpp = {"llama.cpp-avx2": _x86, "llama.cpp-avx512": _x86}
     k_form = None                # the dot is not in the K-quants' form (no int scale per 16 codes)
     dot_final = None
     quantize_kernel = compiled(_K, "quantize_mxfp4")

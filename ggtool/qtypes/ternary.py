@@ -45,8 +45,15 @@ class _Ternary(QType):
     vec_dot_type = T.GGMLType.Q8_K
     needs_imatrix = False
     ggml_requires_imatrix = False
-    llama_cpp: dict = {}
     dot_final = F32(1.0)
+
+    def _x86(cls, w, a, out, path):
+        """ggml_vec_dot_tq*_0_q8_K's AVX2 code (``_x86_kernels.gemv_ternary``) for any number of rows."""
+        from . import _x86_kernels as X
+        codes, _, d = cls.k_form(w)
+        X.gemv_ternary(codes, d, a, True, out)
+
+    llama_cpp = {"llama.cpp-avx2": _x86, "llama.cpp-avx512": _x86}
     d_at: int                    # the fp16 d's offset in the block
 
     @classmethod
