@@ -70,7 +70,7 @@ def fma(a, b, c):
 
 
 @njit
-def _hsum8(c):
+def hsum_float_8(c):
     """hsum_float_8: (l + 4) pairs, then (0 + 2) + (1 + 3)."""
     v0, v1, v2, v3 = c[4] + c[0], c[5] + c[1], c[6] + c[2], c[7] + c[3]
     return (v0 + v2) + (v1 + v3)
@@ -202,7 +202,7 @@ def dot_q0(w, kind, act, out, f16):
                     for r in range(V0):
                         cl[r] = fmaf(db[r], w0[r] * a0 + w1[r] * a1 + w2[r] * a2 + w3[r] * a3, cl[r])
             for r in range(min(V0, N - n0)):
-                out[m, n0 + r] = _hsum8(c[:, r])
+                out[m, n0 + r] = hsum_float_8(c[:, r])
 
 
 @njit
@@ -393,7 +393,7 @@ def dot_q6_k(w, act, out, tiled, f16):
                         v = tot[r] - 32.0 * (b0 * F64(s0[r]) + b1 * F64(s1[r]))
                         cl[r] = fmaf(F32(dm * wdb[r]), F32(v), cl[r])
             for r in range(min(VK, N - n0)):
-                out[m, n0 + r] = c[0, r] if tiled else _hsum8(c[:, r])
+                out[m, n0 + r] = c[0, r] if tiled else hsum_float_8(c[:, r])
 
 
 # -- F32 ---------------------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ def _fold(acc, lanes, out_row, n0, count):
             s0, s1, s2, s3 = c[0] + c[4], c[1] + c[5], c[2] + c[6], c[3] + c[7]
             out_row[n0 + r] = (s0 + s1) + (s2 + s3)
         else:
-            out_row[n0 + r] = _hsum8(c)
+            out_row[n0 + r] = hsum_float_8(c)
 
 
 @njit
@@ -531,7 +531,7 @@ def soft_max_rows(w, y, e, wide):
             for i in range(i0, min(n, i0 + width)):
                 v = _v_expf(w[r, i] - mx, e) if wide else _v_expf_avx2(w[r, i] - mx, e)
                 y[r, i] = chunk[i - i0] = v
-            total += F64(_reduce16(chunk) if wide else _hsum8(chunk))
+            total += F64(_reduce16(chunk) if wide else hsum_float_8(chunk))
         inv = F32(1.0 / total)
         for i in range(n):
             y[r, i] = y[r, i] * inv

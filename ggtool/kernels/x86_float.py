@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import njit
-from .x86 import V0, _fold, _hsum8, _reduce16, fmaf
+from .x86 import V0, _fold, hsum_float_8, _reduce16, fmaf
 
 F32, F64 = np.float32, np.float64
 F16_KIND, BF16_KIND = 0, 1
@@ -88,14 +88,14 @@ def dot_half(a, kind, b, out, tiny, wide, table):
                 _fold(acc, lanes, red, 0, count)    # F32's reduce
             for r in range(count):
                 if tiny:
-                    res = F64(_reduce16(acc[:16, r]) if wide else _hsum8(acc[:8, r]))
+                    res = F64(_reduce16(acc[:16, r]) if wide else hsum_float_8(acc[:8, r]))
                 elif dp:
                     res = F64(_reduce16(acc[:16, r]))
                     res += F64(_reduce16(acc[16:, r]))
                 elif kind == BF16_KIND:         # (c1 + c3) + (c2 + c4), then hsum_float_8
                     for i in range(8):
                         c8[i] = (acc[i, r] + acc[16 + i, r]) + (acc[8 + i, r] + acc[24 + i, r])
-                    res = F64(_hsum8(c8))
+                    res = F64(hsum_float_8(c8))
                 else:
                     res = F64(red[r])
                 for k in range(k_lanes, K):     # the tail's products in double

@@ -28,7 +28,7 @@ import numpy as np
 
 from .dot_k import _scale_min_k4
 from .jit import njit
-from .x86 import VK, _act_q8_k, _f16, _hsum8, _madd4, fmaf
+from .x86 import VK, _act_q8_k, _f16, hsum_float_8, _madd4, fmaf
 
 F32, F64 = np.float32, np.float64
 
@@ -137,7 +137,7 @@ def vec_dot_k(w, kind, act, out, f16):
                     for r in range(VK):
                         al[r] = fmaf(da * dwb[r], s[r], al[r])
             for r in range(min(VK, N - n0)):
-                res = _hsum8(acc[:, r])
+                res = hsum_float_8(acc[:, r])
                 if kind == Q4_K:
                     res += (accm[0, r] + accm[2, r]) + (accm[1, r] + accm[3, r])
                 elif kind == Q5_K:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .jit import njit
 from .tables import KVALUES_IQ4NL
-from .x86 import V0, _act_q8_0, _f16, _hsum8, fmaf
+from .x86 import V0, _act_q8_0, _f16, hsum_float_8, fmaf
 
 F32 = np.float32
 Q4_1_KIND, Q5_1_KIND = 0, 1
@@ -100,7 +100,7 @@ def vec_dot_q1(w, kind, act, out, f16):
                     for r in range(V0):
                         cl[r] = fmaf(db[r], w0[r] * a0 + w1[r] * a1 + w2[r] * a2 + w3[r] * a3, cl[r])
             for r in range(min(V0, N - n0)):
-                out[m, n0 + r] = _hsum8(c[:, r]) + summs[r]
+                out[m, n0 + r] = hsum_float_8(c[:, r]) + summs[r]
 
 
 @njit
@@ -148,7 +148,7 @@ def vec_dot_iq4_nl(w, act, out, fused_tail, f16):
                     for r in range(V0):
                         cl[r] = fmaf(db[r], w0[r] * a0 + w1[r] * a1 + w2[r] * a2 + w3[r] * a3, cl[r])
             for r in range(min(V0, N - n0)):
-                tail[r] = _hsum8(c[0, :, r] + c[1, :, r])
+                tail[r] = hsum_float_8(c[0, :, r] + c[1, :, r])
             if nb % 2:
                 b = nb - 1
                 dm, wdb = ad[m, b], wd[b]

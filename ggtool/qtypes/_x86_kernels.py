@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.jit import njit
-from ..kernels.x86 import _hsum8, fmaf
+from ..kernels.x86 import hsum_float_8, fmaf
 
 F32 = np.float32
 Q8_K_BYTES = 292
@@ -69,7 +69,7 @@ def gemv(codes, scales, d, act, factor, wrap, out):
                 dd = F32(d[r, b] * da)
                 for l in range(8):
                     acc[l] = fmaf(dd, F32(lanes[l]), acc[l])
-            out[m, r] = F32(factor * _hsum8(acc))
+            out[m, r] = F32(factor * hsum_float_8(acc))
 
 
 @njit
@@ -111,7 +111,7 @@ def gemv_ternary(codes, d, act, fused, out):
                 dd = F32(da * d[r, b])
                 for l in range(8):
                     acc[l] = fmaf(F32(lanes[l]), dd, acc[l]) if fused else F32(acc[l] + F32(F32(lanes[l]) * dd))
-            out[m, r] = _hsum8(acc)
+            out[m, r] = hsum_float_8(acc)
 
 
 @njit
@@ -150,7 +150,7 @@ def gemv_pairs(levels, d, act, fused_tail, f16, out):
             tot = np.empty(8, F32)
             for l in range(8):
                 tot[l] = c[0, l] + c[1, l]
-            sumf = _hsum8(tot)
+            sumf = hsum_float_8(tot)
             if nb % 2:
                 b = nb - 1
                 s = np.int64(0)
@@ -218,6 +218,6 @@ def gemv_iq1(grid, ls, sign, d, act, per_lane_delta, fused, out):
                         s1 += lanes2[l]
                     accum1 = fmaf(dd, F32(s1), accum1) if fused else F32(accum1 + F32(dd * F32(s1)))
             if per_lane_delta:
-                out[m, r] = F32(_hsum8(acc) + F32(delta * _hsum8(acc2)))
+                out[m, r] = F32(hsum_float_8(acc) + F32(delta * hsum_float_8(acc2)))
             else:
-                out[m, r] = F32(_hsum8(acc) + F32(delta * accum1))
+                out[m, r] = F32(hsum_float_8(acc) + F32(delta * accum1))
