@@ -131,3 +131,19 @@ def test_llama_cpp_numerics_take_the_records_x86_forms_without_a_warning(run, iq
     rec = qtypes.get("iq3_s")
     acts, _ = _acts(rec.vec_dot_type, x)
     assert np.load(out).tobytes() == rec.mul_mat_x86("llama.cpp-avx2", weights["iq3_s"], acts, "vec_dot").tobytes()
+
+
+@pytest.mark.parametrize("name", ["iq1_s", "iq1_m"])
+def test_iq1s_k_form_is_their_generic_dot_over_wide_scales(name):
+    """IQ1's K form (codes 8 grid + delta, times 1/8 at the end) against the generic dot's
+    (d_w d_a)(sumi + sumi1 / 8) a block: the same bits for weights and activations over 12 decades."""
+    from ggtool.quant import matmul as qm
+
+    rec = qtypes.get(name)
+    rng = np.random.default_rng(13)
+    x = (rng.standard_normal((160, 512)) * 10.0 ** rng.uniform(-6, 6, (160, 1))).astype(np.float32)
+    w = rec.quantize(x, rng.uniform(0.5, 2, 512).astype(np.float32))
+    act = quant.quantize_q8_k((rng.standard_normal((6, 512)) * 10.0 ** rng.uniform(-6, 6, (6, 1))).astype(np.float32))
+    out = np.empty((6, 160), np.float32)
+    qm.mul_mat_into(rec.ggml_type, w, act, out)
+    assert out.tobytes() == rec.mul_mat(w, act).tobytes()

@@ -61,8 +61,12 @@ class _IQ1(QType):
     block_size = 256
     vec_dot_type = T.GGMLType.Q8_K
     quantize_ref = None                         # GGML has no quantize_row_iq1_*_ref
-    k_form = None                # the dot is not in the K-quants' form (no int scale per 16 codes)
-    dot_final = None
+    # The K form: codes 8 grid + delta's sign, the odd scales, d; times 1/8. The generic dot adds
+    # (d_w d_a) (sumi + sumi1 / 8) a block; sumi + sumi1 / 8 is (8 sumi + sumi1) / 8 exactly (both
+    # below 2**22), and scaling by 1/8 commutes with float32 rounding: the same bits, unless a
+    # block's product leaves float32's normal range (|(d_w d_a) s| below 2**-123 or above 2**127),
+    # where the last bit may differ (llama.cpp's tiled kernel takes the same form: d / 8).
+    dot_final = F32(0.125)
 
     @classmethod
     def grids(cls) -> dict[str, np.ndarray]:
@@ -75,13 +79,18 @@ class _IQ1(QType):
         value's delta int8 (n, nb, 256), d float32 (n, nb)."""
         raise NotImplementedError
 
+    @classmethod
+    def k_form(cls, w, f16=None):
+        """Rows in the K form (codes int8 (n, nb, 256), scales int32 (n, nb, 16), d float32 (n, nb))."""
+        g, ls, sign, d = cls.x86_parts(np.ascontiguousarray(w, np.uint8))
+        return (8 * g.astype(np.int16) + sign).astype(np.int8), ls, d
+
     def _x86(cls, w, a, out, path):
         """From 8 activation rows the tiled kernel (codes 8 grid + delta, d / 8), else the AVX2 vec_dot."""
         from . import _x86_kernels as X
         g, ls, sign, d = cls.x86_parts(np.ascontiguousarray(w, np.uint8))
         if path == "tiled":
-            codes = (8 * g.astype(np.int16) + sign).astype(np.int8)
-            X.tiled(codes, ls, d, a, F32(0.125), False, out)
+            X.tiled((8 * g.astype(np.int16) + sign).astype(np.int8), ls, d, a, F32(0.125), False, out)
         else:
             X.gemv_iq1(g, ls, sign, d, a, cls.ggml_type == T.GGMLType.IQ1_M, True, out)
 
