@@ -12,7 +12,11 @@ LLAMA_CPP_LIB_PATH=DIR) and each thread count, it prints the max |diff| of
 - decode: the last token's logits after the prompt and after each of `--steps` one-token steps
   fed llama.cpp's greedy tokens (llama.cpp's KV cache against ggtool's generate Session),
 
-with ggtool's `--numerics` for that build: `llama.cpp` (what it picks on this CPU is printed) for
+with ggtool's `--numerics` for that build. With `--qtypes IMATRIX` (an importance matrix of gemma, e.g.
+from `ggtool imatrix`), a third file carries every type of ggtool.qtypes' records: ffn_down two
+layers each of IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0 and TQ2_0, attn_output
+IQ4_XS, ffn_up MXFP4 (repacked by llama.cpp), ffn_gate IQ4_NL (`ggtool quantize --tensor-type`, the
+rest Q8_0). For each file and build: `llama.cpp` (what it picks on this CPU is printed) for
 the native library, `llama.cpp-avx2` for the AVX2 one. Then `ggtool generate --numerics
 llama.cpp-avx2 -n 32` on the three gemma prompts of ../shared/golden/generate (made by an AVX2
 build), and `--numerics llama.cpp` against the native build's own greedy tokens: how many of the 32
@@ -128,6 +132,8 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--steps", type=int, default=8, help="one-token steps compared")
     ap.add_argument("--no-generate", action="store_true", help="skip the 32-token greedy runs")
+    ap.add_argument("--qtypes", metavar="IMATRIX", help="also a file of every qtypes record's type (needs gemma's imatrix)")
+    ap.add_argument("--only-qtypes", action="store_true", help="with --qtypes: that file alone")
     args = ap.parse_args()
     from ggtool.kernels.numerics import host_flags, llama_cpp_variant
 
@@ -141,11 +147,19 @@ def main() -> None:
     if args.avx2_lib:
         builds.append(("avx2", args.avx2_lib, "llama.cpp-avx2"))
     with tempfile.TemporaryDirectory() as tmp:
-        models = [("gemma3-270m Q4_K_M", gemma)]
-        for name, extra in (("q4_0", ()), ("q4_0-pure", ("--pure",))):
+        models = [] if args.only_qtypes else [("gemma3-270m Q4_K_M", gemma)]
+        for name, extra in () if args.only_qtypes else (("q4_0", ()), ("q4_0-pure", ("--pure",))):
             out = os.path.join(tmp, f"{name}.gguf")
             ggtool("quantize", gemma, out, "--allow-requantize", *extra)
             models.append((f"gemma3-270m {name} (ggtool)", out))
+        if args.qtypes:
+            out = os.path.join(tmp, "qtypes.gguf")
+            rules = [f"blk\\.({2 * i}|{2 * i + 1})\\.ffn_down={t}" for i, t in
+                     enumerate(("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "tq1_0", "tq2_0"))]
+            rules += ["attn_output=iq4_xs", "ffn_up=mxfp4", "ffn_gate=iq4_nl"]
+            ggtool("quantize", gemma, out, "--type", "q8_0", "--allow-requantize", "--imatrix", args.qtypes,
+                   *[a for r in rules for a in ("--tensor-type", r)])
+            models.append(("gemma3-270m qtypes (ggtool)", out))
         print(f"{'model':32} {'llama.cpp':9} {'--numerics':16} {'threads':>7} {'batch':>10} {'decode':>10}")
         worst = 0.0
         greedy: dict = {}
