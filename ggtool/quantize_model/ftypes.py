@@ -36,14 +36,23 @@ class FileType:
 
 
 # llama-quantize's order (QUANT_OPTIONS), limited to the file types whose tensor types ggtool writes
+# (all but Q1_0 and Q2_0); ids are enum llama_ftype's, defaults llama_ftype_get_default_type's (IQ2_S
+# is mostly iq2_xs, IQ2_M iq2_s, IQ3_XS and IQ3_M iq3_s: their rules move tensors up from there)
 FILE_TYPES = (
     FileType("Q4_0", 2, T.Q4_0), FileType("Q4_1", 3, _G.Q4_1),
+    FileType("MXFP4_MOE", 38, _G.MXFP4),
     FileType("Q5_0", 8, _G.Q5_0), FileType("Q5_1", 9, _G.Q5_1),
+    FileType("IQ2_XXS", 19, _G.IQ2_XXS), FileType("IQ2_XS", 20, _G.IQ2_XS),
+    FileType("IQ2_S", 28, _G.IQ2_XS), FileType("IQ2_M", 29, _G.IQ2_S),
+    FileType("IQ1_S", 24, _G.IQ1_S), FileType("IQ1_M", 31, _G.IQ1_M),
+    FileType("TQ1_0", 36, _G.TQ1_0), FileType("TQ2_0", 37, _G.TQ2_0),
     FileType("Q2_K", 10, _G.Q2_K), FileType("Q2_K_S", 21, _G.Q2_K),
+    FileType("IQ3_XXS", 23, _G.IQ3_XXS), FileType("IQ3_S", 26, _G.IQ3_S), FileType("IQ3_M", 27, _G.IQ3_S),
+    FileType("IQ3_XS", 22, _G.IQ3_S),
     FileType("Q3_K_S", 11, _G.Q3_K), FileType("Q3_K_M", 12, _G.Q3_K), FileType("Q3_K_L", 13, _G.Q3_K),
+    FileType("IQ4_NL", 25, _G.IQ4_NL), FileType("IQ4_XS", 30, _G.IQ4_XS),
     FileType("Q4_K_S", 14, _G.Q4_K), FileType("Q4_K_M", 15, _G.Q4_K),
     FileType("Q5_K_S", 16, _G.Q5_K), FileType("Q5_K_M", 17, _G.Q5_K),
-    FileType("IQ4_NL", 25, _G.IQ4_NL),
     FileType("Q6_K", 18, _G.Q6_K), FileType("Q8_0", 7, T.Q8_0),
     FileType("F16", 1, T.F16), FileType("BF16", 32, T.BF16), FileType("F32", 0, T.F32),
 )
