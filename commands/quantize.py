@@ -123,6 +123,13 @@ def _overrides(parse):
     return callback
 
 
+def _tensor_type_files(ctx, param, values):
+    try:
+        return [QM.read_tensor_type_file(v) for v in values]
+    except QM.TensorTypeFileError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
 def _target_type(ctx, param, value):
     if value is None:
         return None
@@ -173,7 +180,7 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
 def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
     """--dry-run --json: the file type, every tensor's type and why, sizes and bits per weight."""
     n = plan.n_elements
-    return {"file_type": plan.options.type.name, "general.file_type": plan.options.type.id,
+    return {"file_type": plan.options.type.name, "general.file_type": plan.file_type_id,
             "outputs": outputs, "file_bytes": plan.file_bytes(),
             "model_bytes": plan.src_bytes, "quant_bytes": plan.dst_bytes,
             "model_bits_per_weight": _bpw(plan.src_bytes, n), "quant_bits_per_weight": _bpw(plan.dst_bytes, n),
@@ -201,6 +208,8 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
 @click.option("--tensor-type", "tensor_types", metavar="PATTERN=TYPE", multiple=True,
               callback=_overrides(QM.parse_tensor_type_override),
               help="Tensors whose name the regular expression PATTERN matches get TYPE (repeatable; the first match wins).")
+@click.option("--tensor-type-file", "tensor_type_files", metavar="FILE", multiple=True, callback=_tensor_type_files,
+              help="PATTERN=TYPE rules from FILE (separated by spaces or newlines), after the --tensor-type ones (repeatable).")
 @click.option("--override-kv", "kv_overrides", metavar="KEY=TYPE:VALUE", multiple=True,
               callback=_overrides(QM.parse_kv_override),
               help="Set a metadata value in OUTPUT (TYPE int, float, bool or str; repeatable), as llama-quantize.")
@@ -225,7 +234,7 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
 @click.option("--quiet", "-q", is_flag=True, help="No per-tensor lines, no progress bar, no summary.")
 @click.pass_context
 def command(ctx, input_path, output_path, ftype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
-            tensor_types, kv_overrides, imatrix_path, n_threads, keep_split, allow_requantize, tensor_name, force,
+            tensor_types, tensor_type_files, kv_overrides, imatrix_path, n_threads, keep_split, allow_requantize, tensor_name, force,
             target_bpw, target_size, dry_run, as_json, verbose, quiet):
     if as_json and not dry_run:
         raise click.UsageError("--json describes the plan: use it with --dry-run")
@@ -239,6 +248,7 @@ def command(ctx, input_path, output_path, ftype, pure, leave_output_tensor, outp
             raise click.UsageError(cli_message(e)) from None
         given = [f for f, v in (("--type", ctx.get_parameter_source("ftype") == click.core.ParameterSource.COMMANDLINE),
                                 ("--pure", pure), ("--tensor-type", tensor_types),
+                                ("--tensor-type-file", tensor_type_files),
                                 ("--output-tensor-type", output_tensor_type),
                                 ("--token-embedding-type", token_embedding_type)) if v]
         if given:
@@ -246,7 +256,8 @@ def command(ctx, input_path, output_path, ftype, pure, leave_output_tensor, outp
     imatrix = read_imatrix(imatrix_path) if imatrix_path else None   # its errors: wording.py names --imatrix
     opts = QM.QuantizeOptions(type=ftype, pure=pure, leave_output_tensor=leave_output_tensor,
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
-                              tensor_types=list(tensor_types), kv_overrides=list(kv_overrides),
+                              tensor_types=list(tensor_types) + [r for rules in tensor_type_files for r in rules],
+                              kv_overrides=list(kv_overrides),
                               threads=n_threads, name=tensor_name, allow_requantize=allow_requantize,
                               keep_split=keep_split, imatrix=imatrix, dry_run=dry_run)
     if target is None:

@@ -363,7 +363,7 @@ class Mix:
 
     def choose(self, name: str, ne, src_type: T.GGMLType) -> Choice:
         """The type of one tensor (call in write order: the counters advance)."""
-        if not allows_quantization(name, ne, self.model.arch, leave_output=self.leave_output):
+        if self.ftype.copy or not allows_quantization(name, ne, self.model.arch, leave_output=self.leave_output):
             return Choice(src_type)
         cat = category(name)
         if self.token_embd_type is not None and cat is C.TOKEN_EMBD and not (

@@ -42,7 +42,7 @@ from ..gguf_io.format import (
 from ..imatrix import Imatrix
 from ..qtypes import REGISTRY
 from ..user_regex import RegexError, shown
-from .ftypes import FileType, file_type
+from .ftypes import FileType, file_type, guessed_file_type
 from .mix import C, Choice, Mix, ModelInfo, TensorTypeOverride, category, fallback, requires_imatrix
 
 GGML_QNT_VERSION = 2
@@ -140,6 +140,61 @@ def parse_tensor_type_override(text: str) -> TensorTypeOverride:
         raise OverrideSyntaxError(text, "tensor-type", str(e)) from None
 
 
+# a tensor type file holds PATTERN=TYPE words; one this large is no such list (a mistaken path)
+TENSOR_TYPE_FILE_MAX = 1 << 20
+
+
+class TensorTypeFileError(GGToolError):
+    """A tensor type file (llama-quantize's --tensor-type-file) that cannot be used: `path`,
+    `reason`, and for a bad word its `line` (1-based) and `word`."""
+
+    kind = "tensor-type-file"
+
+    def __init__(self, path: str, reason: str, line: int | None = None, word: str | None = None):
+        self.path, self.reason, self.line, self.word = path, reason, line, word
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {reason}")
+
+
+def read_tensor_type_file(path: str | os.PathLike) -> list[TensorTypeOverride]:
+    """The PATTERN=TYPE rules of a tensor type file, as llama-quantize's parse_tensor_type_file
+    reads it: words separated by spaces or newlines (``file >> word``), each PATTERN=TYPE as
+    --tensor-type takes it, in order; none is no rule. The file is read whole, so it must be a
+    regular file (a symlink to one is followed) of at most 1 MiB of UTF-8 text."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise TensorTypeFileError(p, e.strerror or str(e)) from None
+    import stat as S
+    if not S.S_ISREG(st.st_mode):
+        raise TensorTypeFileError(p, "not a regular file (a list of PATTERN=TYPE words is expected)")
+    if st.st_size > TENSOR_TYPE_FILE_MAX:
+        raise TensorTypeFileError(p, f"{st.st_size:,} bytes, over the {TENSOR_TYPE_FILE_MAX:,} a list of PATTERN=TYPE "
+                                     "words may have")
+    try:
+        with open(p, "rb") as f:
+            data = f.read(TENSOR_TYPE_FILE_MAX + 1)
+    except OSError as e:
+        raise TensorTypeFileError(p, e.strerror or str(e)) from None
+    if len(data) > TENSOR_TYPE_FILE_MAX:
+        raise TensorTypeFileError(p, f"over the {TENSOR_TYPE_FILE_MAX:,} bytes a list of PATTERN=TYPE words may have")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise TensorTypeFileError(p, "not UTF-8 text", line) from None
+    rules = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for word in line.split():
+            try:
+                rules.append(parse_tensor_type_override(word))
+            except (OverrideSyntaxError, TargetTypeError) as e:
+                raise TensorTypeFileError(p, f"{word!r}: {e.reason if isinstance(e, OverrideSyntaxError) else e}",
+                                          n, word) from None
+    return rules
+
+
 @dataclass
 class QuantizeOptions:
     """llama_model_quantize_params, as ggtool takes them: `type` is a file type (a FileType, its
@@ -180,17 +235,22 @@ class RequantizeError(QuantizationError):
 
 class ImatrixRequiredError(QuantizationError):
     """A tensor of this file type cannot be quantized without an importance matrix (llama.cpp's
-    tensor_requires_imatrix): `tensor` (the first), `type` (its target), `missing_entry` (an
-    importance matrix was given but has no entry for it)."""
+    tensor_requires_imatrix): `tensor` (the first), `type` (its target), `file_type` (the file
+    type's name: IQ2_XXS, Q2_K_S, ...), `missing_entry` (an importance matrix was given but has no
+    entry for it)."""
 
     kind = "imatrix-required"
 
-    def __init__(self, tensor: str, type: T.GGMLType, missing_entry: bool = False):
-        self.tensor, self.type, self.missing_entry = tensor, type, missing_entry
-        what = ("the importance matrix has no entry for it" if missing_entry
-                else "this quantization requires an importance matrix")
-        super().__init__(f"tensor '{tensor}' ({T.type_name(type)}): {what}; without one the result would be "
-                         f"garbage, as llama.cpp refuses it")
+    def __init__(self, tensor: str, type: T.GGMLType, missing_entry: bool = False, file_type: str = ""):
+        self.tensor, self.type, self.missing_entry, self.file_type = tensor, type, missing_entry, file_type
+        ft = f"file type {file_type}" if file_type else "this quantization"
+        if missing_entry:
+            msg = (f"{ft}: the importance matrix has no entry for tensor '{tensor}' ({T.type_name(type)}), "
+                   "which would be garbage without one (llama.cpp refuses it)")
+        else:
+            msg = (f"{ft} needs an importance matrix: tensor '{tensor}' ({T.type_name(type)}) would be garbage "
+                   "without one (llama.cpp refuses it)")
+        super().__init__(msg)
 
 
 class TargetTypeError(GGToolError):
@@ -271,6 +331,15 @@ class QuantizePlan:
     def alignment(self) -> int:
         return self.files[0].alignment
 
+    @property
+    def file_type_id(self) -> int | None:
+        """general.file_type as written (COPY's is the input's; an --override-kv's wins), None if
+        an override made it other than a UINT32."""
+        raw = dict(self.kv).get("general.file_type")
+        if raw is None or int.from_bytes(raw[-8:-4], "little") != W.UINT32:
+            return None
+        return int.from_bytes(raw[-4:], "little")
+
     def output_paths(self, output: str) -> list[str]:
         """OUTPUT itself, or the shards named after it (llama-quantize's names for kept splits)."""
         n = len(self.files)
@@ -349,11 +418,13 @@ def _checked(name: str, choice: Choice) -> Choice:
 
 # ------------------------------------------------------------------------------------------ the plan
 
-def _file_type_kv(opts: QuantizeOptions) -> list[tuple[str, bytes]]:
-    """general.quantization_version and general.file_type, set last as llama.cpp's gguf_set_val_u32
-    does, then the overrides, each removed where it was and set last."""
+def _file_type_kv(opts: QuantizeOptions, file_type_id: int | None = None) -> list[tuple[str, bytes]]:
+    """general.quantization_version and general.file_type (the file type's id, or `file_type_id`:
+    COPY's), set last as llama.cpp's gguf_set_val_u32 does, then the overrides, each removed where
+    it was and set last."""
+    fid = opts.type.id if file_type_id is None else file_type_id
     kv = [("general.quantization_version", W.kv_u32("general.quantization_version", GGML_QNT_VERSION)),
-          ("general.file_type", W.kv_u32("general.file_type", opts.type.id))]
+          ("general.file_type", W.kv_u32("general.file_type", fid))]
     for o in _overrides(opts):
         kv = [(k, raw) for k, raw in kv if k != o.key] + [(o.key, o.raw())]
     if opts.recorded_tensor_types:
@@ -404,12 +475,22 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     raw = g.reader.data
     kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
     replaced = {o.key for o in _overrides(opts)} | ({RECORD_KEY} if opts.recorded_tensor_types else set())
-    kv = [(k, b) for k, b in kv if k not in replaced] + _file_type_kv(opts)
     split = opts.keep_split
     # llama.cpp's order: by layer and name, or (keeping a split, even of one file) shard by shard in
     # file order
-    order = ([g.tensors[n] for s in g.shards for n in s.own_tensors] if split
-             else sorted(g.tensors.values(), key=lambda t: _llama_order(t.name)))
+    by_name = sorted(g.tensors.values(), key=lambda t: _llama_order(t.name))
+    order = [g.tensors[n] for s in g.shards for n in s.own_tensors] if split else by_name
+    file_type_id = None
+    if opts.type.copy:
+        # COPY writes the file type llama.cpp's loader sees: the input's general.file_type (an
+        # --override-kv of it applied), else its guess from the tensor types
+        over = {o.key: o.value for o in opts.kv_overrides}
+        given = over.get("general.file_type", g.metadata("general.file_type", None))
+        try:
+            file_type_id = int(given) & 0xFFFFFFFF
+        except (TypeError, ValueError):
+            file_type_id = guessed_file_type(t.type for t in by_name)
+    kv = [(k, b) for k, b in kv if k not in replaced] + _file_type_kv(opts, file_type_id)
     mix = new_mix(opts, _model_info(g, opts), [t.name for t in order], has_imatrix=opts.imatrix is not None)
     plans, warnings, requant, refusals = {}, [], [], []
     for info in order:
@@ -462,7 +543,7 @@ def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType,
         if w is None and warn is None:
             warn = f"did not find importance weights for {name}; quantized without"
     if w is None and requires_imatrix(name, t, opts.type):
-        refusal = ImatrixRequiredError(name, t, missing_entry=opts.imatrix is not None)
+        refusal = ImatrixRequiredError(name, t, missing_entry=opts.imatrix is not None, file_type=opts.type.name)
         if not opts.dry_run:
             raise refusal
         refusals.append(refusal)
@@ -483,10 +564,10 @@ def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
     check_tensor_name(name)
     src = T.F16 if arr.dtype == np.float16 else T.F32
     ne = tuple(int(d) for d in arr.shape[::-1])
-    dst, warn = fallback(name, opts.type.default, ne[0])
+    dst, warn = (src, None) if opts.type.copy else fallback(name, opts.type.default, ne[0])
     src_bytes = int(arr.size) * (2 if src == T.F16 else 4)
     tp = TensorPlan(0, name, ne, src, dst, 0, src_bytes, tensor_bytes(dst, ne), src_path=path, fallback=warn)
-    kv = _file_type_kv(opts)
+    kv = _file_type_kv(opts, guessed_file_type([src]) if opts.type.copy else None)
     plan = QuantizePlan(path, opts, [OutputFile(kv, [tp], _alignment(opts, GGUF_DEFAULT_ALIGNMENT))], [], npy=arr,
                         sources=[path])
     return _layout(plan)

@@ -22,6 +22,11 @@ IMATRIX_DIR = ROOT / "tests" / "golden" / "imatrix"
 # case -> (file type, importance file, extra options)
 CASES = {f"{t} gguf": (t, "stories260K-imatrix.gguf", []) for t in
          ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K")}
+# llama-quantize's IQ, TQ and MXFP4 file types (stories260K's 64-wide rows: the 256-block types
+# fall back to iq4_nl, the ternary ones to q4_0, and the rules of each file type choose)
+CASES.update({f"{t} gguf": (t, "stories260K-imatrix.gguf", []) for t in
+              ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M",
+               "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4_MOE")})
 CASES.update({"Q4_K_M dat": ("Q4_K_M", "stories260K-imatrix.dat", []),
               "Q5_0 dat": ("Q5_0", "stories260K-imatrix.dat", []),
               "Q4_K gguf --pure": ("Q4_K", "stories260K-imatrix.gguf", ["--pure"])})

@@ -24,7 +24,7 @@ from pathlib import Path
 FILE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M",
               "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "F16", "BF16", "F32",
               "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_XS",
-              "TQ1_0", "TQ2_0", "MXFP4_MOE"]
+              "TQ1_0", "TQ2_0", "MXFP4_MOE", "COPY"]
 # file types whose rules look at whether an importance matrix is given: again with one
 IMATRIX_CASES = ["IQ3_XXS", "IQ4_NL", "IQ4_XS", "Q4_0", "Q5_0", "IQ2_M"]
 # file type plus llama-quantize options: the options' rules, pinned the same way
