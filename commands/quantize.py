@@ -130,6 +130,15 @@ def _tensor_type_files(ctx, param, values):
         raise click.BadParameter(str(e), ctx=ctx, param=param) from None
 
 
+def _prune_layers(ctx, param, value):
+    if value is None:
+        return ()
+    try:
+        return QM.parse_prune_layers(value)
+    except QM.PruneLayersError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
 def _target_type(ctx, param, value):
     if value is None:
         return None
@@ -215,9 +224,15 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
               help="Set a metadata value in OUTPUT (TYPE int, float, bool or str; repeatable), as llama-quantize.")
 @click.option("--imatrix", "imatrix_path", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
               help="Importance matrix (llama-imatrix's GGUF or legacy .dat): GGML's weighted quantizers, as llama-quantize.")
+@click.option("--include-weights", "include_weights", metavar="NAME", multiple=True,
+              help="Use the --imatrix entries whose name contains NAME, only (repeatable), as llama-quantize.")
+@click.option("--exclude-weights", "exclude_weights", metavar="NAME", multiple=True,
+              help="Do not use the --imatrix entries whose name contains NAME (repeatable).")
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
               envvar=THREADS_ENV, show_envvar=True, show_default="the CPUs this process may use", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
+@click.option("--prune-layers", "prune", metavar="L0,L1,...", callback=_prune_layers,
+              help="Remove these layers (blk.N.* tensors) and number the rest without gaps; block_count follows.")
 @click.option("--keep-split", is_flag=True,
               help="OUTPUT as shards named OUT-0000k-of-0000n.gguf, one per INPUT shard (a single file: one), each with its input shard's tensors.")
 @click.option("--allow-requantize", is_flag=True,
@@ -234,8 +249,8 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
 @click.option("--quiet", "-q", is_flag=True, help="No per-tensor lines, no progress bar, no summary.")
 @click.pass_context
 def command(ctx, input_path, output_path, ftype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
-            tensor_types, tensor_type_files, kv_overrides, imatrix_path, n_threads, keep_split, allow_requantize, tensor_name, force,
-            target_bpw, target_size, dry_run, as_json, verbose, quiet):
+            tensor_types, tensor_type_files, kv_overrides, imatrix_path, include_weights, exclude_weights, n_threads,
+            prune, keep_split, allow_requantize, tensor_name, force, target_bpw, target_size, dry_run, as_json, verbose, quiet):
     if as_json and not dry_run:
         raise click.UsageError("--json describes the plan: use it with --dry-run")
     target = None
@@ -253,13 +268,24 @@ def command(ctx, input_path, output_path, ftype, pure, leave_output_tensor, outp
                                 ("--token-embedding-type", token_embedding_type)) if v]
         if given:
             raise click.UsageError(f"{given[0]} chooses types itself: a size target chooses every tensor's type")
+        if prune:
+            raise click.UsageError("--prune-layers cannot be given with a size target (it measures the model as it is)")
+    if include_weights and exclude_weights:
+        raise click.UsageError("--include-weights and --exclude-weights cannot be given together")
+    if (include_weights or exclude_weights) and not imatrix_path:
+        raise click.UsageError(f"{'--include-weights' if include_weights else '--exclude-weights'} selects entries of "
+                               "the importance matrix: give one with --imatrix FILE")
     imatrix = read_imatrix(imatrix_path) if imatrix_path else None   # its errors: wording.py names --imatrix
+    if imatrix is not None and (include_weights or exclude_weights):
+        imatrix = imatrix.select(include_weights, exclude_weights)
+        if imatrix is None and not quiet:
+            log("Warning: no entry of the importance matrix is left: quantizing without one (as llama-quantize)")
     opts = QM.QuantizeOptions(type=ftype, pure=pure, leave_output_tensor=leave_output_tensor,
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
                               tensor_types=list(tensor_types) + [r for rules in tensor_type_files for r in rules],
                               kv_overrides=list(kv_overrides),
                               threads=n_threads, name=tensor_name, allow_requantize=allow_requantize,
-                              keep_split=keep_split, imatrix=imatrix, dry_run=dry_run)
+                              keep_split=keep_split, imatrix=imatrix, dry_run=dry_run, prune_layers=prune)
     if target is None:
         plan = QM.plan_quantization(input_path, opts)   # a refusal a flag overrides: wording.py names it
         rules = []

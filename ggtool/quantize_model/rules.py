@@ -195,6 +195,58 @@ def read_tensor_type_file(path: str | os.PathLike) -> list[TensorTypeOverride]:
     return rules
 
 
+class PruneLayersError(GGToolError):
+    """A --prune-layers list that does not parse: `text`, `reason`."""
+
+    kind = "prune-layers"
+
+    def __init__(self, text: str, reason: str):
+        self.text, self.reason = text, reason
+        super().__init__(f"{text!r}: {reason}")
+
+
+def parse_prune_layers(text: str) -> tuple[int, ...]:
+    """L0,L1,... as llama-quantize's parse_layer_prune takes it: layer numbers 0 or more, sorted,
+    each once (a word that is not a whole number is refused, where std::stoi would read its digits)."""
+    out = []
+    for word in text.split(","):
+        w = word.strip()
+        if not w.isdigit():
+            raise PruneLayersError(text, f"invalid layer number {word!r} (expected L0,L1,... of numbers 0 or more)")
+        out.append(int(w))
+    return tuple(sorted(set(out)))
+
+
+_BLK = re.compile(r"blk\.(\d+)\.")
+
+
+def prune_layers(names: list[str], prune: tuple[int, ...]) -> tuple[dict[str, str | None], int]:
+    """llama.cpp's remap_layer over the tensor names in its order: ({old name: new name, or None
+    for a pruned layer's tensor}, the new block count). A layer below the first pruned keeps its
+    number; every later one that is kept takes the next number. Without `prune`: every name kept."""
+    if not prune:
+        return {n: n for n in names}, 0
+    mapped: dict[int, str | None] = {}
+    next_id = 0
+    out: dict[str, str | None] = {}
+    for name in names:
+        m = _BLK.search(name)
+        if not m:
+            out[name] = name
+            continue
+        blk = int(m.group(1))
+        if blk not in mapped:
+            if blk in prune:
+                mapped[blk] = None
+            elif blk < prune[0]:
+                mapped[blk], next_id = str(blk), blk + 1
+            else:
+                mapped[blk], next_id = str(next_id), next_id + 1
+        new = mapped[blk]
+        out[name] = None if new is None else name[:m.start(1)] + new + name[m.end(1):]
+    return out, next_id
+
+
 @dataclass
 class QuantizeOptions:
     """llama_model_quantize_params, as ggtool takes them: `type` is a file type (a FileType, its
@@ -215,9 +267,13 @@ class QuantizeOptions:
     dry_run: bool = False          # plan only: a missing required importance matrix is a refusal kept in the plan
     # PATTERN=TYPE lines written under quantize.tensor_types (a size target's chosen rules); none: no key
     recorded_tensor_types: tuple[str, ...] = ()
+    prune_layers: tuple[int, ...] = ()   # layers (blk.N) removed, the others renumbered (llama-quantize's)
 
     def __post_init__(self):
         self.type = file_type(self.type)
+        self.prune_layers = tuple(sorted(set(int(n) for n in self.prune_layers)))
+        if any(n < 0 for n in self.prune_layers):
+            raise PruneLayersError(",".join(map(str, self.prune_layers)), "a layer number is 0 or more")
 
 
 class RequantizeError(QuantizationError):
@@ -491,18 +547,27 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
         except (TypeError, ValueError):
             file_type_id = guessed_file_type(t.type for t in by_name)
     kv = [(k, b) for k, b in kv if k not in replaced] + _file_type_kv(opts, file_type_id)
-    mix = new_mix(opts, _model_info(g, opts), [t.name for t in order], has_imatrix=opts.imatrix is not None)
+    # --prune-layers: the pruned layers' tensors dropped, the others renumbered (names below are
+    # the new ones; the importance matrix is looked up by the old), block_count set last
+    renamed, n_blocks = prune_layers([t.name for t in by_name], opts.prune_layers)
+    if opts.prune_layers:
+        bc = f"{g.metadata('general.architecture', '')}.block_count"
+        kv = [(k, b) for k, b in kv if k != bc] + [(bc, W.kv_u32(bc, n_blocks))]
+    order = [t for t in order if renamed[t.name] is not None]
+    mix = new_mix(opts, _model_info(g, opts), [renamed[t.name] for t in order], has_imatrix=opts.imatrix is not None)
     plans, warnings, requant, refusals = {}, [], [], []
     for info in order:
-        c = _checked(info.name, mix.choose(info.name, info.ne, info.type))
+        name = renamed[info.name]
+        c = _checked(name, mix.choose(name, info.ne, info.type))
         if c.type != info.type and T.is_quantized(info.type):
-            requant.append((info, c.type))
+            requant.append((name, info.type, c.type))
         if c.type != info.type and not Q.can_dequantize(info.type):
-            raise QuantizationError(f"tensor '{info.name}': cannot dequantize {T.type_name(info.type)}")
-        w, warn = _importances(opts, info.name, info.ne, c.type, refusals) if c.type != info.type else (None, None)
+            raise QuantizationError(f"tensor '{name}': cannot dequantize {T.type_name(info.type)}")
+        w, warn = (_importances(opts, name, info.ne, c.type, refusals, lookup=info.name) if c.type != info.type
+                   else (None, None))
         if warn:
             warnings.append(warn)
-        plans[info.name] = TensorPlan(0, info.name, info.ne, info.type, c.type, info.offset, info.n_bytes,
+        plans[info.name] = TensorPlan(0, name, info.ne, info.type, c.type, info.offset, info.n_bytes,
                                       tensor_bytes(c.type, info.ne), warn, src_path=info.path, reasons=c.reasons,
                                       fallback=c.fallback, imatrix=w)
     warnings += [f"tensor-type pattern {shown(o.pattern)} gives no tensor its type (it matches none of the tensors "
@@ -510,8 +575,7 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     if requant and not opts.allow_requantize:
         # llama.cpp's llama_model_quantize refuses to quantize a tensor that is already quantized
         # unless allow_requantize is set: the second rounding adds to the first, silently
-        info, dst = requant[0]
-        raise RequantizeError(info.name, info.type, dst, len(requant))
+        raise RequantizeError(*requant[0], len(requant))
     if split:
         # llama-quantize keeping the split: shard k gets shard k's tensors in file order; the first
         # carries the metadata, every one the split keys (later shards: the default alignment). Of
@@ -519,23 +583,25 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
         # sets them only for 2 or more)
         n = len(g.shards)
         files = [OutputFile((kv if k == 0 else []) + (_split_kv(k, n, len(plans)) if n > 1 else []),
-                            [plans[name] for name in s.own_tensors], alignment if k == 0 else GGUF_DEFAULT_ALIGNMENT)
+                            [plans[name] for name in s.own_tensors if name in plans],
+                            alignment if k == 0 else GGUF_DEFAULT_ALIGNMENT)
                  for k, s in enumerate(g.shards)]
     else:
         files = [OutputFile(kv, list(plans.values()), alignment)]
     return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths, kept_split=split, refusals=refusals))
 
 
-def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType,
-                 refusals: list[GGToolError]) -> tuple[np.ndarray | None, str | None]:
+def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType, refusals: list[GGToolError],
+                 lookup: str | None = None) -> tuple[np.ndarray | None, str | None]:
     """(the tensor's importances or None, a warning or None), as llama_model_quantize looks them up
     for a tensor it converts: no entry is a warning (quantized without), an entry of another size
     an error (the token embeddings excepted: a warning), a type that needs one and has none an
-    error (in a dry run, which completes as llama-quantize's does, it joins `refusals`)."""
+    error (in a dry run, which completes as llama-quantize's does, it joins `refusals`). `lookup`:
+    the entry's name where it is not the tensor's (a layer renumbered by prune_layers)."""
     w, warn = None, None
     if opts.imatrix is not None:
         try:
-            w = opts.imatrix.weights_for(name, tuple(ne))
+            w = opts.imatrix.weights_for(lookup or name, tuple(ne))
         except ImatrixError:
             if category(name) is not C.TOKEN_EMBD:
                 raise
