@@ -6,6 +6,7 @@ imatrix, Q2_K_S's requirement, entries missing or of another size."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -22,11 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 STORIES = ROOT / "fixtures" / "stories260K.gguf"
 IMATRIX_DIR = ROOT / "tests" / "golden" / "imatrix"
 FILES = json.loads((ROOT / "tests" / "golden" / "quantize" / "imatrix-files.json").read_text())
+_SPEC = importlib.util.spec_from_file_location("make_imatrix_files", ROOT / "tests" / "golden" / "quantize" / "make_imatrix_files.py")
+MAKE = importlib.util.module_from_spec(_SPEC)      # its CASES: each case's options, as llama-quantize was given them
+_SPEC.loader.exec_module(MAKE)
 
 
 @pytest.mark.parametrize("case", list(FILES))
 def test_file_is_llama_quantizes(run, tmp_path, monkeypatch, case):
-    ftype, fmt, *extra = case.split()
+    ftype, fmt, *_ = case.split()
+    extra = MAKE.CASES[case][2]
     monkeypatch.chdir(IMATRIX_DIR)        # the name given is recorded (quantize.imatrix.file), as llama.cpp's
     out = tmp_path / "q.gguf"
     r = run("quantize", STORIES, out, "--type", ftype, "--imatrix", f"stories260K-imatrix.{fmt}", *extra, "-q", "-t", "2")

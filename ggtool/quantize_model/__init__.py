@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..gguf_io.write import OutputPathError, check_output_paths
 from .convert import InvalidDataError, convert_rows, validate_piece
-from .ftypes import ALIASES, FILE_TYPES, FileType, FileTypeError, file_type
+from .ftypes import ALIASES, FILE_TYPES, FileType, FileTypeError, file_type, guessed_file_type
 from .mix import (
     Category,
     Choice,
@@ -122,6 +122,7 @@ __all__ = [
     "convert_rows",
     "fallback",
     "file_type",
+    "guessed_file_type",
     "header_bytes",
     "new_mix",
     "parse_kv_override",

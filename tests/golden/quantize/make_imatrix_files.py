@@ -27,6 +27,17 @@ CASES = {f"{t} gguf": (t, "stories260K-imatrix.gguf", []) for t in
 CASES.update({f"{t} gguf": (t, "stories260K-imatrix.gguf", []) for t in
               ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M",
                "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4_MOE")})
+# llama-quantize's options of issue 22: tensor types from a file (its path relative to the
+# imatrix directory, where both tools run), COPY, the importance matrix's entries selected, layers pruned
+CASES.update({"Q4_K_M gguf --tensor-type-file": ("Q4_K_M", "stories260K-imatrix.gguf",
+                                                 ["--tensor-type-file", "../quantize/tensor-types.txt"]),
+              "COPY gguf": ("COPY", "stories260K-imatrix.gguf", []),
+              "Q4_0 gguf --exclude-weights": ("Q4_0", "stories260K-imatrix.gguf", ["--exclude-weights", "ffn_down"]),
+              "IQ3_S gguf --include-weights": ("IQ3_S", "stories260K-imatrix.gguf",
+                                               ["--include-weights", "attn", "--include-weights", "blk.1."]),
+              "Q5_K_M gguf --exclude-weights all": ("Q5_K_M", "stories260K-imatrix.gguf", ["--exclude-weights", "blk"]),
+              "IQ3_XXS gguf --prune-layers": ("IQ3_XXS", "stories260K-imatrix.gguf", ["--prune-layers", "2,4"]),
+              "Q4_K_M gguf --prune-layers": ("Q4_K_M", "stories260K-imatrix.gguf", ["--prune-layers", "0"])})
 CASES.update({"Q4_K_M dat": ("Q4_K_M", "stories260K-imatrix.dat", []),
               "Q5_0 dat": ("Q5_0", "stories260K-imatrix.dat", []),
               "Q4_K gguf --pure": ("Q4_K", "stories260K-imatrix.gguf", ["--pure"])})
