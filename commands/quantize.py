@@ -1,5 +1,6 @@
 """`ggtool quantize INPUT OUTPUT`: a GGUF model (or .npy array) to any of llama-quantize's file types
-(Q4_0 ... Q6_K, the K mixes, Q8_0, F16, BF16, F32), the file llama.cpp writes."""
+(Q4_0 ... Q6_K, the K mixes, the IQ, TQ and MXFP4_MOE types, Q8_0, F16, BF16, F32, COPY), the file
+llama.cpp writes."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ read, and OUTPUT is one file, or with --keep-split as many shards as the input h
 (OUTPUT out.gguf: out-00001-of-00003.gguf, ...), the same tensors in each, as llama-quantize.
 
 --type is the file type (any case): {", ".join(f.name for f in QM.FILE_TYPES)}
-(Q3_K, Q4_K, Q5_K: aliases of the _M types).
+(Q3_K, Q4_K, Q5_K: aliases of the _M types; COPY copies every tensor unchanged).
 
 \b
 llama.cpp's rules choose each tensor's type:
@@ -47,12 +48,19 @@ llama.cpp's rules choose each tensor's type:
 
 \b
 --imatrix FILE (llama-imatrix's output) quantizes with GGML's weighted paths,
-as llama-quantize --imatrix does; Q2_K_S needs one.
+as llama-quantize --imatrix does. IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M,
+IQ3_XXS, IQ3_XS and Q2_K_S need one (llama.cpp refuses their iq1/iq2/iq3_xxs
+and Q2_K_S's q2_K tensors without: one error line, nothing written).
+--include-weights NAME / --exclude-weights NAME (repeatable, not together)
+use only, or all but, the entries whose name contains NAME.
 --pure gives every eligible tensor the file type's own type (no mix, no output rule).
 --tensor-type PATTERN=TYPE (repeatable; the first regular expression found in
 a tensor's name wins) sets the type of the tensors it matches (a pattern that
 backtracks for more than 1 s of CPU is refused; one that gives no tensor its
-type is warned about).
+type is warned about). --tensor-type-file FILE reads such rules from a file
+(separated by spaces or newlines; at most 1 MiB of text), after the
+--tensor-type ones. --prune-layers 3,7 leaves out layers 3 and 7 (blk.3.*,
+blk.7.*), numbers the rest without gaps and sets block_count, as llama-quantize.
 
 A mix for a size: --target-bpw B (bits per weight of the whole file: header,
 metadata and padding counted, so 4.5 means file bytes <= 4.5 * weights / 8) or
@@ -99,6 +107,8 @@ Examples:
   $ ggtool quantize w.npy w-q4_0.gguf --name blk.0.ffn_up.weight
   $ ggtool quantize model-Q4_K_M.gguf model-f16.gguf --type f16 --allow-requantize
   $ ggtool quantize model-f16.gguf model-q2_k_s.gguf --type q2_k_s --imatrix imatrix.gguf
+  $ ggtool quantize model-f16.gguf model-iq2_xxs.gguf --type iq2_xxs --imatrix imatrix.gguf
+  $ ggtool quantize model-f16.gguf model-q4_k_m.gguf --type q4_k_m --tensor-type-file types.txt
   $ ggtool quantize model-f16.gguf mix.gguf --target-bpw 4.5 --imatrix imatrix.gguf
   $ ggtool quantize model-f16-00001-of-00003.gguf model-q4_0.gguf --keep-split
   $ ggtool compare model.gguf model-q4_0.gguf     # what Q4_0 cost, per tensor

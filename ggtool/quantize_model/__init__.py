@@ -1,5 +1,6 @@
 """Whole-model quantization: a GGUF model (or a .npy array) to any of llama-quantize's file types
-(Q4_0 ... Q6_K, the K mixes Q3_K_S ... Q5_K_M, Q8_0, F16, BF16, F32), byte for byte llama.cpp's file.
+(Q4_0 ... Q6_K, the K mixes Q3_K_S ... Q5_K_M, the IQ1 ... IQ4_XS, TQ1_0/TQ2_0 and MXFP4_MOE types,
+Q8_0, F16, BF16, F32, COPY), byte for byte llama.cpp's file.
 
 This package is the API the `quantize` command uses; it re-exports the public names of its modules:
 `.ftypes` (the file types: names, ids, default tensor types), `.mix` (which type each tensor gets:

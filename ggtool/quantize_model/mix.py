@@ -7,11 +7,12 @@ ffn_down decide the K mixes' bumps (``use_more_bits``).  In that order, per tens
 
 1. ``allows_quantization``: only ``*weight`` tensors of 2+ dims (ggml_n_dims), never norms, expert
    gates, positional embeddings and the other small or special tensors llama.cpp names; the rest
-   keeps its type;
+   keeps its type (COPY: every tensor keeps it);
 2. a token embedding / output type given in the options wins outright;
 3. a quantized file type: the first tensor-type pattern (``re.search``, llama.cpp's regex_search)
    that matches gives the type; else, unless pure, the file type's rules (the tables below:
-   output and tied embedding, attn_v and kin, ffn_down, attn_output, attn_k); then the fallback
+   output and tied embedding, the token embedding, attn_v and kin, attn_k, attn_q, ffn_down,
+   attn_output, ffn_gate/ffn_up); then the fallback
    for rows its blocks do not divide (``FALLBACK``).  F16/BF16/F32 files have no rules.
 
 Every choice says why (`Choice.reasons`), and a fallback carries llama.cpp's warning.  The model's

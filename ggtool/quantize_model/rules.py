@@ -6,10 +6,12 @@ types are `.ftypes`); here the pass runs over the tensors in llama.cpp's order, 
 refusal is applied, and the file is laid out as `llama_model_quantize` writes it:
 
 * all metadata is copied verbatim (raw key/value bytes), except that ``general.quantization_version``
-  (2) and ``general.file_type`` (the file type's id) are removed and appended last, as llama.cpp's
-  gguf_set_val does, then each metadata override (KEY=TYPE:VALUE) likewise; split keys are dropped;
+  (2) and ``general.file_type`` (the file type's id; COPY's: the input's, or llama.cpp's guess)
+  are removed and appended last, as llama.cpp's gguf_set_val does, then each metadata override
+  (KEY=TYPE:VALUE) likewise, then with prune_layers ``{arch}.block_count``; split keys are dropped;
 * tensors are written in llama.cpp's order (non-block tensors by name, then ``blk.N.*`` by layer and
-  name); a tensor whose chosen type equals its source type is copied byte for byte;
+  name; prune_layers drops the pruned layers' tensors and renumbers the rest as llama.cpp's
+  remap_layer); a tensor whose chosen type equals its source type is copied byte for byte;
 * a split input (its first shard; the reader opens the rest) gives one file, or with keep_split as
   many files as it has shards, each with its shard's tensors in file order and the split keys set
   again, as llama-quantize writes them when asked to keep the split.
