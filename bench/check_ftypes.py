@@ -142,7 +142,11 @@ def main() -> None:
 
 
 ALL = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q2_k_s", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m",
-       "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "f16", "bf16", "f32"]
+       "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "f16", "bf16", "f32",
+       "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "iq3_xxs", "iq3_xs", "iq3_s", "iq3_m", "iq4_xs",
+       "tq1_0", "tq2_0", "mxfp4_moe"]
+# the file types llama-quantize refuses without an importance matrix (some tensor would need one)
+NEED_IMATRIX = ("q2_k_s", "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "iq3_xxs", "iq3_xs")
 
 
 def check_model(a) -> None:
@@ -154,7 +158,7 @@ def check_model(a) -> None:
     im = ["--imatrix", a.imatrix] if a.imatrix else []
     ok = True
     print(f"{'type':8s} {'match':5s} {'ggtool s':>9s} {'RSS MiB':>8s} {'llama s':>8s} {'RSS MiB':>8s} {'ratio':>6s}")
-    for t in [t.lower() for t in a.types] or [t for t in ALL if a.imatrix or t != "q2_k_s"]:
+    for t in [t.lower() for t in a.types] or [t for t in ALL if a.imatrix or t not in NEED_IMATRIX]:
         out, ref = work / f"ggtool-{t}.gguf", work / f"llama-{t}.gguf"
         s, rss = timed(ggtool(a.model, str(out), "--type", t, *im, "-q", "--force", "-t", str(a.threads)))
         rs, rrss = timed([a.reference, *im, a.model, str(ref), t.upper(), str(a.threads)])

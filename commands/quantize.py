@@ -1,5 +1,6 @@
 """`ggtool quantize INPUT OUTPUT`: a GGUF model (or .npy array) to any of llama-quantize's file types
-(Q4_0 ... Q6_K, the K mixes, Q8_0, F16, BF16, F32), the file llama.cpp writes."""
+(Q4_0 ... Q6_K, the K mixes, the IQ, TQ and MXFP4_MOE types, Q8_0, F16, BF16, F32, COPY), the file
+llama.cpp writes."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ read, and OUTPUT is one file, or with --keep-split as many shards as the input h
 (OUTPUT out.gguf: out-00001-of-00003.gguf, ...), the same tensors in each, as llama-quantize.
 
 --type is the file type (any case): {", ".join(f.name for f in QM.FILE_TYPES)}
-(Q3_K, Q4_K, Q5_K: aliases of the _M types).
+(Q3_K, Q4_K, Q5_K: aliases of the _M types; COPY copies every tensor unchanged).
 
 \b
 llama.cpp's rules choose each tensor's type:
@@ -47,12 +48,19 @@ llama.cpp's rules choose each tensor's type:
 
 \b
 --imatrix FILE (llama-imatrix's output) quantizes with GGML's weighted paths,
-as llama-quantize --imatrix does; Q2_K_S needs one.
+as llama-quantize --imatrix does. IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M,
+IQ3_XXS, IQ3_XS and Q2_K_S need one (llama.cpp refuses their iq1/iq2/iq3_xxs
+and Q2_K_S's q2_K tensors without: one error line, nothing written).
+--include-weights NAME / --exclude-weights NAME (repeatable, not together)
+use only, or all but, the entries whose name contains NAME.
 --pure gives every eligible tensor the file type's own type (no mix, no output rule).
 --tensor-type PATTERN=TYPE (repeatable; the first regular expression found in
 a tensor's name wins) sets the type of the tensors it matches (a pattern that
 backtracks for more than 1 s of CPU is refused; one that gives no tensor its
-type is warned about).
+type is warned about). --tensor-type-file FILE reads such rules from a file
+(separated by spaces or newlines; at most 1 MiB of text), after the
+--tensor-type ones. --prune-layers 3,7 leaves out layers 3 and 7 (blk.3.*,
+blk.7.*), numbers the rest without gaps and sets block_count, as llama-quantize.
 
 A mix for a size: --target-bpw B (bits per weight of the whole file: header,
 metadata and padding counted, so 4.5 means file bytes <= 4.5 * weights / 8) or
@@ -99,6 +107,8 @@ Examples:
   $ ggtool quantize w.npy w-q4_0.gguf --name blk.0.ffn_up.weight
   $ ggtool quantize model-Q4_K_M.gguf model-f16.gguf --type f16 --allow-requantize
   $ ggtool quantize model-f16.gguf model-q2_k_s.gguf --type q2_k_s --imatrix imatrix.gguf
+  $ ggtool quantize model-f16.gguf model-iq2_xxs.gguf --type iq2_xxs --imatrix imatrix.gguf
+  $ ggtool quantize model-f16.gguf model-q4_k_m.gguf --type q4_k_m --tensor-type-file types.txt
   $ ggtool quantize model-f16.gguf mix.gguf --target-bpw 4.5 --imatrix imatrix.gguf
   $ ggtool quantize model-f16-00001-of-00003.gguf model-q4_0.gguf --keep-split
   $ ggtool compare model.gguf model-q4_0.gguf     # what Q4_0 cost, per tensor
@@ -121,6 +131,22 @@ def _overrides(parse):
         except (QM.OverrideSyntaxError, QM.TargetTypeError) as e:
             raise click.BadParameter(str(e), ctx=ctx, param=param) from None
     return callback
+
+
+def _tensor_type_files(ctx, param, values):
+    try:
+        return [QM.read_tensor_type_file(v) for v in values]
+    except QM.TensorTypeFileError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
+def _prune_layers(ctx, param, value):
+    if value is None:
+        return ()
+    try:
+        return QM.parse_prune_layers(value)
+    except QM.PruneLayersError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
 
 
 def _target_type(ctx, param, value):
@@ -173,7 +199,7 @@ def summary_lines(plan: QM.QuantizePlan) -> list[str]:
 def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
     """--dry-run --json: the file type, every tensor's type and why, sizes and bits per weight."""
     n = plan.n_elements
-    return {"file_type": plan.options.type.name, "general.file_type": plan.options.type.id,
+    return {"file_type": plan.options.type.name, "general.file_type": plan.file_type_id,
             "outputs": outputs, "file_bytes": plan.file_bytes(),
             "model_bytes": plan.src_bytes, "quant_bytes": plan.dst_bytes,
             "model_bits_per_weight": _bpw(plan.src_bytes, n), "quant_bits_per_weight": _bpw(plan.dst_bytes, n),
@@ -201,14 +227,22 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
 @click.option("--tensor-type", "tensor_types", metavar="PATTERN=TYPE", multiple=True,
               callback=_overrides(QM.parse_tensor_type_override),
               help="Tensors whose name the regular expression PATTERN matches get TYPE (repeatable; the first match wins).")
+@click.option("--tensor-type-file", "tensor_type_files", metavar="FILE", multiple=True, callback=_tensor_type_files,
+              help="PATTERN=TYPE rules from FILE (separated by spaces or newlines), after the --tensor-type ones (repeatable).")
 @click.option("--override-kv", "kv_overrides", metavar="KEY=TYPE:VALUE", multiple=True,
               callback=_overrides(QM.parse_kv_override),
               help="Set a metadata value in OUTPUT (TYPE int, float, bool or str; repeatable), as llama-quantize.")
 @click.option("--imatrix", "imatrix_path", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
               help="Importance matrix (llama-imatrix's GGUF or legacy .dat): GGML's weighted quantizers, as llama-quantize.")
+@click.option("--include-weights", "include_weights", metavar="NAME", multiple=True,
+              help="Use the --imatrix entries whose name contains NAME, only (repeatable), as llama-quantize.")
+@click.option("--exclude-weights", "exclude_weights", metavar="NAME", multiple=True,
+              help="Do not use the --imatrix entries whose name contains NAME (repeatable).")
 @click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1), default=default_threads,
               envvar=THREADS_ENV, show_envvar=True, show_default="the CPUs this process may use", metavar="N",
               help="Threads converting pieces of tensors side by side (the compiled kernels release the GIL).")
+@click.option("--prune-layers", "prune", metavar="L0,L1,...", callback=_prune_layers,
+              help="Remove these layers (blk.N.* tensors) and number the rest without gaps; block_count follows.")
 @click.option("--keep-split", is_flag=True,
               help="OUTPUT as shards named OUT-0000k-of-0000n.gguf, one per INPUT shard (a single file: one), each with its input shard's tensors.")
 @click.option("--allow-requantize", is_flag=True,
@@ -225,8 +259,8 @@ def plan_json(plan: QM.QuantizePlan, outputs: list[str]) -> dict:
 @click.option("--quiet", "-q", is_flag=True, help="No per-tensor lines, no progress bar, no summary.")
 @click.pass_context
 def command(ctx, input_path, output_path, ftype, pure, leave_output_tensor, output_tensor_type, token_embedding_type,
-            tensor_types, kv_overrides, imatrix_path, n_threads, keep_split, allow_requantize, tensor_name, force,
-            target_bpw, target_size, dry_run, as_json, verbose, quiet):
+            tensor_types, tensor_type_files, kv_overrides, imatrix_path, include_weights, exclude_weights, n_threads,
+            prune, keep_split, allow_requantize, tensor_name, force, target_bpw, target_size, dry_run, as_json, verbose, quiet):
     if as_json and not dry_run:
         raise click.UsageError("--json describes the plan: use it with --dry-run")
     target = None
@@ -239,16 +273,29 @@ def command(ctx, input_path, output_path, ftype, pure, leave_output_tensor, outp
             raise click.UsageError(cli_message(e)) from None
         given = [f for f, v in (("--type", ctx.get_parameter_source("ftype") == click.core.ParameterSource.COMMANDLINE),
                                 ("--pure", pure), ("--tensor-type", tensor_types),
+                                ("--tensor-type-file", tensor_type_files),
                                 ("--output-tensor-type", output_tensor_type),
                                 ("--token-embedding-type", token_embedding_type)) if v]
         if given:
             raise click.UsageError(f"{given[0]} chooses types itself: a size target chooses every tensor's type")
+        if prune:
+            raise click.UsageError("--prune-layers cannot be given with a size target (it measures the model as it is)")
+    if include_weights and exclude_weights:
+        raise click.UsageError("--include-weights and --exclude-weights cannot be given together")
+    if (include_weights or exclude_weights) and not imatrix_path:
+        raise click.UsageError(f"{'--include-weights' if include_weights else '--exclude-weights'} selects entries of "
+                               "the importance matrix: give one with --imatrix FILE")
     imatrix = read_imatrix(imatrix_path) if imatrix_path else None   # its errors: wording.py names --imatrix
+    if imatrix is not None and (include_weights or exclude_weights):
+        imatrix = imatrix.select(include_weights, exclude_weights)
+        if imatrix is None and not quiet:
+            log("Warning: no entry of the importance matrix is left: quantizing without one (as llama-quantize)")
     opts = QM.QuantizeOptions(type=ftype, pure=pure, leave_output_tensor=leave_output_tensor,
                               output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
-                              tensor_types=list(tensor_types), kv_overrides=list(kv_overrides),
+                              tensor_types=list(tensor_types) + [r for rules in tensor_type_files for r in rules],
+                              kv_overrides=list(kv_overrides),
                               threads=n_threads, name=tensor_name, allow_requantize=allow_requantize,
-                              keep_split=keep_split, imatrix=imatrix, dry_run=dry_run)
+                              keep_split=keep_split, imatrix=imatrix, dry_run=dry_run, prune_layers=prune)
     if target is None:
         plan = QM.plan_quantization(input_path, opts)   # a refusal a flag overrides: wording.py names it
         rules = []

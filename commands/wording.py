@@ -42,6 +42,8 @@ def cli_message(e: BaseException) -> str:
         return f"{flag} {e.value}: {e.reason}"
     if e.kind in ("regex-timeout", "regex-syntax"):     # a user regex: the flag it came from
         return f"--{e.origin}: {e}"
+    if e.kind == "imatrix-required" and not e.missing_entry:    # quantize without --imatrix
+        return f"{e}; give one with --imatrix FILE (made by ggtool imatrix or llama-imatrix)"
     flag = {"output-exists": " (use --force to overwrite it)",      # quantize's and set-metadata's OUTPUT
             "no-template": "; give one with --chat-template FILE",     # generate --chat
             "no-program": " with -f PROGRAM",                             # generate

@@ -19,7 +19,7 @@ file and the entry; NaN or inf anywhere is refused, as llama_model_quantize refu
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -59,6 +59,14 @@ class Imatrix:
             raise ImatrixError(f"imatrix size {v.size} is different from tensor size {ne[0] * n_expert} for {name}",
                                file=self.path, tensor=name, kind="size")
         return v if n_expert == 1 else v.reshape(n_expert, ne[0])
+
+    def select(self, include: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> Imatrix | None:
+        """llama-quantize's --include-weights / --exclude-weights: the entries whose name contains
+        one of `include` (all if none), less those containing one of `exclude`; None when no
+        entry is left (llama-quantize then quantizes as if no importance matrix were given)."""
+        values = {k: v for k, v in self.values.items()
+                  if not any(x in k for x in exclude) and (not include or any(x in k for x in include))}
+        return replace(self, values=values) if values else None
 
     def metadata(self, entries_count: int | None = None) -> dict[str, str | int]:
         """The keys llama-quantize writes into the quantized file: the file name and first dataset

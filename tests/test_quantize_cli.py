@@ -169,8 +169,12 @@ def test_output_and_embedding_options(run, tmp_path):
     assert r.exit_code == 0, r.output
     ty = types_of(out)
     assert ty["output.weight"] == "F16" and ty["token_embd.weight"] == "Q8_0"
+    r = run_cli(run, STORIES, tmp_path / "c.gguf", "--output-tensor-type", "q8_1")
+    assert r.exit_code == 2 and "cannot write tensor type 'q8_1'" in r.stderr
+    # a type ggtool writes, given outright to rows its blocks do not divide (llama.cpp: no fallback there)
     r = run_cli(run, STORIES, tmp_path / "c.gguf", "--output-tensor-type", "iq2_xxs")
-    assert r.exit_code == 2 and "cannot write tensor type 'iq2_xxs'" in r.stderr
+    assert r.exit_code == 1 and "row length 64 is not a multiple of 256 (iq2_xxs block size)" in r.stderr
+    assert not (tmp_path / "c.gguf").exists()
 
 
 def test_tied_embedding_rules(tmp_path):

@@ -6,6 +6,7 @@ imatrix, Q2_K_S's requirement, entries missing or of another size."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -22,11 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 STORIES = ROOT / "fixtures" / "stories260K.gguf"
 IMATRIX_DIR = ROOT / "tests" / "golden" / "imatrix"
 FILES = json.loads((ROOT / "tests" / "golden" / "quantize" / "imatrix-files.json").read_text())
+_SPEC = importlib.util.spec_from_file_location("make_imatrix_files", ROOT / "tests" / "golden" / "quantize" / "make_imatrix_files.py")
+MAKE = importlib.util.module_from_spec(_SPEC)      # its CASES: each case's options, as llama-quantize was given them
+_SPEC.loader.exec_module(MAKE)
 
 
 @pytest.mark.parametrize("case", list(FILES))
 def test_file_is_llama_quantizes(run, tmp_path, monkeypatch, case):
-    ftype, fmt, *extra = case.split()
+    ftype, fmt, *_ = case.split()
+    extra = MAKE.CASES[case][2]
     monkeypatch.chdir(IMATRIX_DIR)        # the name given is recorded (quantize.imatrix.file), as llama.cpp's
     out = tmp_path / "q.gguf"
     r = run("quantize", STORIES, out, "--type", ftype, "--imatrix", f"stories260K-imatrix.{fmt}", *extra, "-q", "-t", "2")
@@ -74,13 +79,14 @@ def test_q2_k_s_needs_an_importance_matrix(run, tmp_path):
     src, ts = _model(tmp_path)
     out = tmp_path / "q.gguf"
     fails(run("quantize", src, out, "--type", "q2_k_s"),
-          "tensor 'blk.0.attn_q.weight' (q2_K): this quantization requires an importance matrix")
+          "file type Q2_K_S needs an importance matrix: tensor 'blk.0.attn_q.weight' (q2_K)")
     assert not out.exists()
     # a dry run shows the plan (as llama-quantize's completes), then refuses as the real run does
     r = run("quantize", src, out, "--type", "Q2_K_S", "--dry-run")
     assert r.exit_code == 1 and not out.exists() and "blk.0.attn_q.weight" in r.stdout
-    assert r.stderr.splitlines() == ["Error: tensor 'blk.0.attn_q.weight' (q2_K): this quantization requires an "
-                                     "importance matrix; without one the result would be garbage, as llama.cpp refuses it"]
+    assert r.stderr.splitlines() == ["Error: file type Q2_K_S needs an importance matrix: tensor 'blk.0.attn_q.weight' "
+                                     "(q2_K) would be garbage without one (llama.cpp refuses it); give one with "
+                                     "--imatrix FILE (made by ggtool imatrix or llama-imatrix)"]
     assert "would write" not in r.stdout
     # one entry missing: that tensor cannot be quantized (llama.cpp: "Missing importance matrix for tensor")
     w = {n: np.ones(256, np.float32) for n in ts if n != "blk.3.ffn_down.weight"}

@@ -21,13 +21,16 @@ TABLES = json.loads((ROOT / "tests" / "golden" / "quantize" / "type-tables.json"
 G = T.GGMLType
 
 
-def _options(case: str) -> QM.QuantizeOptions:
-    """A case of type-tables.json ("Q4_K_M --tensor-type ffn_down=q8_0 ...") as options."""
+def _options(case: str) -> tuple[QM.QuantizeOptions, bool]:
+    """A case of type-tables.json ("Q4_K_M --tensor-type ffn_down=q8_0 ...") as options, and
+    whether it was made with an importance matrix ("IQ3_XXS --imatrix")."""
     words = shlex.split(case.replace("\\", "\\\\"))
-    kw, tensor_types, kv = {"type": words[0]}, [], []
+    kw, tensor_types, kv, imatrix = {"type": words[0]}, [], [], False
     it = iter(words[1:])
     for w in it:
-        if w in ("--pure", "--leave-output-tensor"):
+        if w == "--imatrix":
+            imatrix = True
+        elif w in ("--pure", "--leave-output-tensor"):
             kw[w[2:].replace("-", "_")] = True
         elif w in ("--output-tensor-type", "--token-embedding-type"):
             kw[w[2:].replace("-", "_")] = QM.parse_target_type(next(it))
@@ -37,7 +40,7 @@ def _options(case: str) -> QM.QuantizeOptions:
             kv.append(QM.parse_kv_override(next(it)))
         else:  # pragma: no cover - a case this reader does not know
             raise AssertionError(w)
-    return QM.QuantizeOptions(**kw, tensor_types=tensor_types, kv_overrides=kv)
+    return QM.QuantizeOptions(**kw, tensor_types=tensor_types, kv_overrides=kv), imatrix
 
 
 CASES = [(model, case) for model, m in TABLES.items() for case in m["tables"]]
@@ -49,10 +52,10 @@ def test_types_are_llama_quantizes(model, case):
     counters (attn_v, ffn_down layers, use_more_bits), the tied embedding, gemma's 640-wide and
     SmolLM2's 576-wide rows falling back, and the options."""
     m = TABLES[model]
-    opts = _options(case)
+    opts, imatrix = _options(case)
     over = {o.key: o.value for o in opts.kv_overrides}
     info = QM.ModelInfo.from_metadata(lambda k, default: over.get(k, m["metadata"].get(k, default)))
-    mix = QM.new_mix(opts, info, m["names"])
+    mix = QM.new_mix(opts, info, m["names"], has_imatrix=imatrix)
     got = [T.type_name(mix.choose(n, ne, T.parse_type(s)).type)
            for n, ne, s in zip(m["names"], m["ne"], m["src_types"].split())]
     want = m["tables"][case].split()
@@ -187,9 +190,10 @@ def test_plan_of_a_k_mix_says_why():
 
 def test_target_type_error_has_fields_and_no_flag():
     assert QM.parse_target_type("q6_K") == G.Q6_K and QM.parse_target_type("Q5_1") == G.Q5_1
+    assert QM.parse_target_type("iq2_xxs") == G.IQ2_XXS and QM.parse_target_type("MXFP4") == G.MXFP4
     with pytest.raises(QM.TargetTypeError) as e:
-        QM.parse_target_type("iq2_xxs")
-    assert e.value.type == G.IQ2_XXS and "q8_0" in e.value.choices and "--" not in str(e.value)
+        QM.parse_target_type("q8_1")
+    assert e.value.type == G.Q8_1 and "q8_0" in e.value.choices and "--" not in str(e.value)
     with pytest.raises(QM.TargetTypeError) as e:
         QM.parse_target_type("nope")
     assert e.value.type is None

@@ -1,5 +1,6 @@
 """Whole-model quantization: a GGUF model (or a .npy array) to any of llama-quantize's file types
-(Q4_0 ... Q6_K, the K mixes Q3_K_S ... Q5_K_M, Q8_0, F16, BF16, F32), byte for byte llama.cpp's file.
+(Q4_0 ... Q6_K, the K mixes Q3_K_S ... Q5_K_M, the IQ1 ... IQ4_XS, TQ1_0/TQ2_0 and MXFP4_MOE types,
+Q8_0, F16, BF16, F32, COPY), byte for byte llama.cpp's file.
 
 This package is the API the `quantize` command uses; it re-exports the public names of its modules:
 `.ftypes` (the file types: names, ids, default tensor types), `.mix` (which type each tensor gets:
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from ..gguf_io.write import OutputPathError, check_output_paths
 from .convert import InvalidDataError, convert_rows, validate_piece
-from .ftypes import ALIASES, FILE_TYPES, FileType, FileTypeError, file_type
+from .ftypes import ALIASES, FILE_TYPES, FileType, FileTypeError, file_type, guessed_file_type
 from .mix import (
     Category,
     Choice,
@@ -35,17 +36,22 @@ from .rules import (
     KVOverride,
     OutputFile,
     OverrideSyntaxError,
+    PruneLayersError,
     QuantizeOptions,
     QuantizePlan,
     RequantizeError,
     TargetTypeError,
     TensorPlan,
+    TensorTypeFileError,
     header_bytes,
     new_mix,
     parse_kv_override,
+    parse_prune_layers,
     parse_target_type,
     parse_tensor_type_override,
     plan_quantization,
+    prune_layers,
+    read_tensor_type_file,
     tensor_bytes,
 )
 from .target import (
@@ -101,6 +107,7 @@ __all__ = [
     "OutputFile",
     "OutputPathError",
     "OverrideSyntaxError",
+    "PruneLayersError",
     "QuantizeOptions",
     "QuantizePlan",
     "QuantizeResult",
@@ -108,6 +115,7 @@ __all__ = [
     "RowConverter",
     "TargetTypeError",
     "TensorPlan",
+    "TensorTypeFileError",
     "TensorTypeOverride",
     "allows_quantization",
     "category",
@@ -115,14 +123,18 @@ __all__ = [
     "convert_rows",
     "fallback",
     "file_type",
+    "guessed_file_type",
     "header_bytes",
     "new_mix",
     "parse_kv_override",
+    "parse_prune_layers",
     "parse_target_type",
     "parse_tensor_type_override",
     "plan_quantization",
     "preflight",
+    "prune_layers",
     "quantize_file",
+    "read_tensor_type_file",
     "requires_imatrix",
     "run_quantization",
     "tensor_bytes",

@@ -7,17 +7,21 @@ ffn_down decide the K mixes' bumps (``use_more_bits``).  In that order, per tens
 
 1. ``allows_quantization``: only ``*weight`` tensors of 2+ dims (ggml_n_dims), never norms, expert
    gates, positional embeddings and the other small or special tensors llama.cpp names; the rest
-   keeps its type;
+   keeps its type (COPY: every tensor keeps it);
 2. a token embedding / output type given in the options wins outright;
 3. a quantized file type: the first tensor-type pattern (``re.search``, llama.cpp's regex_search)
    that matches gives the type; else, unless pure, the file type's rules (the tables below:
-   output and tied embedding, attn_v and kin, ffn_down, attn_output, attn_k); then the fallback
+   output and tied embedding, the token embedding, attn_v and kin, attn_k, attn_q, ffn_down,
+   attn_output, ffn_gate/ffn_up); then the fallback
    for rows its blocks do not divide (``FALLBACK``).  F16/BF16/F32 files have no rules.
 
 Every choice says why (`Choice.reasons`), and a fallback carries llama.cpp's warning.  The model's
 shape (`ModelInfo`: architecture, layers, heads, experts) comes from its metadata, as llama.cpp's
-hparams do.  Only the file types ggtool writes are in the tables (the IQ file types' branches are
-not ported, but IQ4_NL's: their quantizers are not built).
+hparams do.  Every file type of ``.ftypes`` has its branches here, the IQ and TQ file types' too:
+the very-low-bit group (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, `IQ_LOW`) has a chain of its
+own that comes before the others (its attn_v, ffn_down and attn_output bumps; no 70B or 8-expert
+q8_0 bump), IQ3_XXS and IQ4_NL/IQ4_XS look at whether an importance matrix is given, MXFP4_MOE
+gives the experts' 3-d tensors mxfp4 and everything else q8_0.
 """
 
 from __future__ import annotations
@@ -35,6 +39,13 @@ from .ftypes import FileType
 _G = T.GGMLType
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = T.Q4_0, _G.Q4_1, _G.Q5_0, _G.Q5_1, T.Q8_0
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = _G.Q2_K, _G.Q3_K, _G.Q4_K, _G.Q5_K, _G.Q6_K
+IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S = _G.IQ2_XXS, _G.IQ2_S, _G.IQ3_XXS, _G.IQ3_S
+
+# the very-low-bit file types: a chain of rules of their own (llama_tensor_get_type_impl's
+# "ftype == IQ2_XXS || IQ2_XS || IQ1_S || IQ2_S || IQ2_M || IQ1_M" branch)
+IQ_LOW = ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M")
+# ... and those whose output (or tied embedding) gets q5_K instead of q6_K: IQ3_XXS too
+IQ_LOW_OUTPUT = IQ_LOW + ("IQ3_XXS",)
 
 
 # ----------------------------------------------------------------------------------- which tensors
@@ -172,13 +183,26 @@ def _more_bits(to: T.GGMLType):
 ATTN_V_RULES: dict[str, Callable[[Ctx], tuple[T.GGMLType, str] | None]] = {
     "Q2_K": lambda c: (Q4_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else (Q3_K, "Q2_K's attn_v"),
     "Q2_K_S": lambda c: (Q4_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else None,
+    "IQ3_XXS": lambda c: ((Q4_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else
+                          (IQ3_S, "no importance matrix") if not c.has_imatrix else (IQ3_XXS, "IQ3_XXS's attn_v")),
+    "IQ3_XS": lambda c: (Q4_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else None,
+    "IQ3_S": lambda c: (Q4_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else None,
+    "IQ3_M": lambda c: (Q4_K, "IQ3_M's attn_v"),
     "Q3_K_M": lambda c: (Q5_K, f"one of the first 2 ({c.i})") if c.i < 2 else (Q4_K, "Q3_K_M's attn_v"),
     "Q3_K_L": lambda c: (Q5_K, "Q3_K_L's attn_v"),
+    "IQ4_NL": lambda c: (Q5_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else None,
+    "IQ4_XS": lambda c: (Q5_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else None,
     "Q4_K_M": _more_bits(Q6_K),
     "Q5_K_M": _more_bits(Q6_K),
     "Q4_K_S": lambda c: (Q5_K, f"one of the first 4 ({c.i})") if c.i < 4 else None,
-    "IQ4_NL": lambda c: (Q5_K, "n_gqa >= 4") if c.model.n_gqa >= 4 else None,
 }
+
+# attn_k and attn_q (no 8-expert model: its attn_k is q8_0 before these)
+ATTN_K_RULES = {"IQ3_XS": (IQ3_XXS, "IQ3_XS's attn_k"), "IQ3_XXS": (IQ2_S, "IQ3_XXS's attn_k")}
+ATTN_Q_RULES = {"IQ3_XS": (IQ3_XXS, "IQ3_XS's attn_q"), "IQ3_XXS": (IQ2_S, "IQ3_XXS's attn_q")}
+# the token embedding when it is not the output (tied embeddings take the output rule)
+TOKEN_EMBD_RULES = {**{f: Q2_K for f in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M")},
+                    **{f: IQ3_S for f in ("IQ2_S", "IQ2_M", "IQ3_XXS")}, "TQ1_0": Q4_K, "TQ2_0": Q4_K}
 
 
 def _ffn_down_q3_k_m(c: Ctx):
@@ -197,15 +221,31 @@ def _ffn_down_q4_k_m(c: Ctx):
     return _more_bits(Q6_K)(c)
 
 
+def _ffn_down_iq3_m(c: Ctx):
+    if c.i < c.n // 8:
+        return Q4_K, f"layer {c.i} < {c.n}/8"
+    if c.model.n_expert == 8 and use_more_bits(c.i, c.n):
+        return Q4_K, f"8 experts, use_more_bits({c.i}, {c.n})"
+    return None
+
+
+def _ffn_down_iq4(c: Ctx):
+    return (Q5_K, f"no importance matrix, layer {c.i} < {c.n}/8") if c.i < c.n // 8 and not c.has_imatrix else None
+
+
 FFN_DOWN_RULES: dict[str, Callable[[Ctx], tuple[T.GGMLType, str] | None]] = {
     "Q2_K": lambda c: (Q3_K, "Q2_K's ffn_down"),
     "Q2_K_S": lambda c: (Q4_K, f"layer {c.i} < {c.n}/8") if c.i < c.n // 8 else None,
+    "IQ3_XXS": lambda c: None if c.has_imatrix else (
+        (Q4_K, f"no importance matrix, layer {c.i} < {c.n}/8") if c.i < c.n // 8 else (Q3_K, "no importance matrix")),
     "Q3_K_M": _ffn_down_q3_k_m,
+    "IQ3_M": _ffn_down_iq3_m,
     "Q3_K_L": lambda c: (Q4_K, "falcon") if c.model.arch == "falcon" else (Q5_K, "Q3_K_L's ffn_down"),
     "Q4_K_M": _ffn_down_q4_k_m,
+    "IQ4_NL": _ffn_down_iq4,
+    "IQ4_XS": _ffn_down_iq4,
     "Q5_K_M": _more_bits(Q6_K),
     "Q4_K_S": lambda c: (Q5_K, f"layer {c.i} < {c.n}/8") if c.model.arch != "falcon" and c.i < c.n // 8 else None,
-    "IQ4_NL": lambda c: (Q5_K, f"layer {c.i} < {c.n}/8") if c.i < c.n // 8 and not c.has_imatrix else None,
     # with an importance matrix only: the first layers' ffn_down get the _1 type
     "Q4_0": lambda c: (Q4_1, f"imatrix, layer {c.i} < {c.n}/8") if c.has_imatrix and c.i < c.n // 8 else None,
     "Q5_0": lambda c: (Q5_1, f"imatrix, layer {c.i} < {c.n}/8") if c.has_imatrix and c.i < c.n // 8 else None,
@@ -213,13 +253,22 @@ FFN_DOWN_RULES: dict[str, Callable[[Ctx], tuple[T.GGMLType, str] | None]] = {
 
 ATTN_OUTPUT_RULES: dict[str, Callable[[Ctx], tuple[T.GGMLType, str] | None]] = {
     "Q2_K": lambda c: (Q3_K, "Q2_K's attn_output"),
+    "IQ3_XXS": lambda c: (IQ3_S, "IQ3_XXS's attn_output"),
     "Q3_K_M": lambda c: (Q4_K, "Q3_K_M's attn_output"),
     "Q3_K_L": lambda c: (Q5_K, "Q3_K_L's attn_output"),
+    "IQ3_M": lambda c: (Q4_K, "IQ3_M's attn_output"),
 }
 # glm5-next's tensors llama.cpp never quantizes below q8_0 (in a block-type file)
 GLM5_NEXT_Q8_0 = ("attn_q_a", "attn_q_b", "nextn.eh_proj")
 # with 8 experts (not falcon) these file types give attn_output q5_K instead; falcon's own: Q3_K_L -> q4_K
-ATTN_OUTPUT_8_EXPERTS = ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M")
+ATTN_OUTPUT_8_EXPERTS = ("Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ3_S",
+                         "IQ3_M", "IQ4_XS")
+
+# IQ_LOW's own chain: attn_v-like, ffn_down of the first eighth (by its counter), attn_output; the
+# IQ2_S/IQ2_M file types get iq3_s where the others get q2_K
+def _iq_low_up(ft: str) -> T.GGMLType:
+    return IQ3_S if ft in ("IQ2_S", "IQ2_M") else Q2_K
+
 
 # llama.cpp's tensor_type_fallback: a type whose blocks do not divide the row gets a type of
 # 32-value blocks (a 32-block type keeps itself); if that does not divide it either, F16
@@ -249,13 +298,14 @@ def fallback(name: str, t: T.GGMLType, ncols: int) -> tuple[T.GGMLType, str | No
 
 
 def requires_imatrix(name: str, t: T.GGMLType, ftype: FileType) -> bool:
-    """llama.cpp's tensor_requires_imatrix: the q2_K tensors of a Q2_K_S file (not the token
-    embedding nor the output) cannot be quantized without an importance matrix (its result would
-    be garbage, llama.cpp says); the IQ types' too, which ggtool does not write."""
+    """llama.cpp's tensor_requires_imatrix: a tensor (not the token embedding nor the output) of
+    type iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s or iq3_xxs (the registry's `needs_imatrix`), or q2_K
+    in a Q2_K_S file, cannot be quantized without an importance matrix (its result would be
+    garbage, llama.cpp says)."""
     if category(name) in (C.TOKEN_EMBD, C.OUTPUT):
         return False
-    return t in (_G.IQ3_XXS, _G.IQ2_XXS, _G.IQ2_XS, _G.IQ2_S, _G.IQ1_M, _G.IQ1_S) or (
-        t == Q2_K and ftype.name == "Q2_K_S")
+    from ..qtypes import REGISTRY
+    return (t in REGISTRY and REGISTRY[t].needs_imatrix) or (t == Q2_K and ftype.name == "Q2_K_S")
 
 
 # --------------------------------------------------------------------------------------- the pass
@@ -314,7 +364,7 @@ class Mix:
 
     def choose(self, name: str, ne, src_type: T.GGMLType) -> Choice:
         """The type of one tensor (call in write order: the counters advance)."""
-        if not allows_quantization(name, ne, self.model.arch, leave_output=self.leave_output):
+        if self.ftype.copy or not allows_quantization(name, ne, self.model.arch, leave_output=self.leave_output):
             return Choice(src_type)
         cat = category(name)
         if self.token_embd_type is not None and cat is C.TOKEN_EMBD and not (
@@ -368,24 +418,38 @@ class Mix:
             what = "output" if cat is C.OUTPUT else "tied embedding (the output)"
             if self.output_type is not None:
                 return self.output_type, f"{what}: output tensor type"
+            if ft == "MXFP4_MOE":
+                return Q8_0, f"{what}: MXFP4_MOE"
             if m.arch == "falcon":
                 return Q8_0, f"{what}: falcon"
             if int(ne[0]) % T.block_size(new):
                 return Q8_0, f"{what}: rows of {ne[0]} not a multiple of {T.block_size(new)}"
+            if ft in IQ_LOW_OUTPUT:
+                return Q5_K, f"{what}: {ft}"
             return (Q6_K, what) if new != Q8_0 else (new, None)
+        if ft == "MXFP4_MOE":
+            # the experts' tensors (3-d) mxfp4, every other q8_0 (bailingmoe3: its 3-d MLA
+            # projections are not experts, only its ffn_up/gate/down are)
+            experts = len(ne) > 2 and int(ne[2]) > 1 and (
+                m.arch != "bailingmoe3" or cat in (C.FFN_UP, C.FFN_GATE, C.FFN_DOWN))
+            return (new, None) if experts else (Q8_0, "MXFP4_MOE: not an expert tensor")
         if cat is C.TOKEN_EMBD:
-            return new, None
-        if cat in ATTN_V_LIKE:
+            to = TOKEN_EMBD_RULES.get(ft)
+            return (to, f"token_embd: {ft}") if to is not None else (new, None)
+        if ft in IQ_LOW:
+            got = self._iq_low(name, cat, ft)
+        elif cat in ATTN_V_LIKE:
             rule = ATTN_V_RULES.get(ft)
-            got = rule(Ctx(self.i_attention_wv, self.n_attention_wv, m)) if rule else None
+            got = rule(Ctx(self.i_attention_wv, self.n_attention_wv, m, self.has_imatrix)) if rule else None
             if m.is_70b and (got[0] if got else new) in (Q3_K, Q4_K):
                 got = (Q5_K, "70B model")
             if m.n_expert == 8:
                 got = (Q8_0, "8 experts")
             self.i_attention_wv += 1
         elif cat is C.ATTN_K:
-            if m.n_expert == 8:
-                got = (Q8_0, "8 experts")
+            got = (Q8_0, "8 experts") if m.n_expert == 8 else ATTN_K_RULES.get(ft)
+        elif cat is C.ATTN_Q:
+            got = ATTN_Q_RULES.get(ft)
         elif cat is C.FFN_DOWN:
             i, n = self._layer(self.i_ffn_down, name)
             rule = FFN_DOWN_RULES.get(ft)
@@ -399,12 +463,41 @@ class Mix:
             else:
                 rule = ATTN_OUTPUT_RULES.get(ft)
                 got = rule(Ctx(0, 0, m)) if rule else None
-        elif cat is C.FFN_GATE:
-            self._layer(self.i_ffn_gate, name)      # its layer is checked as llama.cpp does; no rule here
-            self.i_ffn_gate += 1
-        elif cat is C.FFN_UP:
-            self._layer(self.i_ffn_up, name)
-            self.i_ffn_up += 1
+        elif cat in (C.FFN_GATE, C.FFN_UP):
+            # its layer is checked as llama.cpp does; IQ3_XS gives the middle layers iq3_xxs
+            gate = cat is C.FFN_GATE
+            i, n = self._layer(self.i_ffn_gate if gate else self.i_ffn_up, name)
+            if ft == "IQ3_XS" and n // 8 <= i < 7 * n // 8:
+                got = (IQ3_XXS, f"IQ3_XS, layer {i} in [{n}/8, 7*{n}/8)")
+            if gate:
+                self.i_ffn_gate += 1
+            else:
+                self.i_ffn_up += 1
         if got is None:
             return new, None
         return got[0], f"{cat.value}: {got[1]}"
+
+    def _iq_low(self, name: str, cat: Category, ft: str) -> tuple[T.GGMLType, str] | None:
+        """The IQ_LOW file types' chain (before the others' and instead of them): its counters
+        advance only for attn_v-like tensors and ffn_down, the latter's layer being its counter
+        (not the name's, even with experts)."""
+        m = self.model
+        if cat in ATTN_V_LIKE:
+            self.i_attention_wv += 1
+            if m.n_gqa >= 4 or m.n_expert >= 4:
+                return Q4_K, "n_gqa >= 4 or n_expert >= 4"
+            return _iq_low_up(ft), f"{ft}'s attn_v"
+        if m.n_expert == 8 and cat is C.ATTN_K:
+            return Q4_K, "8 experts"
+        if cat is C.FFN_DOWN:
+            i, n = self.i_ffn_down, m.n_layer
+            self.i_ffn_down += 1
+            return (_iq_low_up(ft), f"layer {i} < {n}/8") if i < n // 8 else None
+        if cat is C.ATTN_OUTPUT:
+            if m.n_expert == 8:
+                return Q5_K, "8 experts"
+            if ft in ("IQ1_S", "IQ1_M"):
+                return IQ2_XXS, f"{ft}'s attn_output"
+            if ft in ("IQ2_S", "IQ2_M"):
+                return IQ3_S, f"{ft}'s attn_output"
+        return None

@@ -6,10 +6,12 @@ types are `.ftypes`); here the pass runs over the tensors in llama.cpp's order, 
 refusal is applied, and the file is laid out as `llama_model_quantize` writes it:
 
 * all metadata is copied verbatim (raw key/value bytes), except that ``general.quantization_version``
-  (2) and ``general.file_type`` (the file type's id) are removed and appended last, as llama.cpp's
-  gguf_set_val does, then each metadata override (KEY=TYPE:VALUE) likewise; split keys are dropped;
+  (2) and ``general.file_type`` (the file type's id; COPY's: the input's, or llama.cpp's guess)
+  are removed and appended last, as llama.cpp's gguf_set_val does, then each metadata override
+  (KEY=TYPE:VALUE) likewise, then with prune_layers ``{arch}.block_count``; split keys are dropped;
 * tensors are written in llama.cpp's order (non-block tensors by name, then ``blk.N.*`` by layer and
-  name); a tensor whose chosen type equals its source type is copied byte for byte;
+  name; prune_layers drops the pruned layers' tensors and renumbers the rest as llama.cpp's
+  remap_layer); a tensor whose chosen type equals its source type is copied byte for byte;
 * a split input (its first shard; the reader opens the rest) gives one file, or with keep_split as
   many files as it has shards, each with its shard's tensors in file order and the split keys set
   again, as llama-quantize writes them when asked to keep the split.
@@ -40,17 +42,19 @@ from ..gguf_io.format import (
     shard_path,
 )
 from ..imatrix import Imatrix
+from ..qtypes import REGISTRY
 from ..user_regex import RegexError, shown
-from .ftypes import FileType, file_type
+from .ftypes import FileType, file_type, guessed_file_type
 from .mix import C, Choice, Mix, ModelInfo, TensorTypeOverride, category, fallback, requires_imatrix
 
 GGML_QNT_VERSION = 2
 RECORD_KEY = "quantize.tensor_types"   # the rules a size target chose (a string array), not llama.cpp's
 GGUF_DEFAULT_ALIGNMENT = DEFAULT_ALIGNMENT
 _G = T.GGMLType
-# the tensor types ggtool writes with GGML's bytes (what a rule, a fallback or an option may choose)
-WRITABLE = (T.F32, T.F16, T.BF16, T.Q4_0, _G.Q4_1, _G.Q5_0, _G.Q5_1, T.Q8_0, _G.IQ4_NL,
-            _G.Q2_K, _G.Q3_K, _G.Q4_K, _G.Q5_K, _G.Q6_K)
+# the tensor types ggtool writes with GGML's bytes (what a rule, a fallback or an option may choose):
+# the float and legacy types, the K-quants, and every type of the registry (IQ*, TQ*, MXFP4)
+WRITABLE = (T.F32, T.F16, T.BF16, T.Q4_0, _G.Q4_1, _G.Q5_0, _G.Q5_1, T.Q8_0,
+            _G.Q2_K, _G.Q3_K, _G.Q4_K, _G.Q5_K, _G.Q6_K) + tuple(sorted(REGISTRY, key=int))
 
 
 # llama_model_kv_override's tags and the GGUF types llama-quantize writes them as
@@ -138,6 +142,113 @@ def parse_tensor_type_override(text: str) -> TensorTypeOverride:
         raise OverrideSyntaxError(text, "tensor-type", str(e)) from None
 
 
+# a tensor type file holds PATTERN=TYPE words; one this large is no such list (a mistaken path)
+TENSOR_TYPE_FILE_MAX = 1 << 20
+
+
+class TensorTypeFileError(GGToolError):
+    """A tensor type file (llama-quantize's --tensor-type-file) that cannot be used: `path`,
+    `reason`, and for a bad word its `line` (1-based) and `word`."""
+
+    kind = "tensor-type-file"
+
+    def __init__(self, path: str, reason: str, line: int | None = None, word: str | None = None):
+        self.path, self.reason, self.line, self.word = path, reason, line, word
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {reason}")
+
+
+def read_tensor_type_file(path: str | os.PathLike) -> list[TensorTypeOverride]:
+    """The PATTERN=TYPE rules of a tensor type file, as llama-quantize's parse_tensor_type_file
+    reads it: words separated by spaces or newlines (``file >> word``), each PATTERN=TYPE as
+    --tensor-type takes it, in order; none is no rule. The file is read whole, so it must be a
+    regular file (a symlink to one is followed) of at most 1 MiB of UTF-8 text."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise TensorTypeFileError(p, e.strerror or str(e)) from None
+    import stat as S
+    if not S.S_ISREG(st.st_mode):
+        raise TensorTypeFileError(p, "not a regular file (a list of PATTERN=TYPE words is expected)")
+    if st.st_size > TENSOR_TYPE_FILE_MAX:
+        raise TensorTypeFileError(p, f"{st.st_size:,} bytes, over the {TENSOR_TYPE_FILE_MAX:,} a list of PATTERN=TYPE "
+                                     "words may have")
+    try:
+        with open(p, "rb") as f:
+            data = f.read(TENSOR_TYPE_FILE_MAX + 1)
+    except OSError as e:
+        raise TensorTypeFileError(p, e.strerror or str(e)) from None
+    if len(data) > TENSOR_TYPE_FILE_MAX:
+        raise TensorTypeFileError(p, f"over the {TENSOR_TYPE_FILE_MAX:,} bytes a list of PATTERN=TYPE words may have")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise TensorTypeFileError(p, "not UTF-8 text", line) from None
+    rules = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for word in line.split():
+            try:
+                rules.append(parse_tensor_type_override(word))
+            except (OverrideSyntaxError, TargetTypeError) as e:
+                raise TensorTypeFileError(p, f"{word!r}: {e.reason if isinstance(e, OverrideSyntaxError) else e}",
+                                          n, word) from None
+    return rules
+
+
+class PruneLayersError(GGToolError):
+    """A --prune-layers list that does not parse: `text`, `reason`."""
+
+    kind = "prune-layers"
+
+    def __init__(self, text: str, reason: str):
+        self.text, self.reason = text, reason
+        super().__init__(f"{text!r}: {reason}")
+
+
+def parse_prune_layers(text: str) -> tuple[int, ...]:
+    """L0,L1,... as llama-quantize's parse_layer_prune takes it: layer numbers 0 or more, sorted,
+    each once (a word that is not a whole number is refused, where std::stoi would read its digits)."""
+    out = []
+    for word in text.split(","):
+        w = word.strip()
+        if not w.isdigit():
+            raise PruneLayersError(text, f"invalid layer number {word!r} (expected L0,L1,... of numbers 0 or more)")
+        out.append(int(w))
+    return tuple(sorted(set(out)))
+
+
+_BLK = re.compile(r"blk\.(\d+)\.")
+
+
+def prune_layers(names: list[str], prune: tuple[int, ...]) -> tuple[dict[str, str | None], int]:
+    """llama.cpp's remap_layer over the tensor names in its order: ({old name: new name, or None
+    for a pruned layer's tensor}, the new block count). A layer below the first pruned keeps its
+    number; every later one that is kept takes the next number. Without `prune`: every name kept."""
+    if not prune:
+        return {n: n for n in names}, 0
+    mapped: dict[int, str | None] = {}
+    next_id = 0
+    out: dict[str, str | None] = {}
+    for name in names:
+        m = _BLK.search(name)
+        if not m:
+            out[name] = name
+            continue
+        blk = int(m.group(1))
+        if blk not in mapped:
+            if blk in prune:
+                mapped[blk] = None
+            elif blk < prune[0]:
+                mapped[blk], next_id = str(blk), blk + 1
+            else:
+                mapped[blk], next_id = str(next_id), next_id + 1
+        new = mapped[blk]
+        out[name] = None if new is None else name[:m.start(1)] + new + name[m.end(1):]
+    return out, next_id
+
+
 @dataclass
 class QuantizeOptions:
     """llama_model_quantize_params, as ggtool takes them: `type` is a file type (a FileType, its
@@ -158,9 +269,13 @@ class QuantizeOptions:
     dry_run: bool = False          # plan only: a missing required importance matrix is a refusal kept in the plan
     # PATTERN=TYPE lines written under quantize.tensor_types (a size target's chosen rules); none: no key
     recorded_tensor_types: tuple[str, ...] = ()
+    prune_layers: tuple[int, ...] = ()   # layers (blk.N) removed, the others renumbered (llama-quantize's)
 
     def __post_init__(self):
         self.type = file_type(self.type)
+        self.prune_layers = tuple(sorted(set(int(n) for n in self.prune_layers)))
+        if any(n < 0 for n in self.prune_layers):
+            raise PruneLayersError(",".join(map(str, self.prune_layers)), "a layer number is 0 or more")
 
 
 class RequantizeError(QuantizationError):
@@ -178,17 +293,22 @@ class RequantizeError(QuantizationError):
 
 class ImatrixRequiredError(QuantizationError):
     """A tensor of this file type cannot be quantized without an importance matrix (llama.cpp's
-    tensor_requires_imatrix): `tensor` (the first), `type` (its target), `missing_entry` (an
-    importance matrix was given but has no entry for it)."""
+    tensor_requires_imatrix): `tensor` (the first), `type` (its target), `file_type` (the file
+    type's name: IQ2_XXS, Q2_K_S, ...), `missing_entry` (an importance matrix was given but has no
+    entry for it)."""
 
     kind = "imatrix-required"
 
-    def __init__(self, tensor: str, type: T.GGMLType, missing_entry: bool = False):
-        self.tensor, self.type, self.missing_entry = tensor, type, missing_entry
-        what = ("the importance matrix has no entry for it" if missing_entry
-                else "this quantization requires an importance matrix")
-        super().__init__(f"tensor '{tensor}' ({T.type_name(type)}): {what}; without one the result would be "
-                         f"garbage, as llama.cpp refuses it")
+    def __init__(self, tensor: str, type: T.GGMLType, missing_entry: bool = False, file_type: str = ""):
+        self.tensor, self.type, self.missing_entry, self.file_type = tensor, type, missing_entry, file_type
+        ft = f"file type {file_type}" if file_type else "this quantization"
+        if missing_entry:
+            msg = (f"{ft}: the importance matrix has no entry for tensor '{tensor}' ({T.type_name(type)}), "
+                   "which would be garbage without one (llama.cpp refuses it)")
+        else:
+            msg = (f"{ft} needs an importance matrix: tensor '{tensor}' ({T.type_name(type)}) would be garbage "
+                   "without one (llama.cpp refuses it)")
+        super().__init__(msg)
 
 
 class TargetTypeError(GGToolError):
@@ -269,6 +389,15 @@ class QuantizePlan:
     def alignment(self) -> int:
         return self.files[0].alignment
 
+    @property
+    def file_type_id(self) -> int | None:
+        """general.file_type as written (COPY's is the input's; an --override-kv's wins), None if
+        an override made it other than a UINT32."""
+        raw = dict(self.kv).get("general.file_type")
+        if raw is None or int.from_bytes(raw[-8:-4], "little") != W.UINT32:
+            return None
+        return int.from_bytes(raw[-4:], "little")
+
     def output_paths(self, output: str) -> list[str]:
         """OUTPUT itself, or the shards named after it (llama-quantize's names for kept splits)."""
         n = len(self.files)
@@ -347,11 +476,13 @@ def _checked(name: str, choice: Choice) -> Choice:
 
 # ------------------------------------------------------------------------------------------ the plan
 
-def _file_type_kv(opts: QuantizeOptions) -> list[tuple[str, bytes]]:
-    """general.quantization_version and general.file_type, set last as llama.cpp's gguf_set_val_u32
-    does, then the overrides, each removed where it was and set last."""
+def _file_type_kv(opts: QuantizeOptions, file_type_id: int | None = None) -> list[tuple[str, bytes]]:
+    """general.quantization_version and general.file_type (the file type's id, or `file_type_id`:
+    COPY's), set last as llama.cpp's gguf_set_val_u32 does, then the overrides, each removed where
+    it was and set last."""
+    fid = opts.type.id if file_type_id is None else file_type_id
     kv = [("general.quantization_version", W.kv_u32("general.quantization_version", GGML_QNT_VERSION)),
-          ("general.file_type", W.kv_u32("general.file_type", opts.type.id))]
+          ("general.file_type", W.kv_u32("general.file_type", fid))]
     for o in _overrides(opts):
         kv = [(k, raw) for k, raw in kv if k != o.key] + [(o.key, o.raw())]
     if opts.recorded_tensor_types:
@@ -402,24 +533,43 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     raw = g.reader.data
     kv = [(k, bytes(raw[s:e])) for k, (s, e) in g.reader.kv_spans.items() if k not in drop]
     replaced = {o.key for o in _overrides(opts)} | ({RECORD_KEY} if opts.recorded_tensor_types else set())
-    kv = [(k, b) for k, b in kv if k not in replaced] + _file_type_kv(opts)
     split = opts.keep_split
     # llama.cpp's order: by layer and name, or (keeping a split, even of one file) shard by shard in
     # file order
-    order = ([g.tensors[n] for s in g.shards for n in s.own_tensors] if split
-             else sorted(g.tensors.values(), key=lambda t: _llama_order(t.name)))
-    mix = new_mix(opts, _model_info(g, opts), [t.name for t in order], has_imatrix=opts.imatrix is not None)
+    by_name = sorted(g.tensors.values(), key=lambda t: _llama_order(t.name))
+    order = [g.tensors[n] for s in g.shards for n in s.own_tensors] if split else by_name
+    file_type_id = None
+    if opts.type.copy:
+        # COPY writes the file type llama.cpp's loader sees: the input's general.file_type (an
+        # --override-kv of it applied), else its guess from the tensor types
+        over = {o.key: o.value for o in opts.kv_overrides}
+        given = over.get("general.file_type", g.metadata("general.file_type", None))
+        try:
+            file_type_id = int(given) & 0xFFFFFFFF
+        except (TypeError, ValueError):
+            file_type_id = guessed_file_type(t.type for t in by_name)
+    kv = [(k, b) for k, b in kv if k not in replaced] + _file_type_kv(opts, file_type_id)
+    # --prune-layers: the pruned layers' tensors dropped, the others renumbered (names below are
+    # the new ones; the importance matrix is looked up by the old), block_count set last
+    renamed, n_blocks = prune_layers([t.name for t in by_name], opts.prune_layers)
+    if opts.prune_layers:
+        bc = f"{g.metadata('general.architecture', '')}.block_count"
+        kv = [(k, b) for k, b in kv if k != bc] + [(bc, W.kv_u32(bc, n_blocks))]
+    order = [t for t in order if renamed[t.name] is not None]
+    mix = new_mix(opts, _model_info(g, opts), [renamed[t.name] for t in order], has_imatrix=opts.imatrix is not None)
     plans, warnings, requant, refusals = {}, [], [], []
     for info in order:
-        c = _checked(info.name, mix.choose(info.name, info.ne, info.type))
+        name = renamed[info.name]
+        c = _checked(name, mix.choose(name, info.ne, info.type))
         if c.type != info.type and T.is_quantized(info.type):
-            requant.append((info, c.type))
+            requant.append((name, info.type, c.type))
         if c.type != info.type and not Q.can_dequantize(info.type):
-            raise QuantizationError(f"tensor '{info.name}': cannot dequantize {T.type_name(info.type)}")
-        w, warn = _importances(opts, info.name, info.ne, c.type, refusals) if c.type != info.type else (None, None)
+            raise QuantizationError(f"tensor '{name}': cannot dequantize {T.type_name(info.type)}")
+        w, warn = (_importances(opts, name, info.ne, c.type, refusals, lookup=info.name) if c.type != info.type
+                   else (None, None))
         if warn:
             warnings.append(warn)
-        plans[info.name] = TensorPlan(0, info.name, info.ne, info.type, c.type, info.offset, info.n_bytes,
+        plans[info.name] = TensorPlan(0, name, info.ne, info.type, c.type, info.offset, info.n_bytes,
                                       tensor_bytes(c.type, info.ne), warn, src_path=info.path, reasons=c.reasons,
                                       fallback=c.fallback, imatrix=w)
     warnings += [f"tensor-type pattern {shown(o.pattern)} gives no tensor its type (it matches none of the tensors "
@@ -427,8 +577,7 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
     if requant and not opts.allow_requantize:
         # llama.cpp's llama_model_quantize refuses to quantize a tensor that is already quantized
         # unless allow_requantize is set: the second rounding adds to the first, silently
-        info, dst = requant[0]
-        raise RequantizeError(info.name, info.type, dst, len(requant))
+        raise RequantizeError(*requant[0], len(requant))
     if split:
         # llama-quantize keeping the split: shard k gets shard k's tensors in file order; the first
         # carries the metadata, every one the split keys (later shards: the default alignment). Of
@@ -436,23 +585,25 @@ def plan_quantization(input_path: str | os.PathLike, opts: QuantizeOptions) -> Q
         # sets them only for 2 or more)
         n = len(g.shards)
         files = [OutputFile((kv if k == 0 else []) + (_split_kv(k, n, len(plans)) if n > 1 else []),
-                            [plans[name] for name in s.own_tensors], alignment if k == 0 else GGUF_DEFAULT_ALIGNMENT)
+                            [plans[name] for name in s.own_tensors if name in plans],
+                            alignment if k == 0 else GGUF_DEFAULT_ALIGNMENT)
                  for k, s in enumerate(g.shards)]
     else:
         files = [OutputFile(kv, list(plans.values()), alignment)]
     return _layout(QuantizePlan(path, opts, files, warnings, sources=g.paths, kept_split=split, refusals=refusals))
 
 
-def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType,
-                 refusals: list[GGToolError]) -> tuple[np.ndarray | None, str | None]:
+def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType, refusals: list[GGToolError],
+                 lookup: str | None = None) -> tuple[np.ndarray | None, str | None]:
     """(the tensor's importances or None, a warning or None), as llama_model_quantize looks them up
     for a tensor it converts: no entry is a warning (quantized without), an entry of another size
     an error (the token embeddings excepted: a warning), a type that needs one and has none an
-    error (in a dry run, which completes as llama-quantize's does, it joins `refusals`)."""
+    error (in a dry run, which completes as llama-quantize's does, it joins `refusals`). `lookup`:
+    the entry's name where it is not the tensor's (a layer renumbered by prune_layers)."""
     w, warn = None, None
     if opts.imatrix is not None:
         try:
-            w = opts.imatrix.weights_for(name, tuple(ne))
+            w = opts.imatrix.weights_for(lookup or name, tuple(ne))
         except ImatrixError:
             if category(name) is not C.TOKEN_EMBD:
                 raise
@@ -460,7 +611,7 @@ def _importances(opts: QuantizeOptions, name: str, ne, t: T.GGMLType,
         if w is None and warn is None:
             warn = f"did not find importance weights for {name}; quantized without"
     if w is None and requires_imatrix(name, t, opts.type):
-        refusal = ImatrixRequiredError(name, t, missing_entry=opts.imatrix is not None)
+        refusal = ImatrixRequiredError(name, t, missing_entry=opts.imatrix is not None, file_type=opts.type.name)
         if not opts.dry_run:
             raise refusal
         refusals.append(refusal)
@@ -481,10 +632,10 @@ def _plan_npy(path: str, opts: QuantizeOptions) -> QuantizePlan:
     check_tensor_name(name)
     src = T.F16 if arr.dtype == np.float16 else T.F32
     ne = tuple(int(d) for d in arr.shape[::-1])
-    dst, warn = fallback(name, opts.type.default, ne[0])
+    dst, warn = (src, None) if opts.type.copy else fallback(name, opts.type.default, ne[0])
     src_bytes = int(arr.size) * (2 if src == T.F16 else 4)
     tp = TensorPlan(0, name, ne, src, dst, 0, src_bytes, tensor_bytes(dst, ne), src_path=path, fallback=warn)
-    kv = _file_type_kv(opts)
+    kv = _file_type_kv(opts, guessed_file_type([src]) if opts.type.copy else None)
     plan = QuantizePlan(path, opts, [OutputFile(kv, [tp], _alignment(opts, GGUF_DEFAULT_ALIGNMENT))], [], npy=arr,
                         sources=[path])
     return _layout(plan)

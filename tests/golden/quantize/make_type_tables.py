@@ -2,11 +2,14 @@
 
 Run with llama.cpp's own tool (never a dependency of ggtool; see README.md):
 
-    python tests/golden/quantize/make_type_tables.py LLAMA_QUANTIZE gemma3=GEMMA_F16.gguf smollm2=SMOLLM2_F16.gguf
+    python tests/golden/quantize/make_type_tables.py LLAMA_QUANTIZE gemma3=GEMMA_F16.gguf,GEMMA_IMATRIX.gguf \
+        smollm2=SMOLLM2_F16.gguf,SMOLLM2_IMATRIX.gguf
 
 For each model and each case (a file type, or a file type with options), `llama-quantize --dry-run`
 prints one line per tensor; the type of a converted tensor is in parentheses at its end, a copied
-one keeps its source type. The tensors' order is llama.cpp's (the order it writes them).
+one keeps its source type. The tensors' order is llama.cpp's (the order it writes them). A case
+"FTYPE --imatrix" is run with the model's importance matrix (after the comma): some rules look at
+whether one is given (IQ3_XXS's attn_v and ffn_down, IQ4_NL/IQ4_XS's and Q4_0/Q5_0's ffn_down).
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ import sys
 from pathlib import Path
 
 FILE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M",
-              "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "F16", "BF16", "F32"]
+              "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "F16", "BF16", "F32",
+              "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_XS",
+              "TQ1_0", "TQ2_0", "MXFP4_MOE", "COPY"]
+# file types whose rules look at whether an importance matrix is given: again with one
+IMATRIX_CASES = ["IQ3_XXS", "IQ4_NL", "IQ4_XS", "Q4_0", "Q5_0", "IQ2_M"]
 # file type plus llama-quantize options: the options' rules, pinned the same way
 OPTION_CASES = {
     "Q4_K_M --pure": ["--pure"],
@@ -63,12 +70,15 @@ def model_info(path: str, names: list[str]) -> dict:
 def main(tool: str, models: list[str]) -> None:
     doc = {}
     for spec in models:
-        key, path = spec.split("=", 1)
+        key, paths = spec.split("=", 1)
+        path, _, imatrix = paths.partition(",")
         tables, names = {}, None
         cases = {f: (f, []) for f in FILE_TYPES}
         arch = model_info(path, [])["metadata"]["general.architecture"]
         cases.update({c: (c.split()[0], o) for c, o in OPTION_CASES.items()
                       if "--override-kv" not in o or o[o.index("--override-kv") + 1].startswith(arch + ".")})
+        if imatrix:
+            cases.update({f"{f} --imatrix": (f, ["--imatrix", imatrix]) for f in IMATRIX_CASES})
         for case, (ftype, options) in cases.items():
             rows = types_of(tool, path, ftype, options)
             if names is None:
