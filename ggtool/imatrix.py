@@ -61,7 +61,7 @@ class Imatrix:
         return v if n_expert == 1 else v.reshape(n_expert, ne[0])
 
     def select(self, include: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> Imatrix | None:
-        """llama-quantize's --include-weights / --exclude-weights: the entries whose name contains
+        """llama-quantize's include-weights / exclude-weights selection: the entries whose name contains
         one of `include` (all if none), less those containing one of `exclude`; None when no
         entry is left (llama-quantize then quantizes as if no importance matrix were given)."""
         values = {k: v for k, v in self.values.items()

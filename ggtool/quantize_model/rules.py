@@ -147,7 +147,7 @@ TENSOR_TYPE_FILE_MAX = 1 << 20
 
 
 class TensorTypeFileError(GGToolError):
-    """A tensor type file (llama-quantize's --tensor-type-file) that cannot be used: `path`,
+    """A tensor type file (llama-quantize's tensor-type-file option) that cannot be used: `path`,
     `reason`, and for a bad word its `line` (1-based) and `word`."""
 
     kind = "tensor-type-file"
@@ -161,7 +161,7 @@ class TensorTypeFileError(GGToolError):
 def read_tensor_type_file(path: str | os.PathLike) -> list[TensorTypeOverride]:
     """The PATTERN=TYPE rules of a tensor type file, as llama-quantize's parse_tensor_type_file
     reads it: words separated by spaces or newlines (``file >> word``), each PATTERN=TYPE as
-    --tensor-type takes it, in order; none is no rule. The file is read whole, so it must be a
+    a tensor-type rule takes it, in order; none is no rule. The file is read whole, so it must be a
     regular file (a symlink to one is followed) of at most 1 MiB of UTF-8 text."""
     p = os.fspath(path)
     try:
@@ -198,7 +198,7 @@ def read_tensor_type_file(path: str | os.PathLike) -> list[TensorTypeOverride]:
 
 
 class PruneLayersError(GGToolError):
-    """A --prune-layers list that does not parse: `text`, `reason`."""
+    """A prune-layers list that does not parse: `text`, `reason`."""
 
     kind = "prune-layers"
 
@@ -391,7 +391,7 @@ class QuantizePlan:
 
     @property
     def file_type_id(self) -> int | None:
-        """general.file_type as written (COPY's is the input's; an --override-kv's wins), None if
+        """general.file_type as written (COPY's is the input's; a metadata override's wins), None if
         an override made it other than a UINT32."""
         raw = dict(self.kv).get("general.file_type")
         if raw is None or int.from_bytes(raw[-8:-4], "little") != W.UINT32:
