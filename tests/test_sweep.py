@@ -151,7 +151,7 @@ def test_distributed_procedure_equals_one_process(swept, tmp_path):
 
 
 @pytest.mark.parametrize("types, what", [("q4_0,q9_9", "unknown file type 'q9_9'"), ("q4_0,,q8_0", "empty entry"),
-                                         ("iq2_xxs", "unknown file type 'iq2_xxs'")])
+                                         ("iq9_xxs", "unknown file type 'iq9_xxs'")])
 def test_bad_types(run, tmp_path, types, what):
     fails(run("sweep", "--gguf", STORIES, "--types", types, "-f", TEXT, "-o", tmp_path / "d", *ARGS), what,
           code=2 if "unknown" in what else 1)
