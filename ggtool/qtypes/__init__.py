@@ -245,6 +245,28 @@ class QType:
         return out
 
 
+class LevelRows:
+    """What a 32-value type whose values are int8 levels times a scale per block (IQ4_NL, MXFP4) adds
+    to its record: its rows packed into Q8_0's layout and multiplied on the levels tile
+    (``kernels.dot.pack_levels`` / ``dot_levels``), the bits of its generic dot. The record provides
+    ``levels(rows)`` -> (levels int8 (k, nb, 32) in value order, d (k, nb): fp16 bits or float32)."""
+
+    @classmethod
+    def pack(cls, w) -> tuple:
+        """Weight rows (uint8 (N, row bytes)) as int8 levels in Q8_0's packed form."""
+        from ..kernels import dot
+        return dot.pack_levels(np.ascontiguousarray(w, np.uint8), cls.levels, cls.type_size)
+
+    @classmethod
+    def mul_mat_packed(cls, packed: tuple, a) -> np.ndarray:
+        """mul_mat(w, a) from pack(w) on the vector tile: float32 (rows of a, rows of w), the same bits."""
+        from ..kernels import dot
+        a = np.ascontiguousarray(a, np.uint8)
+        out = np.empty((a.shape[0], packed[2]), np.float32)
+        dot.dot_levels(packed, a, out)
+        return out
+
+
 def kform_x86(gemv_wrap: bool = True, tiled_wrap: bool = False) -> dict:
     """``llama_cpp`` for a type whose x86 kernels have the K-quants' shape (``_x86_kernels``: the
     AVX2 vec_dot, which the AVX-512 build compiles too, and the tiled kernel): `gemv_wrap` /

@@ -32,13 +32,16 @@ Q8_K_BYTES = 292
 
 
 @njit
-def _q8_k_row(a, b):
-    """Block b of a Q8_K row: (d float32, codes int64 (256,))."""
-    o = Q8_K_BYTES * b
-    d = a[o:o + 4].copy().view(np.float32)[0]
-    q = np.empty(256, np.int64)
-    for k in range(256):
-        q[k] = np.int8(a[o + 4 + k])
+def _q8_k_row(a):
+    """A Q8_K row: (d float32 (nb,), codes int64 (nb, 256))."""
+    nb = a.shape[0] // Q8_K_BYTES
+    d = np.empty(nb, F32)
+    q = np.empty((nb, 256), np.int64)
+    for b in range(nb):
+        o = Q8_K_BYTES * b
+        d[b] = a[o:o + 4].copy().view(np.float32)[0]
+        for k in range(256):
+            q[b, k] = np.int8(a[o + 4 + k])
     return d, q
 
 
@@ -52,6 +55,14 @@ def _product(c, q, wrap):
 
 
 @njit
+def _lanes(codes, scales, r, b, q, wrap, lanes):
+    """Row r, block b: the 8 lanes of scale x code x activation (values 4l .. 4l+3 of every 32)."""
+    lanes[:] = 0
+    for e in range(256):
+        lanes[(e % 32) // 4] += np.int64(scales[r, b, e // 16]) * _product(np.int64(codes[r, b, e]), q[e], wrap)
+
+
+@njit
 def gemv(codes, scales, d, act, factor, wrap, out):
     """out (M, n) = rows (codes int8 (n, nb, 256), scales int32 (n, nb, 16), d float32 (n, nb)) .
     Q8_K rows act (uint8 (M, nb * 292)): the AVX2 vec_dot's order."""
@@ -59,14 +70,12 @@ def gemv(codes, scales, d, act, factor, wrap, out):
     lanes = np.empty(8, np.int64)
     acc = np.empty(8, F32)
     for m in range(act.shape[0]):
+        da, q = _q8_k_row(act[m])
         for r in range(n):
             acc[:] = 0
             for b in range(nb):
-                da, q = _q8_k_row(act[m], b)
-                lanes[:] = 0
-                for e in range(256):
-                    lanes[(e % 32) // 4] += np.int64(scales[r, b, e // 16]) * _product(np.int64(codes[r, b, e]), q[e], wrap)
-                dd = F32(d[r, b] * da)
+                _lanes(codes, scales, r, b, q[b], wrap, lanes)
+                dd = F32(d[r, b] * da[b])
                 for l in range(8):
                     acc[l] = fmaf(dd, F32(lanes[l]), acc[l])
             out[m, r] = F32(factor * hsum_float_8(acc))
@@ -76,16 +85,15 @@ def gemv(codes, scales, d, act, factor, wrap, out):
 def tiled(codes, scales, d, act, factor, wrap, out):
     """out (M, n) as ggml-cpu's tiled kernel: per block r = (d_w * factor) * float(s1), acc = fma(r, d_a, acc)."""
     n, nb = codes.shape[0], codes.shape[1]
+    lanes = np.empty(8, np.int64)
     for m in range(act.shape[0]):
+        da, q = _q8_k_row(act[m])
         for r in range(n):
             acc = F32(0.0)
             for b in range(nb):
-                da, q = _q8_k_row(act[m], b)
-                s1 = np.int64(0)
-                for e in range(256):
-                    s1 += np.int64(scales[r, b, e // 16]) * _product(np.int64(codes[r, b, e]), q[e], wrap)
-                res = F32(F32(d[r, b] * factor) * F32(s1))
-                acc = fmaf(res, da, acc)
+                _lanes(codes, scales, r, b, q[b], wrap, lanes)
+                res = F32(F32(d[r, b] * factor) * F32(lanes.sum()))
+                acc = fmaf(res, da[b], acc)
             out[m, r] = acc
 
 
@@ -100,15 +108,15 @@ def gemv_ternary(codes, d, act, fused, out):
     lanes = np.empty(8, np.int64)
     acc = np.empty(8, F32)
     for m in range(act.shape[0]):
+        da, q = _q8_k_row(act[m])
         for r in range(n):
             acc[:] = 0
             for b in range(nb):
-                da, q = _q8_k_row(act[m], b)
                 lanes[:] = 0
                 for e in range(256):
-                    lanes[(e % 32) // 4] += (np.int64(codes[r, b, e]) + 1) * q[e]
-                    lanes[e // 32] -= q[e]
-                dd = F32(da * d[r, b])
+                    lanes[(e % 32) // 4] += (np.int64(codes[r, b, e]) + 1) * q[b, e]
+                    lanes[e // 32] -= q[b, e]
+                dd = F32(da[b] * d[r, b])
                 for l in range(8):
                     acc[l] = fmaf(F32(lanes[l]), dd, acc[l]) if fused else F32(acc[l] + F32(F32(lanes[l]) * dd))
             out[m, r] = hsum_float_8(acc)
@@ -195,19 +203,15 @@ def gemv_iq1(grid, ls, sign, d, act, per_lane_delta, fused, out):
     acc2 = np.empty(8, F32)
     delta = F32(0.125)
     for m in range(act.shape[0]):
+        da, q = _q8_k_row(act[m])
         for r in range(n):
             acc[:] = 0
             acc2[:] = 0
             accum1 = F32(0.0)
             for b in range(nb):
-                da, q = _q8_k_row(act[m], b)
-                lanes[:] = 0
-                lanes2[:] = 0
-                for e in range(256):
-                    s = np.int64(ls[r, b, e // 16])
-                    lanes[(e % 32) // 4] += s * np.int64(grid[r, b, e]) * q[e]
-                    lanes2[(e % 32) // 4] += s * np.int64(sign[r, b, e]) * q[e]
-                dd = F32(da * d[r, b])
+                _lanes(grid, ls, r, b, q[b], False, lanes)
+                _lanes(sign, ls, r, b, q[b], False, lanes2)
+                dd = F32(da[b] * d[r, b])
                 for l in range(8):
                     acc[l] = fmaf(dd, F32(lanes[l]), acc[l])
                     if per_lane_delta:

@@ -15,12 +15,12 @@ import numpy as np
 
 from .. import types as T
 from ..kernels.tables import KVALUES_IQ4NL
-from . import QType, compiled, f16_table, serial
+from . import LevelRows, QType, compiled, f16_table, serial
 
 _K = "_lowbit_kernels"
 
 
-class IQ4_NL(QType, ggml_type=T.GGMLType.IQ4_NL):
+class IQ4_NL(LevelRows, QType, ggml_type=T.GGMLType.IQ4_NL):
     block_size = 32
     type_size = 18
     vec_dot_type = T.GGMLType.Q8_0
@@ -40,21 +40,6 @@ class IQ4_NL(QType, ggml_type=T.GGMLType.IQ4_NL):
         qs = b[:, :, 2:18]
         codes = np.concatenate([qs & 15, qs >> 4], axis=2)
         return KVALUES_IQ4NL.astype(np.int8)[codes], np.ascontiguousarray(b[:, :, 0:2]).view(np.uint16)[:, :, 0]
-
-    @classmethod
-    def pack(cls, w) -> tuple:
-        """Weight rows (uint8 (N, row bytes)) as int8 levels in Q8_0's packed form (kernels.dot.pack_levels)."""
-        from ..kernels import dot
-        return dot.pack_levels(np.ascontiguousarray(w, np.uint8), cls.levels, cls.type_size)
-
-    @classmethod
-    def mul_mat_packed(cls, packed: tuple, a) -> np.ndarray:
-        """mul_mat(w, a) from pack(w) on the vector tile: float32 (rows of a, rows of w), the same bits."""
-        from ..kernels import dot
-        a = np.ascontiguousarray(a, np.uint8)
-        out = np.empty((a.shape[0], packed[2]), np.float32)
-        dot.dot_levels(packed, a, out)
-        return out
 
     @classmethod
     def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from . import QType, compiled, f16_table, grids, serial
+from . import LevelRows, QType, compiled, f16_table, grids, serial
 
 F32 = np.float32
 _K = "_lowbit_kernels"
@@ -31,7 +31,7 @@ def e8m0_half(e) -> np.ndarray:
     return bits.astype(np.uint32).view(F32)
 
 
-class MXFP4(QType, ggml_type=T.GGMLType.MXFP4):
+class MXFP4(LevelRows, QType, ggml_type=T.GGMLType.MXFP4):
     block_size = 32
     type_size = 17
     vec_dot_type = T.GGMLType.Q8_0
@@ -62,21 +62,6 @@ class MXFP4(QType, ggml_type=T.GGMLType.MXFP4):
         qs = b[:, :, 1:17]
         codes = np.concatenate([qs & 15, qs >> 4], axis=2)
         return grids.KVALUES_MXFP4.astype(np.int8)[codes], e8m0_half(b[:, :, 0])
-
-    @classmethod
-    def pack(cls, w) -> tuple:
-        """Weight rows (uint8 (N, row bytes)) as int8 levels in Q8_0's packed form (kernels.dot.pack_levels)."""
-        from ..kernels import dot
-        return dot.pack_levels(np.ascontiguousarray(w, np.uint8), cls.levels, cls.type_size)
-
-    @classmethod
-    def mul_mat_packed(cls, packed: tuple, a) -> np.ndarray:
-        """mul_mat(w, a) from pack(w) on the vector tile: float32 (rows of a, rows of w), the same bits."""
-        from ..kernels import dot
-        a = np.ascontiguousarray(a, np.uint8)
-        out = np.empty((a.shape[0], packed[2]), np.float32)
-        dot.dot_levels(packed, a, out)
-        return out
 
     @classmethod
     def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:
