@@ -25,11 +25,11 @@ from ..kernels.numerics import is_llama_cpp, wide
 from .base import ALL, CompiledStep, check, fmt_ne, function, kernel, new_op
 from .walk import grid_chunks, plain, require, require_type
 
+
 def weight_types() -> tuple:
     """The weight types mul_mat multiplies (F32, F16 and ``quant.matmul.dot_types()``)."""
     from ..quant import matmul as qm
     return (T.F32, T.F16, *qm.dot_types())
-
 
 
 def _work_size(node, n_tasks: int) -> int:
@@ -356,6 +356,8 @@ def x86_covered() -> str:
     from .. import qtypes
     extra = [t for t, r in qtypes.REGISTRY.items() if t not in X86_TYPES and r.llama_cpp]
     return ", ".join(T.type_name(t) for t in (*X86_TYPES, *sorted(extra, key=int)))
+
+
 # types llama.cpp's x86 CPU_REPACK buffer takes (2-D weights, rows in eights), per build: Q2_K on AVX-512 only
 _REPACKED = (T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.IQ4_NL)
 _K_QUANTS = {T.GGMLType.Q2_K: 0, T.GGMLType.Q3_K: 1, T.GGMLType.Q4_K: 2, T.GGMLType.Q5_K: 3}
@@ -368,12 +370,14 @@ def x86_repacked(a, wide_lanes: bool = True) -> bool:
     eights. A tied output projection is repacked too: llama.cpp loads it as the output layer's own
     copy of the token embeddings."""
     types = _REPACKED + ((T.GGMLType.Q2_K,) if wide_lanes else ())
-    if a.type not in types and not (_record_x86(a.type) and _record(a.type).x86_repacked):
+    record = _record(a.type) if _record_x86(a.type) else None
+    if a.type not in types and not (record is not None and record.x86_repacked):
         return False
     return a.ne[1] % 8 == 0 and a.ne[2] == a.ne[3] == 1
 
 
 def _record(t):
+    """The ggtool.qtypes record of type t, or None."""
     from .. import qtypes
     return qtypes.REGISTRY.get(t)
 
@@ -423,11 +427,8 @@ def _x86_block(a, b, wide_lanes: bool = True):
     t, ne11 = a.type, b.ne[1]
     repacked = x86_repacked(a, wide_lanes)
     tiled = ne11 >= TILED_ROWS
-    if _record_x86(t):
-        from .. import qtypes
-
-        record, numerics = qtypes.get(t), "llama.cpp-avx512" if wide_lanes else "llama.cpp-avx2"
-
+    if _record_x86(t):         # a qtypes record's own forms, on the path llama.cpp takes for it
+        record, numerics = _record(t), "llama.cpp-avx512" if wide_lanes else "llama.cpp-avx2"
         path = "repacked" if repacked else ("tiled" if tiled else "vec_dot")
 
         def record_block(w, x, out, i0):
