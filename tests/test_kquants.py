@@ -1,4 +1,4 @@
-"""The K-quant quantizers (ggtool.kquants through ggtool.quant.quantize): GGML's bytes exactly, on
+"""The K-quant quantizers (ggtool.qtypes' records through ggtool.quant.quantize): GGML's bytes exactly, on
 every thread count, and values gguf-py reads back."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_fp16_scales_round_as_ggml():
     """The kernels' fp16 rounding (a search of the exact F16_TO_F32 table) is GGML_FP32_TO_FP16:
     ties to even at every midpoint, subnormals, overflow to inf from 65520, signed zeros."""
     from ggtool.kernels.tables import F16_TO_F32
-    from ggtool.kquants.blocks import _fp16_round
+    from ggtool.qtypes._k_quantize import _fp16_round
 
     h = np.arange(0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
     mids = ((h[:-1] + h[1:]) / 2).astype(np.float32)              # exact in float32

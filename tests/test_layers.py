@@ -35,8 +35,7 @@ LAYERS = (
     # compiled loops and OS memory: they know types and bytes, never a tensor
     {"kernels": ["ggtool.kernels"],
      "shm": ["ggtool.pool.shm"]},                         # POSIX shared memory (the pool's, below its own layers)
-    {"kquants": ["ggtool.kquants"]},                      # GGML's block quantizers (compiled), run by quant
-    {"qtypes": ["ggtool.qtypes"]},                        # one record per GGML type (reusing kquants' searches)
+    {"qtypes": ["ggtool.qtypes"]},                        # one record per GGML block type: layout, quantizers, dot
     {"quant": ["ggtool.quant"]},                          # arrays of GGML's number formats
     {"tensor": ["ggtool.tensor"],                         # struct ggml_tensor; its context is a protocol
      "gguf_io": ["ggtool.gguf_io"]},                      # GGUF files: bytes and metadata, no tensors

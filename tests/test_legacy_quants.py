@@ -1,4 +1,4 @@
-"""Q4_1, Q5_0, Q5_1 and IQ4_NL, and every importance-matrix path (ggtool.kquants through
+"""Q4_1, Q5_0, Q5_1 and IQ4_NL, and every importance-matrix path (ggtool.qtypes' records through
 ggtool.quant.quantize): GGML's bytes exactly (golden/kquants/quants.npz, made by make_quants.py from
 the llama.cpp llama-cpp-python 0.3.36 vendors), on every thread count."""
 
@@ -104,7 +104,7 @@ def test_values_read_back(t):
 
 def test_iq4_nl_dequantizer_is_ggmls():
     """d * kvalues_iq4nl[q] in float32 for every code and a spread of scales (inf/NaN d included)."""
-    from ggtool.kquants.legacy import KVALUES
+    from ggtool.qtypes._iq4nl_quantize import KVALUES
 
     rng = np.random.default_rng(4)
     d = np.concatenate([rng.integers(0, 0x10000, 500), [0x7C00, 0xFC00, 0x7E00, 0, 0x8000, 1]]).astype(np.uint16)

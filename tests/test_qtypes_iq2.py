@@ -141,8 +141,9 @@ def test_every_record_is_complete(t):
 
 def test_registry_lookup():
     assert qtypes.get("IQ2_XXS") is qtypes.get(T.GGMLType.IQ2_XXS) is qtypes.get(16)
-    with pytest.raises(KeyError, match="no record for q4_0"):
-        qtypes.get("q4_0")
+    assert qtypes.get("q4_K") is qtypes.get(T.GGMLType.Q4_K)        # every block type has one
+    with pytest.raises(KeyError, match="no record for f16"):
+        qtypes.get("f16")
     with pytest.raises(TypeError, match="iq2_xs has two records"):
         class Again(qtypes.QType, ggml_type=T.GGMLType.IQ2_XS):
             pass

@@ -29,8 +29,8 @@ def test_reference_row_is_quantize_without_weights():
 
 
 def test_reuses_iq4_nl_search_and_table():
-    """IQ4_XS shares IQ4_NL's levels and per-32 search (ggtool.kquants.legacy), not a copy."""
-    from ggtool.kquants import legacy
+    """IQ4_XS shares IQ4_NL's levels and per-32 search (qtypes._iq4nl_quantize), not a copy."""
+    from ggtool.qtypes import _iq4nl_quantize as legacy
     from ggtool.qtypes import _lowbit_kernels as k
 
     assert k.iq4_nl_block is legacy.iq4_nl_block and k.best_index is legacy.best_index

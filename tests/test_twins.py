@@ -8,7 +8,7 @@ import pytest
 
 from ggtool import quant as Q
 from ggtool import types as T
-from ggtool.kernels import dot, kquants, quantize, twins
+from ggtool.kernels import dot, quantize, twins
 
 TYPES = ("Q4_0", "Q8_0", "Q5_0", "Q4_1", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
@@ -38,10 +38,10 @@ def test_q8_k_twin_gives_the_kernels_bytes(n):
         x[1, 5] = -np.abs(x[1]).max()
         x[1, 9] = -x[1, 5]
     a, b = np.zeros((n, 292), np.uint8), np.zeros((n, 292), np.uint8)
-    assert kquants.quantize_q8_k(x, a) == twins.quantize_q8_k(x, b) == -1
+    assert quantize.quantize_q8_k(x, a) == twins.quantize_q8_k(x, b) == -1
     assert np.array_equal(a, b)
     x[-1, 3] = np.nan
-    assert twins.quantize_q8_k(x, b) == kquants.quantize_q8_k(x, a) == (n - 1) * 256 + 3
+    assert twins.quantize_q8_k(x, b) == quantize.quantize_q8_k(x, a) == (n - 1) * 256 + 3
 
 
 def _weights(name, wf):

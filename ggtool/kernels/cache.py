@@ -47,14 +47,14 @@ from ..errors import CacheWarning
 # Modules whose compiled functions other kernel modules compile into theirs: simd's vector tiles
 # (into dot and dot_k), dot_base's store_group (into dot and dot_k), dot_k's scale decoding (into x86 and
 # x86_kquants), x86's lanes, reductions and activation decoders (into x86_float, x86_legacy, x86_kquants),
-# ggtool.kquants' blocks and legacy (their searches and block ends, into kquants.legacy and .weighted,
-# and into ggtool.qtypes' kernels; weighted's make_qp_quants into IQ2's), ggtool.qtypes' _kernel_base
+# ggtool.qtypes' _k_quantize and _iq4nl_quantize (their searches and block ends, into _weighted_quantize
+# and the records' kernels; _weighted_quantize's make_qp_quants into IQ2's), ggtool.qtypes' _kernel_base
 # (its helpers, into both kernel modules of the records) and grids (tables frozen into the kernels as
 # constants).
-SHARED = ("simd.py", "dot_base.py", "dot_k.py", "x86.py", "../kquants/blocks.py", "../kquants/legacy.py",
-          "../kquants/weighted.py", "../qtypes/_kernel_base.py", "../qtypes/grids.py",
+SHARED = ("simd.py", "dot_base.py", "dot_k.py", "x86.py", "../qtypes/_k_quantize.py", "../qtypes/_iq4nl_quantize.py",
+          "../qtypes/_weighted_quantize.py", "../qtypes/_kernel_base.py", "../qtypes/grids.py",
           # the compiled runner's node kernels compile these modules' functions in
-          "quantize.py", "kquants.py", "dot.py", "native.py", "nodes.py")
+          "quantize.py", "dot.py", "native.py", "nodes.py")
 # numba settings that change the machine code of a kernel (numba's own cache does not key them)
 NUMBA_CODEGEN = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE",
                  "NUMBA_ENABLE_AVX", "NUMBA_DISABLE_INTEL_SVML", "NUMBA_BOUNDSCHECK", "NUMBA_FASTMATH")

@@ -171,7 +171,7 @@ def call5(typingctx, fn, a, b, c, d, e):
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _OWN = frozenset(os.path.join(_HERE, f) for f in ("runner.py", "nodes.py", "nodes_mm.py"))
 _DEPS = tuple(os.path.join(_HERE, f) for f in ("native.py", "runner.py", "nodes.py", "nodes_mm.py", "jit.py",
-                                               "quantize.py", "kquants.py", "dot.py", "dot_k.py", "dot_base.py",
+                                               "quantize.py", "dot.py", "dot_k.py", "dot_base.py",
                                                "simd.py", "x86.py"))
 
 

@@ -4,7 +4,7 @@ runs it:
 - ``mm_convert``: src1's f32 rows to the weights' vec_dot_type (Q8_0, Q8_1, Q8_K, F16) in the work
   buffer (packed rows at i13*nbw3 + i12*nbw2 + i11*nbw1, as ``ops.matmul`` lays them out), each row's
   blocks split between the participants as ggml_compute_forward_mul_mat splits them (a decode row is
-  shared by all of them); the quantizers are ``kernels.quantize``'s and ``kernels.kquants``', block
+  shared by all of them); the quantizers are ``kernels.quantize``'s, block
   by block the bytes ``ops.matmul._convert_src1`` writes. Then the barrier.
 - ``mm_q32``, ``mm_k``, ``mm_k6`` (GGML's scalar order, on ``dot``'s repacked
   weights: the tiles of ``simd``) and ``mm_x86`` (llama.cpp's x86 orders, ``x86``): the participant's
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kquants, quantize, simd, x86
+from . import quantize, simd, x86
 from .dot import _act_pairs
 from .dot_base import GROUP
 from .dot_k import _act_pairs_k
@@ -52,7 +52,7 @@ def _convert_blocks(kind, src, dst, n):
         return quantize._q8_0(x, out, True)
     if kind == CV_Q8_1:
         return _q8_1(x, out)
-    return kquants.quantize_q8_k(x, out)
+    return quantize.quantize_q8_k(x, out)
 
 
 def mm_convert(row, frow, ith, nth, wdata):

@@ -478,3 +478,37 @@ def q8_0_dequantize(blocks, out):
         d = ds[i]
         for j in range(nj):
             out[i, j] = np.float32(np.int8(blocks[i, 2 + j])) * d
+
+
+# -- Q8_K: the activations K-quant weights are multiplied with -------------------------------------
+@njit
+def quantize_q8_k(x, out):
+    """quantize_row_q8_K_ref (also the CPU from_float): block of 256 -> float32 d, int8 qs[256],
+    int16 bsums[16] (292 bytes). Returns -1, or the flat index in x of the first NaN/inf."""
+    od = out.view(np.float32)            # out rows are 292 bytes: d at byte 0 of each row
+    for i in range(x.shape[0]):
+        amax = np.float32(0.0)
+        mx = np.float32(0.0)
+        for j in range(256):
+            v = x[i, j]
+            if not np.isfinite(v):
+                return i * 256 + j
+            a = abs(v)
+            if a > amax:
+                amax = a
+                mx = v
+        if amax == 0:
+            out[i, :] = 0
+            continue
+        iscale = np.float32(-127.0) / mx
+        for j in range(256):
+            q = np.int32((iscale * x[i, j] + _RNE) - _RNE)
+            out[i, 4 + j] = np.uint8(np.int8(min(q, 127)) & 0xFF)
+        for j in range(16):
+            s = 0
+            for k in range(16):
+                s += np.int32(np.int8(out[i, 4 + 16 * j + k]))
+            out[i, 260 + 2 * j] = np.uint8(s & 0xFF)
+            out[i, 261 + 2 * j] = np.uint8((s >> 8) & 0xFF)
+        od[i, 0] = np.float32(1.0) / iscale
+    return -1

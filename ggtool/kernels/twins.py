@@ -163,7 +163,7 @@ def q8_1_quantize_cpu(xb: np.ndarray, out: np.ndarray) -> int:
 
 
 def quantize_q8_k(x: np.ndarray, out: np.ndarray) -> int:
-    """kernels.kquants.quantize_q8_k (quantize_row_q8_K_ref): (n, 256) float32 -> (n, 292) bytes:
+    """kernels.quantize.quantize_q8_k (quantize_row_q8_K_ref): (n, 256) float32 -> (n, 292) bytes:
     float32 d, int8 qs[256], int16 bsums[16]."""
     bad = _first_bad(x)
     if bad >= 0:

@@ -43,14 +43,14 @@ def _dot(type_name: str) -> None:
 def _quantizer(kind: str) -> None:
     import numpy as np
 
-    from . import kquants, quantize
+    from . import quantize
 
     if kind == "F16":
         quantize.fp32_to_fp16(np.zeros(1, np.float32), np.zeros(1, np.uint16))
         return
     kernel, nval, nbytes = {"Q4_0": (quantize.q4_0_quantize, 32, 18), "Q8_0": (quantize.q8_0_quantize, 32, 34),
                             "Q8_0_cpu": (quantize.q8_0_quantize_cpu, 32, 34), "Q8_1_cpu": (quantize.q8_1_quantize_cpu, 32, 36),
-                            "Q8_K": (kquants.quantize_q8_k, 256, 292)}[kind]
+                            "Q8_K": (quantize.quantize_q8_k, 256, 292)}[kind]
     kernel(np.zeros((1, nval), np.float32), np.zeros((1, nbytes), np.uint8))
 
 

@@ -91,7 +91,7 @@ def _preload_kernels() -> None:
     first quantized node they are ready, and the caller loads its own copy without sharing the
     machine with ours. A failure is left for the kernel that needs them to report."""
     try:
-        from ..kernels import dot, dot_k, kquants, nodes, nodes_mm, quantize, runner  # noqa: F401
+        from ..kernels import dot, dot_k, nodes, nodes_mm, quantize, runner  # noqa: F401
     except Exception:  # noqa: BLE001
         pass
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.jit import njit
-from ..kquants.weighted import make_qp_quants
+from ._weighted_quantize import make_qp_quants
 from ._kernel_base import _first_bad, _float, _put16, _put32, fp16_bits, grid_tables, nearest_int, read_only
 
 F32 = np.float32

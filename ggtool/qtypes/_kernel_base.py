@@ -3,7 +3,7 @@
 and the quantizers' grid tables (iq2xs_init_impl / iq3xs_init_impl: IQ1, IQ2 and IQ3 use them).
 The kernel cache's key covers this file (``ggtool.kernels.cache.SHARED``): numba compiles these
 into the kernels that call them and checks a cached kernel against its own file only.
-``nearest_int`` is the K-quants' (``ggtool.kquants.blocks``)."""
+``nearest_int`` is the K-quants' (``_k_quantize``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 from llvmlite import ir
 
 from ..kernels.jit import njit, numba
-from ..kquants.blocks import nearest_int  # noqa: F401 (for the kernel modules: one home)
+from ._k_quantize import nearest_int  # noqa: F401 (for the kernel modules: one home)
 
 F32 = np.float32
 _ABS = np.uint32(0x7FFFFFFF)

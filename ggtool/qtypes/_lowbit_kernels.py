@@ -2,7 +2,7 @@
 ``iq4nl``, ``iq4xs``, ``ternary``, ``mxfp4``), in one module because numba's cache checks a kernel against
 its own file only: the helpers they share live beside them, those the IQ2/IQ3 kernels share too in
 ``_kernel_base`` (which the kernel cache's key covers). IQ4_XS's per-32 search is IQ4_NL's own
-(``ggtool.kquants.legacy``, whose file the kernel cache's key covers), not a copy.
+(``_iq4nl_quantize``, whose file the kernel cache's key covers), not a copy.
 
 GGML's float32 order throughout (ggml-quants.c, ggml-cpu/quants.c ``*_generic``): every constant
 float32, integers made float32 before they meet a float, as C's conversions do (numba would
@@ -24,8 +24,8 @@ from llvmlite import ir
 
 from ..kernels.jit import njit, numba
 from ..kernels.tables import KVALUES_IQ4NL
-from ..kquants.legacy import best_index, iq4_nl_block, iq4_nl_quantize
-from ..kquants.weighted import iq4_nl_quantize_w
+from ._iq4nl_quantize import best_index, iq4_nl_block, iq4_nl_quantize
+from ._weighted_quantize import iq4_nl_quantize_w
 from ._kernel_base import _f16_at, _first_bad, _put16, fp16_bits, nearest_int
 from .grids import IQ1S_GRID, KVALUES_MXFP4
 from .mxfp4 import e8m0_half
@@ -109,7 +109,7 @@ def mul_mat_mxfp4(w, a, out, f16):
 
 
 # -- IQ4_NL ----------------------------------------------------------------------------------------------
-# The searches are ggtool.kquants' (legacy: without quant_weights, weighted: with), run here in the
+# The searches are _iq4nl_quantize's (without quant_weights) and _weighted_quantize's (with), run here in the
 # records' calling convention: (x (rows, n), out (rows, row bytes), qw (n,) or (0,), f16).
 @njit
 def quantize_iq4_nl(x, out, qw, f16):

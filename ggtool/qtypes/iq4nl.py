@@ -2,8 +2,8 @@
 
 Layout (ggml-common.h ``block_iq4_nl``): fp16 ``d``, then ``qs[16]``: indices into ``kvalues_iq4nl``
 (-127 .. 113), value j in the low nibble of byte j, value j + 16 in the high one; a value is
-``d * kvalues[index]``. Quantizer: ``quantize_iq4_nl`` (its search of 7 scales, ``ggtool.kquants``:
-``legacy`` without quant_weights, ``weighted`` with them; llama-quantize never writes the reference
+``d * kvalues[index]``. Quantizer: ``quantize_iq4_nl`` (its search of 7 scales:
+``_iq4nl_quantize`` without quant_weights, ``_weighted_quantize`` with them; llama-quantize never writes the reference
 row). vec_dot_type Q8_0: ``sumf += (d_a * d_w) * float(sumi)`` block after block
 (``ggml_vec_dot_iq4_nl_q8_0_generic``). llama.cpp's x86 builds repack it (iq4_nl_8x8) or take
 ``ggml_vec_dot_iq4_nl_q8_0``'s AVX2 order: ``ops.matmul``'s x86 forms (``kernels.x86_legacy``).

@@ -8,7 +8,7 @@ IQ4_NL's table), per 32 values 16 bytes: value j in the low nibble of byte j, j 
 A value is ``d * (ls - 32) * kvalues[code]``.
 
 Quantizer (``quantize_iq4_xs``, also ``quantize_row_iq4_xs_ref``): per 32 values IQ4_NL's own
-search (ggtool.kquants.legacy's ``iq4_nl_block``, 7 steps either side; weights x*x, or with quant
+search (``_iq4nl_quantize``'s ``iq4_nl_block``, 7 steps either side; weights x*x, or with quant
 weights ``qw * sqrt(sigma2 + x*x)``, sigma2 = 2 * sum(x*x) / 256 over the block), then
 ``d = -max_scale / 32`` (max_scale the sub-block scale of largest magnitude), each 6-bit scale
 ``nearest_int(scale / d)`` clamped to -32..31 and the codes found again from ``d * l``.

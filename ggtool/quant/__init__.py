@@ -1,5 +1,5 @@
-"""GGML's Q4_0 / Q8_0 / F16 / BF16 arithmetic (and its K-quants, ``ggtool.kquants``), byte-exact
-with the C library.
+"""GGML's Q4_0 / Q8_0 / F16 / BF16 arithmetic, and every block type's through its ``ggtool.qtypes``
+record, byte-exact with the C library: the array-level API.
 
 Everything is float32 exactly as GGML computes it (ggml-quants.c's quantize_row_q4_0_ref and
 quantize_row_q8_0_ref, GGML_FP32_TO_FP16; checked by tests/golden/q4_0.npz, q8_0.npz, f16.npz):
@@ -25,9 +25,8 @@ BF16 x BF16);
 its numerics are described in ``ggtool/quant/matmul.py``.
 
 Modules: ``threads`` (worker threads), ``blocks`` (shared block plumbing), ``f16``, ``bf16``, ``q4_0``,
-``q8_0``, ``kquants`` (native Q5_0/Q4_K/Q6_K/IQ4_NL dequantizers; the quantizers of ``ggtool.kquants``
-(K-quants, Q4_1, Q5_0, Q5_1, IQ4_NL, and every importance-matrix path) run over arrays),
-``generic`` (quantize/dequantize/convert for any type, ``quantize(..., imatrix=)``), ``matmul``
+``q8_0``, ``q8_k`` (the K-quants' activations), ``generic`` (quantize/dequantize/convert for any
+type, ``quantize(..., imatrix=)``: the records' quantizers over arrays on the threads), ``matmul``
 (``mul_mat_quantized``), ``validate`` (GGML's ggml_validate_row_data, which every output is checked
 with before it is written).  This package re-exports the public names.
 """
@@ -38,10 +37,10 @@ from .bf16 import bf16_to_fp32, fp32_to_bf16
 from .blocks import CHUNK_BLOCKS, Q4_0_BYTES, Q8_0_BYTES, QK, check_finite  # noqa: F401 (constants, as before)
 from .f16 import fp16_to_fp32, fp32_to_fp16
 from .generic import can_dequantize, can_quantize, convert, dequantize, quantize
-from .kquants import quantize_q8_k
 from .matmul import mul_mat_quantized
 from .q4_0 import dequantize_q4_0, quantize_q4_0
 from .q8_0 import dequantize_q8_0, quantize_q8_0, quantize_q8_0_cpu, quantize_q8_1_cpu
+from .q8_k import quantize_q8_k
 from .threads import get_threads, set_threads, threads_set_to
 
 __all__ = [

@@ -17,7 +17,7 @@ _F32 = np.float32
 
 
 def kernel(kind: str, name: str, values: int = 0):
-    """The compiled kernel `name` (``ggtool.kernels.quantize``, or ``kquants`` for Q8_K), or its
+    """The compiled kernel `name` (``ggtool.kernels.quantize``), or its
     numpy twin of the same name (``kernels.twins``, the same bytes) while the quantizer `kind` is
     not compiled in the command line's cache and the work (`values` to quantize) is small
     (``kernels.first_run``)."""
@@ -25,9 +25,6 @@ def kernel(kind: str, name: str, values: int = 0):
     if not first_run.use_compiled(f"quantize:{kind}", first_run.quantize_seconds(values)):
         from ..kernels import twins
         return getattr(twins, name)
-    if kind == "Q8_K":
-        from ..kernels import kquants
-        return getattr(kquants, name)
     from ..kernels import quantize
     return getattr(quantize, name)
 

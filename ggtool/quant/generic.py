@@ -1,8 +1,8 @@
-"""Type-generic entry points: ``quantize`` / ``dequantize`` / ``convert`` between any GGML types,
-dispatching to the native kernels (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, the K-quants,
-with or without an importance matrix; dequantizing Q5_0, Q4_K, Q6_K, IQ4_NL), to the records of
-``ggtool.qtypes`` (IQ1_S ... IQ4_XS, TQ1_0, TQ2_0, MXFP4: quantizers, dequantizers) or to gguf-py,
-with the integer types checked for range and integrality."""
+"""Type-generic entry points: ``quantize`` / ``dequantize`` / ``convert`` between any GGML types:
+F16 and BF16 here, every block type by its ``ggtool.qtypes`` record (its quantizers on the quantizer
+threads, with or without an importance matrix; its dequantizer), Q4_0 and Q8_0 without one by their
+own drivers (numpy twins for small work), the rest through gguf-py; the integer types checked for
+range and integrality."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from ..errors import QuantizationError
 from .bf16 import bf16_to_fp32, fp32_to_bf16
 from .blocks import _F32, check_finite
 from .f16 import fp32_to_fp16
-from .kquants import _NATIVE_DQ, WEIGHTED, _dequantize_native, quantize_k
 from .q4_0 import dequantize_q4_0, quantize_q4_0
 from .q8_0 import dequantize_q8_0, quantize_q8_0
 
@@ -34,14 +33,14 @@ def _record(t):
 def can_quantize(t) -> bool:
     """Whether quantize() can produce type t (natively, by a qtypes record, or through gguf-py)."""
     t = T.parse_type(t)
-    if t in (T.F32, T.F16, T.BF16, T.Q8_0) or t in WEIGHTED or _record(t) is not None:
+    if t in (T.F32, T.F16, T.BF16) or _record(t) is not None:
         return True
     return _gguf_can(t, "quantize")
 
 
 def can_dequantize(t) -> bool:
     t = T.parse_type(t)
-    if t in T.NP_DTYPES or t in (T.Q4_0, T.Q8_0, T.BF16) or t in _NATIVE_DQ or _record(t) is not None:
+    if t in T.NP_DTYPES or t == T.BF16 or _record(t) is not None:
         return True
     return _gguf_can(t, "dequantize")
 
@@ -66,16 +65,13 @@ def quantize(x, ggml_type, name: str = "tensor", imatrix=None) -> np.ndarray:
     (BF16: the bytes of its uint16 bits, (..., 2n); NaN and inf are values there, as in F16).
 
     `imatrix` (one importance per column, x.shape[-1] floats, as llama-quantize passes it to
-    ggml_quantize_chunk) selects GGML's weighted path of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
-    Q2_K..Q6_K and the qtypes records' types (IQ*, TQ*, MXFP4: those that read it); the other types
-    ignore it, as GGML does. For a 3-d (MoE) x, `imatrix` may be (n_expert, columns): each expert its own."""
+    ggml_quantize_chunk) selects GGML's weighted path of the qtypes records' types that read it
+    (all but Q8_0); the other types ignore it, as GGML does. For a 3-d (MoE) x, `imatrix` may be (n_expert, columns): each expert its own."""
     t = T.parse_type(ggml_type)
     if t == T.Q4_0 and imatrix is None:
         return quantize_q4_0(x, name)
     if t == T.Q8_0:
         return quantize_q8_0(x, name)
-    if t in WEIGHTED:
-        return quantize_k(x, t, name, imatrix)
     record = _record(t)
     if record is not None:
         return _quantize_record(record, x, name, imatrix)
@@ -113,8 +109,6 @@ def dequantize(raw, ggml_type) -> np.ndarray:
         if raw.dtype != dt:
             raw = raw.view(dt) if raw.dtype == np.uint8 else raw.astype(dt)
         return raw.astype(_F32)
-    if t in _NATIVE_DQ:
-        return _dequantize_native(raw, t)
     record = _record(t)
     if record is not None:
         return record.dequantize(raw)

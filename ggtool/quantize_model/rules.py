@@ -52,9 +52,8 @@ RECORD_KEY = "quantize.tensor_types"   # the rules a size target chose (a string
 GGUF_DEFAULT_ALIGNMENT = DEFAULT_ALIGNMENT
 _G = T.GGMLType
 # the tensor types ggtool writes with GGML's bytes (what a rule, a fallback or an option may choose):
-# the float and legacy types, the K-quants, and every type of the registry (IQ*, TQ*, MXFP4)
-WRITABLE = (T.F32, T.F16, T.BF16, T.Q4_0, _G.Q4_1, _G.Q5_0, _G.Q5_1, T.Q8_0,
-            _G.Q2_K, _G.Q3_K, _G.Q4_K, _G.Q5_K, _G.Q6_K) + tuple(sorted(REGISTRY, key=int))
+# the float types and every block type of the registry (the legacy types, the K-quants, IQ*, TQ*, MXFP4)
+WRITABLE = (T.F32, T.F16, T.BF16) + tuple(sorted(REGISTRY, key=int))
 
 
 # llama_model_kv_override's tags and the GGUF types llama-quantize writes them as

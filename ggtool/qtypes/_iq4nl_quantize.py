@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kernels.jit import njit
 from ..kernels.tables import KVALUES_IQ4NL
-from .blocks import GROUP_MAX_EPS, _first_bad, _fp16_round, _put_f16
+from ._k_quantize import GROUP_MAX_EPS, _first_bad, _fp16_round, _put_f16
 
 F32 = np.float32
 _F0 = F32(0.0)

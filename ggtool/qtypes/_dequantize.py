@@ -1,18 +1,18 @@
-"""Dequantizers for the block types of llama.cpp's K-quant mixes (Q5_0, Q4_K, Q6_K, IQ4_NL), compiled.
+"""Compiled dequantizers of Q5_0, Q4_K and Q6_K, the block types of llama.cpp's K-quant mixes whose
+source tensors ``ggtool quantize`` reads most (their records' ``dequantize_blocks``; IQ4_NL's is
+numpy, in its record).
 
 Each takes (blocks uint8 (n, block_bytes), f16 table, out float32 (n, values per block)) and
 computes gguf-py's float32 arithmetic exactly (so ``ggtool quantize`` reads a source tensor as
 llama-quantize does, and requantizes it to the same bytes):
-Q5_0 ``(q - 16) * d``; Q4_K ``(d*sc) * q - (dmin*m)``; Q6_K ``(d*sc) * (q - 32)``;
-IQ4_NL ``d * kvalues_iq4nl[q]`` (GGML's dequantize_row_iq4_nl).
+Q5_0 ``(q - 16) * d``; Q4_K ``(d*sc) * q - (dmin*m)``; Q6_K ``(d*sc) * (q - 32)``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .jit import njit
-from .tables import KVALUES_IQ4NL
+from ..kernels.jit import njit
 
 
 @njit
@@ -35,18 +35,6 @@ def dequantize_q5_0(blocks, f16, out):
             out[i, j + 16] = np.float32(hi - 16) * d
 
 
-
-
-@njit
-def dequantize_iq4_nl(blocks, f16, out):
-    """IQ4_NL (18 bytes: d, qs[16]): element j is kvalues_iq4nl[low nibble of byte j], j + 16 the high one."""
-    kv = KVALUES_IQ4NL
-    for i in range(blocks.shape[0]):
-        d = _f16(f16, blocks[i, 0], blocks[i, 1])
-        for j in range(16):
-            b = np.int64(blocks[i, 2 + j])
-            out[i, j] = d * kv[b & 15]
-            out[i, j + 16] = d * kv[b >> 4]
 
 
 @njit
@@ -91,40 +79,3 @@ def dequantize_q6_k(blocks, f16, out):
                     hi = (np.int64(blocks[i, qh + k]) >> (2 * g)) & 3
                     sc = np.float32(np.int8(blocks[i, 192 + half * 8 + 2 * g + k // 16]))
                     out[i, y + 32 * g + k] = (d * sc) * np.float32((lo | (hi << 4)) - 32)
-
-
-# -- Q8_K: the activations K-quant weights are multiplied with -------------------------------------
-_RNE = np.float32(12582912.0)       # 1.5 * 2**23: (v + _RNE) - _RNE is nearest_int (half to even)
-
-
-@njit
-def quantize_q8_k(x, out):
-    """quantize_row_q8_K_ref (also the CPU from_float): block of 256 -> float32 d, int8 qs[256],
-    int16 bsums[16] (292 bytes). Returns -1, or the flat index in x of the first NaN/inf."""
-    od = out.view(np.float32)            # out rows are 292 bytes: d at byte 0 of each row
-    for i in range(x.shape[0]):
-        amax = np.float32(0.0)
-        mx = np.float32(0.0)
-        for j in range(256):
-            v = x[i, j]
-            if not np.isfinite(v):
-                return i * 256 + j
-            a = abs(v)
-            if a > amax:
-                amax = a
-                mx = v
-        if amax == 0:
-            out[i, :] = 0
-            continue
-        iscale = np.float32(-127.0) / mx
-        for j in range(256):
-            q = np.int32((iscale * x[i, j] + _RNE) - _RNE)
-            out[i, 4 + j] = np.uint8(np.int8(min(q, 127)) & 0xFF)
-        for j in range(16):
-            s = 0
-            for k in range(16):
-                s += np.int32(np.int8(out[i, 4 + 16 * j + k]))
-            out[i, 260 + 2 * j] = np.uint8(s & 0xFF)
-            out[i, 261 + 2 * j] = np.uint8((s >> 8) & 0xFF)
-        od[i, 0] = np.float32(1.0) / iscale
-    return -1

@@ -17,8 +17,8 @@ import math
 import numpy as np
 
 from ..kernels.jit import njit
-from .blocks import GROUP_MAX_EPS, QK_K, _first_bad, _fp16_round, _put_f16, _q2_k_write, _q3_k_write, _q6_k_write, _q45_k_write, nearest_int
-from .legacy import KVALUES, iq4_nl_block, iq4_nl_finish
+from ._k_quantize import GROUP_MAX_EPS, QK_K, _first_bad, _fp16_round, _put_f16, _q2_k_write, _q3_k_write, _q6_k_write, _q45_k_write, nearest_int
+from ._iq4nl_quantize import KVALUES, iq4_nl_block, iq4_nl_finish
 
 F32 = np.float32
 _F0 = F32(0.0)

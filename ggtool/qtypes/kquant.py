@@ -1,0 +1,94 @@
+"""GGML's K-quants, 256 values a block: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (ggml-common.h's block_qN_K;
+the byte layouts are in ``_k_quantize``'s docstring).
+
+Values: Q2_K ``(d*sc) * q - (dmin*m)`` per 16 (4-bit scale and min), Q3_K ``(d*(sc-32)) * q`` (q
+the 2 bits, minus 4 where the hmask bit is clear), Q4_K/Q5_K ``(d*sc) * q - (dmin*m)`` per 32 (6-bit
+scales and mins), Q6_K ``(d*sc) * (q - 32)`` per 16 (int8 scales). vec_dot_type Q8_K. Quantizers:
+``quantize_row_qN_K_ref`` (``_k_quantize``) and ``quantize_row_qN_K_impl`` with an importance
+matrix (``_weighted_quantize``). Compute: ``kernels.dot_k``'s tiles (one int8 form for the types
+with mins, Q6_K's 6-bit form for Q3_K and Q6_K); llama.cpp's x86 orders in ``kernels.x86_kquants``
+(``ops.matmul``'s x86 forms, with the repacked q4_K_8x8 and, on AVX-512, q2_K_8x8).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import types as T
+from . import QType, f16_table, serial
+from ._classic import gguf_dequantize, packed_dot, quantizer
+
+
+class _KQuant(QType):
+    block_size = 256
+    vec_dot_type = T.GGMLType.Q8_K
+    needs_imatrix = False
+    ggml_requires_imatrix = False
+    llama_cpp: dict = {}          # their x86 forms are ops.matmul's (kernels.x86_kquants)
+    k_form = None                 # kernels.dot_k packs them itself (DOTS)
+    dot_final = None
+    dot_kernel = packed_dot("dot")
+    mul_mat_kernel = packed_dot("mul_mat")
+    CHUNK_BLOCKS = 1024           # blocks per work item of quantize (1 MiB of float32, as quant's drivers)
+
+    @classmethod
+    def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:
+        """quantize_row_qN_K_ref: the bytes without quant_weights."""
+        return cls.quantize(x, None, name=name, run=run)
+
+    @classmethod
+    def grids(cls) -> dict[str, np.ndarray]:
+        return {}
+
+    @classmethod
+    def quantizer_tables(cls) -> tuple:
+        return f16_table()
+
+    @classmethod
+    def dot_args(cls) -> tuple:
+        return ()
+
+    @classmethod
+    def dequantize_blocks(cls, b):
+        return gguf_dequantize(b, cls.ggml_type)
+
+
+def _compiled_dequantize(name: str):
+    """dequantize_blocks through ``_dequantize``'s compiled kernel `name` (gguf-py's float32 arithmetic,
+    for the source tensors ``ggtool quantize`` reads most)."""
+
+    def dequantize_blocks(cls, b):
+        from ..kernels.tables import F16_TO_F32
+        from . import _dequantize
+        out = np.empty((b.shape[0], 256), np.float32)
+        getattr(_dequantize, name)(b, F16_TO_F32, out)
+        return out
+
+    return classmethod(dequantize_blocks)
+
+
+class Q2_K(_KQuant, ggml_type=T.GGMLType.Q2_K):
+    type_size = 84
+    quantize_kernel = quantizer("_k_quantize:q2_k_quantize", "_weighted_quantize:q2_k_quantize_w")
+
+
+class Q3_K(_KQuant, ggml_type=T.GGMLType.Q3_K):
+    type_size = 110
+    quantize_kernel = quantizer("_k_quantize:q3_k_quantize", "_weighted_quantize:q3_k_quantize_w")
+
+
+class Q4_K(_KQuant, ggml_type=T.GGMLType.Q4_K):
+    type_size = 144
+    quantize_kernel = quantizer("_k_quantize:q4_k_quantize", "_weighted_quantize:q4_k_quantize_w")
+    dequantize_blocks = _compiled_dequantize("dequantize_q4_k")
+
+
+class Q5_K(_KQuant, ggml_type=T.GGMLType.Q5_K):
+    type_size = 176
+    quantize_kernel = quantizer("_k_quantize:q5_k_quantize", "_weighted_quantize:q5_k_quantize_w")
+
+
+class Q6_K(_KQuant, ggml_type=T.GGMLType.Q6_K):
+    type_size = 210
+    quantize_kernel = quantizer("_k_quantize:q6_k_quantize", "_weighted_quantize:q6_k_quantize_w")
+    dequantize_blocks = _compiled_dequantize("dequantize_q6_k")

@@ -1,0 +1,106 @@
+"""GGML's first block types, 32 values a block: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (ggml-common.h's
+block_q4_0 ...).
+
+Layouts: Q4_0 fp16 d, qs[16] (nibbles: value j low, j + 16 high), values (q - 8) * d; Q4_1 fp16 d,
+fp16 m, qs[16], q * d + m; Q5_0 fp16 d, qh (the 5th bits, little-endian u32), qs[16], (q - 16) * d;
+Q5_1 fp16 d, fp16 m, qh, qs[16], q * d + m; Q8_0 fp16 d, int8 qs[32], q * d. vec_dot_type Q8_0
+(Q8_1 for the types with a min). Quantizers: the reference rows (``kernels.quantize``), and with
+an importance matrix ``quantize_row_*_impl`` (``_weighted_quantize``; Q8_0 ignores one, as GGML
+does). Compute: ``kernels.dot``'s packed tiles; llama.cpp's x86 orders in ``kernels.x86_legacy``
+(``ops.matmul``'s x86 forms, with Q4_0's repacked q4_0_8x8).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import types as T
+from . import QType, f16_table, serial
+from ._classic import gguf_dequantize, packed_dot, quantizer
+
+
+class _Legacy(QType):
+    block_size = 32
+    vec_dot_type = T.GGMLType.Q8_0
+    needs_imatrix = False
+    ggml_requires_imatrix = False
+    llama_cpp: dict = {}          # their x86 forms are ops.matmul's (kernels.x86_legacy), beside IQ4_NL's
+    k_form = None                 # their dots have packed tiles of their own (kernels.dot)
+    dot_final = None
+    dot_kernel = packed_dot("dot")
+    mul_mat_kernel = packed_dot("mul_mat")
+    CHUNK_BLOCKS = 8192           # blocks per work item of quantize (1 MiB of float32, as quant's drivers)
+
+    @classmethod
+    def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:
+        """quantize_row_*_ref: the bytes without quant_weights."""
+        return cls.quantize(x, None, name=name, run=run)
+
+    @classmethod
+    def grids(cls) -> dict[str, np.ndarray]:
+        return {}
+
+    @classmethod
+    def quantizer_tables(cls) -> tuple:
+        return f16_table()
+
+    @classmethod
+    def dot_args(cls) -> tuple:
+        return ()
+
+
+class Q4_0(_Legacy, ggml_type=T.Q4_0):
+    type_size = 18
+    quantize_kernel = quantizer("kernels:q4_0_quantize", "_weighted_quantize:q4_0_quantize_w")
+
+    @classmethod
+    def dequantize_blocks(cls, b):
+        from ..kernels import twins
+        out = np.empty((b.shape[0], 32), np.float32)
+        twins.q4_0_dequantize(b, out)
+        return out
+
+
+class Q4_1(_Legacy, ggml_type=T.GGMLType.Q4_1):
+    type_size = 20
+    vec_dot_type = T.GGMLType.Q8_1
+    quantize_kernel = quantizer("kernels:q4_1_quantize", "_weighted_quantize:q4_1_quantize_w")
+
+    @classmethod
+    def dequantize_blocks(cls, b):
+        return gguf_dequantize(b, cls.ggml_type)
+
+
+class Q5_0(_Legacy, ggml_type=T.GGMLType.Q5_0):
+    type_size = 22
+    quantize_kernel = quantizer("kernels:q5_0_quantize", "_weighted_quantize:q5_0_quantize_w")
+
+    @classmethod
+    def dequantize_blocks(cls, b):
+        from ..kernels.tables import F16_TO_F32
+        from ._dequantize import dequantize_q5_0
+        out = np.empty((b.shape[0], 32), np.float32)
+        dequantize_q5_0(b, F16_TO_F32, out)
+        return out
+
+
+class Q5_1(_Legacy, ggml_type=T.GGMLType.Q5_1):
+    type_size = 24
+    vec_dot_type = T.GGMLType.Q8_1
+    quantize_kernel = quantizer("kernels:q5_1_quantize", "_weighted_quantize:q5_1_quantize_w")
+
+    @classmethod
+    def dequantize_blocks(cls, b):
+        return gguf_dequantize(b, cls.ggml_type)
+
+
+class Q8_0(_Legacy, ggml_type=T.Q8_0):
+    type_size = 34
+    quantize_kernel = quantizer("kernels:q8_0_quantize", None)   # GGML's Q8_0 ignores quant_weights
+
+    @classmethod
+    def dequantize_blocks(cls, b):
+        from ..kernels import twins
+        out = np.empty((b.shape[0], 32), np.float32)
+        twins.q8_0_dequantize(b, out)
+        return out
