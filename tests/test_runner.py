@@ -306,6 +306,50 @@ def test_mul_mat_of_every_block_type(wtype, m, pool3):
     same_as_python(g, [y], pools=[pool3])
 
 
+# the qtypes records whose dot has the K-quants' form: the K tile without mins, then the final factor
+K_FORM = ["iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "tq1_0", "tq2_0"]
+
+
+@pytest.mark.parametrize("wtype", K_FORM)
+@pytest.mark.parametrize("m", [1, 5])
+def test_mul_mat_of_the_records_k_forms(wtype, m, pool3):
+    """IQ1_*, IQ2_*, IQ3_*, TQ* run on the compiled runner's K step (mm_k: their K form, hm 0, then
+    dot_final), the bits of the Python path (the record's generic dot) for 1..3 participants; under
+    llama.cpp's numerics they stay Python steps (their x86 forms)."""
+    from ggtool import qtypes
+
+    ctx = ggtool.Context()
+    k = 512
+    x = values((300, k), special=False)
+    qw = np.random.default_rng(3).uniform(0.2, 3, k).astype(np.float32)
+    a = ctx.new_tensor(wtype, [k, 300])
+    a.set_data(qtypes.get(wtype).quantize(x, qw))
+    b = leaf(ctx, values((m, k), special=False))
+    y = F["mul_mat"](ctx, a, b)
+    g = ggtool.Graph(ctx).expand(y)
+    assert compiled_kernels(g) == ["mm_convert", "mm_k"]
+    assert compiled_kernels(g, "llama.cpp-avx2") == [None]
+    same_as_python(g, [y], pools=[pool3])
+
+
+@pytest.mark.parametrize("wtype", ["iq4_nl", "mxfp4"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_mul_mat_of_the_records_levels(wtype, m, pool3):
+    """IQ4_NL and MXFP4 (int8 levels, fp16 and float32 scales) run on the compiled runner's 32-value
+    step (mm_q32's levels kinds), the bits of the Python path for 1..3 participants."""
+    from ggtool import qtypes
+
+    ctx = ggtool.Context()
+    k = 256
+    a = ctx.new_tensor(wtype, [k, 300])
+    a.set_data(qtypes.get(wtype).quantize(values((300, k), special=False)))
+    b = leaf(ctx, values((m, k), special=False))
+    y = F["mul_mat"](ctx, a, b)
+    g = ggtool.Graph(ctx).expand(y)
+    assert compiled_kernels(g) == ["mm_convert", "mm_q32"]
+    same_as_python(g, [y], pools=[pool3])
+
+
 @pytest.mark.parametrize("wtype", ["q4_0", "q8_0", "q5_0", "q4_K", "q6_K", "f32"])
 @pytest.mark.parametrize("numerics", ["llama.cpp-avx2", "llama.cpp-avx512"])
 @pytest.mark.parametrize("m", [1, 9])

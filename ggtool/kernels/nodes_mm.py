@@ -24,7 +24,7 @@ from .dot import _act_pairs
 from .dot_base import GROUP
 from .dot_k import _act_pairs_k
 from .jit import njit, numba
-from .nodes import DST, E_VALUE, NB, NE, P, ROW, SRC0, SRC1, A, f32s, i64s, register, words
+from .nodes import DST, E_VALUE, NB, NE, P, ROW, SRC0, SRC1, A, f32s, f64s, i64s, register, words
 from .native import voidptr
 
 # -- mm_convert ---------------------------------------------------------------------------------------
@@ -121,6 +121,9 @@ def _same(u, prev):
 
 
 Q32_Q4_0, Q32_Q8_0, Q32_Q8_1 = 0, 1, 2      # mm_q32's kinds: Q4_0; Q8_0 and Q5_0; Q4_1 and Q5_1
+# and the qtypes records' int8 levels (``kernels.dot.pack_levels``, ``simd.tile_levels``): d as fp16
+# bits (IQ4_NL) or float32 (MXFP4)
+Q32_LEVELS, Q32_LEVELS_F32 = 3, 4
 
 
 def mm_q32(row, frow, ith, nth, wdata):
@@ -158,6 +161,13 @@ def mm_q32(row, frow, ith, nth, wdata):
                     elif kind == Q32_Q8_0:
                         simd.tile_q8_0(_arr(u[U_P], np.int8), wo * 32, d, d, wo, ap, so * 16, off, da, da, so, acc,
                                        m0 * GROUP, mt)
+                    elif kind == Q32_LEVELS:
+                        simd.tile_levels(_arr(u[U_P], np.int8), wo * 32, d, d, wo, ap, so * 16, off, da, da, so, acc,
+                                         m0 * GROUP, mt)
+                    elif kind == Q32_LEVELS_F32:
+                        df = _arr(u[U_P + 1], np.float32)
+                        simd.tile_levels(_arr(u[U_P], np.int8), wo * 32, df, df, wo, ap, so * 16, off, da, da, so, acc,
+                                         m0 * GROUP, mt)
                     else:
                         simd.tile_q8_1(_arr(u[U_P], np.int8), wo * 32, d, _arr(u[U_P + 2], np.uint16), wo, ap, so * 16,
                                        off, da, sa, so, acc, m0 * GROUP, mt)
@@ -167,12 +177,16 @@ def mm_q32(row, frow, ith, nth, wdata):
 
 def mm_k(row, frow, ith, nth, wdata):
     """The dot step of the K-quants with mins (Q2_K, Q4_K, Q5_K: ``dot_k._pack_k``'s form and
-    ``simd.tile_k``, as ``dot_k._dot_k`` runs it; P args: the activations' row bytes, hm)."""
+    ``simd.tile_k``, as ``dot_k._dot_k`` runs it; P args: the activations' row bytes, hm), and of the
+    qtypes records' K forms (hm 0, no mins; their final factor, the one float, multiplies each sum
+    as ``quant.matmul._record_mul_mat`` does)."""
     w = words(row, ROW)
     units, count = i64s(w[M_UNITS]), w[M_COUNT]
     if count == 0:
         return 0
     rb, hm = w[M_ARG], w[M_ARG + 1]
+    factor = np.float32(f64s(frow)[0])
+    scaled = hm == 0
     ap, bp, da = _act_pairs_k(_act(w, units[0:UNIT], wdata, rb), False)
     acc = np.empty((ap.shape[1], GROUP), np.float32)
     for k in range(count):
@@ -193,6 +207,10 @@ def mm_k(row, frow, ith, nth, wdata):
                     so = b * M + m0
                     simd.tile_k(codes, gb * 256 * GROUP, sc, mn, gb * 16 * GROUP, dw, dmw, gb * GROUP, ap, so * 128,
                                 bp, so * 8, da, so, acc, m0 * GROUP, min(simd.MT, M - m0), hm)
+            if scaled:
+                for m in range(M):
+                    for r in range(GROUP):
+                        acc[m, r] = acc[m, r] * factor
             _store(acc, o, stride, g, n, u[U_COL0])
     return 0
 

@@ -157,7 +157,7 @@ def _mul_mat_compiled(node, numerics):
         if a.type not in _RUNNER_X86 or (a.type == T.GGMLType.Q4_K and not x86_repacked(a)):
             return None         # unpacked Q4_K takes llama.cpp's vec_dot or tiled kernel (_x86_block)
         which = _x86_kind(a)
-    elif a.type in _Q32 or a.type in _K_TYPES:
+    elif a.type in _Q32 or a.type in _K_TYPES or _k_form(a.type) is not None or _levels(a.type) is not None:
         which = None
     else:
         return None
@@ -184,12 +184,39 @@ def _mul_mat_compiled(node, numerics):
         args, kernel = (rb,), "mm_k6"
     elif a.type in _K_TYPES:
         args, kernel = (rb, 1), "mm_k"        # hm: Q2_K, Q4_K and Q5_K have mins
-    else:
+    elif a.type in _Q32:
         args, kernel = (rb, _Q32[a.type]), "mm_q32"
-    needs = () if x86 else (f"dot:{T.type_name(a.type)}",)     # its packers, run in bind
-    steps.append(CompiledStep(kernel, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86), needs=needs,
-                              stable=() if x86 else (a,)))
+    elif _levels(a.type) is not None:         # a record's int8 levels in Q8_0's packed form
+        args, kernel = (rb, 4 if _levels(a.type).scale_dtype == np.float32 else 3), "mm_q32"   # nodes_mm.Q32_LEVELS*
+    else:                                     # a record's K form (no mins), then its final factor
+        args, kernel = (rb, 0), "mm_k"
+    k_form = _k_form(a.type) if not x86 else None
+    floats = (float(k_form.dot_final),) if k_form is not None else ()
+    # the packers run in bind (the records' are numpy: nothing to compile)
+    needs = () if x86 or a.type not in T.DOT_TYPES else (f"dot:{T.type_name(a.type)}",)
+    steps.append(CompiledStep(kernel, floats=floats, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86),
+                              needs=needs, stable=() if x86 else (a,)))
     return tuple(steps)
+
+
+def _k_form(t):
+    """The ggtool.qtypes record of t where the K-quant tile multiplies it in its K form (``k_form``:
+    IQ1_*, IQ2_*, IQ3_*, TQ*; ``quant.matmul._record_mul_mat``'s path), else None."""
+    if t in T.DOT_TYPES or not T.is_quantized(t):
+        return None
+    record = _record(t)
+    return record if record is not None and record.k_form is not None else None
+
+
+def _levels(t):
+    """The ggtool.qtypes record of t where its rows are int8 levels on Q8_0's packed form
+    (``qtypes.LevelRows``: IQ4_NL, MXFP4), else None."""
+    if t in T.DOT_TYPES or not T.is_quantized(t):
+        return None
+    from .. import qtypes
+
+    record = _record(t)
+    return record if record is not None and issubclass(record, qtypes.LevelRows) else None
 
 
 def _x86_kind(a):
@@ -276,8 +303,7 @@ class _UnitsBind:
         w = np.ascontiguousarray(a.data[m3, m2, col0:col0 + n])
 
         def repack():
-            from ..kernels import dot
-            return dot.pack(a.type, w)
+            return qm.pack_rows(a.type, w)
 
         return qm.weight_pack(a, (m3, m2, col0, col0 + n), repack, w)
 

@@ -249,7 +249,10 @@ class LevelRows:
     """What a 32-value type whose values are int8 levels times a scale per block (IQ4_NL, MXFP4) adds
     to its record: its rows packed into Q8_0's layout and multiplied on the levels tile
     (``kernels.dot.pack_levels`` / ``dot_levels``), the bits of its generic dot. The record provides
-    ``levels(rows)`` -> (levels int8 (k, nb, 32) in value order, d (k, nb): fp16 bits or float32)."""
+    ``levels(rows)`` -> (levels int8 (k, nb, 32) in value order, d (k, nb): fp16 bits or float32) and
+    ``scale_dtype``, d's dtype (the compiled runner's step picks its tile by it)."""
+
+    scale_dtype: ClassVar[type] = np.uint16
 
     @classmethod
     def pack(cls, w) -> tuple:

@@ -33,6 +33,7 @@ def e8m0_half(e) -> np.ndarray:
 
 class MXFP4(LevelRows, QType, ggml_type=T.GGMLType.MXFP4):
     block_size = 32
+    scale_dtype = np.float32      # its E8M0 exponent as the float32 it is (LevelRows)
     type_size = 17
     vec_dot_type = T.GGMLType.Q8_0
     needs_imatrix = False
