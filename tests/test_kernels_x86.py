@@ -83,12 +83,15 @@ def _gap_graph():
 
 
 def test_llama_cpp_gaps_name_nothing_where_every_node_has_llama_cpps_form():
-    """Every weight type of ggtool's compiled dots (types.DOT_TYPES: all but the qtypes records'), and
-    silu, have their llama.cpp x86 form: no gaps."""
+    """Every weight type mul_mat takes (the float types and every qtypes record), and silu, have their
+    llama.cpp x86 form: no gaps."""
+    from ggtool import qtypes
     from ggtool import types as T
     from ggtool.ops import llama_cpp_gaps, matmul
 
-    assert {T.F32, T.F16, *T.DOT_TYPES} <= set(matmul.X86_TYPES)
+    assert {T.F32, T.F16, T.BF16} <= set(matmul.X86_FLOAT)
+    assert all(set(r.llama_cpp) == set(qtypes.X86_BUILDS) for r in qtypes.REGISTRY.values())
+    assert set(r.x86_repacked for r in qtypes.REGISTRY.values()) == {(), qtypes.X86_BUILDS, ("llama.cpp-avx512",)}
     assert llama_cpp_gaps(_gap_graph().nodes) == []
 
 
@@ -98,7 +101,7 @@ def test_llama_cpp_gaps_group_uncovered_nodes_by_op_and_weight_type(monkeypatch)
     are not named. (Every type has its form today: f16's and silu's are taken away here.)"""
     from ggtool.ops import llama_cpp_gaps, matmul, unary
 
-    monkeypatch.setattr(matmul, "X86_TYPES", tuple(t for t in matmul.X86_TYPES if t != ggtool.types.F16))
+    monkeypatch.setattr(matmul, "X86_FLOAT", tuple(t for t in matmul.X86_FLOAT if t != ggtool.types.F16))
     monkeypatch.setattr(unary, "X86_UNMODELLED", ("SILU",))
     gaps = llama_cpp_gaps(_gap_graph().nodes)
     assert [(gap.op, gap.weight_type, [n.name for n in gap.nodes]) for gap in gaps] == [
@@ -332,7 +335,7 @@ def test_cli_numerics_x86_warns_of_weights_it_has_no_order_for(run, npy, monkeyp
     prog = "y = mul_mat(w, x); z = mul_mat(w, x); add(y, z)"
     covered = run("compute", prog, "--tensor", f"w=f16:{w}", "--tensor", f"x={x}", "--numerics", "x86")
     assert covered.exit_code == 0 and covered.stderr == "", covered.output
-    monkeypatch.setattr(matmul, "X86_TYPES", tuple(t for t in matmul.X86_TYPES if t != ggtool.types.F16))
+    monkeypatch.setattr(matmul, "X86_FLOAT", tuple(t for t in matmul.X86_FLOAT if t != ggtool.types.F16))
     monkeypatch.setattr(matmul, "x86_covered", lambda: "f32, q8_0")
     r = run("compute", prog, "--tensor", f"w=f16:{w}", "--tensor", f"x={x}", "--numerics", "x86")
     assert r.exit_code == 0, r.output

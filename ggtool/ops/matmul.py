@@ -134,7 +134,7 @@ _Q32 = {T.Q4_0: 0, T.Q8_0: 1, T.GGMLType.Q5_0: 1, T.GGMLType.Q4_1: 2, T.GGMLType
 _K_TYPES = (T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
 _K6_TYPES = (T.GGMLType.Q3_K, T.GGMLType.Q6_K)      # packed in 6 bits, no mins (kernels.dot_k._pack_k6)
 # the weight types whose llama.cpp x86 order the runner has a kernel for (nodes_mm.mm_x86); the other
-# types of X86_TYPES run llama.cpp's order from Python (_x86_block)
+# types with x86 forms run llama.cpp's order from Python (_x86_block)
 _RUNNER_X86 = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
 _UNIT = 16          # nodes_mm.UNIT
 _GROUP = 128        # kernels.dot_base.GROUP: weight rows per repacked row group
@@ -371,35 +371,33 @@ def _float_mul_mat(a, act, out, r2: int, r3: int, ith: int, nth: int) -> None:
         out[i13, i12, i11, col0:col1] = res
 
 
-# llama.cpp's x86 forms (ggtool.kernels.x86, x86_kquants, x86_legacy, x86_float), by weight type
-X86_TYPES = (T.F32, T.F16, T.BF16, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_1, T.GGMLType.Q5_1,
-             T.GGMLType.IQ4_NL, T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
+# the float weight types whose llama.cpp x86 forms are ops' own (kernels.x86, x86_float); every block
+# type's are its qtypes record's (``llama_cpp``)
+X86_FLOAT = (T.F32, T.F16, T.BF16)
+TILED_ROWS = 8        # ggml-cpu's tiled K-quant kernel from 8 activation rows (ggml_tiled_min_batch)
 
 
 def x86_covered() -> str:
-    """The weight types whose llama.cpp x86 order mul_mat follows, by name: X86_TYPES and the qtypes
-    records that carry their forms."""
+    """The weight types whose llama.cpp x86 order mul_mat follows, by name: the float types and the
+    qtypes records that carry their forms."""
     from .. import qtypes
-    extra = [t for t, r in qtypes.REGISTRY.items() if t not in X86_TYPES and r.llama_cpp]
-    return ", ".join(T.type_name(t) for t in (*X86_TYPES, *sorted(extra, key=int)))
-
-
-# types llama.cpp's x86 CPU_REPACK buffer takes (2-D weights, rows in eights), per build: Q2_K on AVX-512 only
-_REPACKED = (T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.IQ4_NL)
-_K_QUANTS = {T.GGMLType.Q2_K: 0, T.GGMLType.Q3_K: 1, T.GGMLType.Q4_K: 2, T.GGMLType.Q5_K: 3}
-TILED_ROWS = 8        # ggml-cpu's tiled K-quant kernel from 8 activation rows (ggml_tiled_min_batch)
+    records = [t for t, r in qtypes.REGISTRY.items() if r.llama_cpp]
+    return ", ".join(T.type_name(t) for t in (*X86_FLOAT, *sorted(records, key=int)))
 
 
 def x86_repacked(a, wide_lanes: bool = True) -> bool:
     """Whether llama.cpp's x86 build (`wide_lanes`: the AVX-512 one) repacks weights `a` for mul_mat
-    (ggml-cpu's CPU_REPACK: q4_0_8x8, q4_K_8x8, iq4_nl_8x8, and q2_K_8x8 on AVX-512): 2-D, rows in
-    eights. A tied output projection is repacked too: llama.cpp loads it as the output layer's own
-    copy of the token embeddings."""
-    types = _REPACKED + ((T.GGMLType.Q2_K,) if wide_lanes else ())
+    (ggml-cpu's CPU_REPACK, the record's ``x86_repacked``: q4_0_8x8, q4_K_8x8, iq4_nl_8x8, mxfp4_8x8,
+    and q2_K_8x8 on AVX-512): 2-D, rows in eights. A tied output projection is repacked too: llama.cpp
+    loads it as the output layer's own copy of the token embeddings."""
     record = _record(a.type) if _record_x86(a.type) else None
-    if a.type not in types and not (record is not None and record.x86_repacked):
+    if record is None or _numerics(wide_lanes) not in record.x86_repacked:
         return False
     return a.ne[1] % 8 == 0 and a.ne[2] == a.ne[3] == 1
+
+
+def _numerics(wide_lanes: bool) -> str:
+    return "llama.cpp-avx512" if wide_lanes else "llama.cpp-avx2"
 
 
 def _record(t):
@@ -409,17 +407,17 @@ def _record(t):
 
 
 def _record_x86(t) -> dict:
-    """The llama.cpp x86 forms of a ggtool.qtypes record's type ({} for the others, and where not modelled)."""
-    if t in X86_TYPES or not T.is_quantized(t):
+    """The llama.cpp x86 forms of a ggtool.qtypes record's type ({} for the float types, and where not modelled)."""
+    if not T.is_quantized(t):
         return {}
     record = _record(t)
     return record.llama_cpp if record is not None else {}
 
 
 def x86_order(a) -> bool:
-    """Whether mul_mat with weights `a` has llama.cpp's x86 order here (X86_TYPES, and the qtypes
+    """Whether mul_mat with weights `a` has llama.cpp's x86 order here (X86_FLOAT, and the qtypes
     records that carry their x86 forms)."""
-    return a.type in X86_TYPES or bool(_record_x86(a.type))
+    return a.type in X86_FLOAT or bool(_record_x86(a.type))
 
 
 def without_x86_order(nodes) -> list:
@@ -444,64 +442,39 @@ def _x86_block(a, b, wide_lanes: bool = True):
     (16 F32 lanes, vdpbf16ps, Q2_K repacked), else AVX2's (8 lanes). Which of llama.cpp's paths a
     mul_mat takes (ggml_compute_forward_mul_mat): the repacked gemm/gemv for CPU_REPACK weights; the
     tiled kernel for K-quants from 8 rows; llamafile's sgemm (F32/F16/BF16 tinyBLAS, tinyBLAS_Q0 for
-    Q8_0/Q5_0/Q4_0/IQ4_NL) from 2 rows; else the vec_dot of the type."""
+    Q8_0/Q5_0/Q4_0/IQ4_NL) from 2 rows; else the vec_dot of the type. A block type's forms are its
+    qtypes record's (``mul_mat_x86``), given the path and the rows."""
     if not x86_order(a):
         return None
     from ..kernels import x86
     from ..kernels.tables import F16_TO_F32 as f16
 
     t, ne11 = a.type, b.ne[1]
-    repacked = x86_repacked(a, wide_lanes)
-    tiled = ne11 >= TILED_ROWS
     if _record_x86(t):         # a qtypes record's own forms, on the path llama.cpp takes for it
-        record, numerics = _record(t), "llama.cpp-avx512" if wide_lanes else "llama.cpp-avx2"
-        path = "repacked" if repacked else ("tiled" if tiled else "vec_dot")
+        record, numerics = _record(t), _numerics(wide_lanes)
+        path = "repacked" if x86_repacked(a, wide_lanes) else ("tiled" if ne11 >= TILED_ROWS else "vec_dot")
 
         def record_block(w, x, out, i0):
-            out[...] = record.mul_mat_x86(numerics, w, x, path)
+            out[...] = record.mul_mat_x86(numerics, w, x, path, ne11, i0)
         return record_block
     if t == T.F32:
         tiny = _sgemm_takes(a, b, 16 if wide_lanes else 8)
         tiny = tiny and b.is_contiguous()
-    elif t in (T.F16, T.BF16):
+    else:
         from ..kernels import x86_float
         from ..kernels.tables import BF16_TO_F32
 
         kind, table = (x86_float.F16_KIND, f16) if t == T.F16 else (x86_float.BF16_KIND, BF16_TO_F32)
         lanes = 32 if (t == T.BF16 and wide_lanes) else (16 if wide_lanes else 8)
         tiny = _sgemm_takes(a, b, lanes)
-    elif t in _K_QUANTS and not (t == T.GGMLType.Q4_K and repacked):
-        from ..kernels import x86_kquants
-    elif t in (T.GGMLType.Q4_1, T.GGMLType.Q5_1, T.GGMLType.IQ4_NL):
-        from ..kernels import x86_legacy
-    kind_q0 = {T.Q8_0: x86.Q8_0_KIND, T.GGMLType.Q5_0: x86.Q5_0_KIND, T.Q4_0: x86.Q4_0_KIND,
-               T.GGMLType.IQ4_NL: x86.IQ4_NL_KIND}.get(t)
-    gemm_rows = ne11 - ne11 % 4                 # the repacked gemm takes rows in fours, the gemv the rest
 
     def block(w, x, out, i0):
         w, x = np.ascontiguousarray(w), np.ascontiguousarray(x)
         tmp = np.empty(out.shape, np.float32)
         if t == T.F32:
             x86.dot_f32(w, x, tmp, tiny, wide_lanes)
-        elif t in (T.F16, T.BF16):
+        else:
             x86_float.dot_half(w.view(np.uint16), kind, x.view(np.uint16), tmp, tiny, wide_lanes, table)
-        elif t == T.GGMLType.Q6_K:              # the tiled kernel from 8 rows, the AVX2 dot below
-            x86.dot_q6_k(w, x, tmp, tiled, f16)
-        elif t == T.GGMLType.Q4_K and repacked:
-            x86.dot_q4_k(w, x, tmp, i0, gemm_rows, f16)
-        elif t == T.GGMLType.Q2_K and repacked:
-            x86_kquants.repacked_q2_k(w, x, tmp, i0, gemm_rows, f16)
-        elif t in _K_QUANTS:
-            (x86_kquants.tiled_k if tiled else x86_kquants.vec_dot_k)(w, _K_QUANTS[t], x, tmp, f16)
-        elif t in (T.GGMLType.Q4_1, T.GGMLType.Q5_1):
-            x86_legacy.vec_dot_q1(w, x86_legacy.Q4_1_KIND if t == T.GGMLType.Q4_1 else x86_legacy.Q5_1_KIND,
-                                  x, tmp, f16)
-        elif repacked:                          # Q4_0, IQ4_NL: the q4_0_8x8 / iq4_nl_8x8 gemm and gemv add alike
-            x86.dot_b32_repacked(w, kind_q0, x, tmp, f16)
-        elif t == T.GGMLType.IQ4_NL and ne11 == 1:
-            x86_legacy.vec_dot_iq4_nl(w, x, tmp, not wide_lanes, f16)
-        else:                                   # Q8_0, Q5_0, Q4_0/IQ4_NL unpacked: tinyBLAS_Q0's lanes
-            x86.dot_q0(w, kind_q0, x, tmp, f16)
         out[...] = tmp
     return block
 

@@ -32,6 +32,7 @@ from .. import types as T
 from ..errors import QuantizationError
 
 REGISTRY: dict[T.GGMLType, type[QType]] = {}
+X86_BUILDS = ("llama.cpp-avx2", "llama.cpp-avx512")      # the numerics of llama.cpp's x86 builds
 
 # What a record sets (class attributes, or methods that a subclass overrides): the registry's
 # completeness test checks every one.
@@ -81,11 +82,11 @@ class QType:
     ggml_requires_imatrix: ClassVar[bool] = False
     quantize_ref: ClassVar[Callable | None] = None   # quantize_row_*_ref where GGML has one (set by each record)
     # the x86 forms of mul_mat (ggml-cpu/arch/x86/quants.c's vec_dot, the tiled kernel, the repacked
-    # gemv/gemm: the orders of llama.cpp's AVX2 and AVX-512 builds), "llama.cpp-avx2" /
-    # "llama.cpp-avx512" -> run(cls, w, act, out, path) (``mul_mat_x86``); empty: not modelled yet
-    # where llama.cpp's CPU_REPACK buffer takes the type's 2-D weights of rows in eights (both x86 builds)
-    x86_repacked: ClassVar[bool] = False
+    # gemv/gemm, llamafile's tinyBLAS_Q0: the orders of llama.cpp's AVX2 and AVX-512 builds),
+    # "llama.cpp-avx2" / "llama.cpp-avx512" -> run(cls, w, act, out, path, rows, i0) (``mul_mat_x86``)
     llama_cpp: ClassVar[dict] = {}
+    # the builds (X86_BUILDS) whose CPU_REPACK buffer takes the type's 2-D weights of rows in eights
+    x86_repacked: ClassVar[tuple] = ()
     CHUNK_BLOCKS: ClassVar[int] = 64     # blocks per work item of quantize (a few ms of work)
 
     def __init_subclass__(cls, ggml_type: T.GGMLType | None = None, **kwargs):
@@ -225,14 +226,16 @@ class QType:
         return cls.decode_k(w)
 
     @classmethod
-    def mul_mat_x86(cls, numerics: str, w, a, path: str) -> np.ndarray:
+    def mul_mat_x86(cls, numerics: str, w, a, path: str, rows: int = 0, i0: int = 0) -> np.ndarray:
         """out[m, r] = row r of w . row m of a (its vec_dot_type) in llama.cpp's x86 order for `numerics`
         ("llama.cpp-avx2" / "-avx512"), on the path ggml_compute_forward_mul_mat would take for a type
-        that has it: "repacked" (CPU_REPACK weights), "tiled" (from 8 activation rows), else "vec_dot"."""
+        that has it: "repacked" (CPU_REPACK weights), "tiled" (from 8 activation rows), else "vec_dot".
+        `rows`: the activation rows of the whole product (src1's ne1; 0: a's), `i0`: a's first among
+        them (the repacked gemm takes rows in fours, the gemv the rest; IQ4_NL's vec_dot one row)."""
         w = np.ascontiguousarray(w, np.uint8)
         a = np.ascontiguousarray(a, np.uint8)
         out = np.empty((a.shape[0], w.shape[0]), np.float32)
-        cls.llama_cpp[numerics](cls, w, a, out, path)
+        cls.llama_cpp[numerics](cls, w, a, out, path, rows or a.shape[0], i0)
         return out
 
     @classmethod
@@ -275,7 +278,7 @@ def kform_x86(gemv_wrap: bool = True, tiled_wrap: bool = False) -> dict:
     AVX2 vec_dot, which the AVX-512 build compiles too, and the tiled kernel): `gemv_wrap` /
     `tiled_wrap`, whether that kernel puts the codes' signs on the int8 activations (-(-128) = -128)."""
 
-    def run(cls, w, a, out, path):
+    def run(cls, w, a, out, path, rows, i0):
         from . import _x86_kernels as X
 
         codes, scales, d = cls.x86_form(w)

@@ -85,7 +85,7 @@ class _IQ1(QType):
         g, ls, sign, d = cls.x86_parts(np.ascontiguousarray(w, np.uint8))
         return (8 * g.astype(np.int16) + sign).astype(np.int8), ls, d
 
-    def _x86(cls, w, a, out, path):
+    def _x86(cls, w, a, out, path, rows, i0):
         """From 8 activation rows the tiled kernel (codes 8 grid + delta, d / 8), else the AVX2 vec_dot."""
         from . import _x86_kernels as X
         g, ls, sign, d = cls.x86_parts(np.ascontiguousarray(w, np.uint8))

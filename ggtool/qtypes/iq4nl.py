@@ -6,7 +6,7 @@ Layout (ggml-common.h ``block_iq4_nl``): fp16 ``d``, then ``qs[16]``: indices in
 ``_iq4nl_quantize`` without quant_weights, ``_weighted_quantize`` with them; llama-quantize never writes the reference
 row). vec_dot_type Q8_0: ``sumf += (d_a * d_w) * float(sumi)`` block after block
 (``ggml_vec_dot_iq4_nl_q8_0_generic``). llama.cpp's x86 builds repack it (iq4_nl_8x8) or take
-``ggml_vec_dot_iq4_nl_q8_0``'s AVX2 order: ``ops.matmul``'s x86 forms (``kernels.x86_legacy``).
+``ggml_vec_dot_iq4_nl_q8_0``'s AVX2 order, or tinyBLAS_Q0's (``llama_cpp``: ``kernels.x86``, ``x86_legacy``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,28 @@ import numpy as np
 
 from .. import types as T
 from ..kernels.tables import KVALUES_IQ4NL
-from . import LevelRows, QType, compiled, f16_table, serial
+from . import X86_BUILDS, LevelRows, QType, compiled, f16_table, serial
 
 _K = "_lowbit_kernels"
+
+
+def _x86(avx2: bool):
+    """The repacked iq4_nl_8x8 gemm/gemv; for one activation row ggml_vec_dot_iq4_nl_q8_0's own code
+    (its odd last block fused by FMA in the AVX2 build, `avx2`, not in the AVX-512 one); else
+    llamafile's tinyBLAS_Q0."""
+
+    def run(cls, w, a, out, path, rows, i0):
+        from ..kernels import x86, x86_legacy
+        from ..kernels.tables import F16_TO_F32
+
+        if path == "repacked":
+            x86.dot_b32_repacked(w, x86.IQ4_NL_KIND, a, out, F16_TO_F32)
+        elif rows == 1:
+            x86_legacy.vec_dot_iq4_nl(w, a, out, avx2, F16_TO_F32)
+        else:
+            x86.dot_q0(w, x86.IQ4_NL_KIND, a, out, F16_TO_F32)
+
+    return run
 
 
 class IQ4_NL(LevelRows, QType, ggml_type=T.GGMLType.IQ4_NL):
@@ -26,7 +45,8 @@ class IQ4_NL(LevelRows, QType, ggml_type=T.GGMLType.IQ4_NL):
     vec_dot_type = T.GGMLType.Q8_0
     needs_imatrix = False
     ggml_requires_imatrix = False
-    llama_cpp: dict = {}          # its x86 forms live with the other 32-value types' (ops.matmul._x86_block)
+    llama_cpp = {"llama.cpp-avx2": _x86(True), "llama.cpp-avx512": _x86(False)}
+    x86_repacked = X86_BUILDS     # iq4_nl_8x8
     k_form = None                 # the dot is not in the K-quants' form (no int scale per 16 codes)
     dot_final = None
     quantize_kernel = compiled(_K, "quantize_iq4_nl")

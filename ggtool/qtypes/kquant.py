@@ -6,8 +6,8 @@ the 2 bits, minus 4 where the hmask bit is clear), Q4_K/Q5_K ``(d*sc) * q - (dmi
 scales and mins), Q6_K ``(d*sc) * (q - 32)`` per 16 (int8 scales). vec_dot_type Q8_K. Quantizers:
 ``quantize_row_qN_K_ref`` (``_k_quantize``) and ``quantize_row_qN_K_impl`` with an importance
 matrix (``_weighted_quantize``). Compute: ``kernels.dot_k``'s tiles (one int8 form for the types
-with mins, Q6_K's 6-bit form for Q3_K and Q6_K); llama.cpp's x86 orders in ``kernels.x86_kquants``
-(``ops.matmul``'s x86 forms, with the repacked q4_K_8x8 and, on AVX-512, q2_K_8x8).
+with mins, Q6_K's 6-bit form for Q3_K and Q6_K); llama.cpp's x86 orders (``llama_cpp``) in
+``kernels.x86_kquants`` and ``kernels.x86`` (Q6_K, the repacked q4_K_8x8), with q2_K_8x8 on AVX-512.
 """
 
 from __future__ import annotations
@@ -15,8 +15,28 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from . import QType, f16_table, serial
+from . import X86_BUILDS, QType, f16_table, serial
 from ._classic import gguf_dequantize, packed_dot, quantizer
+
+_KIND = {"q2_K": 0, "q3_K": 1, "q4_K": 2, "q5_K": 3}          # kernels.x86_kquants' K kinds
+
+
+def _run_x86(cls, w, a, out, path, rows, i0):
+    """ggml-cpu's path for a K-quant: the repacked gemm (rows in fours) and gemv (q4_K_8x8, and
+    q2_K_8x8 on AVX-512), the tiled kernel from 8 rows, else the AVX2 vec_dot (which the AVX-512
+    build compiles too); Q6_K's own (``kernels.x86``)."""
+    from ..kernels import x86, x86_kquants
+    from ..kernels.tables import F16_TO_F32 as f16
+
+    gemm_rows = rows - rows % 4
+    if cls.ggml_type == T.GGMLType.Q6_K:
+        x86.dot_q6_k(w, a, out, path == "tiled", f16)
+    elif path == "repacked" and cls.ggml_type == T.GGMLType.Q4_K:
+        x86.dot_q4_k(w, a, out, i0, gemm_rows, f16)
+    elif path == "repacked":
+        x86_kquants.repacked_q2_k(w, a, out, i0, gemm_rows, f16)
+    else:
+        (x86_kquants.tiled_k if path == "tiled" else x86_kquants.vec_dot_k)(w, _KIND[cls.name], a, out, f16)
 
 
 class _KQuant(QType):
@@ -24,7 +44,7 @@ class _KQuant(QType):
     vec_dot_type = T.GGMLType.Q8_K
     needs_imatrix = False
     ggml_requires_imatrix = False
-    llama_cpp: dict = {}          # their x86 forms are ops.matmul's (kernels.x86_kquants)
+    llama_cpp = dict.fromkeys(X86_BUILDS, _run_x86)
     k_form = None                 # kernels.dot_k packs them itself (DOTS)
     dot_final = None
     dot_kernel = packed_dot("dot")
@@ -69,6 +89,7 @@ def _compiled_dequantize(name: str):
 
 class Q2_K(_KQuant, ggml_type=T.GGMLType.Q2_K):
     type_size = 84
+    x86_repacked = ("llama.cpp-avx512",)      # q2_K_8x8 (AVX-512 only)
     quantize_kernel = quantizer("_k_quantize:q2_k_quantize", "_weighted_quantize:q2_k_quantize_w")
 
 
@@ -79,6 +100,7 @@ class Q3_K(_KQuant, ggml_type=T.GGMLType.Q3_K):
 
 class Q4_K(_KQuant, ggml_type=T.GGMLType.Q4_K):
     type_size = 144
+    x86_repacked = X86_BUILDS                 # q4_K_8x8
     quantize_kernel = quantizer("_k_quantize:q4_k_quantize", "_weighted_quantize:q4_k_quantize_w")
     dequantize_blocks = _compiled_dequantize("dequantize_q4_k")
 

@@ -6,8 +6,8 @@ fp16 m, qs[16], q * d + m; Q5_0 fp16 d, qh (the 5th bits, little-endian u32), qs
 Q5_1 fp16 d, fp16 m, qh, qs[16], q * d + m; Q8_0 fp16 d, int8 qs[32], q * d. vec_dot_type Q8_0
 (Q8_1 for the types with a min). Quantizers: the reference rows (``kernels.quantize``), and with
 an importance matrix ``quantize_row_*_impl`` (``_weighted_quantize``; Q8_0 ignores one, as GGML
-does). Compute: ``kernels.dot``'s packed tiles; llama.cpp's x86 orders in ``kernels.x86_legacy``
-(``ops.matmul``'s x86 forms, with Q4_0's repacked q4_0_8x8).
+does). Compute: ``kernels.dot``'s packed tiles; llama.cpp's x86 orders (``llama_cpp``) are ``kernels.x86``'s
+(tinyBLAS_Q0, Q4_0's repacked q4_0_8x8) and ``kernels.x86_legacy``'s (Q4_1, Q5_1).
 """
 
 from __future__ import annotations
@@ -15,8 +15,38 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from . import QType, f16_table, serial
+from . import X86_BUILDS, QType, f16_table, serial
 from ._classic import gguf_dequantize, packed_dot, quantizer
+
+
+def _q0_x86(kind: str) -> dict:
+    """``llama_cpp`` of Q8_0, Q5_0 and Q4_0 (``kernels.x86``'s `kind`): the repacked q4_0_8x8 gemm and
+    gemv where the weights are repacked (Q4_0), else llamafile's tinyBLAS_Q0 lanes (its AVX2 vec_dot
+    for one row sums alike)."""
+
+    def run(cls, w, a, out, path, rows, i0):
+        from ..kernels import x86
+        from ..kernels.tables import F16_TO_F32
+
+        if path == "repacked":
+            x86.dot_b32_repacked(w, getattr(x86, kind), a, out, F16_TO_F32)
+        else:
+            x86.dot_q0(w, getattr(x86, kind), a, out, F16_TO_F32)
+
+    return dict.fromkeys(X86_BUILDS, run)
+
+
+def _q1_x86(kind: str) -> dict:
+    """``llama_cpp`` of Q4_1 and Q5_1: ggml_vec_dot_q4_1_q8_1 / _q5_1_q8_1's AVX2 code (``kernels.x86_legacy``)
+    for any number of rows (no repacking, no tiled kernel, no tinyBLAS for Q8_1)."""
+
+    def run(cls, w, a, out, path, rows, i0):
+        from ..kernels import x86_legacy
+        from ..kernels.tables import F16_TO_F32
+
+        x86_legacy.vec_dot_q1(w, getattr(x86_legacy, kind), a, out, F16_TO_F32)
+
+    return dict.fromkeys(X86_BUILDS, run)
 
 
 class _Legacy(QType):
@@ -24,7 +54,6 @@ class _Legacy(QType):
     vec_dot_type = T.GGMLType.Q8_0
     needs_imatrix = False
     ggml_requires_imatrix = False
-    llama_cpp: dict = {}          # their x86 forms are ops.matmul's (kernels.x86_legacy), beside IQ4_NL's
     k_form = None                 # their dots have packed tiles of their own (kernels.dot)
     dot_final = None
     dot_kernel = packed_dot("dot")
@@ -51,6 +80,8 @@ class _Legacy(QType):
 
 class Q4_0(_Legacy, ggml_type=T.Q4_0):
     type_size = 18
+    llama_cpp = _q0_x86("Q4_0_KIND")
+    x86_repacked = X86_BUILDS     # q4_0_8x8
     quantize_kernel = quantizer("kernels:q4_0_quantize", "_weighted_quantize:q4_0_quantize_w")
 
     @classmethod
@@ -64,6 +95,7 @@ class Q4_0(_Legacy, ggml_type=T.Q4_0):
 class Q4_1(_Legacy, ggml_type=T.GGMLType.Q4_1):
     type_size = 20
     vec_dot_type = T.GGMLType.Q8_1
+    llama_cpp = _q1_x86("Q4_1_KIND")
     quantize_kernel = quantizer("kernels:q4_1_quantize", "_weighted_quantize:q4_1_quantize_w")
 
     @classmethod
@@ -73,6 +105,7 @@ class Q4_1(_Legacy, ggml_type=T.GGMLType.Q4_1):
 
 class Q5_0(_Legacy, ggml_type=T.GGMLType.Q5_0):
     type_size = 22
+    llama_cpp = _q0_x86("Q5_0_KIND")
     quantize_kernel = quantizer("kernels:q5_0_quantize", "_weighted_quantize:q5_0_quantize_w")
 
     @classmethod
@@ -87,6 +120,7 @@ class Q5_0(_Legacy, ggml_type=T.GGMLType.Q5_0):
 class Q5_1(_Legacy, ggml_type=T.GGMLType.Q5_1):
     type_size = 24
     vec_dot_type = T.GGMLType.Q8_1
+    llama_cpp = _q1_x86("Q5_1_KIND")
     quantize_kernel = quantizer("kernels:q5_1_quantize", "_weighted_quantize:q5_1_quantize_w")
 
     @classmethod
@@ -96,6 +130,7 @@ class Q5_1(_Legacy, ggml_type=T.GGMLType.Q5_1):
 
 class Q8_0(_Legacy, ggml_type=T.Q8_0):
     type_size = 34
+    llama_cpp = _q0_x86("Q8_0_KIND")
     quantize_kernel = quantizer("kernels:q8_0_quantize", None)   # GGML's Q8_0 ignores quant_weights
 
     @classmethod

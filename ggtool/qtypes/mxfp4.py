@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from . import LevelRows, QType, compiled, f16_table, grids, serial
+from . import X86_BUILDS, LevelRows, QType, compiled, f16_table, grids, serial
 
 F32 = np.float32
 _K = "_lowbit_kernels"
@@ -38,9 +38,9 @@ class MXFP4(LevelRows, QType, ggml_type=T.GGMLType.MXFP4):
     vec_dot_type = T.GGMLType.Q8_0
     needs_imatrix = False
     ggml_requires_imatrix = False
-    x86_repacked = True           # mxfp4_8x8 where the CPU has AVX2
+    x86_repacked = X86_BUILDS     # mxfp4_8x8 where the CPU has AVX2
 
-    def _x86(cls, w, a, out, path):
+    def _x86(cls, w, a, out, path, rows, i0):
         """The repacked gemv/gemm (rows in eights), else ggml_vec_dot_mxfp4_q8_0's AVX2 code (never tiled)."""
         from . import _x86_kernels as X
         levels, d = cls.levels(w)

@@ -47,7 +47,7 @@ class _Ternary(QType):
     ggml_requires_imatrix = False
     dot_final = F32(1.0)
 
-    def _x86(cls, w, a, out, path):
+    def _x86(cls, w, a, out, path, rows, i0):
         """ggml_vec_dot_tq*_0_q8_K's AVX2 code (``_x86_kernels.gemv_ternary``) for any number of rows."""
         from . import _x86_kernels as X
         codes, _, d = cls.k_form(w)
