@@ -1,8 +1,10 @@
 """A mix for a size: per-tensor types chosen by measured sensitivity to fit a target size.
 
 No llama.cpp file type is chosen for a size: each is a hand-picked table (`.mix`). Here every
-tensor llama.cpp would quantize is quantized (a sample of its rows) to each candidate type; its
-sensitivity to a type is the importance-weighted relative error of that quantization,
+tensor llama.cpp would quantize is quantized (a sample of its rows) to each candidate type (the
+classic types and the registry's, `candidate_types`: those needing importances only where the
+tensor has them); its sensitivity to a type is the importance-weighted relative error of that
+quantization,
 
     err(t) = sum_rows sum_j w_j (x_ij - q_t(x)_ij)^2  /  sum_rows sum_j w_j x_ij^2
 
@@ -366,7 +368,8 @@ def plan_for_target(input_path: str, opts: QuantizeOptions, target: SizeTarget, 
         # every candidate may be chosen: a tensor already quantized could be requantized (refused
         # now, before the measuring, as the plan of any file type refuses it)
         t = quantized[0]
-        raise RequantizeError(t.name, t.src_type, fallback(t.name, candidates[0], int(t.ne[0]))[0], len(quantized))
+        first = next((c for c in candidates if not needs_importances(c)), candidates[0])
+        raise RequantizeError(t.name, t.src_type, fallback(t.name, first, int(t.ne[0]))[0], len(quantized))
     if output_path is not None:
         from .write import preflight
         preflight(plan0, output_path, force=force)
