@@ -5,6 +5,7 @@ llama.cpp writes."""
 from __future__ import annotations
 
 import sys
+import textwrap
 
 import click
 
@@ -19,6 +20,12 @@ from ._progress import progress_bar
 from .wording import cli_message
 
 _TYPE_NAMES = [f.name for f in QM.FILE_TYPES] + list(QM.ALIASES)
+# the size target's types, as the help lists them (derived: quantize_model.target.candidate_types)
+_TARGET_TYPES = textwrap.fill(
+    ", ".join(T.type_name(t) for t in QM.CANDIDATES[:-1]) + f" and {T.type_name(QM.CANDIDATES[-1])} "
+    "(llama.cpp's fallbacks where the rows need them; "
+    + ", ".join(T.type_name(t) for t in QM.CANDIDATES if t not in QM.candidate_types(imatrix=False))
+    + " only with --imatrix, for the tensors it has an entry of) by measured sensitivity:", 79)
 
 HELP = f"""Quantize a GGUF model (or a .npy array) to one of llama-quantize's file types, writing
 the file llama.cpp's llama-quantize writes, byte for byte.
@@ -65,9 +72,8 @@ blk.7.*), numbers the rest without gaps and sets block_count, as llama-quantize.
 A mix for a size: --target-bpw B (bits per weight of the whole file: header,
 metadata and padding counted, so 4.5 means file bytes <= 4.5 * weights / 8) or
 --target-size N (bytes; K/M/G or KiB/MiB/GiB) chooses each tensor's type from
-q2_K, q3_K, q4_0, iq4_nl, q4_1, q4_K, q5_0, q5_1, q5_K, q6_K and q8_0
-(llama.cpp's fallbacks where the rows need them) by measured sensitivity: a
-sample of each tensor's rows is quantized to each type and its error weighted
+{_TARGET_TYPES}
+a sample of each tensor's rows is quantized to each type and its error weighted
 by the --imatrix importances (plain squared error without one) relative to the
 tensor's own; the sum of these errors is minimised under the size (largest
 error removed per byte first). The file is no larger than the target; a target

@@ -17,6 +17,7 @@ from ggtool import quantize_model as QM
 from ggtool import types as T
 from ggtool.imatrix import Imatrix, read_imatrix
 from ggtool.quantize_model import target as TG
+from ggtool.qtypes import REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent
 STORIES = ROOT / "fixtures" / "stories260K.gguf"
@@ -261,3 +262,110 @@ def test_rules_keep_a_top_level_tensor_apart_from_layers_of_its_name():
     rules = TG.rules_for({"attn_q.weight": T.Q8_0, "blk.0.attn_q.weight": T.Q8_0, "blk.1.attn_q.weight": T.Q4_0})
     assert sorted(rules) == sorted([r"^attn_q\.weight$=q8_0", r"^blk\.0\.attn_q\.weight$=q8_0",
                                     r"^blk\.1\.attn_q\.weight$=q4_0"])
+
+
+# ------------------------------------------------------------------ the registry's types (issue 34)
+
+_OLD = (_G.Q2_K, _G.Q3_K, T.Q4_0, _G.IQ4_NL, _G.Q4_1, _G.Q4_K, _G.Q5_0, _G.Q5_1, _G.Q5_K, _G.Q6_K, T.Q8_0)
+
+
+def _needs(t):
+    return t in REGISTRY and (REGISTRY[t].needs_imatrix or REGISTRY[t].ggml_requires_imatrix)
+
+
+def test_the_candidates_are_the_classic_types_and_the_registry_s_but_those_left_out():
+    assert set(QM.CANDIDATES) == (set(TG.CLASSIC) | set(REGISTRY)) - set(QM.LEFT_OUT)
+    assert set(QM.LEFT_OUT) == {_G.TQ1_0, _G.TQ2_0, _G.MXFP4}          # ternary; MoE experts only
+    assert all(t in QM.WRITABLE for t in QM.CANDIDATES)                 # llama-quantize's --tensor-type names
+    bits = [T.row_size(t, T.block_size(t)) * 8 / T.block_size(t) for t in QM.CANDIDATES]
+    assert bits == sorted(bits)
+    plain = QM.candidate_types(imatrix=False)
+    assert set(QM.CANDIDATES) - set(plain) == {t for t in QM.CANDIDATES if _needs(t)} == \
+        {_G.IQ1_S, _G.IQ1_M, _G.IQ2_XXS, _G.IQ2_XS, _G.IQ2_S, _G.IQ3_XXS}
+    assert {_G.IQ3_S, _G.IQ4_XS, _G.IQ4_NL} <= set(plain)
+
+
+def test_a_type_needing_an_imatrix_is_not_offered_without_one(run, tmp_path):
+    src, ts = _model(tmp_path, layers=1)
+    plain = QM.plan_for_target(src, QM.QuantizeOptions(), QM.parse_target(bpw=8))
+    offered = {o.type for s in plain.sensitivities for o in s.options}
+    assert not any(_needs(t) for t in offered) and {_G.IQ3_S, _G.IQ4_XS} <= offered
+    # with an importance matrix they are, but only for the tensors it has an entry of
+    w = Imatrix("w", {n: np.linspace(0.1, 4.0, 256, dtype=np.float32) for n in ts if n != "token_embd.weight"})
+    mix = QM.plan_for_target(src, QM.QuantizeOptions(imatrix=w), QM.parse_target(bpw=8))
+    for s in mix.sensitivities:
+        got = {o.type for o in s.options}
+        assert any(_needs(t) for t in got) == (s.name != "token_embd.weight"), s.name
+    # a target only they reach is refused without one, naming the types offered
+    err = fails(run("quantize", src, tmp_path / "o.gguf", "--target-bpw", "2.4"), "the smallest mix of q2_K, q3_K, iq3_s")
+    assert "iq2" not in err and "iq1" not in err and "tq" not in err and "mxfp4" not in err
+
+
+def _weighted_model(tmp_path, layers=4):
+    src, ts = _model(tmp_path, layers)
+    return src, ts, Imatrix("w", {n: np.linspace(0.1, 4.0, 256, dtype=np.float32) for n in ts})
+
+
+def test_an_iq_type_is_chosen_where_it_wins_and_the_file_loads_and_computes(tmp_path):
+    """At 2.5 bits per weight (below q2_K, the smallest classic type) the mix is of IQ types; the old
+    candidates cannot reach it; at 3.5 an IQ type holds some tensor, chosen over the K-quants it
+    beats. The file written reads back with the chosen types, its tensors near the source's, and
+    GGML's quantized mat-mul of each agrees with the float product of its dequantized rows."""
+    src, ts, w = _weighted_model(tmp_path)
+    opts = QM.QuantizeOptions(imatrix=w)
+    with pytest.raises(QM.TargetSizeError, match="the smallest mix of q2_K"):
+        QM.plan_for_target(src, opts, QM.parse_target(bpw=2.5), candidates=_OLD)
+    low = QM.plan_for_target(src, opts, QM.parse_target(bpw=2.5))
+    assert low.file_bytes <= math.floor(2.5 * low.plan.n_elements / 8)
+    assert any(t in (_G.IQ1_S, _G.IQ1_M, _G.IQ2_XXS, _G.IQ2_XS, _G.IQ2_S) for t in low.types.values())
+    mid = QM.plan_for_target(src, opts, QM.parse_target(bpw=3.5))
+    old = QM.plan_for_target(src, opts, QM.parse_target(bpw=3.5), candidates=_OLD)
+    assert any(t.name.lower().startswith("iq") and t != _G.IQ4_NL for t in map(T.GGMLType, mid.types.values()))
+    assert mid.predicted_error < old.predicted_error          # the same budget, less error
+    out = tmp_path / "mix.gguf"
+    QM.run_quantization(mid.plan, str(out))
+    from ggtool import quant as Q
+    reader = gguf.GGUFReader(str(out))
+    seen = set()
+    for t in reader.tensors:
+        typ = T.GGMLType(int(t.tensor_type))
+        assert typ == mid.types.get(t.name, typ), t.name
+        if not T.is_quantized(typ):
+            continue
+        raw = np.asarray(t.data).view(np.uint8).reshape(64, -1)
+        x = ts[t.name]
+        deq = np.asarray(Q.dequantize(raw, typ), np.float32).reshape(x.shape)
+        assert TG.weighted_error(x, deq, None) < 0.2, (t.name, typ)
+        if typ not in REGISTRY:
+            continue
+        # the registry's mat-mul (GGML's vec_dot) against 3 activation rows in its vec_dot_type
+        a = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+        if REGISTRY[typ].vec_dot_type == _G.Q8_K:
+            act = Q.quantize_q8_k(a)
+            b = act.reshape(-1, 292)
+            vals = np.ascontiguousarray(b[:, :4]).view(np.float32).astype(np.float64) * b[:, 4:260].view(np.int8)
+        else:
+            act = Q.quantize_q8_0_cpu(a)
+            b = act.reshape(-1, 34)
+            vals = np.ascontiguousarray(b[:, :2]).view(np.float16).astype(np.float64) * b[:, 2:].view(np.int8)
+        got = REGISTRY[typ].mul_mat(raw, act.reshape(3, -1))
+        want = vals.reshape(a.shape) @ deq.astype(np.float64).T
+        assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max()), (t.name, typ)
+        seen.add(typ)
+    assert any(t.name.lower().startswith("iq") for t in seen)
+
+
+def test_rules_of_a_mix_with_iq_types_reproduce_it(tmp_path):
+    """The recorded rules (ggml type names, as llama-quantize's --tensor-type takes them), the file
+    type and the importance matrix given to an ordinary run write the same tensors."""
+    src, ts, w = _weighted_model(tmp_path, layers=2)
+    mix = QM.plan_for_target(src, QM.QuantizeOptions(imatrix=w), QM.parse_target(bpw=3.0))
+    assert any(r.split("=")[1].startswith("iq") for r in mix.rules)
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    QM.run_quantization(mix.plan, str(a))
+    again = QM.QuantizeOptions(type=mix.plan.options.type.name, imatrix=w,
+                               tensor_types=[QM.parse_tensor_type_override(r) for r in mix.rules])
+    QM.quantize_file(src, b, again)
+    ra, rb = gguf.GGUFReader(str(a)), gguf.GGUFReader(str(b))
+    assert {t.name: (t.tensor_type, t.data.tobytes()) for t in ra.tensors} == \
+        {t.name: (t.tensor_type, t.data.tobytes()) for t in rb.tensors}

@@ -56,6 +56,7 @@ from .rules import (
 )
 from .target import (
     CANDIDATES,
+    LEFT_OUT,
     SizeTarget,
     TargetMix,
     TargetSizeError,
@@ -63,6 +64,7 @@ from .target import (
     allocate,
     measure,
     parse_target,
+    candidate_types,
     plan_for_target,
     rules_for,
 )
@@ -78,6 +80,7 @@ from .write import (
 
 __all__ = [
     "CANDIDATES",
+    "LEFT_OUT",
     "RECORD_KEY",
     "SizeTarget",
     "TargetMix",
@@ -86,6 +89,7 @@ __all__ = [
     "allocate",
     "measure",
     "parse_target",
+    "candidate_types",
     "plan_for_target",
     "rules_for",
     "ALIASES",

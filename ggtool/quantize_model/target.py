@@ -1,8 +1,10 @@
 """A mix for a size: per-tensor types chosen by measured sensitivity to fit a target size.
 
 No llama.cpp file type is chosen for a size: each is a hand-picked table (`.mix`). Here every
-tensor llama.cpp would quantize is quantized (a sample of its rows) to each candidate type; its
-sensitivity to a type is the importance-weighted relative error of that quantization,
+tensor llama.cpp would quantize is quantized (a sample of its rows) to each candidate type (the
+classic types and the registry's, `candidate_types`: those needing importances only where the
+tensor has them); its sensitivity to a type is the importance-weighted relative error of that
+quantization,
 
     err(t) = sum_rows sum_j w_j (x_ij - q_t(x)_ij)^2  /  sum_rows sum_j w_j x_ij^2
 
@@ -37,13 +39,61 @@ from .mix import allows_quantization, fallback
 from .rules import RECORD_KEY, QuantizeOptions, RequantizeError, QuantizePlan, TensorPlan, plan_quantization
 
 _G = T.GGMLType
-# the candidate types (rows their blocks do not divide take llama.cpp's fallback): the K-quants, and
-# the 32-value types that rows of 64*k+32... columns (576, 640: SmolLM2, Gemma 3) can still take
-CANDIDATES = (_G.Q2_K, _G.Q3_K, T.Q4_0, _G.IQ4_NL, _G.Q4_1, _G.Q4_K, _G.Q5_0, _G.Q5_1, _G.Q5_K, _G.Q6_K, T.Q8_0)
+# the classic types: the legacy 32-value types and the K-quants (ggtool.quant's, GGML's reference
+# quantizers), the 32-value ones being what rows of 64*k+32... columns (576, 640: SmolLM2, Gemma 3)
+# can still take
+CLASSIC = (_G.Q2_K, _G.Q3_K, T.Q4_0, _G.Q4_1, _G.Q4_K, _G.Q5_0, _G.Q5_1, _G.Q5_K, _G.Q6_K, T.Q8_0)
+# registry types (ggtool.qtypes) never offered, and why. llama-quantize writes each of them per
+# tensor with --tensor-type, but:
+LEFT_OUT = {
+    # ternary: {-1, 0, 1} times one scale per 256 values, for BitNet-style weights trained to be
+    # ternary; on an ordinary model's weights the relative error is 0.67-0.68 (gemma-3-270m's
+    # ffn_down and attn_output, 256 rows each: 9x q2_K's, 3x iq1_s's at 1.56 bits), a point that
+    # would be the cheapest of a tensor without importances, taken at a low target, at garbage quality
+    _G.TQ1_0: "ternary (BitNet-style models only)",
+    _G.TQ2_0: "ternary (BitNet-style models only)",
+    # llama.cpp gives it only the experts of a MoE (MXFP4_MOE: the 3-d ffn_*_exps tensors; every
+    # dense tensor q8_0), for weights trained in it (gpt-oss); a power-of-two scale per 32 values:
+    # on dense weights 0.014 where iq4_xs is 0.005-0.006 at the same 4.25 bits (the same rows).
+    # (Rows of 64*k+32... columns, which take no 256-value type, would gain a 4.25-bit step from it;
+    # llama.cpp's own rules never write it there.)
+    _G.MXFP4: "MoE experts only (llama.cpp's MXFP4_MOE)",
+}
+
+
+def _bits(t: T.GGMLType) -> float:
+    return T.row_size(t, T.block_size(t)) * 8.0 / T.block_size(t)
+
+
+def candidate_types(imatrix: bool = True) -> tuple[T.GGMLType, ...]:
+    """The types a size target chooses from, fewest bits per weight first: the classic ones and
+    every type of the registry (llama-quantize writes them all with --tensor-type: rules.WRITABLE)
+    but those of LEFT_OUT. Without an importance matrix, not those llama-quantize or GGML refuse
+    without one (the records' needs_imatrix, ggml_requires_imatrix: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS,
+    IQ2_S, IQ3_XXS); with one they are candidates of the tensors that have an entry (`measure`)."""
+    from ..qtypes import REGISTRY
+    from .rules import WRITABLE
+    reg = [t for t in REGISTRY if t not in LEFT_OUT and t in WRITABLE
+           and (imatrix or not needs_importances(t))]
+    return tuple(sorted(dict.fromkeys((*CLASSIC, *reg)), key=lambda t: (_bits(t), int(t))))
+
+
+def needs_importances(t: T.GGMLType) -> bool:
+    """A type quantized only with importances (llama-quantize's tensor_requires_imatrix or GGML's
+    assert): not a candidate of a tensor without an importance-matrix entry."""
+    from ..qtypes import REGISTRY
+    r = REGISTRY.get(t)
+    return r is not None and (r.needs_imatrix or r.ggml_requires_imatrix)
+
+
+# every candidate (with an importance matrix); without one, candidate_types(imatrix=False)
+CANDIDATES = candidate_types(imatrix=True)
 # the file type that names a mix (general.file_type) by the type holding most of its weights
 _FILE_TYPE_OF = {_G.Q2_K: "Q2_K", _G.Q3_K: "Q3_K_M", _G.Q4_K: "Q4_K_M", _G.Q5_K: "Q5_K_M", _G.Q6_K: "Q6_K",
                  T.Q8_0: "Q8_0", T.Q4_0: "Q4_0", _G.Q4_1: "Q4_1", _G.Q5_0: "Q5_0", _G.Q5_1: "Q5_1",
-                 _G.IQ4_NL: "IQ4_NL"}
+                 _G.IQ4_NL: "IQ4_NL", _G.IQ4_XS: "IQ4_XS", _G.IQ3_S: "IQ3_S", _G.IQ3_XXS: "IQ3_XXS",
+                 _G.IQ2_S: "IQ2_M", _G.IQ2_XS: "IQ2_XS", _G.IQ2_XXS: "IQ2_XXS", _G.IQ1_M: "IQ1_M",
+                 _G.IQ1_S: "IQ1_S"}
 SAMPLE_ROWS = 256      # rows of each tensor measured (evenly spaced; all of them when fewer)
 _SUFFIX = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3}
 
@@ -181,7 +231,8 @@ def _rows(t: TensorPlan, idx: np.ndarray) -> np.ndarray:
 
 def measure(t: TensorPlan, importances, candidates=CANDIDATES, sample_rows: int = SAMPLE_ROWS) -> TensorSensitivity:
     """The error of each candidate type on a sample of the tensor's rows (llama.cpp's fallback
-    applied: a type whose blocks do not divide the rows is measured as the type it falls back to)."""
+    applied: a type whose blocks do not divide the rows is measured as the type it falls back to;
+    a type that needs importances is left out where `importances` is None)."""
     ne0 = int(t.ne[0])
     n_rows = t.n_elements // ne0
     idx = _sample(n_rows, sample_rows)
@@ -194,7 +245,7 @@ def measure(t: TensorPlan, importances, candidates=CANDIDATES, sample_rows: int 
     seen: dict[T.GGMLType, Option] = {}
     for c in candidates:
         st, _ = fallback(t.name, c, ne0)
-        if st in seen:
+        if st in seen or (w is None and needs_importances(st)):
             continue
         if w is not None and w.ndim == 2:
             q = np.concatenate([Q.dequantize(Q.quantize(x[i:i + 1], st, t.name, imatrix=w[i]), st).reshape(1, ne0)
@@ -290,16 +341,20 @@ def _file_type_name(types: dict[str, T.GGMLType], sizes: dict[str, int]) -> str:
 
 
 def plan_for_target(input_path: str, opts: QuantizeOptions, target: SizeTarget, *,
-                    candidates=CANDIDATES, sample_rows: int = SAMPLE_ROWS,
+                    candidates=None, sample_rows: int = SAMPLE_ROWS,
                     on_tensor: Callable[[int, int, str], None] | None = None,
                     output_path: str | None = None, force: bool = False) -> TargetMix:
     """Measure every quantizable tensor, choose the mix for the target and plan its file (the
     options' own tensor-type rules, purity and file type are replaced by the chosen ones).
     With `output_path`, the outputs the run would refuse (one that exists without `force`, one
-    not writable, one that is an input) are refused first, before anything is measured."""
+    not writable, one that is an input) are refused first, before anything is measured.
+    `candidates`: the types to choose from (default `candidate_types`, with or without the
+    importance matrix's)."""
     from ..gguf_io import GGUFFile
     from .rules import parse_tensor_type_override
 
+    if candidates is None:
+        candidates = candidate_types(imatrix=opts.imatrix is not None)
     base = replace(opts, type="Q8_0", pure=True, tensor_types=[], output_tensor_type=None,
                    token_embedding_type=None, dry_run=True, recorded_tensor_types=())
     plan0 = plan_quantization(input_path, base)          # refuses a requantization not allowed, at once
@@ -313,7 +368,8 @@ def plan_for_target(input_path: str, opts: QuantizeOptions, target: SizeTarget, 
         # every candidate may be chosen: a tensor already quantized could be requantized (refused
         # now, before the measuring, as the plan of any file type refuses it)
         t = quantized[0]
-        raise RequantizeError(t.name, t.src_type, fallback(t.name, candidates[0], int(t.ne[0]))[0], len(quantized))
+        first = next((c for c in candidates if not needs_importances(c)), candidates[0])
+        raise RequantizeError(t.name, t.src_type, fallback(t.name, first, int(t.ne[0]))[0], len(quantized))
     if output_path is not None:
         from .write import preflight
         preflight(plan0, output_path, force=force)
