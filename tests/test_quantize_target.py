@@ -273,8 +273,9 @@ def _needs(t):
     return t in REGISTRY and (REGISTRY[t].needs_imatrix or REGISTRY[t].ggml_requires_imatrix)
 
 
-def test_the_candidates_are_the_classic_types_and_the_registry_s_but_those_left_out():
-    assert set(QM.CANDIDATES) == (set(TG.CLASSIC) | set(REGISTRY)) - set(QM.LEFT_OUT)
+def test_the_candidates_are_the_registry_s_types_but_those_left_out():
+    assert set(QM.CANDIDATES) == set(REGISTRY) - set(QM.LEFT_OUT)
+    assert {T.Q4_0, T.Q8_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K} <= set(QM.CANDIDATES)
     assert set(QM.LEFT_OUT) == {_G.TQ1_0, _G.TQ2_0, _G.MXFP4}          # ternary; MoE experts only
     assert all(t in QM.WRITABLE for t in QM.CANDIDATES)                 # llama-quantize's --tensor-type names
     bits = [T.row_size(t, T.block_size(t)) * 8 / T.block_size(t) for t in QM.CANDIDATES]

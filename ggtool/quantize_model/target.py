@@ -2,8 +2,8 @@
 
 No llama.cpp file type is chosen for a size: each is a hand-picked table (`.mix`). Here every
 tensor llama.cpp would quantize is quantized (a sample of its rows) to each candidate type (the
-classic types and the registry's, `candidate_types`: those needing importances only where the
-tensor has them); its sensitivity to a type is the importance-weighted relative error of that
+registry's block types, `candidate_types`: those needing importances only where the tensor has
+them); its sensitivity to a type is the importance-weighted relative error of that
 quantization,
 
     err(t) = sum_rows sum_j w_j (x_ij - q_t(x)_ij)^2  /  sum_rows sum_j w_j x_ij^2
@@ -39,10 +39,6 @@ from .mix import allows_quantization, fallback
 from .rules import RECORD_KEY, QuantizeOptions, RequantizeError, QuantizePlan, TensorPlan, plan_quantization
 
 _G = T.GGMLType
-# the classic types: the legacy 32-value types and the K-quants (ggtool.quant's, GGML's reference
-# quantizers), the 32-value ones being what rows of 64*k+32... columns (576, 640: SmolLM2, Gemma 3)
-# can still take
-CLASSIC = (_G.Q2_K, _G.Q3_K, T.Q4_0, _G.Q4_1, _G.Q4_K, _G.Q5_0, _G.Q5_1, _G.Q5_K, _G.Q6_K, T.Q8_0)
 # registry types (ggtool.qtypes) never offered, and why. llama-quantize writes each of them per
 # tensor with --tensor-type, but:
 LEFT_OUT = {
@@ -66,16 +62,16 @@ def _bits(t: T.GGMLType) -> float:
 
 
 def candidate_types(imatrix: bool = True) -> tuple[T.GGMLType, ...]:
-    """The types a size target chooses from, fewest bits per weight first: the classic ones and
-    every type of the registry (llama-quantize writes them all with --tensor-type: rules.WRITABLE)
-    but those of LEFT_OUT. Without an importance matrix, not those llama-quantize or GGML refuse
+    """The types a size target chooses from, fewest bits per weight first: every block type of the
+    registry (the legacy types, the K-quants, IQ*; llama-quantize writes them all with --tensor-type:
+    rules.WRITABLE) but those of LEFT_OUT. Without an importance matrix, not those llama-quantize or GGML refuse
     without one (the records' needs_imatrix, ggml_requires_imatrix: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS,
     IQ2_S, IQ3_XXS); with one they are candidates of the tensors that have an entry (`measure`)."""
     from ..qtypes import REGISTRY
     from .rules import WRITABLE
     reg = [t for t in REGISTRY if t not in LEFT_OUT and t in WRITABLE
            and (imatrix or not needs_importances(t))]
-    return tuple(sorted(dict.fromkeys((*CLASSIC, *reg)), key=lambda t: (_bits(t), int(t))))
+    return tuple(sorted(reg, key=lambda t: (_bits(t), int(t))))
 
 
 def needs_importances(t: T.GGMLType) -> bool:
