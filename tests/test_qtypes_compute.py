@@ -154,3 +154,24 @@ def test_iq1s_k_form_is_their_generic_dot_over_wide_scales(name):
     out = np.empty((6, 160), np.float32)
     qm.mul_mat_into(rec.ggml_type, w, act, out)
     assert out.tobytes() == rec.mul_mat(w, act).tobytes()
+
+
+CLASSIC = [t for t in TYPES if t in T.DOT_TYPES]     # Q4_0 .. Q8_0, Q2_K .. Q6_K: qtypes.legacy, .kquant
+
+
+@pytest.mark.parametrize("t", CLASSIC, ids=[T.type_name(t) for t in CLASSIC])
+def test_the_classic_records_dequantize_as_gguf_py_and_quantize_as_quant(t):
+    """Their dequantizers (numpy twins, compiled kernels or gguf-py's) give gguf-py's float32 bits, and
+    the record's quantize is quant.quantize's bytes with and without importances."""
+    import gguf.quants as gq
+
+    rec = qtypes.REGISTRY[t]
+    rng = np.random.default_rng(int(t))
+    x = (rng.standard_normal((8, 512)) * rng.uniform(0.01, 3, (8, 1))).astype(np.float32)
+    qw = rng.uniform(0.2, 3, 512).astype(np.float32)
+    w = rec.quantize(x, qw)
+    assert w.tobytes() == quant.quantize(x, rec.name, imatrix=qw).tobytes()
+    assert rec.quantize(x).tobytes() == quant.quantize(x, rec.name).tobytes() == rec.quantize_ref(x).tobytes()
+    got = rec.dequantize(w)
+    want = np.asarray(gq.dequantize(w.reshape(-1, rec.type_size), t), np.float32).reshape(got.shape)
+    assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()

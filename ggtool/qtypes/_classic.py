@@ -1,6 +1,7 @@
 """What the records of GGML's first block types (``legacy``: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0;
-``kquant``: Q2_K .. Q6_K) share: their quantizers in the records' calling convention, and their dot
-products, which are ``ggtool.kernels.dot``'s packed tiles (the compute path: ``types.DOT_TYPES``).
+``kquant``: Q2_K .. Q6_K) share (``ClassicType``): their quantizers in the records' calling
+convention, their dequantizers, and their dot products, which are ``ggtool.kernels.dot``'s packed
+tiles (the compute path: ``types.DOT_TYPES``).
 
 Their quantizers are compiled kernels of blocks (``kernels.quantize``: the 32-value types'
 reference rows; ``_k_quantize``: the K-quants'; ``_weighted_quantize``: every importance-matrix
@@ -11,6 +12,8 @@ from __future__ import annotations
 import importlib
 
 import numpy as np
+
+from . import QType, f16_table, serial
 
 
 def _kernel(where: str):
@@ -69,7 +72,58 @@ class packed_dot:
         return mul_mat if self.what == "mul_mat" else one
 
 
-def gguf_dequantize(blocks: np.ndarray, t) -> np.ndarray:
-    """gguf-py's dequantizer of blocks (its float32 arithmetic is GGML's dequantize_row_*)."""
-    import gguf.quants as gq
-    return np.asarray(gq.dequantize(blocks, t), np.float32).reshape(blocks.shape[0], -1)
+class dequantizer:
+    """``QType.dequantize_blocks`` of blocks by GGML's dequantize_row_* float32 arithmetic: "gguf"
+    (gguf-py's, numpy), "twin:<name>" (``kernels.twins``' numpy kernel of blocks, out), or
+    "compiled:<name>" (``_dequantize``'s kernel of blocks, f16 table, out: the source types
+    ``ggtool quantize`` reads most)."""
+
+    def __init__(self, how: str):
+        self.how = how
+
+    def __get__(self, obj, cls):
+        how, name = self.how.partition(":")[::2]
+
+        def dequantize_blocks(b):
+            if how == "gguf":
+                import gguf.quants as gq
+                return np.asarray(gq.dequantize(b, cls.ggml_type), np.float32).reshape(b.shape[0], -1)
+            out = np.empty((b.shape[0], cls.block_size), np.float32)
+            if how == "twin":
+                from ..kernels import twins
+                getattr(twins, name)(b, out)
+            else:
+                from ..kernels.tables import F16_TO_F32
+                from . import _dequantize
+                getattr(_dequantize, name)(b, F16_TO_F32, out)
+            return out
+
+        return dequantize_blocks
+
+
+class ClassicType(QType):
+    """The base of the classic records: no grids, no imatrix rule, their dots kernels.dot's tiles."""
+    needs_imatrix = False
+    ggml_requires_imatrix = False
+    k_form = None                 # kernels.dot / dot_k pack them themselves (DOTS)
+    dot_final = None
+    dot_kernel = packed_dot("dot")
+    mul_mat_kernel = packed_dot("mul_mat")
+    dequantize_blocks = dequantizer("gguf")
+
+    @classmethod
+    def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:
+        """quantize_row_*_ref: the bytes without quant_weights."""
+        return cls.quantize(x, None, name=name, run=run)
+
+    @classmethod
+    def grids(cls) -> dict[str, np.ndarray]:
+        return {}
+
+    @classmethod
+    def quantizer_tables(cls) -> tuple:
+        return f16_table()
+
+    @classmethod
+    def dot_args(cls) -> tuple:
+        return ()

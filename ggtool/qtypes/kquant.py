@@ -12,11 +12,10 @@ with mins, Q6_K's 6-bit form for Q3_K and Q6_K); llama.cpp's x86 orders (``llama
 
 from __future__ import annotations
 
-import numpy as np
 
 from .. import types as T
-from . import X86_BUILDS, QType, f16_table, serial
-from ._classic import gguf_dequantize, packed_dot, quantizer
+from . import X86_BUILDS
+from ._classic import ClassicType, dequantizer, quantizer
 
 _KIND = {"q2_K": 0, "q3_K": 1, "q4_K": 2, "q5_K": 3}          # kernels.x86_kquants' K kinds
 
@@ -39,52 +38,11 @@ def _run_x86(cls, w, a, out, path, rows, i0):
         (x86_kquants.tiled_k if path == "tiled" else x86_kquants.vec_dot_k)(w, _KIND[cls.name], a, out, f16)
 
 
-class _KQuant(QType):
+class _KQuant(ClassicType):
     block_size = 256
     vec_dot_type = T.GGMLType.Q8_K
-    needs_imatrix = False
-    ggml_requires_imatrix = False
     llama_cpp = dict.fromkeys(X86_BUILDS, _run_x86)
-    k_form = None                 # kernels.dot_k packs them itself (DOTS)
-    dot_final = None
-    dot_kernel = packed_dot("dot")
-    mul_mat_kernel = packed_dot("mul_mat")
     CHUNK_BLOCKS = 1024           # blocks per work item of quantize (1 MiB of float32, as quant's drivers)
-
-    @classmethod
-    def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:
-        """quantize_row_qN_K_ref: the bytes without quant_weights."""
-        return cls.quantize(x, None, name=name, run=run)
-
-    @classmethod
-    def grids(cls) -> dict[str, np.ndarray]:
-        return {}
-
-    @classmethod
-    def quantizer_tables(cls) -> tuple:
-        return f16_table()
-
-    @classmethod
-    def dot_args(cls) -> tuple:
-        return ()
-
-    @classmethod
-    def dequantize_blocks(cls, b):
-        return gguf_dequantize(b, cls.ggml_type)
-
-
-def _compiled_dequantize(name: str):
-    """dequantize_blocks through ``_dequantize``'s compiled kernel `name` (gguf-py's float32 arithmetic,
-    for the source tensors ``ggtool quantize`` reads most)."""
-
-    def dequantize_blocks(cls, b):
-        from ..kernels.tables import F16_TO_F32
-        from . import _dequantize
-        out = np.empty((b.shape[0], 256), np.float32)
-        getattr(_dequantize, name)(b, F16_TO_F32, out)
-        return out
-
-    return classmethod(dequantize_blocks)
 
 
 class Q2_K(_KQuant, ggml_type=T.GGMLType.Q2_K):
@@ -102,7 +60,7 @@ class Q4_K(_KQuant, ggml_type=T.GGMLType.Q4_K):
     type_size = 144
     x86_repacked = X86_BUILDS                 # q4_K_8x8
     quantize_kernel = quantizer("_k_quantize:q4_k_quantize", "_weighted_quantize:q4_k_quantize_w")
-    dequantize_blocks = _compiled_dequantize("dequantize_q4_k")
+    dequantize_blocks = dequantizer("compiled:dequantize_q4_k")
 
 
 class Q5_K(_KQuant, ggml_type=T.GGMLType.Q5_K):
@@ -113,4 +71,4 @@ class Q5_K(_KQuant, ggml_type=T.GGMLType.Q5_K):
 class Q6_K(_KQuant, ggml_type=T.GGMLType.Q6_K):
     type_size = 210
     quantize_kernel = quantizer("_k_quantize:q6_k_quantize", "_weighted_quantize:q6_k_quantize_w")
-    dequantize_blocks = _compiled_dequantize("dequantize_q6_k")
+    dequantize_blocks = dequantizer("compiled:dequantize_q6_k")

@@ -12,11 +12,10 @@ does). Compute: ``kernels.dot``'s packed tiles; llama.cpp's x86 orders (``llama_
 
 from __future__ import annotations
 
-import numpy as np
 
 from .. import types as T
-from . import X86_BUILDS, QType, f16_table, serial
-from ._classic import gguf_dequantize, packed_dot, quantizer
+from . import X86_BUILDS
+from ._classic import ClassicType, dequantizer, quantizer
 
 
 def _q0_x86(kind: str) -> dict:
@@ -49,33 +48,10 @@ def _q1_x86(kind: str) -> dict:
     return dict.fromkeys(X86_BUILDS, run)
 
 
-class _Legacy(QType):
+class _Legacy(ClassicType):
     block_size = 32
     vec_dot_type = T.GGMLType.Q8_0
-    needs_imatrix = False
-    ggml_requires_imatrix = False
-    k_form = None                 # their dots have packed tiles of their own (kernels.dot)
-    dot_final = None
-    dot_kernel = packed_dot("dot")
-    mul_mat_kernel = packed_dot("mul_mat")
     CHUNK_BLOCKS = 8192           # blocks per work item of quantize (1 MiB of float32, as quant's drivers)
-
-    @classmethod
-    def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:
-        """quantize_row_*_ref: the bytes without quant_weights."""
-        return cls.quantize(x, None, name=name, run=run)
-
-    @classmethod
-    def grids(cls) -> dict[str, np.ndarray]:
-        return {}
-
-    @classmethod
-    def quantizer_tables(cls) -> tuple:
-        return f16_table()
-
-    @classmethod
-    def dot_args(cls) -> tuple:
-        return ()
 
 
 class Q4_0(_Legacy, ggml_type=T.Q4_0):
@@ -84,12 +60,7 @@ class Q4_0(_Legacy, ggml_type=T.Q4_0):
     x86_repacked = X86_BUILDS     # q4_0_8x8
     quantize_kernel = quantizer("kernels:q4_0_quantize", "_weighted_quantize:q4_0_quantize_w")
 
-    @classmethod
-    def dequantize_blocks(cls, b):
-        from ..kernels import twins
-        out = np.empty((b.shape[0], 32), np.float32)
-        twins.q4_0_dequantize(b, out)
-        return out
+    dequantize_blocks = dequantizer("twin:q4_0_dequantize")
 
 
 class Q4_1(_Legacy, ggml_type=T.GGMLType.Q4_1):
@@ -98,23 +69,13 @@ class Q4_1(_Legacy, ggml_type=T.GGMLType.Q4_1):
     llama_cpp = _q1_x86("Q4_1_KIND")
     quantize_kernel = quantizer("kernels:q4_1_quantize", "_weighted_quantize:q4_1_quantize_w")
 
-    @classmethod
-    def dequantize_blocks(cls, b):
-        return gguf_dequantize(b, cls.ggml_type)
-
 
 class Q5_0(_Legacy, ggml_type=T.GGMLType.Q5_0):
     type_size = 22
     llama_cpp = _q0_x86("Q5_0_KIND")
     quantize_kernel = quantizer("kernels:q5_0_quantize", "_weighted_quantize:q5_0_quantize_w")
 
-    @classmethod
-    def dequantize_blocks(cls, b):
-        from ..kernels.tables import F16_TO_F32
-        from ._dequantize import dequantize_q5_0
-        out = np.empty((b.shape[0], 32), np.float32)
-        dequantize_q5_0(b, F16_TO_F32, out)
-        return out
+    dequantize_blocks = dequantizer("compiled:dequantize_q5_0")
 
 
 class Q5_1(_Legacy, ggml_type=T.GGMLType.Q5_1):
@@ -123,19 +84,10 @@ class Q5_1(_Legacy, ggml_type=T.GGMLType.Q5_1):
     llama_cpp = _q1_x86("Q5_1_KIND")
     quantize_kernel = quantizer("kernels:q5_1_quantize", "_weighted_quantize:q5_1_quantize_w")
 
-    @classmethod
-    def dequantize_blocks(cls, b):
-        return gguf_dequantize(b, cls.ggml_type)
-
 
 class Q8_0(_Legacy, ggml_type=T.Q8_0):
     type_size = 34
     llama_cpp = _q0_x86("Q8_0_KIND")
     quantize_kernel = quantizer("kernels:q8_0_quantize", None)   # GGML's Q8_0 ignores quant_weights
 
-    @classmethod
-    def dequantize_blocks(cls, b):
-        from ..kernels import twins
-        out = np.empty((b.shape[0], 32), np.float32)
-        twins.q8_0_dequantize(b, out)
-        return out
+    dequantize_blocks = dequantizer("twin:q8_0_dequantize")
