@@ -519,3 +519,12 @@ def test_a_bad_cache_max_is_one_error_line(tmp_path, kernels):
     assert r.returncode == 1 and r.stdout == ""
     (line,) = r.stderr.splitlines()
     assert line == "Error: GGTOOL_CACHE_MAX must be a size such as 2G, 512M or a number of bytes, got 'lots'"
+
+
+def test_the_tiles_identity_covers_every_packer_and_record_source():
+    """A change to any code a packed form comes from (kernels' packers and decoders, a qtypes record's
+    K form or levels, the grids) makes new tiles: those files are the digest's."""
+    names = {os.path.relpath(p, os.path.dirname(os.path.dirname(packs.__file__))) for p in packs.packer_sources()}
+    assert {"kernels/dot.py", "kernels/dot_k.py", "kernels/decode.py", "kernels/simd.py", "qtypes/__init__.py",
+            "qtypes/iq2.py", "qtypes/iq4nl.py", "qtypes/grids.py", "qtypes/kquant.py"} <= names
+    assert all(os.path.isfile(p) for p in packs.packer_sources())

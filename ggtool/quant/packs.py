@@ -47,6 +47,7 @@ fit is not cached. A file's identity folder reserves the file's size when it is 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -70,7 +71,9 @@ _MAGIC = b"GGTPACK2"
 _PREFIX = 16              # magic, then the CRC-32 (little-endian uint64) of everything after these 16 bytes
 _HEADER = 4096
 _ALIGN = 64
-_PACKERS = ("dot.py", "dot_k.py", "dot_base.py", "simd.py")
+# the sources of the packed forms: kernels' packers and the decoders they read, and every qtypes
+# module (a record's K form, levels or packed form, and the grids they decode with)
+_PACKERS = ("dot.py", "dot_k.py", "dot_base.py", "simd.py", "decode.py")
 _USED = ".used"           # an identity folder's stamp: its mtime is its last use, its text the bytes it reserves
 _REFUSED = ".refused-"     # a run (its caller's pid) has reported damage here: its pool's other processes say nothing
 _CHECKED = ".checked"     # an identity folder's log of the tiles whose CRC matched, as the file system saw them
@@ -84,12 +87,20 @@ def max_bytes() -> int:
     return DEFAULT_MAX if value is None else value
 
 
+def packer_sources() -> list[str]:
+    """The files whose text the tiles' identity digests (``_PACKERS``, the qtypes modules)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    qtypes = os.path.join(package, "qtypes")
+    paths = [os.path.join(package, "kernels", name) for name in _PACKERS]
+    return paths + sorted(os.path.join(qtypes, n) for n in os.listdir(qtypes) if n.endswith(".py"))
+
+
+@functools.lru_cache(maxsize=1)
 def _packers_digest() -> str:
     h = hashlib.sha1()
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
-    for name in _PACKERS:
-        with open(os.path.join(here, name), "rb") as f:
-            h.update(f.read())
+    for path in packer_sources():
+        with open(path, "rb") as f:
+            h.update(os.path.basename(path).encode() + b"\0" + f.read())
     return h.hexdigest()[:12]
 
 
