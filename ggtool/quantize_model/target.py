@@ -63,9 +63,9 @@ def _bits(t: T.GGMLType) -> float:
 
 def candidate_types(imatrix: bool = True) -> tuple[T.GGMLType, ...]:
     """The types a size target chooses from, fewest bits per weight first: every block type of the
-    registry (the legacy types, the K-quants, IQ*; llama-quantize writes them all with --tensor-type:
-    rules.WRITABLE) but those of LEFT_OUT. Without an importance matrix, not those llama-quantize or GGML refuse
-    without one (the records' needs_imatrix, ggml_requires_imatrix: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS,
+    registry (the legacy types, the K-quants, IQ*; llama-quantize writes each as a tensor's own type:
+    rules.WRITABLE) but those of LEFT_OUT. Without an importance matrix, not those llama-quantize or
+    GGML refuse without one (the records' needs_imatrix, ggml_requires_imatrix: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS,
     IQ2_S, IQ3_XXS); with one they are candidates of the tensors that have an entry (`measure`)."""
     from ..qtypes import REGISTRY
     from .rules import WRITABLE
