@@ -22,12 +22,16 @@ def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_
     token of `stop_ids` (which is yielded)."""
     if n_predict <= 0 or not prompt:
         return
-    from ..kernels.first_run import prepare, repeating
+    from ..kernels.first_run import prepare, prepare_runner, repeating
     from ..threads import free_cpus
 
     session.prepare(len(prompt), 1)
     if hasattr(session, "graph"):     # the step's kernels that a first-ever run compiles: start them now
-        prepare(products(session.graph(1)), n_predict, free_cpus())
+        graph, free = session.graph(1), free_cpus()
+        prepare(products(graph), n_predict, free)
+        if getattr(session, "pool", None) is None or getattr(session, "n_threads", 1) <= 1:
+            from ..runner import kernels_used   # and the compiled runner's, where it pays (one process)
+            prepare_runner(*kernels_used(graph.nodes, getattr(session, "numerics", "ggml")), n_predict, free)
     with repeating(n_predict) as steps:     # a kernel not compiled yet: its twin's cost counts once a step to come
         t0 = clock()
         logits = session.eval(prompt)
