@@ -333,3 +333,24 @@ def test_a_compile_ahead_process_of_several_kernels_goes_on_past_a_failure(tmp_p
     assert proc.args[:2] == [sys.executable, "-I"] and proc.wait(timeout=300) == 1
     assert os.path.isfile(cache.marker("ready", "node:scale_f32"))
     assert not os.path.exists(cache.marker("ready", "node:no_such_kernel"))
+
+
+def test_dots_of_a_family_compile_ahead_in_one_process(cli, monkeypatch):
+    """The 32-value dots share one process (their activation pass compiled once, numba loaded once),
+    the K-quants another; the first call of each waits for its family's process."""
+    compiled, _ = cli
+    spawned = []
+    monkeypatch.setattr(first_run, "_ahead", {})
+
+    def spawn(names):
+        spawned.append(names)
+        return _Group([names] if isinstance(names, str) else names)
+
+    monkeypatch.setattr(first_run, "_spawn", spawn)
+    products = [("q4_0", 32000, 2048, 1), ("q8_0", 32000, 2048, 1), ("q4_K", 32000, 2048, 1), ("q6_K", 32000, 2048, 1)]
+    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["dot:q4_0", "dot:q8_0", "dot:q4_K", "dot:q6_K"]
+    assert spawned == [["dot:q4_0", "dot:q8_0"], ["dot:q4_K", "dot:q6_K"]]
+    first_run._ahead["dot:q4_0"].done()
+    assert first_run.use_compiled("dot:q8_0", 10.0) and first_run.use_compiled("dot:q4_0", 10.0)
+    first_run._ahead["dot:q4_K"].done(1)                 # failed: each compiles here at its first call
+    assert first_run.use_compiled("dot:q6_K", 10.0) and compiled == ["dot:q6_K"]

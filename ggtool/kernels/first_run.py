@@ -21,7 +21,8 @@ meanwhile is used as soon as its ready marker is there. A library user's process
 always has (``cache.use_kernel``), and so does every cached kernel.
 
 Ahead of large work whose products are known (``prepare``: a generation's step), the kernels the
-rule would compile start compiling at once, each in a process of its own (``ggtool.isolation``:
+rule would compile start compiling at once, in processes of their own (the 32-value dots in one,
+the K-quants in another: a family shares its activation pass; ``ggtool.isolation``:
 ``python -I`` in "/", a filtered environment), side by side on the free CPUs while this process reads
 the model and builds the graph; the first call of such a kernel waits for its process, and
 compiles in process where that failed. Processes still compiling when the command ends are
@@ -167,7 +168,7 @@ def _tell(seconds: float) -> None:
 
 
 def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
-    """Start compiling, each in a process of its own, the dot kernels that the work ahead would
+    """Start compiling, in processes of their own (one a family of dots), the dot kernels that the work ahead would
     compile anyway: `products` are its matrix products as (weight type name, rows, row length,
     activation rows), `repeats` how often it is computed. Only in the command line's process, for
     kernels neither cached nor compiled, and where at least 2 CPUs are free (`free_cpus`: else they
@@ -182,14 +183,22 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     todo = [name for name, s in sorted(cost.items()) if s * max(1, repeats) > COMPILE_SECONDS["dot"]
             and name not in _compiled and name not in _ahead and not cache.use_kernel(name)
             and not _ready(name)]
-    started = []
+    # a process for the 32-value dots and one for the K-quants (those of a family share their activation
+    # pass: compiled once; numba loaded once), one for all where fewer CPUs are free
+    groups: dict[str, list[str]] = {}
     for name in todo:
-        proc = _spawn(name)
+        groups.setdefault("K" if name.endswith("_K") else "32", []).append(name)
+    if len(groups) > free_cpus:
+        groups = {"all": todo}
+    started = []
+    for names in groups.values():
+        proc = _spawn(names[0] if len(names) == 1 else names)
         if proc is not None:
-            _ahead[name] = proc
-            started.append(name)
+            for name in names:
+                _ahead[name] = proc
+            started.extend(names)
     if started:
-        _tell(COMPILE_SECONDS["dot"] * len(started) / min(len(started), free_cpus) + 0.7)
+        _tell(COMPILE_SECONDS["dot"] * len(started) / min(len(groups), free_cpus) + 0.7)
         if len(_ahead) == len(started):
             atexit.register(_stop_ahead)
     return started
@@ -270,7 +279,8 @@ def _wait_ahead(name: str) -> bool:
     """Wait for the process compiling `name` ahead; whether it compiled it (then this process loads
     it from the cache)."""
     proc = _ahead.pop(name)
-    ok = proc.wait() == 0 and _ready(name)
+    proc.wait()
+    ok = _ready(name)           # a process of several kernels marks each as it is done
     if ok:
         _compiled.add(name)
     return ok
