@@ -31,7 +31,7 @@ def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_
         prepare(products(graph), n_predict, free)
         if getattr(session, "pool", None) is None or getattr(session, "n_threads", 1) <= 1:
             from ..runner import kernels_used   # and the compiled runner's, where it pays (one process)
-            prepare_runner(*kernels_used(graph.nodes, getattr(session, "numerics", "ggml")), n_predict, free)
+            prepare_runner(lambda: kernels_used(graph.nodes, getattr(session, "numerics", "ggml")), 0, n_predict, free)
     with repeating(n_predict) as steps:     # a kernel not compiled yet: its twin's cost counts once a step to come
         t0 = clock()
         logits = session.eval(prompt)

@@ -204,15 +204,18 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     return started
 
 
-def prepare_runner(kernels, nodes: int, repeats: int = 1, free_cpus: int = 1) -> list[str]:
+def prepare_runner(kernels, nodes: int = 0, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     """Start compiling, in one process of its own, the compiled graph runner's loop and the node kernels
     `kernels` (``kernels.nodes`` names, the most used first) that the work ahead would run on it, where
     running its `nodes` computing nodes from Python `repeats` times would cost more than compiling
     them (PYTHON_NODE a node and time against COMPILE_SECONDS). Only in the command line's process,
     for kernels neither cached nor compiled, and where at least 2 CPUs are free. Returns the kernels
-    started ("runner", "node:<name>"): each is used from the first compute after it is ready (`stamp`)."""
-    if not role.COMMAND_LINE or role.POOL_WORKER or free_cpus < 2:
-        return []
+    started ("runner", "node:<name>"): each is used from the first compute after it is ready (`stamp`).
+    `kernels` may be a function giving (kernels, nodes), asked only where the runner is not cached."""
+    if not role.COMMAND_LINE or role.POOL_WORKER or free_cpus < 2 or cache.use_kernel("runner"):
+        return []                       # a cached runner: its kernels are the background compiler's
+    if callable(kernels):
+        kernels, nodes = kernels()
     names = ["runner", *dict.fromkeys(f"node:{k}" for k in kernels)]
     todo = [n for n in names if n not in _compiled and n not in _ahead and n not in _runner_pending
             and not cache.use_kernel(n) and not _ready(n)]
