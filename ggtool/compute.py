@@ -290,6 +290,8 @@ def _bound(graph, plan: Plan):
     """The graph's compiled steps for one participant in this process (None where it has no compiled
     runner), kept for a frozen graph while its plan, numerics, node placement and the contexts'
     buffers are those they were made for."""
+    from .kernels import first_run
+
     frozen = graph in _FROZEN
     got = _BOUND.get(graph) if frozen else None
     if got is not None:
@@ -298,14 +300,14 @@ def _bound(graph, plan: Plan):
         contexts = [weakref.ref(c) for c in {id(t.ctx): t.ctx for t in itertools.chain(graph.nodes, graph.leafs)
                                              if t.storage is None}.values()]
     buffers = tuple(None if c() is None else c().buffer.ctypes.data for c in contexts)
-    key = (id(plan), plan.numerics, id(graph.binding), plan.work_offset, buffers)
-    if got is not None and got[0] == key and got[1].fresh():
-        return got[1]
+    # the kernels compiled ahead so far (first_run.stamp): the program is made again when one more is ready
+    key = (id(plan), plan.numerics, id(graph.binding), plan.work_offset, buffers, first_run.stamp(),
+           "numba" in sys.modules)      # runner.worth
+    if got is not None and got[0] == key and (got[1] is None or got[1].fresh()):
+        return got[1]       # None: no runner for it (yet), not asked again every step
     b = graph.binding
     program = runner.make_program(graph.nodes, 1, plan.numerics, fuse=b is not None, keep=b.kept if b else frozenset())
-    if program is None:
-        return None
-    bound = runner.bind(program, graph.nodes, plan.numerics, 0, 1)
+    bound = None if program is None else runner.bind(program, graph.nodes, plan.numerics, 0, 1)
     if frozen:
         _BOUND[graph] = (key, bound, contexts)
     return bound

@@ -90,10 +90,11 @@ def available() -> bool:
     """Whether this process runs graphs on the compiled runner: numba loads, and in ggtool's command
     line and its workers the runner is in the kernel cache already (else it is compiled in the
     background for the next run, with the node kernels `make_program` asked for, and this one runs
-    each node from Python, as before the runner)."""
-    from .kernels import cache
+    each node from Python, as before the runner, until a process compiling it ahead has made it:
+    ``kernels.first_run.prepare_runner``)."""
+    from .kernels import first_run
 
-    if not cache.use_kernel("runner"):
+    if not first_run.ready_now("runner"):
         return False
     try:
         from .kernels import runner  # noqa: F401
@@ -104,15 +105,34 @@ def available() -> bool:
 
 def kernel_ready(name: str) -> bool:
     """Whether node kernel `name` is compiled here (or may be: a library's process compiles it)."""
-    from .kernels import cache
-
-    return cache.use_kernel(f"node:{name}")
+    return _cached(f"node:{name}")
 
 
 def _cached(name: str) -> bool:
-    from .kernels import cache
+    """Whether kernel `name` runs compiled here now (``kernels.first_run.ready_now``: it is wished for
+    the next run otherwise)."""
+    from .kernels import first_run
 
-    return cache.use_kernel(name)
+    return first_run.ready_now(name)
+
+
+def kernels_used(nodes, numerics: str) -> tuple[list[str], int]:
+    """The node kernels a program of `nodes` would run (``kernels.nodes`` names, the most used first;
+    fused steps are not counted: each node's own kernels stand for them) and how many nodes compute:
+    what ``kernels.first_run.prepare_runner`` weighs."""
+    count: dict[str, int] = {}
+    n = 0
+    for node in nodes:
+        if not computes(node):
+            continue
+        n += 1
+        try:
+            mine = kernel_for(node).steps(node, numerics)
+        except GGToolError:
+            continue
+        for s in mine:
+            count[s.kernel] = count.get(s.kernel, 0) + 1
+    return sorted(count, key=lambda k: (-count[k], k)), n
 
 
 # -- the program (the caller's) ------------------------------------------------------------------------
@@ -201,8 +221,10 @@ def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bo
                 mine = k.steps(node, numerics)
             except GGToolError:
                 mine = ()
-            if mine and not all(kernel_ready(s.kernel) and all(_cached(n) for n in s.needs)
-                                and not any(id(t.root) in changing for t in s.stable) for s in mine):
+            # every step's kernels asked (not only up to the first missing): a first-ever run wishes
+            # for all of them at once, for the next run
+            if mine and not all([kernel_ready(s.kernel) and all([_cached(n) for n in s.needs])
+                                 and not any(id(t.root) in changing for t in s.stable) for s in mine]):
                 mine = ()
         if mine:
             first = 0

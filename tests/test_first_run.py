@@ -223,3 +223,134 @@ def test_a_compile_ahead_process_needs_a_cache(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheWarning)
         assert first_run._spawn("quantize:Q8_K") is None
+
+
+class _Group:
+    """A process compiling the runner's kernels ahead (prepare_runner): each marked ready when `done`,
+    or none of them when it failed."""
+
+    def __init__(self, names):
+        self.names, self.code = list(names), None
+
+    def done(self, code: int = 0) -> None:
+        if code == 0:
+            for n in self.names:
+                first_run._mark_ready(n)
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+    def wait(self):
+        return self.code
+
+    def kill(self):
+        self.code = -9
+
+
+@pytest.fixture
+def runner_ahead(cli, monkeypatch):
+    """cli, with the runner's compile-ahead processes recorded (`_Group`s), not started."""
+    from ggtool import compute, runner
+
+    monkeypatch.setattr(runner, "WORTH_NUMBA", 0)
+    monkeypatch.setattr(compute, "COMPILED", True)
+    monkeypatch.setattr(first_run, "_ahead", {})
+    monkeypatch.setattr(first_run, "_runner_pending", {})
+    monkeypatch.setattr(first_run, "_stamp", [0])
+    groups = []
+    monkeypatch.setattr(first_run, "_spawn", lambda names, nice=False: groups.append(_Group(names)) or groups[-1])
+    return groups
+
+
+def _norm_graph():
+    import ggtool
+    from ggtool.ops import FUNCTIONS as F
+
+    ctx = ggtool.Context()
+    x = ctx.new_tensor("f32", [640, 3])
+    x.set_data((np.random.default_rng(3).standard_normal((3, 640)) * 3).astype(np.float32))
+    y = F["scale"](ctx, F["rms_norm"](ctx, x, 1e-6), 0.37)
+    return ggtool.Graph(ctx).expand(y), y
+
+
+def test_the_runners_kernels_compile_ahead_for_large_work_only(runner_ahead, capsys):
+    """prepare_runner(): the runner's loop and the node kernels a generation uses start compiling, in
+    one process, where its steps from Python would cost more than compiling them; never for small
+    work, without a free CPU, for kernels cached already, or twice."""
+    from ggtool import runner
+
+    g, _ = _norm_graph()
+    names, n = runner.kernels_used(g.nodes, "ggml")
+    assert (names, n) == (["rms_norm_f32", "scale_f32"], 2)
+    cost = first_run.COMPILE_SECONDS["runner"] + 2 * first_run.COMPILE_SECONDS["node"]
+    enough = int(cost / (first_run.PYTHON_NODE * n)) + 1
+    assert first_run.prepare_runner(names, n, repeats=1, free_cpus=2) == []            # small work
+    assert first_run.prepare_runner(names, n, repeats=enough - 2, free_cpus=2) == []
+    assert first_run.prepare_runner(names, n, repeats=enough, free_cpus=1) == []       # no CPU to spare
+    assert runner_ahead == [] and capsys.readouterr().err == ""
+    started = first_run.prepare_runner(names, n, repeats=enough, free_cpus=2)
+    assert started == ["runner", "node:rms_norm_f32", "node:scale_f32"] == runner_ahead[0].names
+    assert capsys.readouterr().err.count("compiling ggtool's kernels for this CPU") == 1
+    assert first_run.prepare_runner(names, n, repeats=enough, free_cpus=2) == []      # nothing twice
+    runner_ahead[0].done()
+    first_run.stamp()
+    assert first_run.prepare_runner(names, n, repeats=enough, free_cpus=2) == []      # ready now
+    assert len(runner_ahead) == 1
+
+
+@pytest.mark.parametrize("outcome", [0, 1])
+def test_a_frozen_graph_switches_to_the_runner_once_its_kernels_are_ready(runner_ahead, outcome):
+    """While the runner's kernels compile ahead, a generation's (frozen) graph computes from Python;
+    from the first compute after they are ready it runs on the runner, with the same bits; a failed
+    compile leaves it to Python, with the same bits too."""
+    import ggtool
+    from ggtool import compute, runner
+
+    g, y = _norm_graph()
+    compute.freeze(g)
+    names, n = runner.kernels_used(g.nodes, "ggml")
+    assert first_run.prepare_runner(names, n, repeats=10 ** 7, free_cpus=2)
+    results, on_runner = [], []
+    for step in range(4):
+        if step == 2:
+            runner_ahead[0].done(outcome)
+        plan = ggtool.graph_compute(g, 1)
+        results.append(np.array(y.data).tobytes())
+        on_runner.append(compute._bound(g, plan) is not None)
+    assert on_runner == [False, False] + [outcome == 0] * 2
+    assert len(set(results)) == 1
+    assert first_run._runner_pending == {}
+
+
+def test_a_compile_ahead_process_of_several_kernels_goes_on_past_a_failure(tmp_path, monkeypatch):
+    """The runner's compile-ahead process (python -I, niced): each kernel marked ready as it is done;
+    one that fails does not stop the others, and the exit code says one failed."""
+    monkeypatch.setenv("GGTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(cache, "_dirs", {})
+    proc = first_run._spawn(["node:no_such_kernel", "node:scale_f32"], nice=True)
+    assert proc.args[:2] == [sys.executable, "-I"] and proc.wait(timeout=300) == 1
+    assert os.path.isfile(cache.marker("ready", "node:scale_f32"))
+    assert not os.path.exists(cache.marker("ready", "node:no_such_kernel"))
+
+
+def test_dots_of_a_family_compile_ahead_in_one_process(cli, monkeypatch):
+    """The 32-value dots share one process (their activation pass compiled once, numba loaded once),
+    the K-quants another; the first call of each waits for its family's process."""
+    compiled, _ = cli
+    spawned = []
+    monkeypatch.setattr(first_run, "_ahead", {})
+
+    def spawn(names):
+        spawned.append(names)
+        return _Group([names] if isinstance(names, str) else names)
+
+    monkeypatch.setattr(first_run, "_spawn", spawn)
+    products = [("q4_0", 32000, 2048, 1), ("q8_0", 32000, 2048, 1), ("q4_K", 32000, 2048, 1), ("q6_K", 32000, 2048, 1)]
+    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["dot:q4_0", "dot:q8_0", "dot:q4_K", "dot:q6_K"]
+    assert spawned == [["dot:q4_0", "dot:q8_0"], ["dot:q4_K", "dot:q6_K"]]
+    first_run._ahead["dot:q4_0"].done()
+    assert first_run.use_compiled("dot:q8_0", 10.0) and first_run.use_compiled("dot:q4_0", 10.0)
+    first_run._ahead["dot:q4_K"].done(1)                 # failed: each compiles here at its first call
+    assert first_run.use_compiled("dot:q6_K", 10.0) and compiled == ["dot:q6_K"]

@@ -22,12 +22,10 @@ def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_
     token of `stop_ids` (which is yielded)."""
     if n_predict <= 0 or not prompt:
         return
-    from ..kernels.first_run import prepare, repeating
-    from ..threads import free_cpus
+    from ..kernels.first_run import repeating
 
     session.prepare(len(prompt), 1)
-    if hasattr(session, "graph"):     # the step's kernels that a first-ever run compiles: start them now
-        prepare(products(session.graph(1)), n_predict, free_cpus())
+    ahead(session, n_predict)
     with repeating(n_predict) as steps:     # a kernel not compiled yet: its twin's cost counts once a step to come
         t0 = clock()
         logits = session.eval(prompt)
@@ -40,6 +38,22 @@ def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_
                 return
             steps.next(n_predict - 1 - i)
             logits = session.eval([token])
+
+
+def ahead(session, n_predict: int) -> None:
+    """Before a generation of n_predict steps: the kernels of its step that a first-ever run would
+    compile start compiling now, in side processes (ggtool.kernels.first_run.prepare: the dots;
+    prepare_runner: the compiled runner's, with one thread, where it pays)."""
+    if not hasattr(session, "graph"):
+        return
+    from ..kernels.first_run import prepare, prepare_runner
+    from ..threads import free_cpus
+
+    graph, free = session.graph(1), free_cpus()
+    prepare(products(graph), n_predict, free)
+    if getattr(session, "pool", None) is None or getattr(session, "n_threads", 1) <= 1:
+        from ..runner import kernels_used
+        prepare_runner(lambda: kernels_used(graph.nodes, getattr(session, "numerics", "ggml")), 0, n_predict, free)
 
 
 def products(graph) -> list[tuple]:

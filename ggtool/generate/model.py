@@ -223,13 +223,22 @@ class Generator:
         s = self.session
         s.n_past = keep
         self.cached, self.reused = self.cached[:keep], keep
+        room = self.n_ctx - len(prompt) + 1       # the last token is sampled, never evaluated
+        limit = min(n_predict, room)
+        from ..kernels.first_run import repeating
+        from .loop import ahead
+
+        ahead(s, limit)                 # a first-ever run's kernels for the steps: compiling from now on
+        with repeating(limit) as steps:     # a kernel not compiled yet: its twin's cost counts once a step to come
+            yield from self._steps(prompt, keep, limit, room, n_predict, chain, stop_ids, text, logprobs, clock, steps)
+
+    def _steps(self, prompt, keep, limit, room, n_predict, chain, stop_ids, text, logprobs, clock, steps):
+        s = self.session
         t0 = clock()
         logits = s.eval(prompt[keep:])
         self.cached += prompt[keep:]
         prompt_seconds = clock() - t0
         t1 = clock()
-        room = self.n_ctx - len(prompt) + 1       # the last token is sampled, never evaluated
-        limit = min(n_predict, room)
         vocab = self.model.vocab
         for i in range(limit):
             token = chain.sample(logits)
@@ -248,5 +257,6 @@ class Generator:
             yield Step(token, piece, released, lp, top, end, text.stopped, prompt_seconds, clock() - t1)
             if end is not None:
                 return
+            steps.next(limit - 1 - i)
             logits = s.eval([token])
             self.cached.append(token)

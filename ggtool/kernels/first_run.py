@@ -21,11 +21,22 @@ meanwhile is used as soon as its ready marker is there. A library user's process
 always has (``cache.use_kernel``), and so does every cached kernel.
 
 Ahead of large work whose products are known (``prepare``: a generation's step), the kernels the
-rule would compile start compiling at once, each in a process of its own (``ggtool.isolation``:
+rule would compile start compiling at once, in processes of their own (the 32-value dots in one,
+the K-quants in another: a family shares its activation pass; ``ggtool.isolation``:
 ``python -I`` in "/", a filtered environment), side by side on the free CPUs while this process reads
 the model and builds the graph; the first call of such a kernel waits for its process, and
 compiles in process where that failed. Processes still compiling when the command ends are
 stopped (the background compiler finishes their work for the next run).
+
+The compiled graph runner (``ggtool.runner``) is weighed the same way (``prepare_runner``): its loop
+and node kernels cost ~1-3.5 s CPU each to compile (~20 s for a gemma-3 decode's thirteen), and
+spare each computing node ~PYTHON_NODE of Python a step. Where a generation's steps would spare
+more than compiling costs, the kernels it has no compiled form of yet start compiling ahead, all in
+one process (numba loaded once, the callees they share compiled once), the most used first, each
+marked ready as it is done; the graph's program is made again at the first step after one is
+(``stamp``, which ``compute`` watches), so a step runs on the runner as soon as it can, with the
+same bits (the runner's kernels compute what the Python forwards do). A kernel that failed to
+compile ahead leaves its nodes to Python, as before.
 
 Light: os, sys, time (subprocess where a kernel compiles ahead); numba loads only where a kernel
 compiles in this process.
@@ -45,7 +56,10 @@ from . import cache
 # CPU seconds to compile a kernel, measured on this machine (a dot: ~1.4-2.2 s, its tile and the
 # activation pass the 32-value types share; docs/engine.md, "Small work and large work"): a
 # twin may cost as much before the kernel is compiled.
-COMPILE_SECONDS = {"dot": 2.0, "quantize": 1.0}
+COMPILE_SECONDS = {"dot": 2.0, "quantize": 1.0, "runner": 1.6, "node": 1.5}
+# What a computing node costs from Python more than on the compiled runner, a step (measured: a 128-token
+# gemma-3-270m generation, 15.0 s CPU without the runner, 9.4 s with it, ~800 nodes a step).
+PYTHON_NODE = 55e-6
 
 # What a twin costs (seconds): a dot ~ N*K*(TWIN_DECODE[type] + TWIN_MAC * M) + TWIN_CALL, a
 # quantizer ~ values * TWIN_VALUE + TWIN_CALL (measured with one BLAS thread on 4096 x 2048
@@ -63,6 +77,8 @@ _compiled: set[str] = set()          # kernels this process runs compiled
 _ahead: dict = {}                    # kernel -> the process compiling it ahead (subprocess.Popen)
 _spent: dict[str, float] = {}        # kernel -> seconds its twin has cost (estimated)
 _told = [False]
+_runner_pending: dict = {}           # runner kernel compiling ahead -> its process (prepare_runner)
+_stamp = [0]                         # how many of those have become ready (or failed) so far
 
 
 class Repeats:
@@ -152,7 +168,7 @@ def _tell(seconds: float) -> None:
 
 
 def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
-    """Start compiling, each in a process of its own, the dot kernels that the work ahead would
+    """Start compiling, in processes of their own (one a family of dots), the dot kernels that the work ahead would
     compile anyway: `products` are its matrix products as (weight type name, rows, row length,
     activation rows), `repeats` how often it is computed. Only in the command line's process, for
     kernels neither cached nor compiled, and where at least 2 CPUs are free (`free_cpus`: else they
@@ -167,22 +183,86 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     todo = [name for name, s in sorted(cost.items()) if s * max(1, repeats) > COMPILE_SECONDS["dot"]
             and name not in _compiled and name not in _ahead and not cache.use_kernel(name)
             and not _ready(name)]
-    started = []
+    # a process for the 32-value dots and one for the K-quants (those of a family share their activation
+    # pass: compiled once; numba loaded once), one for all where fewer CPUs are free
+    groups: dict[str, list[str]] = {}
     for name in todo:
-        proc = _spawn(name)
+        groups.setdefault("K" if name.endswith("_K") else "32", []).append(name)
+    if len(groups) > free_cpus:
+        groups = {"all": todo}
+    started = []
+    for names in groups.values():
+        proc = _spawn(names[0] if len(names) == 1 else names)
         if proc is not None:
-            _ahead[name] = proc
-            started.append(name)
+            for name in names:
+                _ahead[name] = proc
+            started.extend(names)
     if started:
-        _tell(COMPILE_SECONDS["dot"] * len(started) / min(len(started), free_cpus) + 0.7)
+        _tell(COMPILE_SECONDS["dot"] * len(started) / min(len(groups), free_cpus) + 0.7)
         if len(_ahead) == len(started):
             atexit.register(_stop_ahead)
     return started
 
 
-def _spawn(name: str):
-    """A compile-ahead process for kernel `name`, started as every child of ggtool is (``isolation``:
-    ``python -I`` in "/", a filtered environment), or None where none can start."""
+def prepare_runner(kernels, nodes: int = 0, repeats: int = 1, free_cpus: int = 1) -> list[str]:
+    """Start compiling, in one process of its own, the compiled graph runner's loop and the node kernels
+    `kernels` (``kernels.nodes`` names, the most used first) that the work ahead would run on it, where
+    running its `nodes` computing nodes from Python `repeats` times would cost more than compiling
+    them (PYTHON_NODE a node and time against COMPILE_SECONDS). Only in the command line's process,
+    for kernels neither cached nor compiled, and where at least 2 CPUs are free. Returns the kernels
+    started ("runner", "node:<name>"): each is used from the first compute after it is ready (`stamp`).
+    `kernels` may be a function giving (kernels, nodes), asked only where the runner is not cached."""
+    if not role.COMMAND_LINE or role.POOL_WORKER or free_cpus < 2 or cache.use_kernel("runner"):
+        return []                       # a cached runner: its kernels are the background compiler's
+    if callable(kernels):
+        kernels, nodes = kernels()
+    names = ["runner", *dict.fromkeys(f"node:{k}" for k in kernels)]
+    todo = [n for n in names if n not in _compiled and n not in _ahead and n not in _runner_pending
+            and not cache.use_kernel(n) and not _ready(n)]
+    cost = sum(COMPILE_SECONDS[n.partition(":")[0]] for n in todo)
+    if not todo or ("runner" not in todo and not ready_now("runner")) \
+            or PYTHON_NODE * nodes * max(1, repeats) <= cost:
+        return []
+    proc = _spawn(todo, nice=True)
+    if proc is None:
+        return []
+    for n in todo:
+        _runner_pending[n] = proc
+    _tell(cost)
+    if not _ahead and len(_runner_pending) == len(todo):
+        atexit.register(_stop_ahead)
+    return todo
+
+
+def ready_now(name: str) -> bool:
+    """Whether kernel `name` runs compiled in this process now, without waiting for anything: compiled
+    here, in the cache (``cache.use_kernel``, which wishes for it otherwise), or marked ready since
+    (by a process compiling it ahead, or another run)."""
+    if name in _compiled:
+        return True
+    if name in _ahead and _ahead[name].poll() is not None:
+        _wait_ahead(name)
+    if cache.use_kernel(name) or _ready(name):
+        _compiled.add(name)
+        return True
+    return False
+
+
+def stamp() -> int:
+    """A number that changes when a kernel compiling ahead for the runner (`prepare_runner`) becomes
+    ready or fails: a graph's program made before is then made again. Costs a look at each pending
+    kernel's ready mark."""
+    for n, proc in list(_runner_pending.items()):
+        if _ready(n) or proc.poll() is not None:
+            del _runner_pending[n]
+            _stamp[0] += 1
+    return _stamp[0]
+
+
+def _spawn(name, nice: bool = False):
+    """A compile-ahead process for kernel `name` (or a list of kernels, compiled in turn), started as
+    every child of ggtool is (``isolation``: ``python -I`` in "/", a filtered environment), or None
+    where none can start. `nice`: it yields the CPU to this process and to the other compiles."""
     import subprocess
 
     from .. import isolation
@@ -191,7 +271,7 @@ def _spawn(name: str):
     if cache.bypassed() or cache.subfolder(root, "ready") is None:
         return None         # no cache to compile into: compiled in process at first use
     try:
-        return isolation.popen(f"from ggtool.kernels.first_run import _compile_main; _compile_main({name!r})",
+        return isolation.popen(f"from ggtool.kernels.first_run import _compile_main; _compile_main({name!r}, {nice!r})",
                                env={"NUMBA_CACHE_DIR": root}, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:     # no process: compiled in process at first use
@@ -202,26 +282,44 @@ def _wait_ahead(name: str) -> bool:
     """Wait for the process compiling `name` ahead; whether it compiled it (then this process loads
     it from the cache)."""
     proc = _ahead.pop(name)
-    ok = proc.wait() == 0 and _ready(name)
+    proc.wait()
+    ok = _ready(name)           # a process of several kernels marks each as it is done
     if ok:
         _compiled.add(name)
     return ok
 
 
 def _stop_ahead() -> None:
-    for proc in list(_ahead.values()):
+    for proc in {id(p): p for p in (*_ahead.values(), *_runner_pending.values())}.values():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     _ahead.clear()
+    _runner_pending.clear()
 
 
-def _compile_main(name: str) -> None:
-    """A compile-ahead process: compile kernel `name` into the cache and mark it ready."""
+def _compile_main(name, nice: bool = False) -> None:
+    """A compile-ahead process: compile kernel `name` (or each of a list, in turn) into the cache and
+    mark it ready; a kernel that fails is left to its caller (the exit code says so), the others go on."""
     from . import warm
 
-    warm.compile_kernel(name)
-    _mark_ready(name)
+    if nice:
+        try:
+            os.nice(5)
+        except OSError:
+            pass
+    failed = False
+    for n in [name] if isinstance(name, str) else name:
+        try:
+            warm.compile_kernel(n)
+        except Exception:               # noqa: BLE001 - compiled (and refused) at its first use instead
+            if isinstance(name, str):
+                raise
+            failed = True
+            continue
+        _mark_ready(n)
+    if failed:
+        sys.exit(1)
 
 
 def _ready(name: str) -> bool:
