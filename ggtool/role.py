@@ -7,6 +7,11 @@ differently there (one home, so that no layer reads another's flag or the comman
   memory map of a file installs a SIGBUS handler (gguf_io.storage.guard_sigbus).
 - `POOL_WORKER`: a worker process of the pool (`GGTOOL_POOL_WORKER` in its environment, or forked
   by pool.fork): a pool made there (by a module a worker imports) computes in-process.
+- `LIBRARY_CALLER`: a pool worker whose caller is a library's process, not ggtool's command line
+  (the caller says so in its first message, `pool.wire.Init`): as its caller, it runs every kernel
+  compiled (compiling at first use where the cache lacks it), not the numpy twin a command line
+  runs until the background compiler has the kernel ready. Participants that decided otherwise
+  compute the same bits, but the one running a twin makes every other wait.
 """
 
 from __future__ import annotations
@@ -15,3 +20,4 @@ from . import environment
 
 COMMAND_LINE = False
 POOL_WORKER = environment.pool_worker()
+LIBRARY_CALLER = False

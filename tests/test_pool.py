@@ -916,3 +916,23 @@ def test_a_worker_removes_the_segments_of_a_dead_caller_only():
     finally:
         for n in set(names) & set(shm.list_segments()):
             shm._posixshmem.shm_unlink("/" + n)
+
+
+def _kernel_decision(name):
+    from ggtool import role
+    from ggtool.kernels import cache
+
+    return role.LIBRARY_CALLER, cache.use_kernel(name)
+
+
+def test_workers_of_a_library_caller_run_the_kernels_it_runs(pool):
+    """A library's process runs every kernel compiled (compiling it at first use); its pool's workers
+    must too, not the numpy twin a command line's workers run until the background compiler marks a
+    kernel ready: a worker on a twin made every other participant wait for it (2 threads decoded at
+    half the speed of one). The name has no ready mark in any cache."""
+    from ggtool import role
+    from ggtool.kernels import cache
+
+    assert not role.COMMAND_LINE and cache.use_kernel("test:never-marked-ready")
+    out = pool.map(_kernel_decision, ["test:never-marked-ready"] * 4)
+    assert out[1:] == [(True, True)] * 3

@@ -306,11 +306,12 @@ _compiler = None                 # the background compile process this process s
 
 def use_kernel(name: str) -> bool:
     """Whether this process runs the compiled kernel `name` (else its numpy twin): yes where it
-    is in the cache already or where the process is a library user's; decided once a process.
-    Where the cache is bypassed, the command line runs the twin and wishes for nothing."""
+    is in the cache already or where the process is a library user's (or a worker of its pool:
+    role.LIBRARY_CALLER); decided once a process. Where the cache is bypassed, the command line
+    runs the twin and wishes for nothing."""
     got = _decided.get(name)
     if got is None:
-        if not (role.COMMAND_LINE or role.POOL_WORKER):
+        if not role.COMMAND_LINE and (not role.POOL_WORKER or role.LIBRARY_CALLER):
             got = True
         else:
             root = cache_dir()

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as _wait_ready
 from multiprocessing.reduction import ForkingPickler
 
+from .. import role
 from ..errors import GGToolError
 from ..interrupts import signals_held
 from . import shm
@@ -122,7 +123,7 @@ def spawn(ctl: shm.Segment) -> Worker:
     conn = Connection(started.sock.detach())
     w = Worker(started.proc, conn, started.life, started.bell)
     try:
-        w.send(Init(ctl.name, ctl.size))
+        w.send(Init(ctl.name, ctl.size, role.COMMAND_LINE))
     except BaseException:
         kill(w)
         raise

@@ -35,9 +35,11 @@ from .segments import share_context
 
 # -- the messages ---------------------------------------------------------------------------------
 class Init(NamedTuple):
-    """The first message: the control segment to attach."""
+    """The first message: the control segment to attach; `command_line`: whether the caller is
+    ggtool's command line (else a library's process: role.LIBRARY_CALLER)."""
     ctl_name: str
     ctl_size: int
+    command_line: bool
 
 
 class Run(NamedTuple):

@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from .. import runner
+from .. import role, runner
 from ..compute import Work, forget_packs
 from ..errors import GGToolError
 from ..ops.base import KERNELS, Kernel
@@ -176,6 +176,7 @@ class _Worker:
             os._exit(0)
         try:
             self.ctl = memoryview(shm.attach(init.ctl_name, init.ctl_size)).cast("q")
+            role.LIBRARY_CALLER = not init.command_line
             self.release = Release()   # our mask, read before Ready: after it the caller may pin us (wake_on)
             self.conn.send(encode(Ready(os.getpid())))
         except BaseException as e:
