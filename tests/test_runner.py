@@ -681,3 +681,52 @@ def test_the_background_compiler_knows_the_runner_and_every_node_kernel(tmp_path
     warm.main()
     assert sorted(os.listdir(tmp_path / "ready")) == [f"node:scale_f32.{tag}", f"runner.{tag}"]
     assert not (tmp_path / "failed").exists() and os.listdir(tmp_path / "wanted") == []
+
+
+@pytest.mark.parametrize("case", ["plain", "heads", "views"])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_f32_products_on_the_runner_sum_as_ggml(case, m, pool3):
+    """F32 x F32 under GGML's numerics (a decode step's attention) is one compiled step, mm_f32: every
+    output a double sum in order, as kernels.dot_float's tiles give it, NaN payloads, infinities and
+    subnormals included; weights broadcast over heads (grouped-query attention) and read through views
+    of a larger cache, as attention reads its K and V."""
+    ctx = ggtool.Context()
+    k = 40
+    if case == "plain":
+        a = leaf(ctx, values((19, k)))
+        b = leaf(ctx, values((m, k)))
+    elif case == "heads":
+        a = leaf(ctx, values((1, 2, 13, k)))                                      # 2 KV heads
+        b = F["permute"](ctx, leaf(ctx, values((1, m, 6, k))), 0, 2, 1, 3)       # 6 query heads
+    else:
+        cache = leaf(ctx, values((3, 50, k + 8)))                               # cells of 48 values a head
+        a = F["view_3d"](ctx, cache, k, 21, 3, cache.nb[1], cache.nb[2], 4 * 8)  # 21 cells, 3 heads
+        b = F["permute"](ctx, leaf(ctx, values((m, 3, k))), 0, 2, 1, 3)
+    y = F["mul_mat"](ctx, a, b)
+    g = ggtool.Graph(ctx).expand(y)
+    assert compiled_kernels(g)[-1] == "mm_f32"
+    same_as_python(g, [y], pools=[pool3])
+
+
+def test_many_f32_rows_stay_on_the_tiles():
+    """From MM_F32_ROWS + 1 activation rows (a prompt's attention) the Python path's 16-lane tiles win."""
+    from ggtool.ops.matmul import MM_F32_ROWS
+
+    ctx = ggtool.Context()
+    y = F["mul_mat"](ctx, leaf(ctx, values((16, 32))), leaf(ctx, values((MM_F32_ROWS + 1, 32))))
+    assert compiled_kernels(ggtool.Graph(ctx).expand(y))[-1] is None
+
+
+@pytest.mark.parametrize("numerics", ["ggml", "llama.cpp-avx2"])
+def test_silu_on_the_runner_as_the_forward_nan_payloads_included(numerics, pool3):
+    """SILU under GGML's numerics is a compiled step (silu_f32: portable_math's exp, as the forward's
+    numpy); under llama.cpp's (ggml_v_silu's lanes) it stays a Python step."""
+    ctx = ggtool.Context()
+    x = np.concatenate([values((7, 64)).reshape(-1), SPECIAL, np.float32([88.8, -88.8, 104.0, -104.0, 1e-30]),
+                        np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0x7F802000, 0x7FA00000, 0xFFFFFFFF],
+                                 np.uint32).view(np.float32)])
+    x = np.pad(x, (0, -len(x) % 32)).reshape(-1, 32)
+    y = F["silu"](ctx, leaf(ctx, x))
+    g = ggtool.Graph(ctx).expand(y)
+    assert compiled_kernels(g, numerics) == ["silu_f32" if numerics == "ggml" else None]
+    same_as_python(g, [y], numerics, pools=[pool3])

@@ -54,7 +54,7 @@ from ..errors import CacheWarning
 SHARED = ("simd.py", "dot_base.py", "dot_k.py", "x86.py", "../qtypes/_k_quantize.py", "../qtypes/_iq4nl_quantize.py",
           "../qtypes/_weighted_quantize.py", "../qtypes/_kernel_base.py", "../qtypes/grids.py",
           # the compiled runner's node kernels compile these modules' functions in
-          "quantize.py", "dot.py", "native.py", "nodes.py")
+          "quantize.py", "dot.py", "dot_float.py", "float_rows.py", "native.py", "nodes.py")
 # numba settings that change the machine code of a kernel (numba's own cache does not key them)
 NUMBA_CODEGEN = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE",
                  "NUMBA_ENABLE_AVX", "NUMBA_DISABLE_INTEL_SVML", "NUMBA_BOUNDSCHECK", "NUMBA_FASTMATH")

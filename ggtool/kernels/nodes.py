@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .float_rows import _exp64
 from .jit import njit, numba
 from .native import voidptr
 from .quantize import _f16_bits
@@ -475,6 +476,36 @@ def gelu_f32(row, frow, ith, nth, wdata):
     return 0
 
 
+# -- silu (ops.unary) ------------------------------------------------------------------------------------
+def silu_f32(row, frow, ith, nth, wdata):
+    """SILU under GGML's numerics, as the forward's numpy: x / (1 + expf(-x)), expf ``float_rows``'
+    (portable_math's exp, rounded once; P .. P+3: the addresses of its constants and tables, 8, 32,
+    32 and 1201 float64s), a NaN's exp its bits made quiet; rows in blocks, row i at i*nb1."""
+    w = words(row, ROW)
+    k0 = carray(voidptr(w[P]), (8,), np.float64)
+    t_hi = carray(voidptr(w[P + 1]), (32,), np.float64)
+    t_lo = carray(voidptr(w[P + 2]), (32,), np.float64)
+    pow2 = carray(voidptr(w[P + 3]), (1201,), np.float64)
+    ne0 = w[DST + NE]
+    r0, r1 = row_block(w[DST + NE + 1] * w[DST + NE + 2] * w[DST + NE + 3], ith, nth)
+    x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
+    xn, yn = w[SRC0 + NB + 1] // 4, w[DST + NB + 1] // 4
+    nan = np.empty(1, np.uint32)
+    nanf = nan.view(np.float32)
+    for r in range(r0, r1):
+        for i in range(ne0):
+            v = x[r * xn + i]
+            m = -v
+            if m != m:
+                nanf[0] = m
+                nan[0] |= np.uint32(0x400000)
+                e = nanf[0]
+            else:
+                e = F32(_exp64(np.float64(m), k0, t_hi, t_lo, pow2))
+            y[r * yn + i] = v / add1(F32(1.0), e)
+    return 0
+
+
 # -- soft_max under llama.cpp's numerics (ops.softmax) ---------------------------------------------------------
 def soft_max_x86(row, frow, ith, nth, wdata):
     """Rows in blocks (row i at i*nb1): w = x*scale, plus the mask row (i % ne1, packed, f32 or f16:
@@ -505,5 +536,5 @@ def soft_max_x86(row, frow, ith, nth, wdata):
     return 0
 
 
-for _fn in (rope_f32, gelu_f32, soft_max_x86):
+for _fn in (rope_f32, gelu_f32, silu_f32, soft_max_x86):
     KERNELS[_fn.__name__] = _fn

@@ -13,6 +13,8 @@ runs it:
   A unit computes each of its outputs exactly as the kernel the Python forward calls does (the same
   tile per row group and block, in the same order), so the bits are the forward's, whoever computes
   the unit.
+- ``mm_f32``: F32 weights and activations under GGML's numerics (attention's products with the KV
+  cache) in one step (no conversion): the Python path's tiles through ``dot_float``'s kernel.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import numpy as np
 from . import quantize, simd, x86
 from .dot import _act_pairs
 from .dot_base import GROUP
+from .dot_float import _dot as _dot_f32
 from .dot_k import _act_pairs_k
 from .jit import njit, numba
-from .nodes import DST, E_VALUE, NB, NE, P, ROW, SRC0, SRC1, A, f32s, f64s, i64s, register, words
+from .nodes import _BIG, DST, E_VALUE, NB, NE, P, ROW, SRC0, SRC1, A, f32s, f64s, i64s, register, words
 from .native import voidptr
 
 # -- mm_convert ---------------------------------------------------------------------------------------
@@ -307,5 +310,60 @@ def mm_x86(row, frow, ith, nth, wdata):
     return 0
 
 
-for _fn in (mm_convert, mm_q32, mm_k, mm_k6, mm_x86):
+# -- mm_f32 -------------------------------------------------------------------------------------------
+def mm_f32(row, frow, ith, nth, wdata):
+    """F32 weights times F32 activations under GGML's numerics (attention's K and V products), as
+    ``ops.matmul._float_mul_mat`` computes them: the same tiles (P, P+1: TILE_FLOAT's activation rows
+    and weight rows; the activation matrices that read one weight matrix, mul_mat's broadcast over
+    ne2/ne3, form one run of rows), the participant's same contiguous share of them, each tile through
+    ``dot_float``'s kernel on its rows gathered, so every output's bits are the Python path's, NaN
+    payloads included. Rows are read at their nb; ne0 is packed (the op checks)."""
+    w = words(row, ROW)
+    rows, cols = w[P], w[P + 1]
+    K, n = w[SRC0 + NE], w[SRC0 + NE + 1]
+    ne02, ne03 = w[SRC0 + NE + 2], w[SRC0 + NE + 3]
+    ne11, ne12, ne13 = w[SRC1 + NE + 1], w[SRC1 + NE + 2], w[SRC1 + NE + 3]
+    r2, r3 = ne12 // ne02, ne13 // ne03
+    a = carray(voidptr(w[SRC0 + A]), (_BIG,), np.uint32)
+    b, d = f32s(w[SRC1 + A]), f32s(w[DST + A])
+    f16 = carray(voidptr(w[P + 2]), (65536,), np.uint32)
+    a1, a2, a3 = w[SRC0 + NB + 1] // 4, w[SRC0 + NB + 2] // 4, w[SRC0 + NB + 3] // 4
+    b1, b2, b3 = w[SRC1 + NB + 1] // 4, w[SRC1 + NB + 2] // 4, w[SRC1 + NB + 3] // 4
+    d1, d2, d3 = w[DST + NB + 1] // 4, w[DST + NB + 2] // 4, w[DST + NB + 3] // 4
+    run = r3 * r2 * ne11
+    tr, tc = (run + rows - 1) // rows, (n + cols - 1) // cols
+    total = ne03 * ne02 * tr * tc
+    t0, t1 = ith * total // nth, (ith + 1) * total // nth
+    if t0 >= t1 or K == 0:
+        return 0
+    for t in range(t0, t1):
+        c0 = (t % tc) * cols
+        row0 = ((t // tc) % tr) * rows
+        m2 = (t // (tc * tr)) % ne02
+        m3 = t // (tc * tr * ne02)
+        nr, nc = min(rows, run - row0), min(cols, n - c0)
+        ao = m3 * a3 + m2 * a2
+        wt = np.empty((nc, K), np.uint32)
+        xf = np.empty((nr, K), np.float32)
+        out = np.empty((nr, nc), np.float32)
+        for c in range(nc):
+            for k in range(K):
+                wt[c, k] = a[ao + (c0 + c) * a1 + k]
+        for r in range(nr):
+            u3, rem = divmod(row0 + r, r2 * ne11)
+            u2, i11 = divmod(rem, ne11)
+            xo = (m3 * r3 + u3) * b3 + (m2 * r2 + u2) * b2 + i11 * b1
+            for k in range(K):
+                xf[r, k] = b[xo + k]
+        _dot_f32(wt, f16, False, xf, out)
+        for r in range(nr):
+            u3, rem = divmod(row0 + r, r2 * ne11)
+            u2, i11 = divmod(rem, ne11)
+            do = (m3 * r3 + u3) * d3 + (m2 * r2 + u2) * d2 + i11 * d1
+            for c in range(nc):
+                d[do + c0 + c] = out[r, c]
+    return 0
+
+
+for _fn in (mm_convert, mm_q32, mm_k, mm_k6, mm_x86, mm_f32):
     register(_fn)

@@ -140,10 +140,23 @@ _UNIT = 16          # nodes_mm.UNIT
 _GROUP = 128        # kernels.dot_base.GROUP: weight rows per repacked row group
 
 
+def _f16_table(ith: int, nth: int, shared: dict):
+    """mm_f32's last int: the fp16 table's address (dot_float's kernel takes it; F32 rows never read it)."""
+    from ..kernels.tables import F16_TO_F32
+    return (int(F16_TO_F32.ctypes.data),), F16_TO_F32, None
+
+
+# F32 x F32 products of up to this many activation rows a matrix run on the runner's ``mm_f32`` (a
+# decode step's attention: no Python step); from more, the Python path's tiles (``kernels.dot_float``,
+# 16 lanes) cost less than the step saves.
+MM_F32_ROWS = 8
+
+
 def _mul_mat_compiled(node, numerics):
     """mul_mat as the compiled runner runs it: src1 converted into the work buffer (``mm_convert``,
     then the barrier), then each participant's units (``mm_q32``, ``mm_k``, ``mm_k6``; ``mm_x86`` under
-    llama.cpp's numerics). F32 and F16 weights under GGML's numerics (``kernels.dot_float``) and BF16 stay in Python."""
+    llama.cpp's numerics); F32 weights with F32 activations under GGML's numerics in one step
+    (``mm_f32``). F16 weights under GGML's numerics (``kernels.dot_float``) and BF16 stay in Python."""
     a, b = node.src
     if not (a.has_data and b.has_data and node.has_data and plain(node)):
         return None
@@ -153,6 +166,10 @@ def _mul_mat_compiled(node, numerics):
         return None
     vdt = T.vec_dot_type(a.type)
     x86 = is_llama_cpp(numerics) and x86_order(a)
+    if a.type == b.type == T.F32 and not x86:
+        if b.ne[1] > MM_F32_ROWS or not plain(a, b) or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+            return None
+        return (CompiledStep("mm_f32", TILE_FLOAT, tensors=(node, a, b), bind=_f16_table),)
     if x86:
         if a.type not in _RUNNER_X86 or (a.type == T.GGMLType.Q4_K and not x86_repacked(a)):
             return None         # unpacked Q4_K takes llama.cpp's vec_dot or tiled kernel (_x86_block)

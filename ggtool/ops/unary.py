@@ -211,7 +211,19 @@ def _gelu_compiled(node, numerics):
     return CompiledStep("gelu_f32", bind=bind)
 
 
-_COMPILED: dict[str, Callable] = {"GELU": _gelu_compiled}     # the compiled runner's (ggtool.runner)
+def _silu_compiled(node, numerics):
+    """``silu_f32`` under GGML's numerics (portable_math's exp, the addresses of its tables per
+    process); llama.cpp's silu (ggml_v_silu's lanes) stays in Python."""
+    src = node.src[0]
+    if is_llama_cpp(numerics) or not (src.type == node.type == T.F32 and plain(src, node) and walks_inside(src, node)):
+        return None
+
+    def bind(ith: int, nth: int, shared: dict):
+        return tuple(int(a.ctypes.data) for a in pm.EXP_CONSTS), pm.EXP_CONSTS, None
+    return CompiledStep("silu_f32", bind=bind)
+
+
+_COMPILED: dict[str, Callable] = {"GELU": _gelu_compiled, "SILU": _silu_compiled}   # the compiled runner's (ggtool.runner)
 
 for _name, (_op, _unary, _split, _fn, _doc) in _OPS.items():
     assert not _unary or _op in UNARY_OPS
