@@ -730,3 +730,15 @@ def test_silu_on_the_runner_as_the_forward_nan_payloads_included(numerics, pool3
     g = ggtool.Graph(ctx).expand(y)
     assert compiled_kernels(g, numerics) == ["silu_f32" if numerics == "ggml" else None]
     same_as_python(g, [y], numerics, pools=[pool3])
+
+
+def test_empty_rows_of_f32_products_give_zeros_as_the_forward(pool3):
+    """Rows of no values (ne0 = 0) sum to zero: the Python path writes them; mm_f32 leaves them to it."""
+    ctx = ggtool.Context()
+    a, b = leaf(ctx, values((5, 4))), leaf(ctx, values((2, 4)))
+    y = F["mul_mat"](ctx, F["view_2d"](ctx, a, 0, 5, a.nb[1], 0), F["view_2d"](ctx, b, 0, 2, b.nb[1], 0))
+    g = ggtool.Graph(ctx).expand(y)
+    assert compiled_kernels(g)[-1] is None
+    y.data[...] = 7
+    ggtool.graph_compute(g, 1)
+    assert y.ne[:2] == (5, 2) and not y.numpy().any()

@@ -317,7 +317,7 @@ def mm_f32(row, frow, ith, nth, wdata):
     and weight rows; the activation matrices that read one weight matrix, mul_mat's broadcast over
     ne2/ne3, form one run of rows), the participant's same contiguous share of them, each tile through
     ``dot_float``'s kernel on its rows gathered, so every output's bits are the Python path's, NaN
-    payloads included. Rows are read at their nb; ne0 is packed (the op checks)."""
+    payloads included. Rows are read at their nb; ne0 is packed and not empty (the op checks)."""
     w = words(row, ROW)
     rows, cols = w[P], w[P + 1]
     K, n = w[SRC0 + NE], w[SRC0 + NE + 1]
@@ -334,7 +334,7 @@ def mm_f32(row, frow, ith, nth, wdata):
     tr, tc = (run + rows - 1) // rows, (n + cols - 1) // cols
     total = ne03 * ne02 * tr * tc
     t0, t1 = ith * total // nth, (ith + 1) * total // nth
-    if t0 >= t1 or K == 0:
+    if t0 >= t1:
         return 0
     for t in range(t0, t1):
         c0 = (t % tc) * cols

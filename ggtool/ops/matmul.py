@@ -167,7 +167,7 @@ def _mul_mat_compiled(node, numerics):
     vdt = T.vec_dot_type(a.type)
     x86 = is_llama_cpp(numerics) and x86_order(a)
     if a.type == b.type == T.F32 and not x86:
-        if b.ne[1] > MM_F32_ROWS or not plain(a, b) or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+        if b.ne[1] > MM_F32_ROWS or not a.ne[0] or not plain(a, b) or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
             return None
         return (CompiledStep("mm_f32", TILE_FLOAT, tensors=(node, a, b), bind=_f16_table),)
     if x86:
