@@ -148,6 +148,46 @@ def test_soft_max_and_diag_mask(ctx):
     assert np.array_equal(m, [[0, -np.inf, -np.inf], [0, 0, -np.inf], [0, 0, 0]])
 
 
+def _ggml_max(row) -> np.float32:
+    """ggml_vec_max_f32, one value at a time: max = (max > x ? max : x) from -inf."""
+    m = f32(-np.inf)
+    for v in row:
+        m = m if m > v else v
+    return m
+
+
+@pytest.mark.parametrize("n", [7, 64, 200])
+def test_soft_max_row_max_is_ggmls_in_order_max(n):
+    """A row's max as GGML takes it, whatever numpy's SIMD max does with NaNs: NaNs early, late and
+    last; the row's NaN bits as GGML's loop leaves them."""
+    from ggtool.ops.softmax import row_max
+
+    rng = np.random.default_rng(n)
+    nans = np.array([0x7FC00011, 0xFFC00022, 0x7FC00033], np.uint32).view(f32)
+    w = rng.standard_normal((8, n)).astype(f32)
+    w[0, 0] = nans[0]
+    w[1, [1, n - 1]] = nans[:2]
+    w[2, [0, n // 2, n - 3]] = nans
+    w[3, :] = nans[2]
+    w[4, -1] = nans[0]
+    w[5, :] = -np.inf
+    w[6, [n // 3, n // 2]] = [np.inf, nans[1]]
+    got = row_max(w)[:, 0]
+    want = np.array([_ggml_max(r) for r in w], f32)
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert np.isnan(got[[1, 3, 4]]).all() and not np.isnan(got[[0, 2, 5, 6, 7]]).any()
+
+
+def test_soft_max_row_with_a_nan_is_that_nan(ctx):
+    """A NaN anywhere but last: the max is of the values after it, the sum NaN, every output that
+    NaN's bits (a row of NaN in, the first NaN's payload out, whatever numpy's max picks)."""
+    x = np.arange(130, dtype=f32) / 10
+    x[[5, 90]] = np.array([0x7FC00011, 0x7FC00022], np.uint32).view(f32)
+    y = run1(ctx, "soft_max", x)
+    assert set(y.view(np.uint32)[[i for i in range(130) if i != 90]].tolist()) == {0x7FC00011}
+    assert y.view(np.uint32)[90] == 0x7FC00022
+
+
 def test_rope_spec_example(ctx):
     x = from_array(ctx, np.tile(np.array([1, 2, 3, 4], f32), (2, 1, 1)))     # 2 tokens, 1 head
     pos = from_array(ctx, np.array([0, 3], np.int32))

@@ -281,8 +281,41 @@ def test_soft_max_in_llama_cpp_numerics(mask_type, numerics, pool3):
     y = F["soft_max_ext"](ctx, a, mask, 0.125, 0.0) if mask is not None else F["soft_max"](ctx, a)
     g = ggtool.Graph(ctx).expand(y)
     assert compiled_kernels(g, numerics) == ["soft_max_x86"]
-    assert compiled_kernels(g, "ggml") == [None]            # GGML's numerics: the forward's numpy
     same_as_python(g, [y], numerics, pools=[pool3])
+
+
+@pytest.mark.parametrize("mask_type", [None, "f32", "f16"])
+@pytest.mark.parametrize("n", [40, 130])
+def test_soft_max_in_ggml_numerics_nan_payloads_included(mask_type, n, pool3):
+    """soft_max under GGML's numerics is a compiled step (soft_max_f32): the forward's bits, NaN payloads
+    (several NaNs in a row, one last), infinities and rows masked whole included."""
+    ctx = ggtool.Context()
+    x = values((4, 3, n))
+    nans = np.array([0x7FC00011, 0xFFC00022, 0x7F800033], np.uint32).view(np.float32)
+    x[1, 0, [2, 7, n - 1]] = nans
+    x[1, 1, [0, n // 2]] = nans[:2]
+    x[2, 2, :] = nans[1]
+    x[3, 0] = values(n, special=False)
+    a = leaf(ctx, x)
+    m = np.where(rng.random((5, n)) < 0.3, -np.inf, 0).astype(np.float32)
+    m[1] = -np.inf
+    m[2, 3] = nans[0]
+    mask = None if mask_type is None else leaf(ctx, m, mask_type)
+    y = F["soft_max_ext"](ctx, a, mask, 0.125, 0.0) if mask is not None else F["soft_max"](ctx, a)
+    g = ggtool.Graph(ctx).expand(y)
+    assert compiled_kernels(g) == ["soft_max_f32"]
+    same_as_python(g, [y], pools=[pool3])
+    out = y.numpy().reshape(x.shape)
+    assert np.isnan(out[1, 0]).all() and np.isnan(out[2, 2]).all()
+    assert abs(out[3, 0].astype(np.float64).sum() - 1) < 1e-5      # finite values, mask row 0
+
+
+def test_soft_max_with_alibi_stays_in_python():
+    ctx = ggtool.Context()
+    a = leaf(ctx, values((2, 4, 16), special=False))
+    mask = leaf(ctx, np.zeros((4, 16), np.float32))
+    y = F["soft_max_ext"](ctx, a, mask, 1.0, 8.0)
+    assert compiled_kernels(ggtool.Graph(ctx).expand(y)) == [None]
 
 
 # -- mul_mat ----------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .float_rows import _exp64
+from .float_rows import _exp64, _exp_f32
 from .jit import njit, numba
 from .native import voidptr
 from .quantize import _f16_bits
@@ -506,6 +506,55 @@ def silu_f32(row, frow, ith, nth, wdata):
     return 0
 
 
+# -- soft_max under GGML's numerics (ops.softmax) --------------------------------------------------------------
+@njit(inline="always")
+def ggml_max(m, v):
+    """GGML's MAX(m, v), (m > v ? m : v): a NaN v is taken, and a NaN m gives way to the next value."""
+    return m if m > v else v
+
+
+def soft_max_f32(row, frow, ith, nth, wdata):
+    """Rows in blocks (row i at i*nb1), as the forward's numpy: w = x*scale (plus the mask row
+    i % ne1, packed, f32 or f16: P), m = GGML's max of w in order (``ggml_max``), e = expf(w - m)
+    (P+1 .. P+4: exp's constants and tables), the sum of e in double in order, y = e * (float)(1/sum);
+    where both operands of an operation are NaN the first one's bits, as x86 and numpy give them."""
+    w, f = words(row, ROW), f64s(frow)
+    mkind = w[P]
+    k0 = carray(voidptr(w[P + 1]), (8,), np.float64)
+    t_hi = carray(voidptr(w[P + 2]), (32,), np.float64)
+    t_lo = carray(voidptr(w[P + 3]), (32,), np.float64)
+    pow2 = carray(voidptr(w[P + 4]), (1201,), np.float64)
+    f16 = carray(voidptr(w[P + 5]), (65536,), np.float32)
+    scale = F32(f[0])
+    ne0, ne1 = w[SRC0 + NE], w[SRC0 + NE + 1]
+    r0, r1 = row_block(ne1 * w[SRC0 + NE + 2] * w[SRC0 + NE + 3], ith, nth)
+    x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
+    xn, yn = w[SRC0 + NB + 1] // 4, w[DST + NB + 1] // 4
+    mf, mh = f32s(w[SRC1 + A]), u16s(w[SRC1 + A])
+    tw = np.empty(ne0, np.float32)
+    for r in range(r0, r1):
+        mx = F32(-np.inf)
+        mo = (r % ne1) * ne0
+        for i in range(ne0):
+            v = mul1(x[r * xn + i], scale)
+            if mkind != 0:
+                m = mf[mo + i] if mkind == 1 else f16[np.int64(mh[mo + i])]
+                v = add1(v, F32(1.0) * m)
+            tw[i] = v
+            mx = ggml_max(mx, v)
+        for i in range(ne0):
+            tw[i] = tw[i] - mx
+        _exp_f32(tw, tw, k0, t_hi, t_lo, pow2)
+        total = 0.0
+        for i in range(ne0):
+            s = total + np.float64(tw[i])
+            total = total + 0.0 if s != s and total != total else s
+        inv = F32(1.0 / total)
+        for i in range(ne0):
+            y[r * yn + i] = mul1(tw[i], inv)
+    return 0
+
+
 # -- soft_max under llama.cpp's numerics (ops.softmax) ---------------------------------------------------------
 def soft_max_x86(row, frow, ith, nth, wdata):
     """Rows in blocks (row i at i*nb1): w = x*scale, plus the mask row (i % ne1, packed, f32 or f16:
@@ -536,5 +585,5 @@ def soft_max_x86(row, frow, ith, nth, wdata):
     return 0
 
 
-for _fn in (rope_f32, gelu_f32, silu_f32, soft_max_x86):
+for _fn in (rope_f32, gelu_f32, silu_f32, soft_max_f32, soft_max_x86):
     KERNELS[_fn.__name__] = _fn

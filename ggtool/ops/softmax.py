@@ -33,25 +33,31 @@ def _alibi_slopes(rows: np.ndarray, ne1: int, ne2: int, max_bias: np.float32) ->
 
 
 def _soft_max_compiled(node, numerics):
-    """``soft_max_x86`` under llama.cpp's numerics (no ALiBi); GGML's numerics stay in Python."""
-    if not is_llama_cpp(numerics):
-        return None
+    """``soft_max_f32`` under GGML's numerics (portable_math's exp, as the forward's numpy), ``soft_max_x86``
+    under llama.cpp's; ALiBi (max_bias > 0) and rows of no values stay in Python."""
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
     if not (a.type == node.type == T.F32 and plain(a, node) and walks_inside(a, node)
-            and f32(node.param_f32(1)) <= 0):
+            and f32(node.param_f32(1)) <= 0 and a.ne[0] > 0):
         return None
     mkind = 0
     if mask is not None:
         if not (plain(mask) and mask.is_contiguous()):
             return None
         mkind = 1 if mask.type == T.F32 else 2
+    scale = (float(f32(node.param_f32(0))),)
+    if not is_llama_cpp(numerics):
+        def bind_ggml(ith: int, nth: int, shared: dict):
+            from ..kernels.tables import F16_TO_F32
+            return (*(int(t.ctypes.data) for t in pm.EXP_CONSTS), int(F16_TO_F32.ctypes.data)), \
+                (pm.EXP_CONSTS, F16_TO_F32), None
+        return CompiledStep("soft_max_f32", (mkind,), scale, bind=bind_ggml)
 
     def bind(ith: int, nth: int, shared: dict):
         from ..kernels import x86
         from ..kernels.tables import F16_TO_F32
         return (int(x86.EXPF.ctypes.data), int(F16_TO_F32.ctypes.data)), (x86.EXPF, F16_TO_F32), None
-    return CompiledStep("soft_max_x86", (int(wide(numerics)), mkind), (float(f32(node.param_f32(0))),), bind=bind)
+    return CompiledStep("soft_max_x86", (int(wide(numerics)), mkind), scale, bind=bind)
 
 
 @kernel("SOFT_MAX", n_tasks=_soft_max_tasks, work_size=lambda node, n_tasks: 4 * node.ne[0] * n_tasks,
@@ -78,7 +84,7 @@ def forward_soft_max(node, ith, nth, work):
 
 def _soft_max_rows(a, x, m, r0: int, r1: int, scale, max_bias, x86, wide_lanes: bool = True) -> np.ndarray:
     """Rows r0..r1 of the result from x (those rows of a) and the packed mask rows m (or None)."""
-    w = x * scale
+    w = x * scale if not np.isnan(scale) else keep_first_nan(x, x * scale)
     if m is not None:
         rows = np.arange(r0, r1)
         slope = _alibi_slopes(rows, a.ne[1], a.ne[2], max_bias)
@@ -86,15 +92,39 @@ def _soft_max_rows(a, x, m, r0: int, r1: int, scale, max_bias, x86, wide_lanes: 
         if x86 is not None:        # w += slope*mask, contracted to an FMA by the x86 build's compiler
             w = x86.fma(np.ascontiguousarray(np.broadcast_to(slope[:, None], w.shape)), mr, np.ascontiguousarray(w))
         else:
-            w = w + slope[:, None] * mr
+            w = keep_first_nan(w, w + slope[:, None] * mr)
     if x86 is not None:   # ggml_v_expf in 16-value (AVX-512) or 8-value (AVX2) chunks
         y = np.empty(w.shape, f32)
         x86.soft_max_rows(np.ascontiguousarray(w, dtype=f32), y, x86.EXPF, wide_lanes)
         return y
     with np.errstate(all="ignore"):
-        e = pm.exp_f32(w - w.max(axis=1, keepdims=True))
+        e = pm.exp_f32(w - row_max(w))
         inv = (1.0 / pm.seq_sum(e)).astype(f32)         # ggml_float sum in order, then 1.0/sum as float
-        return e * inv[:, None]
+        return keep_first_nan(e, e * inv[:, None])
+
+
+def keep_first_nan(a: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """r (a op b, float32) with a's NaN, made quiet, wherever a is NaN, as x86 gives it when both
+    operands are NaN: numpy's loops may put a broadcast operand first (a row's NaN sum times its NaN
+    values gave the sum's). ``kernels.nodes``' mul1/add1 keep the first operand's alike."""
+    nan = np.isnan(a)
+    if nan.any():
+        r.view(np.uint32)[nan] = a.view(np.uint32)[nan] | np.uint32(0x400000)
+    return r
+
+
+def row_max(w: np.ndarray) -> np.ndarray:
+    """Each row's max (a column) as GGML's ggml_vec_max_f32 takes it: max = MAX(max, x) from -inf, in
+    order, so a NaN lasts only as a row's last value (then that NaN's bits) and otherwise the max is
+    of the values after the last NaN. numpy's max picks among NaNs by its own SIMD loop (other bits by
+    numpy version and CPU); ``kernels.nodes.soft_max_f32`` compiles the same rule."""
+    with np.errstate(invalid="ignore"):
+        mx = w.max(axis=1, keepdims=True)
+    for r in np.flatnonzero(np.isnan(mx[:, 0])):
+        row = w[r]
+        j = int(np.flatnonzero(np.isnan(row))[-1])
+        mx[r, 0] = row[j] if j == len(row) - 1 else row[j + 1:].max()
+    return mx
 
 
 def _soft_max(ctx, a, mask, scale, max_bias, name):
