@@ -67,6 +67,8 @@ def _root2(j: int, n: int, bits: int) -> Fraction:
     """2**(j/n) to `bits` bits: the integer n-th root of 2**(j + n*bits), by Newton's method."""
     a = 1 << (j + n * bits)
     x = 1 << ((a.bit_length() + n - 1) // n)
+    if bits >= 53:          # start just above the root (a double's 2**(j/n) is within 2**-51 of it):
+        x = min(x, (int(2.0 ** (j / n) * 2.0 ** 53) + 8) << (bits - 53))   # a few steps, not hundreds
     while True:
         y = ((n - 1) * x + a // x ** (n - 1)) // n
         if y >= x:
@@ -95,7 +97,7 @@ _T = [_root2(j, N, _P) for j in range(N)]
 _T_HI = np.array([_double(t) for t in _T])
 _T_LO = np.array([_double(t - Fraction(_double(t))) for t in _T])
 _EXPM1_K = 64                                           # expm1's table: 2**(k/32) - 1, |k| <= 64
-_D = [_root2(k % N, N, _P) * Fraction(2) ** (k // N) - 1 for k in range(-_EXPM1_K, _EXPM1_K + 1)]
+_D = [_T[k % N] * Fraction(2) ** (k // N) - 1 for k in range(-_EXPM1_K, _EXPM1_K + 1)]   # _T: the same roots
 _D_HI = np.array([_double(d) for d in _D])
 _D_LO = np.array([_double(d - Fraction(_double(d))) for d in _D])
 _LOG_HI, _LOG_LO = _split(_LN2, 36)                     # ln 2: |e| < 2**11, e*hi exact
