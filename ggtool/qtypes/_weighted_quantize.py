@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..kernels.jit import njit
-from ._k_quantize import GROUP_MAX_EPS, QK_K, _first_bad, _fp16_round, _put_f16, _q2_k_write, _q3_k_write, _q6_k_write, _q45_k_write, nearest_int
+from ._k_quantize import _MAGIC, GROUP_MAX_EPS, QK_K, _bits, _first_bad, _fp16_round, _put_f16, _q2_k_write, _q3_k_write, _q6_k_write, _q45_k_write, nearest_int
 from ._iq4nl_quantize import KVALUES, iq4_nl_block, iq4_nl_finish
 
 F32 = np.float32
@@ -28,11 +28,24 @@ _RMIN = F32(-0.9)
 _RDELTA = F32(0.05)
 
 
+# make_qx_quants' 19 trial scales (steps -9..9, step 0 the first guess) summed side by side, one lane each:
+# each lane's two sums keep C's order, but the lanes' adds overlap instead of waiting on each other.
+STEP_LANES = 24                   # 19 lanes padded to whole vectors (the rest repeat step 0)
+SCRATCH = 3 * STEP_LANES          # float32s of make_qx_quants_w's `fl`
+
+
+@njit(inline="always")
+def _code(iscale, v, nmax):
+    """max(-nmax, min(nmax - 1, nearest_int(iscale * v))) in int32 (nearest_int's value, vectorisable)."""
+    q = (_bits(F32(F32(iscale * v) + _MAGIC)) & np.int32(0x7FFFFF)) - np.int32(0x400000)
+    return max(np.int32(-nmax), min(np.int32(nmax - 1), q))
+
+
 @njit
 def make_qx_quants_w(x, n, nmax, L, qw, wx, fl):
     """make_qx_quants(n, nmax, x, L, rmse_type=1, qw): codes L[:n] in 0..2*nmax-1, the scale.
-    wx, fl: scratch of n float32 (qw*x, the codes of a step as floats: the codes' loop vectorises,
-    the sums stay in C's order)."""
+    wx: scratch of n float32 (qw*x); fl: scratch of SCRATCH float32 (each step's inverse scale and
+    two sums). The steps are decided in C's order once every step's sums are known."""
     amax = _F0
     mx = _F0
     for i in range(n):
@@ -47,34 +60,40 @@ def make_qx_quants_w(x, n, nmax, L, qw, wx, fl):
     for i in range(n):
         wx[i] = F32(qw[i] * x[i])
     fn = F32(nmax)
-    iscale = F32(-fn / mx)
-    sumlx = _F0
-    suml2 = _F0
+    isc = fl[0:STEP_LANES]
+    sx = fl[STEP_LANES:2 * STEP_LANES]
+    s2 = fl[2 * STEP_LANES:3 * STEP_LANES]
+    for k in range(STEP_LANES):
+        step = k - 9 if k < 19 else 0          # step 0: -nmax/mx, the first guess (fn + 0 is fn)
+        isc[k] = F32(-F32(fn + F32(_F01 * F32(step))) / mx)
+        sx[k] = _F0
+        s2[k] = _F0
+    lo, hi = F32(-nmax), F32(nmax - 1)
     for i in range(n):
-        lv = max(-nmax, min(nmax - 1, nearest_int(F32(iscale * x[i]))))
-        L[i] = lv + nmax
-        f = F32(lv)
-        sumlx = F32(sumlx + F32(wx[i] * f))
-        suml2 = F32(suml2 + F32(F32(qw[i] * f) * f))
+        xi = x[i]
+        wxi = wx[i]
+        qwi = qw[i]
+        for k in range(STEP_LANES):     # |isc*x| <= nmax + 0.9: nearest_int is (v + 1.5*2**23) - 1.5*2**23
+            f = max(lo, min(hi, F32(F32(F32(isc[k] * xi) + _MAGIC) - _MAGIC)))
+            sx[k] = F32(sx[k] + F32(wxi * f))
+            s2[k] = F32(s2[k] + F32(F32(qwi * f) * f))
+    sumlx = sx[9]
+    suml2 = s2[9]
     scale = F32(sumlx / suml2) if suml2 != _F0 else _F0
     best = F32(scale * sumlx)
-    for step in range(-9, 10):
-        if step == 0:
+    win = 9
+    for k in range(19):
+        if k == 9:
             continue
-        iscale = F32(-F32(fn + F32(_F01 * F32(step))) / mx)
-        for i in range(n):
-            fl[i] = F32(max(-nmax, min(nmax - 1, nearest_int(F32(iscale * x[i])))))
-        sumlx = _F0
-        suml2 = _F0
-        for i in range(n):
-            f = fl[i]
-            sumlx = F32(sumlx + F32(wx[i] * f))
-            suml2 = F32(suml2 + F32(F32(qw[i] * f) * f))
+        sumlx = sx[k]
+        suml2 = s2[k]
         if suml2 > _F0 and F32(sumlx * sumlx) > F32(best * suml2):
-            for i in range(n):
-                L[i] = nmax + np.int64(fl[i])
             scale = F32(sumlx / suml2)
             best = F32(scale * sumlx)
+            win = k
+    iscale = isc[win]
+    for i in range(n):
+        L[i] = np.int64(_code(iscale, x[i], nmax)) + nmax
     return scale
 
 
@@ -246,7 +265,7 @@ def _legacy(xb, out, qw, f16, kind):
     nbpr = qw.shape[0]
     w = np.zeros(32, np.float32)
     wx = np.zeros(32, np.float32)
-    fl = np.zeros(32, np.float32)
+    fl = np.zeros(SCRATCH, np.float32)
     L = np.zeros(32, np.int64)
     Laux = np.zeros(32, np.int64)
     for r0 in range(0, xb.shape[0], nbpr):
@@ -373,7 +392,7 @@ def q3_k_quantize_w(xb, out, qw, f16):
     Ls = np.zeros(16, np.int64)
     sc = np.zeros(12, np.int64)
     wx = np.zeros(16, np.float32)
-    fl = np.zeros(16, np.float32)
+    fl = np.zeros(SCRATCH, np.float32)
     for i in range(xb.shape[0]):
         x = xb[i]
         q = qw[i % nbpr]
@@ -461,7 +480,7 @@ def q6_k_quantize_w(xb, out, qw, f16):
     scales = np.zeros(16, np.float32)
     sc = np.zeros(16, np.int64)
     wx = np.zeros(16, np.float32)
-    fl = np.zeros(16, np.float32)
+    fl = np.zeros(SCRATCH, np.float32)
     for i in range(xb.shape[0]):
         x = xb[i]
         q = qw[i % nbpr]
