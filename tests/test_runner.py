@@ -549,6 +549,19 @@ def test_spin_bound_from_the_free_cpus(monkeypatch):
     assert barrier.free_cpus() <= len(os.sched_getaffinity(0))
 
 
+def test_the_spin_reads_the_load_as_the_thread_rule_does(monkeypatch):
+    """The barrier's free CPUs are the thread rule's (the median of several reads: a task running
+    for a moment does not turn a 2-thread decode's barriers into sleeps)."""
+    from ggtool import threads
+    from ggtool.pool import barrier
+
+    monkeypatch.setattr(threads, "available_cpus", lambda: 2)
+    monkeypatch.setattr(threads, "others_running", lambda: 1)
+    assert barrier.spin_ns(2) == barrier.SPIN_BUSY_NS
+    monkeypatch.setattr(threads, "others_running", lambda: 0)
+    assert barrier.spin_ns(2) == barrier.SPIN_FREE_NS
+
+
 def test_program_barriers_and_participant_0_steps():
     """A barrier after each step but the last, none between two steps participant 0 runs alone."""
     ctx = ggtool.Context()

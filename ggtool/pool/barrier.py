@@ -20,6 +20,7 @@ import numpy as np
 from ..compute import Work, run_node
 from ..errors import ComputeError
 from ..runner import CHECK_EVERY, Aborted  # noqa: F401 - the pool's names for them
+from ..threads import free_cpus as free_cpus_now
 from .wire import ABORT, arrivals, at_node
 
 _SPIN = 50             # barrier: busy polls before yielding the CPU (short: with more participants than
@@ -36,27 +37,14 @@ _BARRIER = (-1, 0)
 # takes the core the participant it waits for needs, so it spins only a couple of microseconds.
 SPIN_FREE_NS = 200_000
 SPIN_BUSY_NS = 2_000
-_LOAD_EVERY = 0.1      # seconds a reading of the machine's load is kept
-_load = [-1.0, 0]      # when /proc/loadavg was read, the CPUs free then
 
 
 def free_cpus() -> int:
-    """The CPUs this process may use, less the tasks running elsewhere now (/proc/loadavg's count of
-    runnable tasks, this process's own excepted), read at most every 0.1 s."""
-    now = time.monotonic()
-    if now - _load[0] < _LOAD_EVERY:
-        return _load[1]
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):   # pragma: no cover (not Linux)
-        cpus = os.cpu_count() or 1
-    try:
-        with open("/proc/loadavg") as f:
-            running = int(f.read().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):   # pragma: no cover (no /proc)
-        running = 1
-    _load[:] = now, cpus - max(0, running - 1)
-    return _load[1]
+    """The CPUs no other process is busy on: the thread rule's reading (``threads.free_cpus``: the
+    median of a few reads of /proc/loadavg, kept a second). One read alone often counted a task that
+    ran for a moment (a shell, a monitor): a 2-thread decode then slept at every barrier (~25%
+    slower on a 2-core machine)."""
+    return free_cpus_now()
 
 
 def spin_ns(nth: int) -> int:
