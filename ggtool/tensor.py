@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Protocol
 
@@ -98,9 +99,18 @@ class Tensor:
 
     def set_params(self, *values) -> None:
         """Store op_params slot by slot: Python floats as float32 bits, ints as int32 (GGML's
-        int32_t slots: an int they cannot hold is a ShapeError, never a wrapped value)."""
+        int32_t slots: an int they cannot hold is a ShapeError, never a wrapped value). A NaN, or
+        a finite float that float32 cannot hold (it would become inf), is a ShapeError too; an
+        infinity given as such (a clamp's open bound) is kept."""
         for i, v in enumerate(values):
             if isinstance(v, float):
+                if math.isnan(v):
+                    raise ShapeError(f"{self.op.lower()}: parameter {i} is NaN")
+                with np.errstate(over="ignore"):
+                    overflows = math.isfinite(v) and math.isinf(np.float32(v))
+                if overflows:
+                    raise ShapeError(f"{self.op.lower()}: parameter {i} = {v!r} does not fit GGML's float32 "
+                                     f"op_params (it would be inf)")
                 self.op_params.view(np.float32)[i] = v
             else:
                 v = int(v)
@@ -230,6 +240,9 @@ class Tensor:
             raise ShapeError(f"tensor '{self.name}': negative byte strides nb={list(self.nb)} (GGML's are size_t)")
         end = self.data_offset + self.extent
         if end > len(buf):
+            shrank = getattr(self.storage, "shrank", lambda: None)()
+            if shrank:
+                raise InputError(f"tensor '{self.name}': {shrank}")
             where = getattr(self.storage, "path", "the context's pool")
             raise InputError(f"tensor '{self.name}' needs bytes up to {end} of {where}, "
                              f"which has {len(buf)} (the file changed since it was opened?)")

@@ -19,11 +19,15 @@ _MAPS: dict[str, tuple[int, np.ndarray, dict]] = {}  # per process: path -> (mti
 
 
 class FileStorage:
-    __slots__ = ("path", "_map")
+    __slots__ = ("path", "_map", "size")
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.path.abspath(os.fspath(path))
         self._map = None
+        try:   # the file's length when this storage was made (a worker's copy keeps its maker's)
+            self.size = os.stat(self.path).st_size
+        except OSError:
+            self.size = None
 
     def _mapped(self) -> tuple:
         if self._map is None:
@@ -56,6 +60,13 @@ class FileStorage:
             if lost:
                 raise InputError(lost)
 
+    def shrank(self) -> str | None:
+        """What to tell if the file is now shorter than when this storage (or the one a worker's
+        copy came from) was made, else None. A worker that maps the file only after it was
+        truncated sees a short file, not a truncation: the size travels with the storage."""
+        lost = _shrunk(self.path, self.size) if self.size else None
+        return lost and lost.replace("while memory-mapped", "since it was opened")
+
     def release(self, view: np.ndarray) -> None:
         """Unmap this process's pages of `view` (bytes of this file, now repacked elsewhere): they
         leave our resident set, stay in the page cache, and come back on the next read. Without
@@ -77,10 +88,10 @@ class FileStorage:
                 pass
 
     def __getstate__(self):
-        return self.path
+        return self.path, self.size
 
     def __setstate__(self, state):
-        self.path = state
+        self.path, self.size = state
         self._map = None
 
     def __eq__(self, other) -> bool:
