@@ -508,6 +508,16 @@ def silu_f32(row, frow, ith, nth, wdata):
 
 # -- soft_max under GGML's numerics (ops.softmax) --------------------------------------------------------------
 @njit(inline="always")
+def _soft_max_rows(w, f, ith, nth):
+    """What both soft_max kernels read of their row: the scale, ne0, ne1, this participant's rows,
+    src0 and dst as f32 and their row strides in floats."""
+    ne0, ne1 = w[SRC0 + NE], w[SRC0 + NE + 1]
+    r0, r1 = row_block(ne1 * w[SRC0 + NE + 2] * w[SRC0 + NE + 3], ith, nth)
+    return (F32(f[0]), ne0, ne1, r0, r1, f32s(w[SRC0 + A]), f32s(w[DST + A]),
+            w[SRC0 + NB + 1] // 4, w[DST + NB + 1] // 4)
+
+
+@njit(inline="always")
 def ggml_max(m, v):
     """GGML's MAX(m, v), (m > v ? m : v): a NaN v is taken, and a NaN m gives way to the next value."""
     return m if m > v else v
@@ -525,11 +535,7 @@ def soft_max_f32(row, frow, ith, nth, wdata):
     t_lo = carray(voidptr(w[P + 3]), (32,), np.float64)
     pow2 = carray(voidptr(w[P + 4]), (1201,), np.float64)
     f16 = carray(voidptr(w[P + 5]), (65536,), np.float32)
-    scale = F32(f[0])
-    ne0, ne1 = w[SRC0 + NE], w[SRC0 + NE + 1]
-    r0, r1 = row_block(ne1 * w[SRC0 + NE + 2] * w[SRC0 + NE + 3], ith, nth)
-    x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
-    xn, yn = w[SRC0 + NB + 1] // 4, w[DST + NB + 1] // 4
+    scale, ne0, ne1, r0, r1, x, y, xn, yn = _soft_max_rows(w, f, ith, nth)
     mf, mh = f32s(w[SRC1 + A]), u16s(w[SRC1 + A])
     tw = np.empty(ne0, np.float32)
     for r in range(r0, r1):
@@ -563,11 +569,7 @@ def soft_max_x86(row, frow, ith, nth, wdata):
     wide, mkind = w[P], w[P + 1]
     e = carray(voidptr(w[P + 2]), (9,), np.float32)
     f16 = carray(voidptr(w[P + 3]), (65536,), np.float32)
-    scale = F32(f[0])
-    ne0, ne1 = w[SRC0 + NE], w[SRC0 + NE + 1]
-    r0, r1 = row_block(ne1 * w[SRC0 + NE + 2] * w[SRC0 + NE + 3], ith, nth)
-    x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
-    xn, yn = w[SRC0 + NB + 1] // 4, w[DST + NB + 1] // 4
+    scale, ne0, ne1, r0, r1, x, y, xn, yn = _soft_max_rows(w, f, ith, nth)
     tw = np.empty((1, ne0), np.float32)
     ty = np.empty((1, ne0), np.float32)
     mf, mh = f32s(w[SRC1 + A]), u16s(w[SRC1 + A])
