@@ -240,9 +240,6 @@ class Tensor:
             raise ShapeError(f"tensor '{self.name}': negative byte strides nb={list(self.nb)} (GGML's are size_t)")
         end = self.data_offset + self.extent
         if end > len(buf):
-            shrank = getattr(self.storage, "shrank", lambda: None)()
-            if shrank:
-                raise InputError(f"tensor '{self.name}': {shrank}")
             where = getattr(self.storage, "path", "the context's pool")
             raise InputError(f"tensor '{self.name}' needs bytes up to {end} of {where}, "
                              f"which has {len(buf)} (the file changed since it was opened?)")

@@ -180,6 +180,14 @@ _TRUNCATE = textwrap.dedent("""
     pool = ggtool.get_pool(n) if n > 1 else None
     if when == "before-map":
         os.truncate(path, 4096)
+    elif when == "removed":
+        os.unlink(path)
+    elif when == "replaced":              # another file of the same size put in its place
+        data = bytearray(open(path, "rb").read())
+        data[-4096:] = bytes(4096)
+        with open(path + ".new", "wb") as f:
+            f.write(data)
+        os.replace(path + ".new", path)
     else:
         ggtool.graph_compute(graph, n, pool=pool)       # every participant has mapped the file
         os.truncate(path, 4096)
@@ -194,10 +202,12 @@ _TRUNCATE = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("when", ["before-map", "after-map", "during"])
+@pytest.mark.parametrize("when", ["before-map", "after-map", "during", "replaced", "removed"])
 def test_a_mapped_file_truncated_while_in_use_is_one_clean_error(tmp_path, threads, when):
     """No SIGBUS (exit 135, nothing said), for any thread count (the caller computes its share
-    too): one line names the file, and no shared memory is left behind."""
+    too): one line names the file, and no shared memory is left behind. A file replaced by another
+    of the same size before it was mapped is refused too: its tensors' offsets and types were read
+    from the earlier one (a worker mapped the new file and computed with its bytes)."""
     path = tmp_path / "model.gguf"
     shutil.copy(STORIES, path)
     p = subprocess.Popen([sys.executable, "-c", _TRUNCATE, str(path), str(threads), when],
@@ -209,7 +219,11 @@ def test_a_mapped_file_truncated_while_in_use_is_one_clean_error(tmp_path, threa
     # the file's size when opened travels with its storage: a participant that maps it only after
     # the truncation still tells a shrunk file from a short one
     if when == "before-map":
-        assert f"'w': {path} shrank from 1185376 to 4096 bytes since it was opened" in lines[0]
+        assert f"{path} shrank from 1185376 to 4096 bytes since it was opened" in lines[0]
+    elif when == "replaced":
+        assert f"{path} changed since it was opened (rewritten or replaced while in use?)" in lines[0]
+    elif when == "removed":
+        assert f"{path} can no longer be read (No such file or directory)" in lines[0]
     else:
         assert re.search(f"{re.escape(str(path))} shrank from 1185376 to 4096 bytes "
                          "(while memory-mapped|since it was opened)", lines[0]), lines[0]

@@ -19,26 +19,42 @@ _MAPS: dict[str, tuple[int, np.ndarray, dict]] = {}  # per process: path -> (mti
 
 
 class FileStorage:
-    __slots__ = ("path", "_map", "size")
+    __slots__ = ("path", "_map", "opened")
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.path.abspath(os.fspath(path))
         self._map = None
-        try:   # the file's length when this storage was made (a worker's copy keeps its maker's)
-            self.size = os.stat(self.path).st_size
+        try:   # the file as it was when this storage was made (a worker's copy keeps its maker's)
+            self.opened = _identity(os.stat(self.path))
         except OSError:
-            self.size = None
+            self.opened = None
 
     def _mapped(self) -> tuple:
         if self._map is None:
-            mtime = os.stat(self.path).st_mtime_ns
+            try:
+                st = os.stat(self.path)
+            except OSError as e:
+                raise InputError(f"{self.path} can no longer be read ({e.strerror}): it was removed or "
+                                 f"replaced while in use?") from None
+            if self.opened is not None and _identity(st) != self.opened:
+                raise InputError(self._changed(st.st_size))
             cached = _MAPS.get(self.path)
-            if cached is None or cached[0] != mtime:
+            if cached is None or cached[0] != st.st_mtime_ns:
                 if role.COMMAND_LINE:   # a library's process keeps its signals
                     guard_sigbus()
-                cached = _MAPS[self.path] = (mtime, np.memmap(self.path, dtype=np.uint8, mode="r"), {})
+                cached = _MAPS[self.path] = (st.st_mtime_ns, np.memmap(self.path, dtype=np.uint8, mode="r"), {})
             self._map = cached
         return self._map
+
+    def _changed(self, size: int) -> str:
+        """Why a file this storage has not mapped yet may not be mapped now: it is not the file its
+        tensors (offsets, types, shapes) were read from. A worker that maps it only after a
+        truncation is told of the truncation, as its caller is."""
+        was = self.opened[1]
+        if size < was:
+            return f"{self.path} shrank from {was} to {size} bytes since it was opened (truncated while in use?)"
+        return (f"{self.path} changed since it was opened (rewritten or replaced while in use?): its tensors "
+                f"were read from the earlier file")
 
     @property
     def array(self) -> np.ndarray:
@@ -59,13 +75,6 @@ class FileStorage:
             lost = _shrunk(self.path, len(self._map[1]))
             if lost:
                 raise InputError(lost)
-
-    def shrank(self) -> str | None:
-        """What to tell if the file is now shorter than when this storage (or the one a worker's
-        copy came from) was made, else None. A worker that maps the file only after it was
-        truncated sees a short file, not a truncation: the size travels with the storage."""
-        lost = _shrunk(self.path, self.size) if self.size else None
-        return lost and lost.replace("while memory-mapped", "since it was opened")
 
     def release(self, view: np.ndarray) -> None:
         """Unmap this process's pages of `view` (bytes of this file, now repacked elsewhere): they
@@ -88,10 +97,10 @@ class FileStorage:
                 pass
 
     def __getstate__(self):
-        return self.path, self.size
+        return self.path, self.opened
 
     def __setstate__(self, state):
-        self.path, self.size = state
+        self.path, self.opened = state
         self._map = None
 
     def __eq__(self, other) -> bool:
@@ -102,6 +111,11 @@ class FileStorage:
 
     def __repr__(self) -> str:
         return f"FileStorage({self.path!r})"
+
+
+def _identity(st: os.stat_result) -> tuple:
+    """What tells one file from another at a path: its inode, size and modification time."""
+    return st.st_dev, st.st_size, st.st_ino, st.st_mtime_ns
 
 
 def _shrunk(path: str, mapped: int) -> str | None:
