@@ -282,6 +282,35 @@ def test_a_damaged_compiled_kernel_is_compiled_anew_and_reported(tmp_path):
         assert after.stdout == "[15360, 16640, 49664] 1\n" and after.stderr == "", after.stderr
 
 
+LOAD_THEN_COMPILE = """
+    import sys
+    import numpy as np
+    from ggtool.kernels import nodes, quantize
+    from ggtool.kernels.jit import numba
+    out = np.zeros(3, np.uint16)
+    quantize.fp32_to_fp16(np.array([1.0, 2.5, -3.0], np.float32), out)
+    nodes.address("scale_f32")
+    registries = ("numba.np.linalg", "numba.typed.typedlist", "numba.np.random.generator_methods")
+    print(out.tolist(), len(quantize.fp32_to_fp16.dispatcher.stats.cache_hits),
+          [m for m in registries if m in sys.modules])
+    print(numba.njit(lambda a, s: a.sum() + len(s))(np.arange(4.0), "ab"))    # a compile, strings and all
+"""
+
+
+def test_loading_cached_kernels_sets_up_none_of_numbas_compiler_and_a_compile_after_still_can(tmp_path):
+    """numba refreshes its CPU target (every typing and lowering registry it has, ~0.14 s) before it
+    loads a function from its cache; only compiling reads them, and numba's compiler refreshes
+    first: a process that loads its kernels from the cache (a cached command line, each worker of
+    its pool) sets up the runtime alone (``jit._init_target``), and one that compiles afterwards
+    compiles as before."""
+    env = {**_env(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "k")}
+    first = _python(LOAD_THEN_COMPILE, env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines()[0].startswith("[15360, 16640, 49664] 0 ['numba.np.linalg'")   # compiled
+    cached = _python(LOAD_THEN_COMPILE, env)
+    assert cached.returncode == 0 and cached.stdout == "[15360, 16640, 49664] 1 []\n8.0\n", cached.stderr
+
+
 def test_every_module_whose_compiled_functions_others_compile_in_is_shared():
     """numba checks a cached kernel against its own module's source only: a kernel module that
     imports another's compiled functions (x86_float, x86_legacy, x86_kquants take x86's lanes and

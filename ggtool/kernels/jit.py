@@ -52,24 +52,53 @@ def _load_numba():
 
 
 def _init_target() -> None:
-    """Set up numba's CPU target now (it would be on the first call) without importing scipy.
+    """Set up numba's CPU target for loading cached kernels, and leave the rest to the first compile.
 
-    Where scipy is installed, numba's set-up imports scipy.linalg (~0.25 s of every process's
-    start) only to learn whether np.correlate in jitted code may use BLAS; ggtool's kernels use no
-    BLAS. The import is held off for the set-up alone, and only if scipy.linalg is not loaded
-    already: numba's np.dot and linalg still find scipy when a jitted function needs it."""
-    blas = "scipy.linalg.cython_blas"
-    if "scipy.linalg" in sys.modules or blas in sys.modules:
-        return
-    sys.modules[blas] = None             # `import` of it raises ImportError meanwhile
+    Loading a kernel from the cache (numba's ``Cache.load_overload``) first refreshes the CPU
+    target: it imports and installs every typing and lowering registry numba has (~0.14 s of every
+    process that loads one, a pool worker's too), which only compiling reads; numba's compiler
+    refreshes the target itself before it compiles (``CompilerBase``). Loading needs numba's
+    runtime (NRT: the kernels allocate through it), so a CPU load here initialises that alone; a
+    load for another target is numba's own.
+
+    The refresh, when a compile makes it, is without scipy where scipy is installed: numba's
+    set-up imports scipy.linalg (~0.25 s) only to learn whether np.correlate in jitted code may use
+    BLAS; ggtool's kernels use no BLAS. The import is held off for the refresh alone, and only if
+    scipy.linalg is not loaded already: numba's np.dot and linalg still find scipy when a jitted
+    function needs it. Where numba's internals have moved, its own set-up runs as usual."""
     try:
+        from numba.core import caching
+        from numba.core.cpu import CPUContext
         from numba.core.registry import cpu_target
-        cpu_target.target_context.refresh()
-    except Exception:  # noqa: BLE001 - numba's internals moved: its first call sets up as usual
-        pass
-    finally:
-        if sys.modules.get(blas, 0) is None:
-            del sys.modules[blas]
+        from numba.core.runtime import rtsys
+
+        ctx = cpu_target.target_context
+        refresh, numba_load = ctx.refresh, caching.Cache.load_overload
+        if not hasattr(caching.Cache, "_guard_against_spurious_io_errors"):
+            return
+    except Exception:  # noqa: BLE001 - numba's internals moved
+        return
+
+    def refresh_without_blas():
+        blas = "scipy.linalg.cython_blas"
+        if "scipy.linalg" in sys.modules or blas in sys.modules:
+            return refresh()
+        sys.modules[blas] = None             # `import` of it raises ImportError meanwhile
+        try:
+            return refresh()
+        finally:
+            if sys.modules.get(blas, 0) is None:
+                del sys.modules[blas]
+
+    def load_overload(self, sig, target_context):
+        if not isinstance(target_context, CPUContext):
+            return numba_load(self, sig, target_context)
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    ctx.refresh = refresh_without_blas
+    caching.Cache.load_overload = load_overload
 
 
 numba = _load_numba()
