@@ -311,6 +311,25 @@ def test_loading_cached_kernels_sets_up_none_of_numbas_compiler_and_a_compile_af
     assert cached.returncode == 0 and cached.stdout == "[15360, 16640, 49664] 1 []\n8.0\n", cached.stderr
 
 
+def test_a_cached_kernel_whose_light_load_fails_is_loaded_as_numba_loads_it(tmp_path):
+    """Where loading without numba's refresh fails (a numba whose cached code needs more than its
+    runtime), the load is numba's own: refresh, then load; the kernel still comes from the cache."""
+    env = {**_env(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "k")}
+    assert _python(F16, env).stdout == "[15360, 16640, 49664] 0\n"
+    failing_once = """
+        from numba.core import caching
+        real, failed = caching.Cache._load_overload, []
+        def once(self, sig, ctx):
+            if not failed:
+                failed.append(1)
+                raise RuntimeError("needs the registries")
+            return real(self, sig, ctx)
+        caching.Cache._load_overload = once
+    """
+    r = _python(textwrap.dedent(failing_once) + F16, env)
+    assert r.returncode == 0 and r.stdout == "[15360, 16640, 49664] 1\n", r.stderr
+
+
 def test_every_module_whose_compiled_functions_others_compile_in_is_shared():
     """numba checks a cached kernel against its own module's source only: a kernel module that
     imports another's compiled functions (x86_float, x86_legacy, x86_kquants take x86's lanes and

@@ -58,8 +58,8 @@ def _init_target() -> None:
     target: it imports and installs every typing and lowering registry numba has (~0.14 s of every
     process that loads one, a pool worker's too), which only compiling reads; numba's compiler
     refreshes the target itself before it compiles (``CompilerBase``). Loading needs numba's
-    runtime (NRT: the kernels allocate through it), so a CPU load here initialises that alone; a
-    load for another target is numba's own.
+    runtime (NRT: the kernels allocate through it), so a CPU load here initialises that alone (and
+    where that load fails, numba's own refresh and load follow); a load for another target is numba's own.
 
     The refresh, when a compile makes it, is without scipy where scipy is installed: numba's
     set-up imports scipy.linalg (~0.25 s) only to learn whether np.correlate in jitted code may use
@@ -93,9 +93,12 @@ def _init_target() -> None:
     def load_overload(self, sig, target_context):
         if not isinstance(target_context, CPUContext):
             return numba_load(self, sig, target_context)
-        rtsys.initialize(target_context)
-        with self._guard_against_spurious_io_errors():
-            return self._load_overload(sig, target_context)
+        try:
+            rtsys.initialize(target_context)
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+        except Exception:  # noqa: BLE001 - what a load needed was set up by the refresh after all
+            return numba_load(self, sig, target_context)
 
     ctx.refresh = refresh_without_blas
     caching.Cache.load_overload = load_overload
