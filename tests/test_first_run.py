@@ -36,7 +36,7 @@ def cli(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(first_run, "_spent", {})
     monkeypatch.setattr(first_run, "_told", [False])
     compiled = []
-    monkeypatch.setattr(warm, "compile_kernel", compiled.append)
+    monkeypatch.setattr(warm, "compile_kernel", lambda name: compiled.append(name) or True)   # kept in the cache
     return compiled, capsys
 
 
@@ -63,6 +63,18 @@ def test_twin_work_past_the_compile_cost_compiles_in_process_once(cli):
     assert first_run.use_compiled("quantize:Q8_0_cpu", 10.0)             # another kernel: no second notice
     assert compiled == ["dot:q4_0", "quantize:Q8_0_cpu"]
     assert capsys.readouterr().err.count("compiling ggtool's kernels for this CPU (once, ~") == 1
+
+
+def test_a_kernel_compiled_in_process_that_numba_could_not_keep_is_used_not_marked_ready(cli, monkeypatch):
+    """Under NUMBA_OPT=0 numba cannot cache a kernel (``warm.compile_kernel`` says so): this process
+    runs it, and it is not marked ready, so the next run weighs it again rather than compiling it
+    in process unasked."""
+    compiled, _ = cli
+    monkeypatch.setattr(warm, "compile_kernel", lambda name: compiled.append(name) or False)
+    assert first_run.use_compiled("dot:q4_0", 2 * BUDGET)
+    assert first_run.use_compiled("dot:q4_0", 2 * BUDGET)
+    assert compiled == ["dot:q4_0"]
+    assert not os.path.exists(cache.marker("ready", "dot:q4_0"))
 
 
 def test_a_generation_counts_each_step_for_the_steps_to_come(cli):

@@ -67,6 +67,44 @@ def test_the_background_compiler_compiles_what_is_wished_for_and_marks_it_ready(
     assert not [f for _, _, fs in os.walk(root) for f in fs if f.endswith(".tmp")]
 
 
+def test_a_kernel_numba_cannot_keep_in_the_cache_is_marked_failed_not_ready(tmp_path):
+    """Under NUMBA_OPT=0 numba cannot cache ggtool's kernels (their code holds this process's
+    addresses): it warns and compiles them anew in every process. The background compiler marks
+    such a kernel failed, not ready (each later run compiled it in process, behind a screen of
+    numba's warnings), and says why; the runner's node kernels compile at all there (their cache
+    locator lacked the `_py_file` numba's warning reads: an AttributeError)."""
+    env = {**_env(tmp_path), "NUMBA_OPT": "0"}
+    wish = _python("""
+        from ggtool.kernels import cache
+        for name in ("node:scale_f32", "quantize:Q8_0", "quantize:Q8_0_cpu"):    # the last two share callees
+            path = cache.marker("wanted", name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+        print(cache.cache_dir())
+    """, env)
+    root = wish.stdout.strip()
+    r = subprocess.run([sys.executable, "-m", "ggtool.kernels.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
+                       env=env, timeout=300, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    tag = sys.implementation.cache_tag
+    assert not os.path.exists(os.path.join(root, "ready")) and os.listdir(os.path.join(root, "wanted")) == []
+    for name in ("node:scale_f32", "quantize:Q8_0", "quantize:Q8_0_cpu"):
+        failed = os.path.join(root, "failed", f"{name}.{tag}")
+        assert open(failed).read() == "numba cannot keep it in the cache (NUMBA_OPT=0?)\n"
+    here = _python("""
+        import warnings
+        warnings.simplefilter("error")
+        from ggtool.kernels import warm
+        print(warm.compile_kernel("node:scale_f32"))
+    """, env)
+    assert here.returncode == 0 and here.stdout == "False\n" and here.stderr == "", here.stderr
+    kept = _python("""
+        from ggtool.kernels import warm
+        print(warm.compile_kernel("node:scale_f32"))
+    """, _env(tmp_path / "default"))
+    assert kept.returncode == 0 and kept.stdout == "True\n", kept.stderr
+
+
 def test_a_float_product_the_command_line_wishes_for_is_compiled_for_the_next_run(tmp_path):
     """F32 x F32 products (a prompt's attention) wished for `dot:f32`, which the compiler dropped as
     naming no kernel: every command line ran numpy's twin for them for ever (a 512-token gemma-3-270m

@@ -151,10 +151,11 @@ def compile_now(name: str) -> None:
     from . import warm
 
     t = time.process_time()
-    warm.compile_kernel(name)
+    kept = warm.compile_kernel(name)
     _compiled.add(name)
     _spent[name] = time.process_time() - t
-    _mark_ready(name)
+    if kept:            # else the next run weighs it again (numba could not keep it: NUMBA_OPT=0)
+        _mark_ready(name)
 
 
 def _tell(seconds: float) -> None:
@@ -311,13 +312,16 @@ def _compile_main(name, nice: bool = False) -> None:
     failed = False
     for n in [name] if isinstance(name, str) else name:
         try:
-            warm.compile_kernel(n)
+            kept = warm.compile_kernel(n)
         except Exception:               # noqa: BLE001 - compiled (and refused) at its first use instead
             if isinstance(name, str):
                 raise
             failed = True
             continue
-        _mark_ready(n)
+        if kept:
+            _mark_ready(n)
+        else:                           # not in the cache: the caller compiles it at its first use
+            failed = True
     if failed:
         sys.exit(1)
 

@@ -200,6 +200,13 @@ def _install_locator() -> None:
         def __init__(self, inner):
             self._inner = inner
 
+        def __getattr__(self, name):
+            # what numba reads of the locator it chose beyond the protocol (its warning that a function
+            # cannot be cached names the locator's `_py_file`)
+            if name == "_inner":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
         def ensure_cache_path(self):
             return self._inner.ensure_cache_path()
 

@@ -102,12 +102,33 @@ def known(name: str) -> bool:
     return args is None or arg in args()
 
 
-def compile_kernel(name: str) -> None:
-    """Compile (or load) kernel `name`, one that is `known`; KeyError for any other name."""
+def compile_kernel(name: str) -> bool:
+    """Compile (or load) kernel `name`, one that is `known` (KeyError for any other name), and say
+    whether numba kept it in the cache. It cannot where the machine code holds addresses of this
+    process (every kernel under NUMBA_OPT=0): numba then warns, once a function and process, and
+    compiles it anew in every process. Those warnings are this function's answer, not shown; a
+    kernel that is not kept must not be marked ready (each later run would compile it in process).
+    That is a setting's doing, not a kernel's: after one kernel of a process was not kept, none is
+    (a later one may only reuse callees compiled, and warned about, before)."""
+    import warnings
+
     if not known(name):
         raise KeyError(name)
     kind, _, arg = name.partition(":")
-    KINDS[kind][0](arg)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        KINDS[kind][0](arg)
+    for w in seen:
+        if NOT_KEPT in str(w.message):
+            _not_kept[0] = True
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return not _not_kept[0]
+
+
+# numba's words where it cannot keep a compiled function in its cache (numba.core.caching)
+NOT_KEPT = "Cannot cache compiled function"
+_not_kept = [False]     # whether a kernel this process compiled was not kept
 
 
 def _pending(root: str) -> list[str]:
@@ -173,11 +194,14 @@ def main() -> None:
         for _ in range(2):                      # names wanted meanwhile are picked up once more
             for name in _pending(root):
                 try:
-                    compile_kernel(name)
+                    kept = compile_kernel(name)
                 except Exception as e:           # a kernel that does not compile here: not tried again
                     _mark(root, "failed", name, f"{type(e).__name__}: {e}\n")
                 else:
-                    _mark(root, "ready", name)
+                    if kept:
+                        _mark(root, "ready", name)
+                    else:                       # the runs keep its twin (or Python's step), as before it
+                        _mark(root, "failed", name, "numba cannot keep it in the cache (NUMBA_OPT=0?)\n")
                 _remove(cache.marker("wanted", name, root))
 
 
