@@ -93,6 +93,7 @@ def test_a_kernel_numba_cannot_keep_in_the_cache_is_marked_failed_not_ready(tmp_
         assert open(failed).read() == "numba cannot keep it in the cache (NUMBA_OPT=0?)\n"
     here = _python("""
         import warnings
+        import numpy    # before the filter: numpy's ImportWarning on NPY_DISABLE_CPU_FEATURES (.ci/avx2-host) is not ours
         warnings.simplefilter("error")
         from ggtool.kernels import warm
         print(warm.compile_kernel("node:scale_f32"))
