@@ -566,7 +566,7 @@ def test_placement_spreads_over_cores_first():
 def test_wake_on_pins_a_sleeping_process_until_it_releases():
     cpu = max(os.sched_getaffinity(0))
     child = subprocess.Popen([sys.executable, "-c", "import sys; from ggtool.pool.placement import Release; "
-                              "r = Release(); print('ready', flush=True); sys.stdin.readline(); r(); print(sorted(r.home)); "
+                              "r = Release(); print('ready', flush=True); sys.stdin.readline(); r(); print(sorted(r.home), flush=True); "
                               "sys.stdin.readline()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline() == "ready\n"    # it has read its own mask: now it sleeps on stdin
