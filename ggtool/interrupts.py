@@ -12,7 +12,9 @@ click and the commands load. What a signal does depends on how far the command h
 - running: `Interrupted`, a KeyboardInterrupt, is raised in the main thread, so that every
   clean-up written for Ctrl-C runs (workers stopped, shared memory unlinked, temporary files
   removed); GGToolGroup.invoke says the line (`report`). A second signal within AGAIN_AFTER
-  seconds is ignored: the clean-up must not be cut short.
+  seconds is ignored: the clean-up must not be cut short. A signal that comes while the main
+  thread imports is raised once the import is over (`_defer`): a C extension's import prints
+  what is raised inside it and fails with an ImportError.
 - ending (the command is over; its clean-up and the exit handlers run): the first signal is
   remembered, and `exit_status` makes it the exit status at the very end, with its line.
 
@@ -96,12 +98,70 @@ def _handle(signum: int, frame) -> None:
         now = time.monotonic()
         if _raised_at is not None and now - _raised_at < AGAIN_AFTER:
             return
-        _raised_at = now
         if _signum is None:
             _signum = signum
+        if _importing(frame) and _defer(signum):
+            return
+        _deferred.clear()
+        _raised_at = now
         raise Interrupted(signum)
     if _signum is None:
         _signum = signum
+
+
+# -- a signal in the middle of an import ----------------------------------------------------------
+# An exception raised inside an import that a C extension makes (numpy's import_array in numba's,
+# numpy.linalg's, ...) is printed there with its traceback and replaced by an ImportError; so a
+# signal that comes while the main thread imports is raised again once the import is over (or
+# after IMPORT_GRACE seconds, should an import never end).
+IMPORT_GRACE = 2.0
+_IMPORT_FILES = frozenset({"<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>"})
+_deferred: list[int] = []       # the signal waiting for an import to end (at most one)
+
+
+def _importing(frame) -> bool:
+    """Whether `frame` (the main thread's, as a handler sees it) is inside an import."""
+    while frame is not None:
+        if frame.f_code.co_filename in _IMPORT_FILES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _defer(signum: int) -> bool:
+    """Send `signum` to the main thread again once it is out of its imports: False (raise now) if
+    the grace is over. A raw thread (not threading's): the handler may have interrupted the main
+    thread inside threading's own locks."""
+    import _thread
+    if _deferred:
+        if _deferred[0] == -1:      # the grace is over: raise, import or not
+            _deferred.clear()
+            return False
+        return True
+    _deferred.append(signum)
+    main = threading.main_thread().ident
+
+    def watch():
+        end = time.monotonic() + IMPORT_GRACE
+        while True:
+            time.sleep(0.002)
+            frame = sys._current_frames().get(main)
+            if frame is None:
+                return              # the main thread is gone: nothing to interrupt
+            if time.monotonic() > end:
+                _deferred[:] = [-1]
+                break
+            if not _importing(frame):
+                _deferred.clear()
+                break
+        del frame
+        try:
+            signal.pthread_kill(main, signum)
+        except (OSError, ValueError):
+            pass
+
+    _thread.start_new_thread(watch, ())
+    return True
 
 
 def at_exit_now(fn) -> None:

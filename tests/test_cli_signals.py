@@ -573,6 +573,94 @@ def test_a_signal_in_the_middle_of_an_import_is_one_line(sig):
     assert_nothing_left(p.pid)
 
 
+# a signal while the running command imports, inside an import that a C extension makes and that
+# prints and replaces whatever it raises (as numpy's import_array does in numba's or numpy.linalg's
+# extensions: "numpy._core.multiarray failed to import")
+IN_AN_EXTENSIONS_IMPORT = """
+import importlib.abc, importlib.util, signal, sys, time, traceback
+import ggtool.commands.compute as C
+
+class Loader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        if module.__name__ == "ext":
+            try:
+                import inner
+            except BaseException:
+                traceback.print_exc()
+                raise ImportError("ext failed to import")
+        else:
+            signal.raise_signal({sig})
+            time.sleep(0.05)
+
+class Finder:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("ext", "inner"):
+            return importlib.util.spec_from_loader(name, Loader())
+        return None
+
+sys.meta_path.insert(0, Finder())
+real = C.write_outputs
+def write_outputs(*a, **k):
+    import ext
+    return real(*a, **k)
+C.write_outputs = write_outputs
+from ggtool.__main__ import main
+main()
+"""
+
+
+@pytest.mark.parametrize("sig", ENDING_SIGNALS, ids=lambda s: s.name)
+def test_a_signal_while_the_command_imports_is_raised_after_the_import(tmp_path, sig):
+    """A signal while the running command imports a module is raised once the import is over: raised
+    inside it, an extension's import would print the traceback and fail with an ImportError (CI saw
+    `numpy._core.multiarray failed to import` and a traceback for a SIGHUP 68 ms into a compute)."""
+    out = tmp_path / "y.json"
+    p = start([*TINY, "-o", str(out)], code=IN_AN_EXTENSIONS_IMPORT.format(sig=int(sig)))
+    rc, err = finish(p)
+    assert (rc, err) == (128 + sig, MESSAGES[sig] + "\n")
+    assert [f for f in os.listdir(tmp_path) if f != out.name] == []
+    assert_nothing_left(p.pid)
+
+
+# an import that does not end: the signal is raised inside it once the grace is over
+IMPORT_NEVER_ENDS = """
+import importlib.abc, importlib.util, signal, sys, time
+import ggtool.interrupts as I
+I.IMPORT_GRACE = 0.2
+I.install()
+
+class Loader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        signal.raise_signal(signal.SIGTERM)
+        global t0
+        t0 = time.monotonic()
+        while True:
+            time.sleep(0.01)
+
+class Finder:
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, Loader()) if name == "stuck" else None
+
+sys.meta_path.insert(0, Finder())
+try:
+    import stuck
+except I.Interrupted as e:
+    print(e.signum, round(time.monotonic() - t0, 1))
+"""
+
+
+def test_a_signal_in_an_import_that_never_ends_is_raised_after_the_grace():
+    p = popen([sys.executable, "-c", IMPORT_NEVER_ENDS])
+    out, err = p.communicate(timeout=WAIT)
+    signum, waited = out.decode().split()
+    assert (p.returncode, int(signum), err) == (0, signal.SIGTERM, b"")
+    assert 0.2 <= float(waited) < 1.5
+
+
 # SIGTERM as the command is over: from an exit handler (the last clean-ups run there)
 AT_EXIT = """
 import atexit, os, signal, sys
