@@ -329,10 +329,12 @@ LOAD_THEN_COMPILE = """
     out = np.zeros(3, np.uint16)
     quantize.fp32_to_fp16(np.array([1.0, 2.5, -3.0], np.float32), out)
     nodes.address("scale_f32")
-    registries = ("numba.np.linalg", "numba.typed.typedlist", "numba.np.random.generator_methods")
+    registries = ("numba.np.linalg", "numba.typed.typedlist", "numba.np.random.generator_methods",
+                  "numba.np.arrayobj")
     print(out.tolist(), len(quantize.fp32_to_fp16.dispatcher.stats.cache_hits),
           [m for m in registries if m in sys.modules])
     print(numba.njit(lambda a, s: a.sum() + len(s))(np.arange(4.0), "ab"))    # a compile, strings and all
+    print(numba.njit(lambda n: np.empty(n).size)(5))                # numba.np.arrayobj's own code
 """
 
 
@@ -341,13 +343,14 @@ def test_loading_cached_kernels_sets_up_none_of_numbas_compiler_and_a_compile_af
     loads a function from its cache; only compiling reads them, and numba's compiler refreshes
     first: a process that loads its kernels from the cache (a cached command line, each worker of
     its pool) sets up the runtime alone (``jit._init_target``), and one that compiles afterwards
-    compiles as before."""
+    compiles as before. Nor does it import numba.np.arrayobj (~45 ms), whose globals the
+    environment of numba.carray's code names (``jit._LightImports``)."""
     env = {**_env(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "k")}
     first = _python(LOAD_THEN_COMPILE, env)
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines()[0].startswith("[15360, 16640, 49664] 0 ['numba.np.linalg'")   # compiled
     cached = _python(LOAD_THEN_COMPILE, env)
-    assert cached.returncode == 0 and cached.stdout == "[15360, 16640, 49664] 1 []\n8.0\n", cached.stderr
+    assert cached.returncode == 0 and cached.stdout == "[15360, 16640, 49664] 1 []\n8.0\n5\n", cached.stderr
 
 
 def test_a_cached_kernel_whose_light_load_fails_is_loaded_as_numba_loads_it(tmp_path):
@@ -367,6 +370,32 @@ def test_a_cached_kernel_whose_light_load_fails_is_loaded_as_numba_loads_it(tmp_
     """
     r = _python(textwrap.dedent(failing_once) + F16, env)
     assert r.returncode == 0 and r.stdout == "[15360, 16640, 49664] 1\n", r.stderr
+
+
+CACHE_WHEN_USED = """
+    import numpy as np
+    from numba.core.registry import CPUDispatcher
+    from ggtool.kernels import dot, nodes, quantize
+    made = [type(d._cache).__name__ for m in (dot, nodes, quantize) for d in vars(m).values()
+            if isinstance(d, CPUDispatcher)]
+    print(len(made) > 20, set(made))
+    out = np.zeros(3, np.uint16)
+    quantize.fp32_to_fp16(np.array([1.0, 2.5, -3.0], np.float32), out)
+    d = quantize.fp32_to_fp16.dispatcher
+    print(out.tolist(), type(d._cache).__name__, len(d.stats.cache_hits))
+"""
+
+
+def test_a_kernels_cache_is_made_when_it_is_first_used(tmp_path):
+    """Importing the kernels makes no numba cache (each looks for its files: ~25 ms of a cached
+    model run, for dispatchers a run that loads its node kernels compiled never calls); the first
+    call makes the checked one, which compiles and keeps the kernel, then loads it."""
+    env = {**_env(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "k")}
+    first = _python(CACHE_WHEN_USED, env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "True {'_CacheWhenUsed'}\n[15360, 16640, 49664] _CheckedCache 0\n"
+    again = _python(CACHE_WHEN_USED, env)
+    assert again.stdout == "True {'_CacheWhenUsed'}\n[15360, 16640, 49664] _CheckedCache 1\n", again.stderr
 
 
 def test_every_module_whose_compiled_functions_others_compile_in_is_shared():

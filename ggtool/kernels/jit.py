@@ -48,7 +48,37 @@ def _load_numba():
             if sys.modules.get(m, 0) is None:
                 del sys.modules[m]
     _init_target()
+    _light_environments()
     return numba
+
+
+class _LightImports:
+    """What ``numba.core.environment`` sees as ``importlib``: a cached function's environment, as
+    numba rebuilds it at load (``_rebuild_env``), holds its module's globals, which only object-mode
+    code reads. For one of numba's own modules not yet loaded (``numba.np.arrayobj``, for
+    ``numba.carray``, which every node kernel calls: ~45 ms with what it imports) the globals are a
+    stand-in with the module's name; any other module is imported as before."""
+
+    @staticmethod
+    def import_module(name, package=None):
+        import importlib
+        import types
+
+        if name.startswith("numba.") and name not in sys.modules:
+            return types.SimpleNamespace(__name__=name)
+        return importlib.import_module(name, package)
+
+
+def _light_environments() -> None:
+    """Have numba rebuild the environments of its own functions without importing their modules
+    (`_LightImports`); where numba's internals have moved, it imports them as before."""
+    try:
+        from numba.core import environment
+
+        if environment.importlib.__name__ == "importlib" and hasattr(environment, "_rebuild_env"):
+            environment.importlib = _LightImports
+    except Exception:  # noqa: BLE001 - numba's internals moved
+        pass
 
 
 def _init_target() -> None:
@@ -114,8 +144,9 @@ def njit(fn=None, **options):
     opts.update(options)
     if fn is None:
         return lambda f: njit(f, **options)
+    cache = opts.pop("cache")
     d = numba.njit(**opts)(fn)
-    if opts["cache"]:
+    if cache:
         checked_cache(d)
     return d
 
@@ -124,11 +155,39 @@ def checked_cache(dispatcher) -> None:
     """Have numba keep `dispatcher`'s compiled code in files it checks (`_CheckedFiles`), not
     numba's own: a flipped byte in a cached kernel is a miss, not a crash or wrong machine code.
     For ggtool's kernels only (a library user's own numba functions keep numba's files). Where
-    numba's internals have moved, its own cache stays."""
-    try:
-        dispatcher._cache = _CheckedCache(dispatcher.py_func)
-    except Exception:  # noqa: BLE001 - numba's internals moved: its own cache, unchecked
-        pass
+    numba's internals have moved, its own cache stays. The cache is made when first used
+    (`_CacheWhenUsed`)."""
+    dispatcher._cache = _CacheWhenUsed(dispatcher)
+
+
+class _CacheWhenUsed:
+    """A dispatcher's cache, made when numba first uses it. Making one looks for the kernel's
+    files (~0.2 ms), and a process that runs a model loads its node kernels compiled, so most of
+    the ~110 dispatchers that importing the kernels makes are never called: 25 ms of a cached
+    gemma-3-270m run went there."""
+
+    def __init__(self, dispatcher):
+        self._dispatcher = dispatcher
+
+    def _make(self):
+        from numba.core.caching import FunctionCache
+
+        py_func = self._dispatcher.py_func
+        real = None
+        if _CheckedCache is not None:
+            try:
+                real = _CheckedCache(py_func)
+            except Exception:  # noqa: BLE001 - numba's internals moved: its own cache, unchecked
+                real = None
+        if real is None:
+            real = FunctionCache(py_func)
+        self._dispatcher._cache = real
+        return real
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("_dispatcher", "_make"):
+            raise AttributeError(name)
+        return getattr(self._make(), name)
 
 
 try:
