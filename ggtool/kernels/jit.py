@@ -21,19 +21,48 @@ from .cache import SHARED, cache_dir  # noqa: F401 (jit.SHARED, jit.cache_dir as
 # Optional packages numba imports with itself for integrations ggtool's kernels never use: scipy
 # (a version check), yaml (a .numba_config.yaml in the current folder) and cffi (typing cffi
 # functions). In ggtool's own command line (ggtool.role.COMMAND_LINE) they are held off
-# while numba loads, ~35 ms of every quantized command's start where they are installed; numba in
-# a library user's process, or in a pool worker (which may run a user's functions), keeps them.
+# while numba loads, ~35 ms of every quantized command's start where they are installed, and so
+# are numba's extensions (`_NoExtensions`); numba in a library user's process, or in a pool worker
+# started as an interpreter of its own (which may run a user's functions), keeps them.
 OPTIONAL = ("scipy", "yaml", "cffi")
+
+
+class _NoExtensions:
+    """numba.core.entrypoints as numba imports it in ggtool's own command line: numba's extensions
+    (the ``numba_extensions`` entry points of installed packages, for types and functions of other
+    libraries) are not loaded; ggtool's kernels use none. Finding them imports importlib.metadata
+    and reads every installed package's entry points: ~25 ms of each quantized command's start,
+    more in a large environment. An import finder and loader, in ``sys.meta_path`` while numba loads."""
+
+    NAME = "numba.core.entrypoints"
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.NAME:
+            return None
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(name, self)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.__doc__ = _NoExtensions.__doc__
+        module._already_initialized = True
+        module.init_all = lambda: None
 
 
 def _load_numba():
     from .. import role
 
-    held = []
+    held, finder = [], None
     if "numba" not in sys.modules:
         os.environ.setdefault("NUMBA_CACHE_DIR", cache_dir())   # read once, when numba is imported
         if role.COMMAND_LINE:
             held = [m for m in OPTIONAL if m not in sys.modules]
+            if _NoExtensions.NAME not in sys.modules:
+                finder = _NoExtensions()
+                sys.meta_path.insert(0, finder)
     for m in held:
         sys.modules[m] = None      # `import m` raises ImportError meanwhile: numba goes without it
     try:
@@ -47,6 +76,8 @@ def _load_numba():
         for m in held:
             if sys.modules.get(m, 0) is None:
                 del sys.modules[m]
+        if finder is not None and finder in sys.meta_path:
+            sys.meta_path.remove(finder)
     _init_target()
     _light_environments()
     return numba
