@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -212,6 +213,62 @@ def test_the_unmutated_model_is_read_right(tmp_path):
                                "blk.0.ffn_down.weight", "output_norm.weight"]
     assert check(p, tmp_path / "q.gguf") == "ok"
     assert len(fields) > 40
+
+
+
+def _strings_by_hand(buf: bytes, p: int, n: int) -> tuple[list[int], list[int]] | None:
+    """The n strings at p as GGUF stores them (u64 length, bytes), read one by one; None past the end."""
+    starts, lens = [], []
+    for _ in range(n):
+        if p + 8 > len(buf):
+            return None
+        (ln,) = struct.unpack_from("<Q", buf, p)
+        starts.append(p)
+        lens.append(ln)
+        p += 8 + ln
+    return (starts, lens) if p <= len(buf) else None
+
+
+def test_string_arrays_are_walked_as_their_lengths_say():
+    """A string array's items are found with numpy (reader._short_strings: starts are followed by 7
+    zero bytes) where a Python walk took ~40 ms for a 262,144-token vocabulary; whatever the
+    strings hold (empty ones, which look like starts one byte early; NUL bytes; lengths of 256 and
+    more; runs of empties past the jumps it takes; a file cut short) the result is the walk's."""
+    from ggtool.errors import InputError
+    from ggtool.gguf_io import reader
+
+    rng = np.random.default_rng(SEED)
+    fast = 0
+    for trial in range(600):
+        kind = trial % 6
+        n = int(rng.integers(1, 3 * reader._MAX_JUMPS if kind == 4 else 40))
+        b = bytearray(rng.integers(0, 256, int(rng.integers(0, 16)), dtype=np.uint8).tobytes())
+        p = len(b)
+        for _ in range(n):
+            length = {0: lambda: int(rng.integers(1, 12)), 1: lambda: int(rng.choice([0, 0, 1, 5, 300])),
+                      2: lambda: int(rng.integers(0, 600)), 4: lambda: 0}.get(kind, lambda: int(rng.integers(0, 30)))()
+            data = rng.integers(0, 256, length, dtype=np.uint8)
+            if kind == 3:
+                data[rng.random(length) < 0.5] = 0
+            b += struct.pack("<Q", length) + data.tobytes()
+        b += rng.integers(0, 256, int(rng.integers(0, 40)), dtype=np.uint8).tobytes()
+        if kind == 5:
+            b = b[:int(rng.integers(p + 8 * n, len(b) + 1))]     # the caller has checked n prefixes fit
+        buf = bytes(b)
+        want = _strings_by_hand(buf, p, n)
+        if want is None or max(want[1]) > reader.MAX_STRING:
+            with pytest.raises(InputError, match="string"):
+                reader._walk_strings(memoryview(buf), p, n, len(buf), "x")
+            continue
+        starts, lens = reader._walk_strings(memoryview(buf), p, n, len(buf), "x")
+        assert starts.tolist() == want[0] and lens.tolist() == want[1], (trial, kind)
+        fast += reader._short_strings(np.frombuffer(buf, np.uint8), p, n, len(buf)) is not None
+    # a vocabulary's strings (short, non-empty, empty now and then) are found by the numpy scan
+    tokens = ([b"<s>", b"", b"ab", b"\xc3\xa9", b"x" * 255] + [b"tok"] * 45) * 20
+    vocab = b"".join(struct.pack("<Q", len(t)) + t for t in tokens)
+    got = reader._short_strings(np.frombuffer(vocab, np.uint8), 0, len(tokens), len(vocab))
+    assert got is not None and got[1].tolist() == [len(t) for t in tokens]
+    assert fast >= 150, fast
 
 
 if __name__ == "__main__":

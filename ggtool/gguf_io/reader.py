@@ -19,12 +19,17 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
-from gguf.gguf_reader import ReaderField, ReaderTensor
 
-from .. import types as T
-from ..errors import InputError
-from .format import (
+from . import yaml_on_first_use
+
+yaml_on_first_use()
+
+from gguf import GGUFReader, GGUFValueType  # noqa: E402 - after yaml's stand-in
+from gguf.gguf_reader import ReaderField, ReaderTensor  # noqa: E402
+
+from .. import types as T  # noqa: E402
+from ..errors import InputError  # noqa: E402
+from .format import (  # noqa: E402
     MAX_DIMS,
     MAX_ITEMS,
     MAX_NAME,
@@ -38,7 +43,7 @@ from .format import (
     shard_prefix,
     short,
 )
-from .storage import FileStorage
+from .storage import FileStorage  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -127,27 +132,67 @@ class _ArrayField(ReaderField):
 _U64 = struct.Struct("<Q")
 
 
+_SCAN_BYTES = 24     # bytes per string the first scan of a string array reads (a vocabulary's average: ~17)
+_MAX_JUMPS = 64      # places that look like a string's start but are not, stepped over (and one per 64 strings)
+
+
+def _short_strings(mm: np.ndarray, p: int, n: int, size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Start offsets and lengths of the n strings at p, found with numpy where every length is under
+    256 (a vocabulary's): each start's 7 high length bytes are zero, so the starts are among the
+    places followed by 7 zero bytes (the candidates); from p each start is the one before + 8 + its
+    length, followed from candidate to candidate, stepping over those that are not starts (an
+    empty string makes one). What it returns is that chain itself, so it cannot be wrong; None where
+    it breaks (a length of 256 or more, a run past the file, too many false starts): the caller
+    walks the u64 lengths. ~10 ms for 262,144 tokens where a Python loop over them takes ~40."""
+    end = min(size, p + _SCAN_BYTES * n + 8)
+    while True:
+        seg = mm[p:end]
+        z = seg == 0
+        m = len(z) - 7
+        if m <= 0:
+            return None
+        run = z[1:1 + m].copy()
+        for k in range(2, 8):
+            run &= z[k:k + m]
+        cand = np.flatnonzero(run)                     # positions (from p) followed by 7 zero bytes
+        if not len(cand) or cand[0] != 0:
+            return None
+        nxt = cand + 8 + seg[cand]                     # where the next string starts if this one is a start
+        at = np.searchsorted(cand, nxt)
+        linked = at < len(cand)
+        linked[linked] = cand[at[linked]] == nxt[linked]
+        breaks = np.flatnonzero(~linked | (at != np.arange(1, len(cand) + 1)))   # the chain leaves j + 1
+        pieces, count, j = [], 0, 0
+        for _ in range(_MAX_JUMPS + n // 64):
+            k = int(breaks[np.searchsorted(breaks, j)])   # the last candidate of this stretch
+            take = min(k - j + 1, n - count)
+            pieces.append(cand[j:j + take])
+            count += take
+            if count == n:
+                starts = np.concatenate(pieces)
+                lens = seg[starts].astype(np.int64)
+                if p + int(starts[-1]) + 8 + int(lens[-1]) > size:
+                    return None
+                return starts + p, lens
+            if not linked[k]:
+                break          # the next start is past the scan (or not a candidate: a long string)
+            j = int(at[k])      # step over the candidates that are not starts
+        else:
+            return None
+        if end >= size or nxt[k] + 8 <= len(seg):
+            return None
+        end = min(size, p + 2 * (end - p))
+
+
 def _walk_strings(buf, p: int, n: int, size: int, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Start offsets and lengths of n GGUF strings (u64 length + bytes) stored back to back at p;
-    the caller has checked that n length prefixes fit in the bytes left.
-
-    Fast path: read only each length's low byte (a vocabulary's strings are short), then check with
-    numpy that every length's 7 high bytes are zero; otherwise walk again reading full u64 lengths."""
-    p0 = p
+    the caller has checked that n length prefixes fit in the bytes left. Short strings are found
+    with numpy (``_short_strings``); otherwise each u64 length is read in turn."""
+    if n:
+        found = _short_strings(np.frombuffer(buf, np.uint8), p, n, size)
+        if found is not None:
+            return found
     starts = [0] * n
-    try:
-        for i in range(n):
-            starts[i] = p
-            p += 8 + buf[p]
-    except IndexError:
-        p = size + 1
-    if p <= size and n:
-        st = np.array(starts, np.int64)
-        mm = np.frombuffer(buf, np.uint8)
-        hi = mm[st[:, None] + np.arange(1, 8)]
-        if not hi.any():
-            return st, mm[st].astype(np.int64)
-    p = p0
     unpack = _U64.unpack_from
     lens = [0] * n
     try:
