@@ -387,7 +387,7 @@ CACHE_WHEN_USED = """
 
 
 def test_a_kernels_cache_is_made_when_it_is_first_used(tmp_path):
-    """Importing the kernels makes no numba cache (each looks for its files: ~25 ms of a cached
+    """Importing the kernels makes no numba cache (each looks for its files: ~35 ms of a cached
     model run, for dispatchers a run that loads its node kernels compiled never calls); the first
     call makes the checked one, which compiles and keeps the kernel, then loads it."""
     env = {**_env(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "k")}

@@ -299,3 +299,32 @@ def test_in_ggtools_own_process_numba_loads_without_its_optional_packages(comman
         assert r.stdout == "True [] False False\n"
     else:
         assert r.stdout.startswith("True ['importlib.metadata'") and r.stdout.endswith(" True False\n"), r.stdout
+
+
+PLANTED_CONFIG = """
+import sys, ggtool.role
+ggtool.role.COMMAND_LINE = {command_line}
+from ggtool.gguf_io import reader          # gguf-py, with yaml (or the command line's stand-in)
+from ggtool.kernels import jit
+from numba.core import config
+@jit.numba.njit(cache=False)
+def f(x):
+    return x + 1
+f(1)                                        # a compile: numba reads its config again
+config.reload_config()
+print(config.DEBUG_CACHE, config.BOUNDSCHECK)
+"""
+
+
+@pytest.mark.parametrize("command_line", [True, False])
+def test_the_command_lines_numba_reads_no_config_file_from_the_working_directory(tmp_path, command_line):
+    """numba takes a .numba_config.yaml in the current directory as NUMBA_* settings: one planted
+    where a user runs ggtool could print numba's debug output into the data on stdout (it did, with
+    `debug_cache: 1`, once gguf-py had loaded yaml) or change the kernels. The command line's numba
+    reads none, at import or at a compile, and says nothing of it (jit._no_config_file); a
+    library user's numba keeps numba's behaviour."""
+    (tmp_path / ".numba_config.yaml").write_text("debug_cache: 1\nboundscheck: 1\n")
+    r = subprocess.run([sys.executable, "-c", PLANTED_CONFIG.format(command_line=command_line)], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout == ("0 None\n" if command_line else "1 1\n"), r.stdout

@@ -174,3 +174,23 @@ def test_a_compute_on_npy_and_json_imports_no_gguf(tmp_path):
     worker = f"import sys; import ggtool.pool.worker; print({loaded})"   # what a worker imports before its loop
     r = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True, cwd=tmp_path)
     assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
+
+
+def test_a_gguf_command_loads_no_yaml_until_something_uses_it(tmp_path):
+    """gguf-py imports PyYAML (for model cards ggtool never reads: ~20 ms of every GGUF command's
+    start). The command line's `yaml` is a stand-in (gguf_io._YamlOnFirstUse) that imports it at
+    first use: a GGUF command never does; `import yaml` and `from yaml import ...` still work, and
+    a library user's process gets PyYAML itself."""
+    loaded = "('yaml.reader' in sys.modules, type(sys.modules['yaml']).__name__)"
+    code = (f"import sys, atexit; atexit.register(lambda: print({loaded})); "
+            "sys.argv[0] = 'ggtool'; from ggtool.__main__ import main; main()")
+    r = subprocess.run([sys.executable, "-c", code, "inspect", str(ROOT / "fixtures" / "stories260K.gguf")],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "(False, '_YamlOnFirstUse')"
+    use = ("import sys, ggtool.role; ggtool.role.COMMAND_LINE = {}; from ggtool.gguf_io import reader; "
+           "import yaml; from yaml import safe_dump; print(yaml.safe_load('a: [1, 2]'), safe_dump([3]).strip(), "
+           "type(sys.modules['yaml']).__name__, type(yaml).__name__)")
+    for command_line, kind in ((True, "_YamlOnFirstUse"), (False, "module")):
+        r = subprocess.run([sys.executable, "-c", use.format(command_line)], capture_output=True, text=True, cwd=tmp_path)
+        assert (r.returncode, r.stdout) == (0, f"{{'a': [1, 2]}} - 3 module {kind}\n"), r.stderr

@@ -19,8 +19,8 @@ from .cache import SHARED, cache_dir  # noqa: F401 (jit.SHARED, jit.cache_dir as
 
 
 # Optional packages numba imports with itself for integrations ggtool's kernels never use: scipy
-# (a version check), yaml (a .numba_config.yaml in the current folder) and cffi (typing cffi
-# functions). In ggtool's own command line (ggtool.role.COMMAND_LINE) they are held off
+# (a version check), yaml (a .numba_config.yaml in the current folder: `_no_config_file`) and cffi
+# (typing cffi functions). In ggtool's own command line (ggtool.role.COMMAND_LINE) they are held off
 # while numba loads, ~35 ms of every quantized command's start where they are installed, and so
 # are numba's extensions (`_NoExtensions`); numba in a library user's process, or in a pool worker
 # started as an interpreter of its own (which may run a user's functions), keeps them.
@@ -55,32 +55,63 @@ class _NoExtensions:
 def _load_numba():
     from .. import role
 
-    held, finder = [], None
+    hidden, finder = {}, None
+    if role.COMMAND_LINE:
+        # yaml is hidden even where it is loaded (gguf-py's): numba's config must not read a file
+        hidden = {m: sys.modules.get(m) for m in OPTIONAL if m not in sys.modules or m == "yaml"}
     if "numba" not in sys.modules:
         os.environ.setdefault("NUMBA_CACHE_DIR", cache_dir())   # read once, when numba is imported
-        if role.COMMAND_LINE:
-            held = [m for m in OPTIONAL if m not in sys.modules]
-            if _NoExtensions.NAME not in sys.modules:
-                finder = _NoExtensions()
-                sys.meta_path.insert(0, finder)
-    for m in held:
+        if role.COMMAND_LINE and _NoExtensions.NAME not in sys.modules:
+            finder = _NoExtensions()
+            sys.meta_path.insert(0, finder)
+    for m in hidden:
         sys.modules[m] = None      # `import m` raises ImportError meanwhile: numba goes without it
     try:
-        import numba
-        if "cffi" in held:   # imported later, at the first kernel: it would parse C with pycparser (~15 ms)
-            import numba.core.typing.cffi_utils  # noqa: F401
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_CONFIG_WARNING)
+            import numba
+            if "cffi" in hidden:   # imported later, at the first kernel: it would parse C with pycparser (~15 ms)
+                import numba.core.typing.cffi_utils  # noqa: F401
+        if role.COMMAND_LINE:
+            _no_config_file()
     except Exception as e:  # ImportError, or a broken install (llvmlite/numpy mismatch)
         raise KernelError(f"ggtool's compiled kernels need numba, which cannot be loaded ({type(e).__name__}: {e}); "
                           "install it with `python3 -m pip install numba`") from None
     finally:
-        for m in held:
+        for m, was in hidden.items():
             if sys.modules.get(m, 0) is None:
-                del sys.modules[m]
+                if was is None:
+                    del sys.modules[m]
+                else:
+                    sys.modules[m] = was
         if finder is not None and finder in sys.meta_path:
             sys.meta_path.remove(finder)
     _init_target()
     _light_environments()
     return numba
+
+
+# numba's words where it finds a .numba_config.yaml but no yaml to read it (numba.core.config)
+_CONFIG_WARNING = "A Numba config file is found"
+
+
+def _no_config_file() -> None:
+    """numba reads a ``.numba_config.yaml`` from the current directory (at import and at every
+    compile) and takes it as NUMBA_* settings: in ggtool's command line that is wherever the user
+    stands, so a file planted there (a model's download folder) could print numba's debug output
+    into the data on stdout, or turn the kernels into Python. The command line's numba reads none
+    (its config's file name is one that cannot exist; yaml is hidden while numba loads, so the read
+    at import finds no parser), as the pool's workers and the background compiler, which start in
+    "/", never did; NUMBA_* variables still apply everywhere."""
+    try:
+        from numba.core import config
+
+        if isinstance(getattr(config, "_config_fname", None), str):
+            config._config_fname = os.path.join(os.devnull, ".numba_config.yaml")   # never a file
+    except Exception:  # noqa: BLE001 - numba's internals moved
+        pass
 
 
 class _LightImports:
