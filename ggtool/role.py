@@ -4,8 +4,8 @@ differently there (one home, so that no layer reads another's flag or the comman
 - `COMMAND_LINE`: ggtool's own command line (ggtool.commands sets it first thing). Its process is
   ggtool's alone, so ggtool takes process-wide liberties a library must not take in its user's:
   numba loads without the optional packages ggtool has no use for and reads no config file from
-  the working directory (kernels.jit), gguf-py's yaml is loaded only if used (gguf_io), and the
-  first memory map of a file installs a SIGBUS handler (gguf_io.storage.guard_sigbus).
+  the working directory (kernels.jit), gguf-py's yaml is loaded only if used (gguf_io.reader),
+  and the first memory map of a file installs a SIGBUS handler (gguf_io.storage.guard_sigbus).
 - `POOL_WORKER`: a worker process of the pool (`GGTOOL_POOL_WORKER` in its environment, or forked
   by pool.fork): a pool made there (by a module a worker imports) computes in-process.
 - `LIBRARY_CALLER`: a pool worker whose caller is a library's process, not ggtool's command line

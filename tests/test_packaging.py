@@ -178,7 +178,7 @@ def test_a_compute_on_npy_and_json_imports_no_gguf(tmp_path):
 
 def test_a_gguf_command_loads_no_yaml_until_something_uses_it(tmp_path):
     """gguf-py imports PyYAML (for model cards ggtool never reads: ~20 ms of every GGUF command's
-    start). The command line's `yaml` is a stand-in (gguf_io._YamlOnFirstUse) that imports it at
+    start). The command line's `yaml` is a stand-in (gguf_io.reader._YamlOnFirstUse) that imports it at
     first use: a GGUF command never does; `import yaml` and `from yaml import ...` still work, and
     a library user's process gets PyYAML itself."""
     loaded = "('yaml.reader' in sys.modules, type(sys.modules['yaml']).__name__)"

@@ -14,15 +14,57 @@ from __future__ import annotations
 import math
 import os
 import struct
+import sys
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from . import yaml_on_first_use
+from .. import role
 
-yaml_on_first_use()
+
+class _YamlOnFirstUse(types.ModuleType):
+    """`yaml` in ggtool's command line until something uses it: PyYAML, imported at the first
+    attribute asked for, then this module holds its names. (importlib's LazyLoader would not do: the
+    next `import yaml` reads the module's __spec__, which loads it.)"""
+
+    def __getattr__(self, name: str):
+        if sys.modules.get("yaml") is self:
+            del sys.modules["yaml"]
+        import importlib
+
+        try:
+            real = importlib.import_module("yaml")
+        finally:
+            sys.modules.setdefault("yaml", self)
+        self.__dict__.update({k: v for k, v in vars(real).items() if k != "__class__"})
+        sys.modules["yaml"] = real
+        return getattr(real, name)
+
+
+def _yaml_on_first_use() -> None:
+    """Called before gguf-py is imported, below. gguf-py imports PyYAML with itself, for the model
+    cards of gguf.metadata, which ggtool never reads: ~20 ms of every GGUF command's start. In
+    ggtool's own command line (role.COMMAND_LINE) `yaml` is a stand-in that imports it when first
+    used, if ever; `import yaml` and `from yaml import ...` work as before."""
+    if not role.COMMAND_LINE or "yaml" in sys.modules or "gguf" in sys.modules:
+        return
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("yaml")
+    except (ImportError, ValueError):
+        return
+    if spec is None:
+        return               # gguf-py's own import then says what is missing
+    module = _YamlOnFirstUse("yaml")
+    module.__spec__ = spec
+    sys.modules["yaml"] = module
+
+
+_yaml_on_first_use()
 
 from gguf import GGUFReader, GGUFValueType  # noqa: E402 - after yaml's stand-in
 from gguf.gguf_reader import ReaderField, ReaderTensor  # noqa: E402
