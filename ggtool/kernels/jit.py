@@ -70,7 +70,8 @@ def _load_numba():
         import warnings
 
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_CONFIG_WARNING)
+            if role.COMMAND_LINE:   # its read at import finds no yaml (hidden): nothing to say
+                warnings.filterwarnings("ignore", message=_CONFIG_WARNING)
             import numba
             if "cffi" in hidden:   # imported later, at the first kernel: it would parse C with pycparser (~15 ms)
                 import numba.core.typing.cffi_utils  # noqa: F401
