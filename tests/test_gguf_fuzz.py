@@ -229,13 +229,18 @@ def _strings_by_hand(buf: bytes, p: int, n: int) -> tuple[list[int], list[int]] 
     return (starts, lens) if p <= len(buf) else None
 
 
-def test_string_arrays_are_walked_as_their_lengths_say():
+@pytest.mark.parametrize("piece", [None, 64])
+def test_string_arrays_are_walked_as_their_lengths_say(monkeypatch, piece):
     """A string array's items are found with numpy (reader._short_strings: starts are followed by 7
     zero bytes) where a Python walk took ~40 ms for a 262,144-token vocabulary; whatever the
     strings hold (empty ones, which look like starts one byte early; NUL bytes; lengths of 256 and
-    more; runs of empties past the jumps it takes; a file cut short) the result is the walk's."""
+    more; runs of empties past the jumps it takes; a file cut short) the result is the walk's,
+    also where the scan goes in pieces of a few strings (`piece`: chains that cross pieces)."""
     from ggtool.errors import InputError
     from ggtool.gguf_io import reader
+
+    if piece:
+        monkeypatch.setattr(reader, "_SCAN_BYTES", piece)
 
     rng = np.random.default_rng(SEED)
     fast = 0
@@ -269,6 +274,26 @@ def test_string_arrays_are_walked_as_their_lengths_say():
     got = reader._short_strings(np.frombuffer(vocab, np.uint8), 0, len(tokens), len(vocab))
     assert got is not None and got[1].tolist() == [len(t) for t in tokens]
     assert fast >= 150, fast
+
+
+
+def test_a_hostile_string_array_costs_bounded_memory():
+    """16 MB of zeros read as 2,000,000 empty strings: every byte looks like a string's start, which
+    the numpy scan would hold as int64s many times over (~0.5 GB); it reads in pieces of
+    _SCAN_BYTES and gives up early (too many false starts), and the walk gives the strings."""
+    from ggtool.gguf_io import reader
+
+    n = 2_000_000
+    buf = bytes(8 * n + 64)
+    tracemalloc.start()
+    try:
+        assert reader._short_strings(np.frombuffer(buf, np.uint8), 0, n, len(buf)) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 * reader._SCAN_BYTES, peak
+    starts, lens = reader._walk_strings(memoryview(buf), 0, n, len(buf), "x")
+    assert starts[-1] == 8 * (n - 1) and not lens.any()
 
 
 if __name__ == "__main__":

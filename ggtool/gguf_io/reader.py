@@ -174,8 +174,8 @@ class _ArrayField(ReaderField):
 _U64 = struct.Struct("<Q")
 
 
-_SCAN_BYTES = 24     # bytes per string the first scan of a string array reads (a vocabulary's average: ~17)
-_MAX_JUMPS = 64      # places that look like a string's start but are not, stepped over (and one per 64 strings)
+_SCAN_BYTES = 1 << 20   # a string array is scanned in pieces of at most this many bytes (~30x that in memory)
+_MAX_JUMPS = 64         # places that look like a string's start but are not, stepped over (and one per 1024 strings)
 
 
 def _short_strings(mm: np.ndarray, p: int, n: int, size: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -185,10 +185,12 @@ def _short_strings(mm: np.ndarray, p: int, n: int, size: int) -> tuple[np.ndarra
     length, followed from candidate to candidate, stepping over those that are not starts (an
     empty string makes one). What it returns is that chain itself, so it cannot be wrong; None where
     it breaks (a length of 256 or more, a run past the file, too many false starts): the caller
-    walks the u64 lengths. ~10 ms for 262,144 tokens where a Python loop over them takes ~40."""
-    end = min(size, p + _SCAN_BYTES * n + 8)
+    walks the lengths. ~10 ms for 262,144 tokens where a Python loop over them takes ~40. It reads
+    the array in pieces of at most _SCAN_BYTES, so a hostile one costs bounded memory."""
+    pieces, count, jumps, q = [], 0, _MAX_JUMPS + n // 1024, p    # q: the next string's start
     while True:
-        seg = mm[p:end]
+        end = min(size, q + min(_SCAN_BYTES, 24 * (n - count) + 64))   # ~17 bytes a vocabulary's string
+        seg = mm[q:end]
         z = seg == 0
         m = len(z) - 7
         if m <= 0:
@@ -196,7 +198,7 @@ def _short_strings(mm: np.ndarray, p: int, n: int, size: int) -> tuple[np.ndarra
         run = z[1:1 + m].copy()
         for k in range(2, 8):
             run &= z[k:k + m]
-        cand = np.flatnonzero(run)                     # positions (from p) followed by 7 zero bytes
+        cand = np.flatnonzero(run)                     # positions (from q) followed by 7 zero bytes
         if not len(cand) or cand[0] != 0:
             return None
         nxt = cand + 8 + seg[cand]                     # where the next string starts if this one is a start
@@ -204,36 +206,49 @@ def _short_strings(mm: np.ndarray, p: int, n: int, size: int) -> tuple[np.ndarra
         linked = at < len(cand)
         linked[linked] = cand[at[linked]] == nxt[linked]
         breaks = np.flatnonzero(~linked | (at != np.arange(1, len(cand) + 1)))   # the chain leaves j + 1
-        pieces, count, j = [], 0, 0
-        for _ in range(_MAX_JUMPS + n // 64):
+        j = 0
+        while True:
             k = int(breaks[np.searchsorted(breaks, j)])   # the last candidate of this stretch
             take = min(k - j + 1, n - count)
-            pieces.append(cand[j:j + take])
+            pieces.append(cand[j:j + take] + q)
             count += take
             if count == n:
                 starts = np.concatenate(pieces)
-                lens = seg[starts].astype(np.int64)
-                if p + int(starts[-1]) + 8 + int(lens[-1]) > size:
-                    return None
-                return starts + p, lens
+                lens = mm[starts].astype(np.int64)
+                return (starts, lens) if int(starts[-1]) + 8 + int(lens[-1]) <= size else None
             if not linked[k]:
-                break          # the next start is past the scan (or not a candidate: a long string)
+                break          # the next start is past this piece (or not a candidate: a long string)
+            jumps -= 1
+            if jumps < 0:
+                return None
             j = int(at[k])      # step over the candidates that are not starts
-        else:
-            return None
-        if end >= size or nxt[k] + 8 <= len(seg):
-            return None
-        end = min(size, p + 2 * (end - p))
+        if nxt[k] + 8 <= len(seg) or end >= size:
+            return None         # its length's high bytes are not zero, or the file ends
+        q += int(nxt[k])
 
 
 def _walk_strings(buf, p: int, n: int, size: int, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Start offsets and lengths of n GGUF strings (u64 length + bytes) stored back to back at p;
     the caller has checked that n length prefixes fit in the bytes left. Short strings are found
-    with numpy (``_short_strings``); otherwise each u64 length is read in turn."""
+    with numpy (``_short_strings``), else (many empty ones) by a walk over each length's low byte,
+    checked with numpy to have 7 zero high bytes; otherwise each u64 length is read in turn."""
     if n:
-        found = _short_strings(np.frombuffer(buf, np.uint8), p, n, size)
+        mm = np.frombuffer(buf, np.uint8)
+        found = _short_strings(mm, p, n, size)
         if found is not None:
             return found
+        starts = [0] * n
+        q = p
+        try:
+            for i in range(n):
+                starts[i] = q
+                q += 8 + buf[q]
+        except IndexError:
+            q = size + 1
+        if q <= size:
+            st = np.array(starts, np.int64)
+            if not mm[st[:, None] + np.arange(1, 8)].any():
+                return st, mm[st].astype(np.int64)
     starts = [0] * n
     unpack = _U64.unpack_from
     lens = [0] * n
