@@ -48,6 +48,7 @@ _phase: str | None = None       # None: the handlers are not installed
 _signum: int | None = None      # the signal that ends the command
 _said = False                   # its line is on stderr
 _raised_at: float | None = None
+_interrupted = False            # Interrupted has been raised: the command is on its way out
 _default_unraisable: list = []  # sys.unraisablehook as it was
 _exit_now_hooks: list = []      # what a signal while starting stops before the process exits (at_exit_now)
 
@@ -91,7 +92,7 @@ def ending() -> None:
 
 
 def _handle(signum: int, frame) -> None:
-    global _signum, _raised_at
+    global _signum, _raised_at, _interrupted
     if _phase == STARTING:
         _exit_at_once(signum)
     if _phase == RUNNING:
@@ -104,6 +105,7 @@ def _handle(signum: int, frame) -> None:
             return
         _deferred.clear()
         _raised_at = now
+        _interrupted = True
         raise Interrupted(signum)
     if _signum is None:
         _signum = signum
@@ -182,10 +184,15 @@ def _exit_at_once(signum: int) -> None:
 
 def _unraisable(info) -> None:
     """Interrupted raised inside a finalizer (a weakref callback, __del__), which cannot pass it on:
-    nothing printed (the exit status will say it), and the next signal is raised at once."""
+    nothing printed (the exit status will say it), and the next signal is raised at once. After
+    Interrupted was raised, any finalizer's error is nothing printed either: it is the signal's
+    doing, an object it cut short in its __init__ failing in its __del__ (CI saw llvmlite's
+    `OutputString.__del__` say "no attribute '_owned'" after `Terminated.`)."""
     global _raised_at
     if isinstance(info.exc_value, Interrupted):
         _raised_at = None
+        return
+    if _interrupted:
         return
     (_default_unraisable or [sys.__unraisablehook__])[0](info)
 

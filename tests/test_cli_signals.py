@@ -740,3 +740,36 @@ def test_a_caller_killed_mid_write_leaves_a_temporary_the_next_run_removes(tmp_p
     q = start(["quantize", str(STORIES), str(out), "--quiet"])
     assert finish(q) == (0, "")
     assert os.listdir(tmp_path) == ["q.gguf"]
+
+
+# an object whose __init__ the signal cuts short, and whose __del__ then fails (llvmlite's OutputString)
+CUT_SHORT = """
+import os, signal, sys, time
+import ggtool.interrupts as I
+I.install()
+
+class Half:
+    def __init__(self):
+        self._ptr = 1
+        signal.raise_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        self._owned = True
+    def __del__(self):
+        if self._owned:
+            pass
+
+try:
+    Half()
+except I.Interrupted as e:
+    code = I.report(e.signum)
+sys.stderr.flush()
+os._exit(code)
+"""
+
+
+def test_a_finalizer_failing_after_the_signal_prints_nothing():
+    """An object the signal cut short in its __init__ fails in its __del__ as the exception unwinds:
+    after `Terminated.` nothing more is printed (CI saw llvmlite's `OutputString.__del__` report
+    "no attribute '_owned'" once, a SIGTERM landing while numba loaded a kernel)."""
+    r = subprocess.run([sys.executable, "-c", CUT_SHORT], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (128 + signal.SIGTERM, "Terminated.\n")
