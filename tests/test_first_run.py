@@ -168,40 +168,110 @@ def test_the_command_line_compiles_large_work_and_gives_the_twin_s_bytes(tmp_pat
 
 
 class _Proc:
-    """A compile-ahead process as first_run holds it: done (or failed) when waited for."""
+    """A compile-ahead process as first_run holds it (of one kernel or a list): done (or failed) when
+    first looked at."""
 
-    def __init__(self, name: str, code: int):
-        self.name, self.code, self.waited = name, code, False
+    def __init__(self, names, code: int):
+        self.names, self.code, self.waited = [names] if isinstance(names, str) else names, code, False
 
     def wait(self):
+        if not self.waited and self.code == 0:
+            for n in self.names:
+                first_run._mark_ready(n)
         self.waited = True
-        if self.code == 0:
-            first_run._mark_ready(self.name)
         return self.code
 
-    def poll(self):
-        return self.code if self.waited else None
+    poll = wait
 
     def kill(self):
         self.code = -9
 
 
 def test_kernels_of_a_large_generation_compile_ahead_side_by_side(cli, monkeypatch):
-    """prepare(): the dots whose twins a generation would outgrow start compiling at once, a process
-    each, where 2 CPUs are free; the first call waits for its process; a failed one compiles here."""
+    """prepare(): the dots whose twins a generation would outgrow start compiling at once, a process a
+    family, each family's activation quantizer first (it runs before them), where 2 CPUs are free;
+    the first call waits for its kernel; a failed process leaves its kernels to compile here."""
     compiled, capsys = cli
     started = []
     monkeypatch.setattr(first_run, "_ahead", {})
-    monkeypatch.setattr(first_run, "_spawn", lambda name: started.append(name) or _Proc(name, 0 if name != "dot:q6_K" else 1))
+    monkeypatch.setattr(first_run, "_spawn", lambda names: started.append(names) or _Proc(names, int("dot:q6_K" in names)))
     products = [("q4_0", 5632, 2048, 1), ("q4_0", 2048, 5632, 1), ("q6_K", 32000, 2048, 1), ("f32", 512, 64, 1),
-                ("q8_0", 16, 32, 1)]           # f32 has no twin; 16 rows of q8_0 stay a twin's work
+                ("q8_0", 16, 32, 1)]           # 512 x 64 f32 products and 16 rows of q8_0 stay a twin's work
     assert first_run.prepare(products, repeats=1, free_cpus=2) == []          # one step: the twins are cheaper
     assert first_run.prepare(products, repeats=64, free_cpus=1) == []         # no CPU to spare: at first use
-    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["dot:q4_0", "dot:q6_K"] == started
+    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["quantize:Q8_0_cpu", "dot:q4_0",
+                                                                    "quantize:Q8_K", "dot:q6_K"]
+    assert started == [["quantize:Q8_0_cpu", "dot:q4_0"], ["quantize:Q8_K", "dot:q6_K"]]
     assert "compiling ggtool's kernels for this CPU" in capsys.readouterr().err
     assert first_run.use_compiled("dot:q4_0", 0.0) and compiled == []        # its process compiled it
+    assert first_run.use_compiled("quantize:Q8_0_cpu", 0.0) and compiled == []
     assert first_run.use_compiled("dot:q6_K", 10.0) and compiled == ["dot:q6_K"]   # failed: compiled here
     assert first_run.prepare(products, repeats=64, free_cpus=2) == []         # nothing twice
+
+
+def test_a_generation_s_attention_products_compile_ahead_with_the_smaller_family(cli, monkeypatch):
+    """A decode step's F32 products (attention's, against the KV cache) cost the twin ~7 ns each: over
+    a long generation they compile ahead too, in the family with fewer kernels; the first call of a
+    kernel waits only for it, not for the kernels its process compiles after it."""
+    compiled, _ = cli
+    spawned = []
+    monkeypatch.setattr(first_run, "_ahead", {})
+    monkeypatch.setattr(first_run, "AHEAD_POLL", 0.001)
+    monkeypatch.setattr(first_run, "_spawn", lambda names: spawned.append(names) or _Group(names))
+    products = [("q4_0", 2048, 2048, 1), ("q8_0", 2048, 2048, 1), ("q6_K", 32000, 2048, 1),
+                *[("f32", 141, 256, 4)] * 18]              # a layer's attention product, 18 layers
+    assert first_run.prepare(products, repeats=1, free_cpus=2) == []
+    assert first_run.prepare(products, repeats=1000, free_cpus=2) == ["quantize:Q8_0_cpu", "dot:q4_0", "dot:q8_0",
+                                                                      "quantize:Q8_K", "dot:q6_K", "dot:f32"]
+    assert spawned == [["quantize:Q8_0_cpu", "dot:q4_0", "dot:q8_0"], ["quantize:Q8_K", "dot:q6_K", "dot:f32"]]
+    first_run._mark_ready("quantize:Q8_K")              # its process goes on with the others
+    assert first_run.use_compiled("quantize:Q8_K", 10.0) and first_run._ahead["dot:f32"].poll() is None
+    first_run._ahead["dot:f32"].done()
+    assert first_run.use_compiled("dot:f32", 10.0) and compiled == []
+
+
+def test_weights_are_repacked_while_their_kernel_compiles_ahead(cli, monkeypatch):
+    """mul_mat's first call of a dot compiling ahead repacks its weights before it waits (the wait is
+    the compile's; the packing is this process's own work), once, and computes the twin's bits."""
+    from ggtool import quant
+    from ggtool import types as T
+    from ggtool.kernels import dot, twins
+    from ggtool.quant import matmul
+
+    compiled, _ = cli
+    group = _Group(["dot:q8_0"])
+    monkeypatch.setattr(first_run, "_ahead", {"dot:q8_0": group})
+    monkeypatch.setattr(first_run, "AHEAD_POLL", 0.001)
+    rng = np.random.default_rng(3)
+    w = quant.quantize_q8_0(rng.standard_normal((5, 64), dtype=np.float32))
+    act = quant.quantize_q8_0_cpu(rng.standard_normal((2, 64), dtype=np.float32))
+    seen = []
+
+    def pack():
+        seen.append(group.poll())
+        group.done()                        # the compile ends while this process packs
+        return dot.pack(T.Q8_0, w)
+
+    out, ref = np.empty((2, 5), np.float32), np.empty((2, 5), np.float32)
+    matmul.mul_mat_into(T.Q8_0, w, act, out, pack)
+    twins.dot(T.Q8_0, w, act, ref)
+    assert seen == [None] and compiled == []            # packed while still compiling; not compiled here
+    assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+
+
+def test_a_long_generation_compiles_its_float_products_once_the_twin_would_cost_more(cli):
+    """F32 products between numba's start and FLOAT_TWIN_MAX are weighed as the block types' dots:
+    one step runs the twin, a thousand steps to come compile the kernel (in this process here)."""
+    from ggtool import types as T
+    from ggtool.quant import matmul
+
+    compiled, _ = cli
+    m, n, k = 32, 512, 256                  # above FLOAT_TWIN_SMALL: weighed whether numba is loaded or not
+    assert m * n * k > matmul.FLOAT_TWIN_SMALL
+    assert matmul._twin(T.F32, m, n, k) and compiled == []
+    with first_run.repeating(1000):
+        assert not matmul._twin(T.F32, m, n, k)
+    assert compiled == ["dot:f32"]
 
 
 def test_a_compile_ahead_process_is_isolated_and_fills_the_cache(tmp_path, monkeypatch):
@@ -360,8 +430,9 @@ def test_dots_of_a_family_compile_ahead_in_one_process(cli, monkeypatch):
 
     monkeypatch.setattr(first_run, "_spawn", spawn)
     products = [("q4_0", 32000, 2048, 1), ("q8_0", 32000, 2048, 1), ("q4_K", 32000, 2048, 1), ("q6_K", 32000, 2048, 1)]
-    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["dot:q4_0", "dot:q8_0", "dot:q4_K", "dot:q6_K"]
-    assert spawned == [["dot:q4_0", "dot:q8_0"], ["dot:q4_K", "dot:q6_K"]]
+    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["quantize:Q8_0_cpu", "dot:q4_0", "dot:q8_0",
+                                                                    "quantize:Q8_K", "dot:q4_K", "dot:q6_K"]
+    assert spawned == [["quantize:Q8_0_cpu", "dot:q4_0", "dot:q8_0"], ["quantize:Q8_K", "dot:q4_K", "dot:q6_K"]]
     first_run._ahead["dot:q4_0"].done()
     assert first_run.use_compiled("dot:q8_0", 10.0) and first_run.use_compiled("dot:q4_0", 10.0)
     first_run._ahead["dot:q4_K"].done(1)                 # failed: each compiles here at its first call

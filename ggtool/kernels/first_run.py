@@ -22,10 +22,11 @@ always has (``cache.use_kernel``), and so does every cached kernel.
 
 Ahead of large work whose products are known (``prepare``: a generation's step), the kernels the
 rule would compile start compiling at once, in processes of their own (the 32-value dots in one,
-the K-quants in another: a family shares its activation pass; ``ggtool.isolation``:
-``python -I`` in "/", a filtered environment), side by side on the free CPUs while this process reads
-the model and builds the graph; the first call of such a kernel waits for its process, and
-compiles in process where that failed. Processes still compiling when the command ends are
+the K-quants in another: a family shares its activation pass; each family's activation quantizer
+first, the float dots of attention with the smaller family; ``ggtool.isolation``: ``python -I`` in
+"/", a filtered environment), side by side on the free CPUs while this process reads the model and
+builds the graph; the first call of such a kernel waits until its process has marked it ready
+(not for the rest of the family), and compiles in process where that failed. Processes still compiling when the command ends are
 stopped (the background compiler finishes their work for the next run).
 
 The compiled graph runner (``ggtool.runner``) is weighed the same way (``prepare_runner``): its loop
@@ -70,6 +71,17 @@ TWIN_DECODE_DEFAULT = 10e-9
 TWIN_MAC = 0.12e-9
 TWIN_VALUE = 6e-9
 TWIN_CALL = 40e-6
+# F32/F16 weights (``twins.float_dot``, GGML's scalar order): few outputs (m * n < FLOAT_WIDE) cost a
+# running sum per output, ~7 ns a product (a decode step's attention, m = the heads); many cost a
+# pass over the outputs a k, ~0.8 ns a product and ~3 us a k (measured as above: n x k x m =
+# 141 x 256 x 4 .. 512 x 512 x 512)
+TWIN_FLOAT_FEW = 7e-9
+TWIN_FLOAT_MANY = 0.8e-9
+TWIN_FLOAT_K = 3e-6
+FLOAT_WIDE = 4096
+FLOAT_TYPES = ("f32", "f16")
+
+AHEAD_POLL = 0.01                    # seconds between looks at a kernel compiling ahead (_wait_ahead)
 
 NOTICE = "compiling ggtool's kernels for this CPU (once, ~{s:.0f} s)..."
 
@@ -113,6 +125,10 @@ def repeating(n: int):
 
 def dot_seconds(type_name: str, n: int, k: int, m: int) -> float:
     """A twin's time for a dot of n weight rows of k values (type_name) with m activation rows."""
+    if type_name in FLOAT_TYPES:
+        if m * n < FLOAT_WIDE:
+            return n * k * m * TWIN_FLOAT_FEW + TWIN_CALL
+        return k * (n * m * TWIN_FLOAT_MANY + TWIN_FLOAT_K) + TWIN_CALL
     return n * k * (TWIN_DECODE.get(type_name, TWIN_DECODE_DEFAULT) + TWIN_MAC * m) + TWIN_CALL
 
 
@@ -170,27 +186,42 @@ def _tell(seconds: float) -> None:
 
 def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     """Start compiling, in processes of their own (one a family of dots), the dot kernels that the work ahead would
-    compile anyway: `products` are its matrix products as (weight type name, rows, row length,
-    activation rows), `repeats` how often it is computed. Only in the command line's process, for
+    compile anyway, each family's activation quantizer first (it runs before them): `products` are
+    its matrix products as (weight type name, rows, row length, activation rows), in the order the
+    work runs them, `repeats` how often it is computed. Only in the command line's process, for
     kernels neither cached nor compiled, and where at least 2 CPUs are free (`free_cpus`: else they
     compile in process at first use). Returns the kernels started."""
     if not role.COMMAND_LINE or role.POOL_WORKER or free_cpus < 2:
         return []
-    cost: dict[str, float] = {}
+
+    def wanted(name: str) -> bool:
+        return name not in _compiled and name not in _ahead and not cache.use_kernel(name) and not _ready(name)
+
+    cost: dict[str, float] = {}            # in the order the work first uses them
     for type_name, n, k, m in products:
-        if type_name in TWIN_DECODE:
+        if type_name in TWIN_DECODE or type_name in FLOAT_TYPES:
             name = f"dot:{type_name}"
             cost[name] = cost.get(name, 0.0) + dot_seconds(type_name, n, k, m)
-    todo = [name for name, s in sorted(cost.items()) if s * max(1, repeats) > COMPILE_SECONDS["dot"]
-            and name not in _compiled and name not in _ahead and not cache.use_kernel(name)
-            and not _ready(name)]
+    dots = [name for name, s in cost.items() if s * max(1, repeats) > COMPILE_SECONDS["dot"] and wanted(name)]
     # a process for the 32-value dots and one for the K-quants (those of a family share their activation
-    # pass: compiled once; numba loaded once), one for all where fewer CPUs are free
+    # pass: compiled once; numba loaded once), one for all where fewer CPUs are free; the float dots
+    # (attention's) join the family with fewer kernels
     groups: dict[str, list[str]] = {}
-    for name in todo:
-        groups.setdefault("K" if name.endswith("_K") else "32", []).append(name)
+    for name in dots:
+        if name[4:] not in FLOAT_TYPES:
+            groups.setdefault("K" if name.endswith("_K") else "32", []).append(name)
+    for name in dots:
+        if name[4:] in FLOAT_TYPES:
+            (min(groups.values(), key=len) if groups else groups.setdefault("F", [])).append(name)
+    taken: set[str] = set()
+    for names in groups.values():
+        quantizers = [q for q in dict.fromkeys(map(_activation_quantizer, names))
+                      if q is not None and q not in taken and wanted(q)]
+        taken.update(quantizers)
+        names[:0] = quantizers
     if len(groups) > free_cpus:
-        groups = {"all": todo}
+        every = [n for names in groups.values() for n in names]
+        groups = {"all": [n for n in every if n in taken] + [n for n in every if n not in taken]}
     started = []
     for names in groups.values():
         proc = _spawn(names[0] if len(names) == 1 else names)
@@ -199,10 +230,20 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
                 _ahead[name] = proc
             started.extend(names)
     if started:
-        _tell(COMPILE_SECONDS["dot"] * len(started) / min(len(groups), free_cpus) + 0.7)
+        _tell(sum(COMPILE_SECONDS[n.partition(":")[0]] for n in started) / min(len(groups), free_cpus) + 0.7)
         if len(_ahead) == len(started):
             atexit.register(_stop_ahead)
     return started
+
+
+def _activation_quantizer(dot: str) -> str | None:
+    """The quantizer kernel ("quantize:<kind>", ``warm.QUANTIZERS``) that converts a dot's activations
+    to its weights' vec_dot_type (``ops.matmul``), or None (F32 weights take them as they are)."""
+    from .. import types as T
+
+    vdt = T.vec_dot_type(T.parse_type(dot[4:]))
+    kind = {T.GGMLType.Q8_0: "Q8_0_cpu", T.GGMLType.Q8_1: "Q8_1_cpu", T.GGMLType.Q8_K: "Q8_K", T.F16: "F16"}.get(vdt)
+    return None if kind is None else f"quantize:{kind}"
 
 
 def prepare_runner(kernels, nodes: int = 0, repeats: int = 1, free_cpus: int = 1) -> list[str]:
@@ -233,6 +274,13 @@ def prepare_runner(kernels, nodes: int = 0, repeats: int = 1, free_cpus: int = 1
     if not _ahead and len(_runner_pending) == len(todo):
         atexit.register(_stop_ahead)
     return todo
+
+
+def compiling_ahead(name: str) -> bool:
+    """Whether kernel `name` is still compiling in a process of its own (``prepare``): its first call
+    will wait, so the work that does not need it (repacking its weights) is best done first."""
+    proc = _ahead.get(name)
+    return proc is not None and proc.poll() is None and not _ready(name)
 
 
 def ready_now(name: str) -> bool:
@@ -280,11 +328,13 @@ def _spawn(name, nice: bool = False):
 
 
 def _wait_ahead(name: str) -> bool:
-    """Wait for the process compiling `name` ahead; whether it compiled it (then this process loads
-    it from the cache)."""
+    """Wait for the process compiling `name` ahead to have compiled it (a process of several kernels
+    marks each ready as it is done: the first of them need not wait for the others), or to end;
+    whether it compiled it (then this process loads it from the cache)."""
     proc = _ahead.pop(name)
-    proc.wait()
-    ok = _ready(name)           # a process of several kernels marks each as it is done
+    while proc.poll() is None and not _ready(name):
+        time.sleep(AHEAD_POLL)
+    ok = _ready(name)
     if ok:
         _compiled.add(name)
     return ok

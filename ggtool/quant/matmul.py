@@ -107,6 +107,7 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
         return
+    packed = None
     if wt in (T.F32, T.F16):
         if _twin(wt, M, N, w_raw.shape[1] * w_raw.itemsize // T.type_size(wt) * T.block_size(wt)):
             _kernels.twins.dot(wt, w_raw, act_raw, out)     # the same bits
@@ -120,12 +121,15 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
             name = _kernel_name(wt)
         if name:   # while the kernel is not compiled, its twin (the same bits) where the work is small
             first_run = _kernels.first_run
+            if pack is not None and first_run.compiling_ahead(name):
+                packed = pack()             # the weights repacked while their kernel compiles
             if not first_run.use_compiled(name, lambda: first_run.dot_seconds(name[4:], N, w_raw.shape[1] // T.type_size(wt)
                                                                               * T.block_size(wt), M)):
                 _kernels.twins.dot(wt, w_raw, act_raw, out)
                 return
     dot = _kernels.dot
-    packed = pack() if pack is not None else dot.pack(wt, w_raw)
+    if packed is None:
+        packed = pack() if pack is not None else dot.pack(wt, w_raw)
     if out.flags.c_contiguous:
         dot.dot(wt, packed, act_raw, out)
     else:
@@ -173,25 +177,26 @@ def _record_mul_mat(wt, w_raw, act_raw, out, pack) -> None:
 
 # F32 and F16 products (mul_mat's float weights, attention's K and V): below FLOAT_TWIN_SMALL products
 # the numpy twin costs less than loading numba (0.3-0.9 s), so a process that has not loaded it does
-# not for them (f32-only computes keep numpy's start-up); above FLOAT_TWIN_MAX (the twin at 2-5 ns a
+# not for them (f32-only computes keep numpy's start-up); above FLOAT_TWIN_MAX (the twin at 1-7 ns a
 # product, the kernel ~25x faster) compiling the kernel here costs less than the twin, even in a
-# first-ever run of the command line.
+# first-ever run of the command line. Between them the first-ever-run policy weighs the twin's calls
+# against compiling, as for the block types (a generation's attention: once a step to come).
 FLOAT_TWIN_SMALL = 1 << 21
 FLOAT_TWIN_MAX = 1 << 28
 
 
 def _twin(wt, M: int, N: int, K: int) -> bool:
     """Whether the numpy twin computes this F32/F16 product (the same bits as the kernel): where it is
-    cheaper than loading numba, or the kernel is not compiled yet in ggtool's command line
-    (``kernels.cache``) and the work is not too large for the twin."""
-    from ..kernels import cache
-
-    name = f"dot:{T.type_name(wt)}"
+    cheaper than loading numba, or the kernel is not compiled yet in ggtool's command line and the
+    work is small for the twin (``kernels.first_run``)."""
     products = M * N * K
     if products <= FLOAT_TWIN_SMALL and "numba" not in sys.modules:
         return True
-    compiled = cache.use_kernel(name)
-    return not compiled and products <= FLOAT_TWIN_MAX
+    first_run = _kernels.first_run
+    if products > FLOAT_TWIN_MAX:
+        return not first_run.use_compiled(f"dot:{T.type_name(wt)}", float("inf"))
+    return not first_run.use_compiled(f"dot:{T.type_name(wt)}",
+                                      lambda: first_run.dot_seconds(T.type_name(wt), N, K, M))
 
 
 _TENSOR_PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # context leaf -> {key: packed}
