@@ -290,7 +290,7 @@ def _bound(graph, plan: Plan):
     """The graph's compiled steps for one participant in this process (None where it has no compiled
     runner), kept for a frozen graph while its plan, numerics, node placement and the contexts'
     buffers are those they were made for."""
-    from .kernels import first_run
+    from .compiling import first_run
 
     frozen = graph in _FROZEN
     got = _BOUND.get(graph) if frozen else None

@@ -91,8 +91,8 @@ def available() -> bool:
     line and its workers the runner is in the kernel cache already (else it is compiled in the
     background for the next run, with the node kernels `make_program` asked for, and this one runs
     each node from Python, as before the runner, until a process compiling it ahead has made it:
-    ``kernels.first_run.prepare_runner``)."""
-    from .kernels import first_run
+    ``compiling.first_run.prepare_runner``)."""
+    from .compiling import first_run
 
     if not first_run.ready_now("runner"):
         return False
@@ -109,9 +109,9 @@ def kernel_ready(name: str) -> bool:
 
 
 def _cached(name: str) -> bool:
-    """Whether kernel `name` runs compiled here now (``kernels.first_run.ready_now``: it is wished for
+    """Whether kernel `name` runs compiled here now (``compiling.first_run.ready_now``: it is wished for
     the next run otherwise)."""
-    from .kernels import first_run
+    from .compiling import first_run
 
     return first_run.ready_now(name)
 
@@ -119,7 +119,7 @@ def _cached(name: str) -> bool:
 def kernels_used(nodes, numerics: str) -> tuple[list[str], int]:
     """The node kernels a program of `nodes` would run (``kernels.nodes`` names, the most used first;
     fused steps are not counted: each node's own kernels stand for them) and how many nodes compute:
-    what ``kernels.first_run.prepare_runner`` weighs."""
+    what ``compiling.first_run.prepare_runner`` weighs."""
     count: dict[str, int] = {}
     n = 0
     for node in nodes:

@@ -1,4 +1,4 @@
-"""The first-ever-run policy (ggtool.kernels.first_run): in the command line, a kernel not in the
+"""The first-ever-run policy (ggtool.compiling.first_run): in the command line, a kernel not in the
 cache runs its numpy twin while the work is small, and is compiled in process, marked ready and
 announced once on stderr when the twin's work (a generation's steps counted) would cost more than
 compiling it; a library's process, and every cached kernel, run compiled."""
@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from ggtool import role
+from ggtool.compiling import first_run, warm
 from ggtool.errors import CacheWarning
-from ggtool.kernels import cache, first_run, warm
+from ggtool.kernels import cache
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,7 +138,8 @@ CODE = """
     import ggtool.role
     ggtool.role.COMMAND_LINE = True
     from ggtool import quant as Q
-    from ggtool.kernels import cache, first_run
+    from ggtool.compiling import first_run
+    from ggtool.kernels import cache
     x = np.linspace(-3, 3, 32 * 64, dtype=np.float32).reshape(64, 32)
     with first_run.repeating({n}):
         print(Q.quantize_q8_0_cpu(x).tobytes().hex())
@@ -233,9 +235,8 @@ def test_a_generation_s_attention_products_compile_ahead_with_the_smaller_family
 def test_weights_are_repacked_while_their_kernel_compiles_ahead(cli, monkeypatch):
     """mul_mat's first call of a dot compiling ahead repacks its weights before it waits (the wait is
     the compile's; the packing is this process's own work), once, and computes the twin's bits."""
-    from ggtool import quant
+    from ggtool import qtypes, quant
     from ggtool import types as T
-    from ggtool.kernels import dot, twins
     from ggtool.quant import matmul
 
     compiled, _ = cli
@@ -250,11 +251,11 @@ def test_weights_are_repacked_while_their_kernel_compiles_ahead(cli, monkeypatch
     def pack():
         seen.append(group.poll())
         group.done()                        # the compile ends while this process packs
-        return dot.pack(T.Q8_0, w)
+        return qtypes.get(T.Q8_0).pack(w)
 
     out, ref = np.empty((2, 5), np.float32), np.empty((2, 5), np.float32)
     matmul.mul_mat_into(T.Q8_0, w, act, out, pack)
-    twins.dot(T.Q8_0, w, act, ref)
+    qtypes.get(T.Q8_0).mul_mat_twin(w, act, ref)
     assert seen == [None] and compiled == []            # packed while still compiling; not compiled here
     assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
 

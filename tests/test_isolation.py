@@ -37,7 +37,7 @@ def _ggtool() -> list[str]:
 
 
 def test_the_command_line_runs_no_code_from_its_directory(tmp_path):
-    """Before: the background compiler started as `python -m ggtool.kernels.warm` in the user's
+    """Before: the background compiler started as `python -m ggtool.compiling.warm` in the user's
     directory, so a ggtool/ folder (or numpy.py, sitecustomize.py) there ran in it, detached, and it
     never compiled anything. Now a first-ever quantized compute on 2 fresh-interpreter workers
     (GGTOOL_FORK=0) starts the compiler, which compiles what was wanted; nothing planted runs."""

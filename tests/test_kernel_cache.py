@@ -1,4 +1,4 @@
-"""First-ever runs (ggtool.kernels.cache, ggtool.kernels.warm): in the command line's process a
+"""First-ever runs (ggtool.kernels.cache, ggtool.compiling.warm): in the command line's process a
 kernel not in the cache runs its numpy twin and is wished for; the background compiler compiles
 what is wished for, marks it ready and leaves nothing behind; a library's process compiles."""
 
@@ -57,7 +57,7 @@ def test_the_background_compiler_compiles_what_is_wished_for_and_marks_it_ready(
         print(cache.cache_dir())
     """, env)
     root = wish.stdout.strip()
-    r = subprocess.run([sys.executable, "-m", "ggtool.kernels.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "ggtool.compiling.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
                        env=env, timeout=300, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     tag = sys.implementation.cache_tag
@@ -83,7 +83,7 @@ def test_a_kernel_numba_cannot_keep_in_the_cache_is_marked_failed_not_ready(tmp_
         print(cache.cache_dir())
     """, env)
     root = wish.stdout.strip()
-    r = subprocess.run([sys.executable, "-m", "ggtool.kernels.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "ggtool.compiling.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
                        env=env, timeout=300, capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     tag = sys.implementation.cache_tag
@@ -95,12 +95,12 @@ def test_a_kernel_numba_cannot_keep_in_the_cache_is_marked_failed_not_ready(tmp_
         import warnings
         import numpy    # before the filter: numpy's ImportWarning on NPY_DISABLE_CPU_FEATURES (.ci/avx2-host) is not ours
         warnings.simplefilter("error")
-        from ggtool.kernels import warm
+        from ggtool.compiling import warm
         print(warm.compile_kernel("node:scale_f32"))
     """, env)
     assert here.returncode == 0 and here.stdout == "False\n" and here.stderr == "", here.stderr
     kept = _python("""
-        from ggtool.kernels import warm
+        from ggtool.compiling import warm
         print(warm.compile_kernel("node:scale_f32"))
     """, _env(tmp_path / "default"))
     assert kept.returncode == 0 and kept.stdout == "True\n", kept.stderr
@@ -142,12 +142,15 @@ def test_a_float_product_the_command_line_wishes_for_is_compiled_for_the_next_ru
 
 def test_every_kernel_the_command_line_may_wish_for_is_one_the_compiler_knows():
     """A wish the compiler does not know is dropped without a word: the dots mul_mat asks for (every
-    type with a twin that it multiplies through ``kernels.dot``, F32 and F16 included), the
-    quantizers' and float_rows' kernels."""
+    type with a twin: F32 and F16, and the block types whose records multiply a packed form of
+    ``kernels.dot``), the quantizers' and float_rows' kernels."""
+    from ggtool import qtypes
     from ggtool import types as T
-    from ggtool.kernels import twins, warm
+    from ggtool.compiling import warm
 
-    wishes = {f"dot:{T.type_name(t)}" for t in (T.F32, T.F16, *T.DOT_TYPES) if twins.covers(t)}
+    twinned = [t for t in qtypes.REGISTRY if qtypes.get(t).packed_form is not None]
+    assert len(twinned) == 10
+    wishes = {f"dot:{T.type_name(t)}" for t in (T.F32, T.F16, *twinned)}
     wishes |= {f"quantize:{k}" for k in warm.QUANTIZERS} | {"float_rows:exp", "float_rows:seq_sum"}
     assert "dot:f32" in wishes and "dot:q4_0" in wishes
     assert sorted(n for n in wishes if not warm.known(n)) == []
@@ -212,7 +215,7 @@ def test_the_background_compiler_skips_and_removes_what_names_no_kernel(tmp_path
     (wanted / f"a-folder.{tag}").mkdir()
     os.symlink(tmp_path / "outside", wanted / f"quantize:F16.{tag}")
     (wanted / "quantize:Q8_0.cpython-399").touch()                         # another Python's
-    r = subprocess.run([sys.executable, "-m", "ggtool.kernels.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "ggtool.compiling.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
                        env=env, timeout=300, capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert sorted(os.listdir(wanted)) == ["quantize:Q8_0.cpython-399"]
@@ -221,7 +224,8 @@ def test_the_background_compiler_skips_and_removes_what_names_no_kernel(tmp_path
 
 
 def test_a_kernel_that_fails_to_compile_is_marked_and_not_tried_again(tmp_path, monkeypatch):
-    from ggtool.kernels import cache, warm
+    from ggtool.compiling import warm
+    from ggtool.kernels import cache
 
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cache, "_dirs", {})
@@ -243,7 +247,7 @@ def test_a_link_at_the_lock_or_a_marker_is_never_followed(tmp_path):
     outside = tmp_path / "outside"
     (root / "wanted").mkdir(parents=True)
     os.symlink(outside, root / "compile.lock")
-    r = subprocess.run([sys.executable, "-m", "ggtool.kernels.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "ggtool.compiling.warm"], stdin=subprocess.DEVNULL, cwd=ROOT,
                        env=env, timeout=300, capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "" and not outside.exists()
     os.unlink(root / "compile.lock")

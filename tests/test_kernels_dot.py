@@ -15,9 +15,9 @@ from kernel_threads import compute_threaded
 from oracle_matmul import mul_mat_exact
 
 import ggtool
+from ggtool import qtypes
 from ggtool import quant as Q
 from ggtool import types as T
-from ggtool.kernels import dot
 
 
 def _weights(rng, n, k, wtype):
@@ -34,7 +34,8 @@ def test_dot_is_ggml_scalar_reference_bit_for_bit(wtype, n, k, m):
     rng = np.random.default_rng(n * 1000 + k + m)
     w, a = _weights(rng, n, k, wtype), _acts(rng, m, k)
     out = np.full((m, n), np.nan, np.float32)
-    dot.dot(T.parse_type(wtype), dot.pack(T.parse_type(wtype), w), a, out)
+    record = qtypes.get(wtype)
+    record.mul_mat_packed_into(record.pack(w), a, out)
     assert out.tobytes() == mul_mat_exact(w, wtype, a).tobytes()
 
 

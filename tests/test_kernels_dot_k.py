@@ -11,6 +11,7 @@ from kernel_threads import compute_threaded
 from oracle_matmul import BLOCKS, dequantize_q8_k, quantize_q8_k, random_blocks
 
 import ggtool
+from ggtool import qtypes
 from ggtool import quant as Q
 from ggtool import types as T
 from ggtool.errors import QuantizationError
@@ -34,9 +35,12 @@ def _dequantized_acts(t: str, a: np.ndarray) -> np.ndarray:
     return dequantize_q8_k(a)
 
 
-def test_every_dot_type_is_registered():
-    """The quantized and BF16 dots, and F32/F16 (mul_mat's float weights: kernels.dot_float)."""
-    assert set(dot.DOTS) == set(DOT_TYPES) | {T.F32, T.F16}
+def test_every_dot_type_has_its_packed_dot():
+    """The float types' dots by type (BF16, and F32/F16: mul_mat's float weights, kernels.dot_float);
+    every classic block type's record names a packed form of kernels.dot, and no form is unused."""
+    assert set(dot.DOTS) == {T.BF16, T.F32, T.F16} and set(DOT_TYPES) - {T.BF16} <= set(qtypes.REGISTRY)
+    forms = {qtypes.get(t).packed_form for t in DOT_TYPES if t != T.BF16}
+    assert forms == set(dot.FORMS)
 
 
 @pytest.mark.parametrize("finite", [True, False])

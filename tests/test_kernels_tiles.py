@@ -10,6 +10,7 @@ import pytest
 from oracle_matmul import mul_mat_exact, random_blocks
 from test_kernels_dot_k import BLOCK, _acts, _dequantized_acts
 
+from ggtool import qtypes
 from ggtool import quant as Q
 from ggtool import types as T
 from ggtool.kernels import dot, simd
@@ -31,7 +32,8 @@ def _a(t: str, m: int, k: int, seed: int) -> np.ndarray:
 
 def _dot(t: str, w: np.ndarray, a: np.ndarray) -> np.ndarray:
     out = np.full((a.shape[0], w.shape[0]), np.nan, np.float32)
-    dot.dot(T.parse_type(t), dot.pack(T.parse_type(t), w), a, out)
+    record = qtypes.get(t)
+    record.mul_mat_packed_into(record.pack(w), a, out)
     return out
 
 

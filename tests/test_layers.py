@@ -36,6 +36,7 @@ LAYERS = (
     {"kernels": ["ggtool.kernels"],
      "shm": ["ggtool.pool.shm"]},                         # POSIX shared memory (the pool's, below its own layers)
     {"qtypes": ["ggtool.qtypes"]},                        # one record per GGML block type: layout, quantizers, dot
+    {"compiling": ["ggtool.compiling"]},                  # when kernels compile: twins, ahead, the background compiler
     {"quant": ["ggtool.quant"]},                          # arrays of GGML's number formats
     {"tensor": ["ggtool.tensor"],                         # struct ggml_tensor; its context is a protocol
      "gguf_io": ["ggtool.gguf_io"]},                      # GGUF files: bytes and metadata, no tensors

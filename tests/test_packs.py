@@ -72,13 +72,12 @@ def _stored(tmp_path, key=KEY):
 
 
 def test_a_stored_tile_comes_back_equal_and_writable(cache_root, tmp_path):
-    from ggtool import types as T
-    from ggtool.kernels import dot
+    from ggtool import qtypes
 
     where = packs.folder(_model(tmp_path))
     assert where.startswith(str(cache_root / "packs"))
     w = np.random.default_rng(3).integers(0, 256, (130, 2 * 144), dtype=np.uint8)
-    for key, packed in ((KEY, _packed()), (("q4_K", 0, 0, 130), dot.pack(T.GGMLType.Q4_K, w))):
+    for key, packed in ((KEY, _packed()), (("q4_K", 0, 0, 130), qtypes.get("q4_K").pack(w))):
         packs.store(where, key, packed)
         got = packs.load(where, key)
         assert _same(got, packed)
@@ -458,7 +457,8 @@ def kernels(tmp_path_factory):
     where = tmp_path_factory.mktemp("kernels")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(where)}
     r = subprocess.run([sys.executable, "-c", textwrap.dedent("""
-        from ggtool.kernels import cache, warm
+        from ggtool.compiling import warm
+        from ggtool.kernels import cache
         for name in ("dot:q8_0", "quantize:Q8_0_cpu"):
             warm.compile_kernel(name)
             cache.subfolder(cache.cache_dir(), "ready")
@@ -470,6 +470,7 @@ def kernels(tmp_path_factory):
 
 def _weights(path, seed: int):
     from conftest import write_gguf
+
     from ggtool import quant as Q
 
     w = np.random.default_rng(seed).standard_normal((64, 256)).astype(np.float32)

@@ -137,6 +137,14 @@ def test_every_record_is_complete(t):
     assert isinstance(rec.quantizer_tables(), tuple) and isinstance(rec.dot_args(), tuple)
     assert (rec.k_form is None) == (rec.dot_final is None)
     assert rec.k_form is None or (callable(rec.k_form) and isinstance(rec.dot_final, np.float32))
+    if rec.packed_form is not None:  # a classic type: its decoded blocks take a packed form and a twin
+        from ggtool.kernels import dot
+
+        for field in rec.CLASSIC_FIELDS:
+            owner = next((c for c in rec.__mro__ if field in vars(c)), None)
+            assert owner is not None and owner.__name__ != "ClassicType", f"{rec.name} does not set {field}"
+        assert rec.packed_form in dot.FORMS and rec.twin_decode_seconds > 0
+        assert "decode_rows" in vars(rec), f"{rec.name} decodes with another type's decode_rows"
 
 
 def test_registry_lookup():

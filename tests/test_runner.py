@@ -706,12 +706,13 @@ def test_compiled_runner_named_in_docs():
         assert name in text, name
 
 
-# -- the background compiler (kernels.warm) -------------------------------------------------------------------
+# -- the background compiler (compiling.warm) -----------------------------------------------------------------
 def test_the_background_compiler_knows_the_runner_and_every_node_kernel(tmp_path, monkeypatch):
     """What ``ggtool.runner`` wishes for in the command line ("runner", "node:<kernel>") is a kind the
     background compiler keeps and compiles (else its queue drops the wish and a runner is never cached);
     a node kernel that does not exist is dropped like any stray name."""
-    from ggtool.kernels import cache, nodes, warm
+    from ggtool.compiling import warm
+    from ggtool.kernels import cache, nodes
 
     assert warm.known("runner") and not warm.known("runner:x") and not warm.known("node:no_such_kernel")
     assert {k for k in nodes.KERNELS} >= {"mm_convert", "mm_q32", "mm_k", "mm_k6", "mm_x86", "rms_norm_f32"}

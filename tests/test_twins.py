@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ggtool import qtypes
 from ggtool import quant as Q
 from ggtool import types as T
-from ggtool.kernels import dot, quantize, twins
+from ggtool.kernels import quantize, twins
 
 TYPES = ("Q4_0", "Q8_0", "Q5_0", "Q4_1", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
@@ -66,8 +67,9 @@ def test_dot_twin_gives_the_kernels_bits(name):
         x[0] = 0                                       # so sums of -0.0 terms: the result is +0.0
         act = act_of(x)
         a, b = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-        dot.dot(t, dot.pack(t, w), act, a)
-        twins.dot(t, w, act, b)
+        record = qtypes.get(t)
+        record.mul_mat_packed_into(record.pack(w), act, a)
+        record.mul_mat_twin(w, act, b)
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (name, n, m)
 
 
@@ -76,8 +78,9 @@ def test_dot_twin_decodes_weights_a_slice_of_rows_at_a_time():
     w = Q.quantize_q8_0(rng.standard_normal((2 * twins.ROWS + 3, 64)).astype(np.float32))
     act = Q.quantize_q8_0_cpu(rng.standard_normal((2, 64)).astype(np.float32))
     a, b = np.empty((2, w.shape[0]), np.float32), np.empty((2, w.shape[0]), np.float32)
-    dot.dot(T.Q8_0, dot.pack(T.Q8_0, w), act, a)
-    twins.dot(T.Q8_0, w, act, b)
+    record = qtypes.get(T.Q8_0)
+    record.mul_mat_packed_into(record.pack(w), act, a)
+    record.mul_mat_twin(w, act, b)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 

@@ -22,7 +22,7 @@ def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_
     token of `stop_ids` (which is yielded)."""
     if n_predict <= 0 or not prompt:
         return
-    from ..kernels.first_run import repeating
+    from ..compiling.first_run import repeating
 
     session.prepare(len(prompt), 1)
     ahead(session, n_predict)
@@ -42,11 +42,11 @@ def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_
 
 def ahead(session, n_predict: int) -> None:
     """Before a generation of n_predict steps: the kernels of its step that a first-ever run would
-    compile start compiling now, in side processes (ggtool.kernels.first_run.prepare: the dots;
+    compile start compiling now, in side processes (ggtool.compiling.first_run.prepare: the dots;
     prepare_runner: the compiled runner's, with one thread, where it pays)."""
     if not hasattr(session, "graph"):
         return
-    from ..kernels.first_run import prepare, prepare_runner
+    from ..compiling.first_run import prepare, prepare_runner
     from ..threads import free_cpus
 
     graph, free = session.graph(1), free_cpus()
@@ -58,7 +58,7 @@ def ahead(session, n_predict: int) -> None:
 
 def products(graph) -> list[tuple]:
     """The matrix products of a graph as the first-ever-run policy weighs them
-    (ggtool.kernels.first_run.prepare): weight type name, rows, row length, activation rows."""
+    (ggtool.compiling.first_run.prepare): weight type name, rows, row length, activation rows."""
     from .. import types as T
 
     return [(T.type_name(n.src[0].type), n.src[0].nrows, n.src[0].ne[0], n.src[1].nrows)

@@ -225,7 +225,7 @@ class Generator:
         self.cached, self.reused = self.cached[:keep], keep
         room = self.n_ctx - len(prompt) + 1       # the last token is sampled, never evaluated
         limit = min(n_predict, room)
-        from ..kernels.first_run import repeating
+        from ..compiling.first_run import repeating
         from .loop import ahead
 
         ahead(s, limit)                 # a first-ever run's kernels for the steps: compiling from now on

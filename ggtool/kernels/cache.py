@@ -300,6 +300,7 @@ def touch(path: str) -> None:
     os.close(fd)
 
 
+COMPILER = "from ggtool.compiling.warm import main; main()"    # the background compiler's program
 _decided: dict[str, bool] = {}   # kernel name -> compiled (True) or twin (False), for the process's life
 _compiler = None                 # the background compile process this process started
 
@@ -334,7 +335,9 @@ def _want(name: str, root: str) -> None:
 
             from .. import isolation
 
-            _compiler = isolation.popen("from ggtool.kernels.warm import main; main()", env={"NUMBA_CACHE_DIR": root},
+            # a process of its own, not an import: the compiler sits above the type records (it packs a
+            # row of a type to compile its dot), this module below them
+            _compiler = isolation.popen(COMPILER, env={"NUMBA_CACHE_DIR": root},
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True)   # a Ctrl-C of the command is not its
     except OSError:     # an unwritable cache: the twin still runs; nothing is compiled for next time

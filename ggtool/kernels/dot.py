@@ -1,13 +1,15 @@
 """Quantized dot products: weights of a block type x their vec_dot_type activations (Q8_0 or Q8_1
 here, Q8_K in ``dot_k``), GGML's integer block dot.
 
-Each weight type registers a ``DotKernel`` (``dot_base``, the registry this module, ``dot_k`` and
-``dot_bf16`` share; importing this module loads all three): ``pack`` (rows of GGML blocks -> an interleaved layout
-where the codes of 16 rows sit side by side in groups of ``GROUP`` rows, as ``simd``'s vector tiles
-read them; GGML's CPU backend repacks Q4_0 for the same reason) and ``dot`` (packed weights x
-activation rows -> float32: the activations prepared as ``simd``'s int16 pairs, then per row group
-and block one tile for up to ``simd.MT`` activation rows at a time). Adding a type is one pack
-function and one ``register`` call (and a dot function if no existing one fits its packed form).
+Each packed form registers a ``PackedForm`` (``dot_base``, the registry this module and ``dot_k``
+share; importing this module loads both): its pack (rows of GGML blocks, decoded by the type's
+record, ``ggtool.qtypes``' ``decode_rows`` -> an interleaved layout where the codes of 16 rows sit
+side by side in groups of ``GROUP`` rows, as ``simd``'s vector tiles read them; GGML's CPU backend
+repacks Q4_0 for the same reason) and its dot (packed weights x activation rows -> float32: the
+activations prepared as ``simd``'s int16 pairs, then per row group and block one tile for up to
+``simd.MT`` activation rows at a time). A type's record names its form (``packed_form``); a new form
+is one pack function, one dot and one ``register_form`` call. The float types (BF16, F32, F16)
+register their dots by type (``DotKernel``, ``register``).
 
 Numerics: per block the integer sum ``sumi`` of code products is exact, then the float32 scaling
 is added to the output block after block. For Q4_0 and Q8_0 that is ``(float(sumi) * d_w) * d_a``
@@ -22,9 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import types as T
-from . import decode, dot_bf16, dot_float, dot_k, simd  # noqa: F401 - the BF16, F32/F16 and K-quant dots register themselves
-from .dot_base import DOTS, GROUP, register, store_group
+from . import decode, dot_bf16, dot_float, dot_k, simd  # noqa: F401 - the BF16, F32/F16 dots and the K-quant forms register themselves
+from .dot_base import DOTS, FORMS, GROUP, register_form, store_group
 from .jit import njit
 from .tables import F16_TO_F32
 
@@ -32,13 +33,30 @@ Q4_0_BYTES, Q8_0_BYTES, QK = 18, 34, 32
 
 
 def pack(type_, w: np.ndarray) -> tuple:
-    """The interleaved form of weight rows w (uint8 (n, row_bytes)) of type_."""
+    """The interleaved form of weight rows w (uint8 (n, row_bytes)) of type_, one of the float types
+    (BF16, F32, F16: ``DOTS``); a block type's record packs its own (``pack_form``)."""
     return DOTS[type_].pack(np.ascontiguousarray(w), F16_TO_F32)
 
 
 def dot(type_, packed: tuple, act: np.ndarray, out: np.ndarray) -> None:
-    """out (M, n) = packed weight rows . Q8_0 activation rows act (uint8 (M, row_bytes))."""
+    """out (M, n) = packed weight rows of float type_ . activation rows act."""
     DOTS[type_].dot(*packed, np.ascontiguousarray(act), F16_TO_F32, out)
+
+
+def pack_form(form: str, w: np.ndarray, decode_rows, nbytes: int) -> tuple:
+    """Weight rows w (uint8 (n, row_bytes), blocks of `nbytes`) decoded by decode_rows (a record's)
+    and interleaved in packed form `form` (``FORMS``: "nibbles", "int8", "int8_min", "k", "k6")."""
+    return FORMS[form].pack(np.ascontiguousarray(w), decode_rows, nbytes)
+
+
+def packed_rows(form: str, packed: tuple) -> int:
+    """The weight rows packed in `packed` (form `form`'s tuple ends n, nb; the "k" form's hm after them)."""
+    return packed[-3] if form == "k" else packed[-2]
+
+
+def dot_form(form: str, packed: tuple, act: np.ndarray, out: np.ndarray) -> None:
+    """out (M, n) = weight rows in packed form `form` . activation rows act (the type's vec_dot_type)."""
+    FORMS[form].dot(*packed, np.ascontiguousarray(act), F16_TO_F32, out)
 
 
 # -- shared by the 32-value block types ------------------------------------------------------------
@@ -69,7 +87,7 @@ def _pack_32(w: np.ndarray, decoder, nbytes: int, quads: int, mins: bool, raw_ni
         rows = w[r0:r0 + PACK_ROWS]
         k = rows.shape[0]
         g0, gs = r0 // GROUP, -(-k // GROUP)
-        b = decode._blocks(rows, nbytes)
+        b = decode.blocks(rows, nbytes)
         codes = b[:, :, 2:18] if raw_nibbles else decoder(rows)[0]   # Q4_0: the nibble bytes as they are
         dd = np.ascontiguousarray(b[:, :, 0:2]).view(np.uint16)[:, :, 0]
         mm = np.ascontiguousarray(b[:, :, 2:4]).view(np.uint16)[:, :, 0] if mins else None
@@ -214,34 +232,7 @@ def dot_levels(packed: tuple, act: np.ndarray, out: np.ndarray) -> None:
     _dot_levels(*packed, np.ascontiguousarray(act), F16_TO_F32, out)
 
 
-# -- the types ----------------------------------------------------------------------------------------
-def _pack_q4_0(w, f16=None):
-    """Q4_0: qs the 16 nibble bytes of each row and block in quads (4), d its scale."""
-    return _pack_32(w, decode.decode_q4_0, 18, 4, False, True)
-
-
-def _pack_q8_0(w, f16=None):
-    """Q8_0: qs the 32 int8 codes of each row and block in quads (8), d as for Q4_0."""
-    return _pack_32(w, decode.decode_q8_0, 34, 8, False, False)
-
-
-def _pack_q5_0(w, f16=None):
-    """Q5_0 as Q8_0's packed form: codes (nibble | bit << 4) - 16."""
-    return _pack_32(w, decode.decode_q5_0, 22, 8, False, False)
-
-
-def _pack_q4_1(w, f16=None):
-    """Q4_1: codes 0..15 in Q8_0's packed form, plus the min m per row and block (value = d * code + m)."""
-    return _pack_32(w, decode.decode_q4_1, 20, 8, True, False)
-
-
-def _pack_q5_1(w, f16=None):
-    """Q5_1: codes 0..31, as Q4_1."""
-    return _pack_32(w, decode.decode_q5_1, 24, 8, True, False)
-
-
-register(T.Q4_0, Q4_0_BYTES, _pack_q4_0, _dot_q4_0)
-register(T.Q8_0, Q8_0_BYTES, _pack_q8_0, _dot_q8_0)
-register(T.GGMLType.Q5_0, 22, _pack_q5_0, _dot_q8_0)
-register(T.GGMLType.Q4_1, 20, _pack_q4_1, _dot_q8_1)
-register(T.GGMLType.Q5_1, 24, _pack_q5_1, _dot_q8_1)
+# -- the 32-value forms: every classic type's block starts with its fp16 d (and, with a min, its fp16 m) --
+register_form("nibbles", lambda w, decode_rows, nbytes: _pack_32(w, decode_rows, nbytes, 4, False, True), _dot_q4_0)
+register_form("int8", lambda w, decode_rows, nbytes: _pack_32(w, decode_rows, nbytes, 8, False, False), _dot_q8_0)
+register_form("int8_min", lambda w, decode_rows, nbytes: _pack_32(w, decode_rows, nbytes, 8, True, False), _dot_q8_1)

@@ -1,5 +1,7 @@
-"""What every weight type's dot product shares: the registry (``DotKernel``, ``register``) and the
-interleaved row groups (``GROUP`` rows side by side, ``store_group``).
+"""What every weight type's dot product shares: the registries (``DotKernel``, ``register``: the
+float types' dots, by type; ``PackedForm``, ``register_form``: the block types' packed layouts and
+tiles, by name, which their records pick) and the interleaved row groups (``GROUP`` rows side by
+side, ``store_group``).
 
 It sits below the modules that register types (``dot``: the 32-value block types, ``dot_k``: the
 K-quants, ``dot_bf16``), so each of them imports it and none imports another; ``dot`` loads all
@@ -36,6 +38,22 @@ DOTS: dict[T.GGMLType, DotKernel] = {}
 
 def register(type_, block_bytes: int, pack, dot) -> None:
     DOTS[type_] = DotKernel(type_, block_bytes, pack, dot)
+
+
+@dataclass(frozen=True)
+class PackedForm:
+    """An interleaved layout of decoded blocks and the dot that multiplies it. The block types'
+    records (``ggtool.qtypes``) name theirs (``packed_form``) and give their decoder."""
+    name: str
+    pack: Callable        # (w uint8 (n, row_bytes), decode_rows, block bytes) -> packed arrays (a tuple)
+    dot: Callable         # (*packed, act uint8 (M, row_bytes of vec_dot_type), f16 table, out f32 (M, n)) -> None
+
+
+FORMS: dict[str, PackedForm] = {}
+
+
+def register_form(name: str, pack, dot) -> None:
+    FORMS[name] = PackedForm(name, pack, dot)
 
 
 @njit

@@ -1,7 +1,7 @@
 """K-quant dot products: Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights x Q8_K activations.
 
-The K-quant types with mins (Q2_K, Q4_K, Q5_K) are repacked into one form (in numpy, from
-``decode``'s blocks: nothing to compile): per block of 256, int8 codes (the stored integer, offset
+The K-quant types with mins (Q2_K, Q4_K, Q5_K) are repacked into one form, "k" (in numpy, from
+their records' ``decode_rows``: nothing to compile): per block of 256, int8 codes (the stored integer, offset
 applied: Q2_K 0..3, Q4_K 0..15, Q5_K 0..31), an int8 scale and min per 16 values, and float32 d
 and dmin, interleaved across rows as ``dot``'s types are (``simd``'s layout; 1.16 bytes a value for
 Q4_K, where int32 scales and int16 mins took 1.39: a decode step streams the weights, so the
@@ -9,19 +9,18 @@ bytes are the time). Then one dot, ``simd.tile_k``, serves them (GGML's generic
 ``ggml_vec_dot_qN_K_q8_K``, integer parts exact): ``sumi = sum_j sc_j * (codes_j . a_j)``,
 ``summ = sum_j m_j * bsums_j``, then ``out += (d_w * d_a) * sumi`` and ``out -= (dmin_w * d_a) *
 summ``, block after block. Q6_K and Q3_K have no mins and codes within -32..31: they are packed
-in 6 bits, as Q6_K stores them (``_pack_k6``: 0.81 bytes a value), for ``simd.tile_k6``, which
+in 6 bits, as Q6_K stores them ("k6", ``_pack_k6``: 0.81 bytes a value), for ``simd.tile_k6``, which
 adds only the ``sumi`` part. (GGML sums
 the scaled parts in 8 float lanes: the last bits may differ; the order never depends on the split
-between participants.) Adding a K-quant type is one pack function (decode a block) and a register.
+between participants.) A K-quant record names its form (``packed_form``) and decodes its blocks.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import types as T
-from . import decode, simd
-from .dot_base import GROUP, register, store_group
+from . import simd
+from .dot_base import GROUP, register_form, store_group
 from .jit import njit
 
 Q8_K_BYTES = 292
@@ -68,12 +67,6 @@ def _scale_min_k4(q, o, j):
     sc = (np.int32(q[o + j + 4]) & 15) | ((np.int32(q[o + j - 4]) >> 6) << 4)
     m = (np.int32(q[o + j + 4]) >> 4) | ((np.int32(q[o + j]) >> 6) << 4)
     return sc, m
-
-
-def _packer(decoder, nbytes: int, mins: bool):
-    def pack(w, f16=None):
-        return _pack_k(np.ascontiguousarray(w), decoder, nbytes, mins)
-    return pack
 
 
 @njit
@@ -173,12 +166,6 @@ def _pack_k6(w: np.ndarray, decoder, nbytes: int):
     return codes.reshape(-1), hi.reshape(-1), sc.reshape(-1), dw.reshape(-1), n, nb
 
 
-def _packer6(decoder, nbytes: int):
-    def pack(w, f16=None):
-        return _pack_k6(np.ascontiguousarray(w), decoder, nbytes)
-    return pack
-
-
 def pack_k_form(w: np.ndarray, decode_k, nbytes: int):
     """Rows of a type whose dot has the K-quants' form without mins (``ggtool.qtypes``' ``k_form``:
     IQ2_XXS .. IQ3_S), decoded by decode_k(rows) -> (codes int8 (n, nb, 256), scales (n, nb, 16),
@@ -200,8 +187,5 @@ def dot_packed_k(packed: tuple, act: np.ndarray, f16, out: np.ndarray) -> None:
     _dot_k(*packed, np.ascontiguousarray(act), f16, out)
 
 
-register(T.GGMLType.Q2_K, 84, _packer(decode.decode_q2_k, 84, True), _dot_k)
-register(T.GGMLType.Q3_K, 110, _packer6(decode.decode_q3_k, 110), _dot_k6)
-register(T.GGMLType.Q4_K, 144, _packer(decode.decode_q4_k, 144, True), _dot_k)
-register(T.GGMLType.Q5_K, 176, _packer(decode.decode_q5_k, 176, True), _dot_k)
-register(T.GGMLType.Q6_K, 210, _packer6(decode.decode_q6_k, 210), _dot_k6)
+register_form("k", lambda w, decode_rows, nbytes: _pack_k(np.ascontiguousarray(w), decode_rows, nbytes, True), _dot_k)
+register_form("k6", lambda w, decode_rows, nbytes: _pack_k6(np.ascontiguousarray(w), decode_rows, nbytes), _dot_k6)

@@ -187,7 +187,7 @@ def new_state() -> np.ndarray:
 
 def warm() -> None:
     """Compile (or load) the runner's loop and barrier for the types ``ggtool.runner`` calls them with
-    (the background compiler's "runner" kernel, ``kernels.warm``)."""
+    (the background compiler's "runner" kernel, ``compiling.warm``)."""
     block = np.zeros(BARRIER_WORDS, np.int64)
     sync = int(block.ctypes.data)
     steps = np.zeros((0, STEP_WIDTH), np.int64)

@@ -1,7 +1,8 @@
 """numpy twins of the compiled kernels the command line's first runs call: the Q4_0/Q8_0 quantizers
 and fp32 -> fp16 (``quantize``), the activation quantizers (Q8_0 and Q8_1 as the x86 CPU makes
-them, Q8_K), the dot products of every type ``dot`` registers (F32/F16: ``float_dot``, GGML's
-scalar order as ``dot_float``, its double sums in order one k at a time across the outputs), and
+them, Q8_K), the dot products of the classic block types (``block_dot``, on the blocks their
+records decode) and of F32/F16 (``float_dot``, GGML's scalar order as ``dot_float``, its double
+sums in order one k at a time across the outputs), and
 the Q4_0/Q8_0 dequantizers (which the kernels themselves run for small inputs, SMALL_BLOCKS). They
 give the kernels' bits, and they need no compiling: a process whose kernels are not in the cache
 yet runs them instead (``cache``), while the kernels compile for next time.
@@ -190,8 +191,8 @@ def _act_32(act: np.ndarray, nbytes: int):
     M = act.shape[0]
     b = act.reshape(M, -1, nbytes).transpose(1, 0, 2)
     q = np.ascontiguousarray(b[:, :, nbytes - 32:].view(np.int8).transpose(0, 2, 1), _F32)
-    s = decode._f16(b, 2) if nbytes == 36 else None
-    return q, decode._f16(b, 0), s
+    s = decode.f16_at(b, 2) if nbytes == 36 else None
+    return q, decode.f16_at(b, 0), s
 
 
 def _act_k(act: np.ndarray):
@@ -204,22 +205,21 @@ def _act_k(act: np.ndarray):
     return q, bs, d
 
 
-def covers(type_) -> bool:
-    """Whether `dot` has a twin for weights of type_ (F32, F16 and every block type; BF16 compiles)."""
-    return type_ in decode.DECODERS or type_ in _FLOAT
+def block_dot(decode_rows, act_bytes: int, w: np.ndarray, act: np.ndarray, out: np.ndarray) -> None:
+    """out (M, N) = weight rows w (uint8 (N, row_bytes)) of a classic block type, decoded by its
+    record's decode_rows (``ggtool.qtypes``), . activation rows act of its vec_dot_type (blocks of
+    `act_bytes`: Q8_0 34, Q8_1 36, Q8_K 292), bit for bit as the record's packed tile."""
+    k = act_bytes == 292
+    a = _act_k(act) if k else _act_32(act, act_bytes)
+    for r0 in range(0, w.shape[0], ROWS):
+        rows = decode_rows(np.ascontiguousarray(w[r0:r0 + ROWS]))
+        (_dot_k if k else _dot_32)(rows, a, out[:, r0:r0 + ROWS])
 
 
 def dot(type_, w: np.ndarray, act: np.ndarray, out: np.ndarray) -> None:
-    """out (M, N) = weight rows w (uint8 (N, row_bytes) of type_, or F32/F16 values) . activation
-    rows act (its vec_dot_type), bit for bit as ``dot.dot`` on ``dot.pack(type_, w)``."""
-    if type_ in _FLOAT:
-        return float_dot(_float_rows(w, _FLOAT[type_]), _float_rows(act, _FLOAT[type_]), out)
-    decoder = decode.DECODERS[type_]
-    k = type_ in decode.K_TYPES
-    a = _act_k(act) if k else _act_32(act, 36 if type_ in decode.MIN_TYPES else 34)
-    for r0 in range(0, w.shape[0], ROWS):
-        rows = decoder(np.ascontiguousarray(w[r0:r0 + ROWS]))
-        (_dot_k if k else _dot_32)(rows, a, out[:, r0:r0 + ROWS])
+    """out (M, N) = F32/F16 weight rows w (their values, or bytes) . activation rows act of the same
+    type, bit for bit as ``dot.dot`` on ``dot.pack(type_, w)`` (GGML's scalar order)."""
+    float_dot(_float_rows(w, _FLOAT[type_]), _float_rows(act, _FLOAT[type_]), out)
 
 
 def _dot_32(rows, a, out) -> None:

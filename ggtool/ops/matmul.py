@@ -130,9 +130,10 @@ def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray, tile: tuple) ->
 
 # -- the compiled runner's steps (kernels.nodes_mm) ----------------------------------------------------
 _CONVERT = {T.Q8_0: 0, T.GGMLType.Q8_1: 1, T.GGMLType.Q8_K: 2, T.F16: 3}         # nodes_mm.CV_*
-_Q32 = {T.Q4_0: 0, T.Q8_0: 1, T.GGMLType.Q5_0: 1, T.GGMLType.Q4_1: 2, T.GGMLType.Q5_1: 2}   # nodes_mm.Q32_*
-_K_TYPES = (T.GGMLType.Q2_K, T.GGMLType.Q3_K, T.GGMLType.Q4_K, T.GGMLType.Q5_K, T.GGMLType.Q6_K)
-_K6_TYPES = (T.GGMLType.Q3_K, T.GGMLType.Q6_K)      # packed in 6 bits, no mins (kernels.dot_k._pack_k6)
+# the runner's step for each packed form of kernels.dot that a classic type's record names
+# (``packed_form``): its kernel and argument (mm_q32's kind, nodes_mm.Q32_*; mm_k's hm: mins)
+_FORM_STEPS = {"nibbles": ("mm_q32", 0), "int8": ("mm_q32", 1), "int8_min": ("mm_q32", 2),
+               "k": ("mm_k", 1), "k6": ("mm_k6", None)}
 # the weight types whose llama.cpp x86 order the runner has a kernel for (nodes_mm.mm_x86); the other
 # types with x86 forms run llama.cpp's order from Python (_x86_block)
 _RUNNER_X86 = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
@@ -174,7 +175,7 @@ def _mul_mat_compiled(node, numerics):
         if a.type not in _RUNNER_X86 or (a.type == T.GGMLType.Q4_K and not x86_repacked(a)):
             return None         # unpacked Q4_K takes llama.cpp's vec_dot or tiled kernel (_x86_block)
         which = _x86_kind(a)
-    elif a.type in _Q32 or a.type in _K_TYPES or _k_form(a.type) is not None or _levels(a.type) is not None:
+    elif _packed_form(a.type) is not None or _k_form(a.type) is not None or _levels(a.type) is not None:
         which = None
     else:
         return None
@@ -197,12 +198,9 @@ def _mul_mat_compiled(node, numerics):
         sub = _x86_sub(a, b, which, numerics)
         args = (rb, which[0], sub, T.row_size(a.type, a.ne[0]))
         kernel = "mm_x86"
-    elif a.type in _K6_TYPES:
-        args, kernel = (rb,), "mm_k6"
-    elif a.type in _K_TYPES:
-        args, kernel = (rb, 1), "mm_k"        # hm: Q2_K, Q4_K and Q5_K have mins
-    elif a.type in _Q32:
-        args, kernel = (rb, _Q32[a.type]), "mm_q32"
+    elif _packed_form(a.type) is not None:    # a classic type: its record's packed form
+        kernel, arg = _FORM_STEPS[_packed_form(a.type)]
+        args = (rb,) if arg is None else (rb, arg)
     elif _levels(a.type) is not None:         # a record's int8 levels in Q8_0's packed form
         args, kernel = (rb, 4 if _levels(a.type).scale_dtype == np.float32 else 3), "mm_q32"   # nodes_mm.Q32_LEVELS*
     else:                                     # a record's K form (no mins), then its final factor
@@ -214,6 +212,14 @@ def _mul_mat_compiled(node, numerics):
     steps.append(CompiledStep(kernel, floats=floats, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86),
                               needs=needs, stable=() if x86 else (a,)))
     return tuple(steps)
+
+
+def _packed_form(t) -> str | None:
+    """The packed form of kernels.dot that t's record multiplies (the classic types), else None."""
+    if not T.is_quantized(t):
+        return None
+    record = _record(t)
+    return None if record is None else record.packed_form
 
 
 def _k_form(t):

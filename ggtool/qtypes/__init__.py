@@ -87,6 +87,10 @@ class QType:
     llama_cpp: ClassVar[dict] = {}
     # the builds (X86_BUILDS) whose CPU_REPACK buffer takes the type's 2-D weights of rows in eights
     x86_repacked: ClassVar[tuple] = ()
+    # the packed form of ``kernels.dot`` (its ``FORMS``) that the blocks decoded by the record's
+    # ``decode_rows`` take, for the classic types (``_classic.ClassicType``); None: the record
+    # multiplies its own way (its K form, ``pack``/``mul_mat_packed``, or ``mul_mat_kernel``)
+    packed_form: ClassVar[str | None] = None
     CHUNK_BLOCKS: ClassVar[int] = 64     # blocks per work item of quantize (a few ms of work)
 
     def __init_subclass__(cls, ggml_type: T.GGMLType | None = None, **kwargs):

@@ -1,7 +1,8 @@
 """What the records of GGML's first block types (``legacy``: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0;
 ``kquant``: Q2_K .. Q6_K) share (``ClassicType``): their quantizers in the records' calling
-convention, their dequantizers, and their dot products, which are ``ggtool.kernels.dot``'s packed
-tiles (the compute path: ``types.DOT_TYPES``).
+convention, their dequantizers, and their dot products: each record decodes its blocks
+(``decode_rows``) and names the packed form of ``ggtool.kernels.dot`` they take (``packed_form``),
+and the numpy twin multiplies the same decoded blocks (the compute path: ``types.DOT_TYPES``).
 
 Their quantizers are compiled kernels of blocks (``kernels.quantize``: the 32-value types'
 reference rows; ``_k_quantize``: the K-quants'; ``_weighted_quantize``: every importance-matrix
@@ -13,6 +14,7 @@ import importlib
 
 import numpy as np
 
+from .. import types as T
 from . import QType, f16_table, serial
 
 
@@ -51,18 +53,15 @@ class quantizer:
 
 
 class packed_dot:
-    """``QType.dot_kernel`` ("dot") or ``mul_mat_kernel`` ("mul_mat") of a type that ``kernels.dot``
-    multiplies on its packed tiles: the rows packed, then the tile (the bits of ``mul_mat``)."""
+    """``QType.dot_kernel`` ("dot") or ``mul_mat_kernel`` ("mul_mat") of a classic type: its rows
+    packed (``ClassicType.pack``), then its form's tile (the bits of ``mul_mat``)."""
 
     def __init__(self, what: str):
         self.what = what
 
     def __get__(self, obj, cls):
-        t = cls.ggml_type
-
         def mul_mat(w, a, out):
-            from ..kernels import dot
-            dot.dot(t, dot.pack(t, w), a, out)
+            cls.mul_mat_packed_into(cls.pack(w), a, out)
 
         def one(w, a):
             out = np.empty((1, 1), np.float32)
@@ -102,14 +101,55 @@ class dequantizer:
 
 
 class ClassicType(QType):
-    """The base of the classic records: no grids, no imatrix rule, their dots kernels.dot's tiles."""
+    """The base of the classic records: no grids, no imatrix rule; their blocks decoded in numpy
+    (``decode_rows``), which both their packed tiles (``kernels.dot``'s forms) and their numpy twin
+    (``kernels.twins``, what a first-ever run computes with before the tile is compiled) multiply."""
     needs_imatrix = False
     ggml_requires_imatrix = False
-    k_form = None                 # kernels.dot / dot_k pack them themselves (DOTS)
+    k_form = None                 # packed by their own form (packed_form)
     dot_final = None
     dot_kernel = packed_dot("dot")
     mul_mat_kernel = packed_dot("mul_mat")
     dequantize_blocks = dequantizer("gguf")
+    # what each classic record sets beside QType's FIELDS (a test fails for one left unset)
+    CLASSIC_FIELDS = ("decode_rows", "packed_form", "twin_decode_seconds")
+    # what the twin's decoding costs a weight value (seconds, one BLAS thread; compiling.first_run)
+    twin_decode_seconds: float
+
+    @classmethod
+    def decode_rows(cls, w) -> tuple:
+        """Weight rows (uint8 (n, row bytes)) decoded: the codes of every block in value order and
+        its scales (32-value types: (codes int8 (n, nb, 32), d float32 (n, nb), m or None); K-quants:
+        (codes int8 (n, nb, 256), scales int32 (n, nb, 16), mins int32 (n, nb, 16), d, dmin))."""
+        raise NotImplementedError
+
+    @classmethod
+    def pack(cls, w) -> tuple:
+        """Weight rows (uint8 (n, row bytes)) in the type's packed form (``mul_mat_packed``'s)."""
+        from ..kernels import dot
+        return dot.pack_form(cls.packed_form, np.ascontiguousarray(w, np.uint8), cls.decode_rows, cls.type_size)
+
+    @classmethod
+    def mul_mat_packed_into(cls, packed: tuple, a, out) -> None:
+        """out (M, n) = rows packed by ``pack`` . rows a of vec_dot_type (uint8 (M, row bytes))."""
+        from ..kernels import dot
+        dot.dot_form(cls.packed_form, packed, a, out)
+
+    @classmethod
+    def mul_mat_packed(cls, packed: tuple, a) -> np.ndarray:
+        """mul_mat(w, a) from pack(w): float32 (rows of a, rows of w), the same bits."""
+        from ..kernels import dot
+        a = np.ascontiguousarray(a, np.uint8)
+        out = np.empty((a.shape[0], dot.packed_rows(cls.packed_form, packed)), np.float32)
+        cls.mul_mat_packed_into(packed, a, out)
+        return out
+
+    @classmethod
+    def mul_mat_twin(cls, w, a, out) -> None:
+        """out (M, n) = weight rows w . rows a of vec_dot_type, the numpy twin of the packed tile
+        (the same bits, nothing compiled: ``kernels.twins``)."""
+        from ..kernels import twins
+        twins.block_dot(cls.decode_rows, T.type_size(cls.vec_dot_type), w, a, out)
 
     @classmethod
     def quantize_ref(cls, x, *, name: str = "tensor", run=serial) -> np.ndarray:

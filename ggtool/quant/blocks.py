@@ -20,8 +20,8 @@ def kernel(kind: str, name: str, values: int = 0):
     """The compiled kernel `name` (``ggtool.kernels.quantize``), or its
     numpy twin of the same name (``kernels.twins``, the same bytes) while the quantizer `kind` is
     not compiled in the command line's cache and the work (`values` to quantize) is small
-    (``kernels.first_run``)."""
-    from ..kernels import first_run
+    (``compiling.first_run``)."""
+    from ..compiling import first_run
     if not first_run.use_compiled(f"quantize:{kind}", first_run.quantize_seconds(values)):
         from ..kernels import twins
         return getattr(twins, name)

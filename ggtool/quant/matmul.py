@@ -9,7 +9,7 @@ M=512, and exact.)
 
 Where the dot of a type is not compiled yet in ggtool's command line, its numpy twin computes the
 same bits from the weights as they are, as long as the work is small; large work compiles the
-kernel (``kernels.first_run``, ``kernels.twins``). F32/F16 weights (``kernels.dot_float``) take the
+kernel (``compiling.first_run``, ``kernels.twins``). F32/F16 weights (``kernels.dot_float``) take the
 twin below FLOAT_TWIN_SMALL products before numba is loaded, or while not compiled up to FLOAT_TWIN_MAX.
 
 Repacked weights are cached for the life of their storage (``weight_pack``): a weight read from a
@@ -77,13 +77,11 @@ def mul_mat_quantized(w_raw, w_type, act_raw) -> np.ndarray:
     return out
 
 
-_KERNEL_NAMES: dict = {}    # weight type -> "dot:<type>" (first_run's name), "" where no twin stands in
-
-
-def _kernel_name(wt) -> str:
-    from ..kernels import twins
-    name = _KERNEL_NAMES[wt] = f"dot:{T.type_name(wt)}" if twins.covers(wt) else ""
-    return name
+@functools.cache
+def _record(wt):
+    """The qtypes record of block type wt (the registry imported at the first call)."""
+    from .. import qtypes
+    return qtypes.get(wt)
 
 
 class _Kernels:
@@ -100,6 +98,16 @@ class _Kernels:
 _kernels = _Kernels()
 
 
+def _into(multiply, out: np.ndarray) -> None:
+    """multiply(o) writes a C-contiguous result: out itself where it is one."""
+    if out.flags.c_contiguous:
+        multiply(out)
+    else:
+        tmp = np.empty(out.shape, _F32)
+        multiply(tmp)
+        out[...] = tmp
+
+
 def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pack=None) -> None:
     """out (M, N) = w_raw (N rows of wt) . act_raw (M rows of wt's vec_dot_type); `pack()` may
     supply the cached repacked weights (else they are repacked here)."""
@@ -107,46 +115,42 @@ def mul_mat_into(wt, w_raw: np.ndarray, act_raw: np.ndarray, out: np.ndarray, pa
     if N == 0 or M == 0 or w_raw.shape[1] == 0:
         out[...] = 0
         return
-    packed = None
-    if wt in (T.F32, T.F16):
-        if _twin(wt, M, N, w_raw.shape[1] * w_raw.itemsize // T.type_size(wt) * T.block_size(wt)):
+    if wt in (T.F32, T.F16, T.BF16):
+        if wt != T.BF16 and _twin(wt, M, N, w_raw.shape[1] * w_raw.itemsize // T.type_size(wt) * T.block_size(wt)):
             _kernels.twins.dot(wt, w_raw, act_raw, out)     # the same bits
             return
-    elif wt not in T.DOT_TYPES:
+        dot = _kernels.dot
+        packed = pack() if pack is not None else dot.pack(wt, w_raw)
+        _into(lambda o: dot.dot(wt, packed, act_raw, o), out)
+        return
+    record = _record(wt)
+    if record.packed_form is None:
         _record_mul_mat(wt, w_raw, act_raw, out, pack)
         return
-    else:
-        name = _KERNEL_NAMES.get(wt)
-        if name is None:
-            name = _kernel_name(wt)
-        if name:   # while the kernel is not compiled, its twin (the same bits) where the work is small
-            first_run = _kernels.first_run
-            if pack is not None and first_run.compiling_ahead(name):
-                packed = pack()             # the weights repacked while their kernel compiles
-            if not first_run.use_compiled(name, lambda: first_run.dot_seconds(name[4:], N, w_raw.shape[1] // T.type_size(wt)
-                                                                              * T.block_size(wt), M)):
-                _kernels.twins.dot(wt, w_raw, act_raw, out)
-                return
-    dot = _kernels.dot
+    # a classic type: while its tile is not compiled, its twin (the same bits) where the work is small
+    from ..compiling import first_run
+
+    name = f"dot:{record.name}"
+    packed = None
+    if pack is not None and first_run.compiling_ahead(name):
+        packed = pack()             # the weights repacked while their kernel compiles
+    k = w_raw.shape[1] // record.type_size * record.block_size
+    if not first_run.use_compiled(name, lambda: first_run.dot_seconds(record.name, N, k, M)):
+        record.mul_mat_twin(w_raw, act_raw, out)
+        return
     if packed is None:
-        packed = pack() if pack is not None else dot.pack(wt, w_raw)
-    if out.flags.c_contiguous:
-        dot.dot(wt, packed, act_raw, out)
-    else:
-        tmp = np.empty(out.shape, _F32)
-        dot.dot(wt, packed, act_raw, tmp)
-        out[...] = tmp
+        packed = pack() if pack is not None else record.pack(w_raw)
+    _into(lambda o: record.mul_mat_packed_into(packed, act_raw, o), out)
 
 
 def pack_rows(wt, w_raw: np.ndarray) -> tuple:
     """The packed form of weight rows w_raw (uint8 (n, row bytes)) of wt that mul_mat_into multiplies:
-    ``kernels.dot``'s interleaved groups; for a qtypes record, the K-quant dots' layout where its dot
-    has their form (``k_form``), its own packed form (``pack``), or ``()``: the rows as they are."""
-    if wt in T.DOT_TYPES:
+    ``kernels.dot``'s interleaved groups (a classic record's form, or a float type's); for another
+    qtypes record, the K-quant dots' layout where its dot has their form (``k_form``), its own packed
+    form (``pack``), or ``()``: the rows as they are."""
+    if wt in (T.F32, T.F16, T.BF16):
         return _kernels.dot.pack(wt, w_raw)
-    from .. import qtypes
-
-    record = qtypes.get(wt)
+    record = _record(wt)
     if record.k_form is not None:
         return _kernels.dot_k.pack_k_form(w_raw, record.decode_k, record.type_size)
     return record.pack(w_raw) if hasattr(record, "mul_mat_packed") else ()
@@ -157,9 +161,7 @@ def _record_mul_mat(wt, w_raw, act_raw, out, pack) -> None:
     way: the K-quant tile on its K form, then its final factor (``dot_final``); its packed mat-mul
     (``pack``/``mul_mat_packed``), the packed forms cached as the others' are (``pack``); else its
     mul_mat kernel, row by row."""
-    from .. import qtypes
-
-    record = qtypes.get(wt)
+    record = _record(wt)
     if record.k_form is None and not hasattr(record, "mul_mat_packed"):
         out[...] = record.mul_mat(w_raw, act_raw)
         return
@@ -188,15 +190,14 @@ FLOAT_TWIN_MAX = 1 << 28
 def _twin(wt, M: int, N: int, K: int) -> bool:
     """Whether the numpy twin computes this F32/F16 product (the same bits as the kernel): where it is
     cheaper than loading numba, or the kernel is not compiled yet in ggtool's command line and the
-    work is small for the twin (``kernels.first_run``)."""
+    work is small for the twin (``compiling.first_run``)."""
     products = M * N * K
     if products <= FLOAT_TWIN_SMALL and "numba" not in sys.modules:
         return True
-    first_run = _kernels.first_run
-    if products > FLOAT_TWIN_MAX:
-        return not first_run.use_compiled(f"dot:{T.type_name(wt)}", float("inf"))
-    return not first_run.use_compiled(f"dot:{T.type_name(wt)}",
-                                      lambda: first_run.dot_seconds(T.type_name(wt), N, K, M))
+    from ..compiling import first_run
+
+    cost = float("inf") if products > FLOAT_TWIN_MAX else (lambda: first_run.dot_seconds(T.type_name(wt), N, K, M))
+    return not first_run.use_compiled(f"dot:{T.type_name(wt)}", cost)
 
 
 _TENSOR_PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # context leaf -> {key: packed}

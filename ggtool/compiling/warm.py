@@ -1,5 +1,5 @@
 """The background process that fills the kernel cache (``cache``), started isolated by the command
-line (``cache._want``: ``python -I -c "...; from ggtool.kernels.warm import main; main()"`` in "/").
+line (``cache._want``: ``python -I -c "...; from ggtool.compiling.warm import main; main()"`` in "/").
 
 It waits for the command that started it to exit (end of its stdin), takes the cache's lock (or
 leaves it to the process holding it), then compiles every kernel named in ``wanted/`` that is not
@@ -18,7 +18,7 @@ import fcntl
 import os
 import sys
 
-from . import cache
+from ..kernels import cache
 
 QUANTIZERS = ("F16", "Q4_0", "Q8_0", "Q8_0_cpu", "Q8_1_cpu", "Q8_K")
 
@@ -26,8 +26,9 @@ QUANTIZERS = ("F16", "Q4_0", "Q8_0", "Q8_0_cpu", "Q8_1_cpu", "Q8_K")
 def _dot(type_name: str) -> None:
     import numpy as np  # here, not at the top: nothing heavier than os loads while the command runs
 
+    from .. import qtypes
     from .. import types as T
-    from . import dot
+    from ..kernels import dot
 
     t = T.parse_type(type_name)
     vdt = T.vec_dot_type(t)
@@ -37,13 +38,17 @@ def _dot(type_name: str) -> None:
     ro = w.copy()
     ro.flags.writeable = False          # weights mapped from a file are read-only
     for weights in (w, ro):
-        dot.dot(t, dot.pack(t, weights), act, np.empty((1, 1), np.float32))
+        if t in qtypes.REGISTRY:        # a block type: packed in its record's form
+            record = qtypes.get(t)
+            record.mul_mat_packed_into(record.pack(weights), act, np.empty((1, 1), np.float32))
+        else:                           # BF16, F32, F16
+            dot.dot(t, dot.pack(t, weights), act, np.empty((1, 1), np.float32))
 
 
 def _quantizer(kind: str) -> None:
     import numpy as np
 
-    from . import quantize
+    from ..kernels import quantize
 
     if kind == "F16":
         quantize.fp32_to_fp16(np.zeros(1, np.float32), np.zeros(1, np.uint16))
@@ -55,24 +60,24 @@ def _quantizer(kind: str) -> None:
 
 
 def _runner(_: str) -> None:
-    from . import runner
+    from ..kernels import runner
     runner.warm()
 
 
 def _node(name: str) -> None:
-    from . import nodes
+    from ..kernels import nodes
     nodes.compile_kernel(name)
 
 
 def _node_names() -> set[str]:
-    from . import nodes, nodes_mm  # noqa: F401 - nodes_mm registers mul_mat's kernels
+    from ..kernels import nodes, nodes_mm  # noqa: F401 - nodes_mm registers mul_mat's kernels
     return set(nodes.KERNELS)
 
 
 def _float_rows(kind: str) -> None:
     import numpy as np
 
-    from . import portable_math
+    from ..kernels import portable_math
 
     portable_math.compiled(kind)(np.zeros((1, 1), np.float32))
 

@@ -1,5 +1,5 @@
 """Which of a compiled kernel and its numpy twin a call runs, while the kernel is not in the cache
-yet: the first-ever-run policy (``kernels.cache`` says whether a kernel is cached; ``twins`` are the
+yet: the first-ever-run policy (``kernels.cache`` says whether a kernel is cached; ``kernels.twins`` are the
 numpy twins, the same bits).
 
 Why a choice: compiling a kernel costs numba ~0.5-2 s of its own Python work (CPU seconds, this
@@ -52,7 +52,7 @@ import time
 from contextlib import contextmanager
 
 from .. import role
-from . import cache
+from ..kernels import cache
 
 # CPU seconds to compile a kernel, measured on this machine (a dot: ~1.4-2.2 s, its tile and the
 # activation pass the 32-value types share; docs/engine.md, "Small work and large work"): a
@@ -62,12 +62,9 @@ COMPILE_SECONDS = {"dot": 2.0, "quantize": 1.0, "runner": 1.6, "node": 1.5}
 # gemma-3-270m generation, 15.0 s CPU without the runner, 9.4 s with it, ~800 nodes a step).
 PYTHON_NODE = 55e-6
 
-# What a twin costs (seconds): a dot ~ N*K*(TWIN_DECODE[type] + TWIN_MAC * M) + TWIN_CALL, a
-# quantizer ~ values * TWIN_VALUE + TWIN_CALL (measured with one BLAS thread on 4096 x 2048
-# weights, M = 1..512, and 8M values).
-TWIN_DECODE = {"q4_0": 2.0e-9, "q8_0": 1.2e-9, "q5_0": 5.1e-9, "q4_1": 5.1e-9, "q5_1": 6.0e-9,
-               "q2_K": 8.0e-9, "q3_K": 9.0e-9, "q4_K": 7.5e-9, "q5_K": 9.0e-9, "q6_K": 10.1e-9}
-TWIN_DECODE_DEFAULT = 10e-9
+# What a twin costs (seconds): a block type's dot ~ N*K*(decoding + TWIN_MAC * M) + TWIN_CALL, its
+# record's decoding a value (``twin_decode_seconds``), a quantizer ~ values * TWIN_VALUE + TWIN_CALL
+# (measured with one BLAS thread on 4096 x 2048 weights, M = 1..512, and 8M values).
 TWIN_MAC = 0.12e-9
 TWIN_VALUE = 6e-9
 TWIN_CALL = 40e-6
@@ -129,7 +126,18 @@ def dot_seconds(type_name: str, n: int, k: int, m: int) -> float:
         if m * n < FLOAT_WIDE:
             return n * k * m * TWIN_FLOAT_FEW + TWIN_CALL
         return k * (n * m * TWIN_FLOAT_MANY + TWIN_FLOAT_K) + TWIN_CALL
-    return n * k * (TWIN_DECODE.get(type_name, TWIN_DECODE_DEFAULT) + TWIN_MAC * m) + TWIN_CALL
+    return n * k * (_twin_decode(type_name) + TWIN_MAC * m) + TWIN_CALL
+
+
+def _twin_decode(type_name: str) -> float | None:
+    """What the twin's decoding of a weight value of `type_name` costs, None for a type with no twin
+    (only the classic block types have one: their records' ``twin_decode_seconds``)."""
+    from .. import qtypes
+
+    try:
+        return getattr(qtypes.get(type_name), "twin_decode_seconds", None)
+    except (KeyError, ValueError):
+        return None
 
 
 def quantize_seconds(values: int) -> float:
@@ -199,7 +207,7 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
 
     cost: dict[str, float] = {}            # in the order the work first uses them
     for type_name, n, k, m in products:
-        if type_name in TWIN_DECODE or type_name in FLOAT_TYPES:
+        if type_name in FLOAT_TYPES or _twin_decode(type_name) is not None:
             name = f"dot:{type_name}"
             cost[name] = cost.get(name, 0.0) + dot_seconds(type_name, n, k, m)
     dots = [name for name, s in cost.items() if s * max(1, repeats) > COMPILE_SECONDS["dot"] and wanted(name)]
@@ -320,7 +328,7 @@ def _spawn(name, nice: bool = False):
     if cache.bypassed() or cache.subfolder(root, "ready") is None:
         return None         # no cache to compile into: compiled in process at first use
     try:
-        return isolation.popen(f"from ggtool.kernels.first_run import _compile_main; _compile_main({name!r}, {nice!r})",
+        return isolation.popen(f"from ggtool.compiling.first_run import _compile_main; _compile_main({name!r}, {nice!r})",
                                env={"NUMBA_CACHE_DIR": root}, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:     # no process: compiled in process at first use
