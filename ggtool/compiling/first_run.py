@@ -205,6 +205,8 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     def wanted(name: str) -> bool:
         return name not in _compiled and name not in _ahead and not cache.use_kernel(name) and not _ready(name)
 
+    from .. import types as T
+
     cost: dict[str, float] = {}            # in the order the work first uses them
     for type_name, n, k, m in products:
         if type_name in FLOAT_TYPES or _twin_decode(type_name) is not None:
@@ -214,10 +216,10 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     # a process for the 32-value dots and one for the K-quants (those of a family share their activation
     # pass: compiled once; numba loaded once), one for all where fewer CPUs are free; the float dots
     # (attention's) join the family with fewer kernels
-    groups: dict[str, list[str]] = {}
+    groups: dict = {}                      # a family's block size (or "F", "all") -> its kernels
     for name in dots:
         if name[4:] not in FLOAT_TYPES:
-            groups.setdefault("K" if name.endswith("_K") else "32", []).append(name)
+            groups.setdefault(T.block_size(T.parse_type(name[4:])), []).append(name)     # 32 or 256 values
     for name in dots:
         if name[4:] in FLOAT_TYPES:
             (min(groups.values(), key=len) if groups else groups.setdefault("F", [])).append(name)
