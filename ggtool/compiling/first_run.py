@@ -136,7 +136,7 @@ def _twin_decode(type_name: str) -> float | None:
 
     try:
         return getattr(qtypes.get(type_name), "twin_decode_seconds", None)
-    except (KeyError, ValueError):
+    except KeyError:                    # F32, BF16, ...: no record
         return None
 
 

@@ -29,7 +29,7 @@ from .dot_base import DOTS, FORMS, GROUP, register_form, store_group
 from .jit import njit
 from .tables import F16_TO_F32
 
-Q4_0_BYTES, Q8_0_BYTES, QK = 18, 34, 32
+Q8_0_BYTES, QK = 34, 32
 
 
 def pack(type_, w: np.ndarray) -> tuple:

@@ -1,5 +1,5 @@
 """Repacked weights kept on disk between runs, in the cache's ``packs/`` (``kernels.cache``): a model
-file's weights are repacked (``kernels.dot.pack``) once per file, not once per process.
+file's weights are repacked (``quant.matmul.pack_rows``) once per file, not once per process.
 
 Why: a short run of a model pays its repack every time (gemma-3-270m: ~0.6-0.9 s, most of it the
 tied Q8_0 output projection, of a ~2 s 30-token run), though the packed bytes depend only on the
