@@ -52,10 +52,6 @@ _KQUANTS = {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType
 
 # The types ggtool computes with; the rest can be read from GGUF and converted on load.
 COMPUTE_TYPES = (F32, F16, BF16, I32, Q4_0, Q8_0)
-# weight types mul_mat multiplies as they are, with a compiled dot each (ggtool.kernels.dot
-# registers them: the block types' integer dots, and BF16's in ggtool.kernels.dot_bf16)
-DOT_TYPES = (Q4_0, Q8_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K,
-             GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, BF16)
 
 
 def type_name(t: GGMLType) -> str:

@@ -16,7 +16,6 @@ from ggtool import quant as Q
 from ggtool import types as T
 from ggtool.errors import QuantizationError
 from ggtool.kernels import dot
-from ggtool.quant.matmul import DOT_TYPES
 
 BLOCK = [t for t in BLOCKS if t not in ("q4_0", "q8_0")]   # the K-quants and Q4_1/Q5_0/Q5_1 (dot.py has its own tests)
 
@@ -38,8 +37,10 @@ def _dequantized_acts(t: str, a: np.ndarray) -> np.ndarray:
 def test_every_dot_type_has_its_packed_dot():
     """The float types' dots by type (BF16, and F32/F16: mul_mat's float weights, kernels.dot_float);
     every classic block type's record names a packed form of kernels.dot, and no form is unused."""
-    assert set(dot.DOTS) == {T.BF16, T.F32, T.F16} and set(DOT_TYPES) - {T.BF16} <= set(qtypes.REGISTRY)
-    forms = {qtypes.get(t).packed_form for t in DOT_TYPES if t != T.BF16}
+    assert set(dot.DOTS) == {T.BF16, T.F32, T.F16}
+    classic = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "bf16"}
+    assert {T.type_name(t) for t in qtypes.DOT_TYPES} == classic     # GGML's 32- and 256-value types
+    forms = {qtypes.get(t).packed_form for t in qtypes.DOT_TYPES if t != T.BF16}
     assert forms == set(dot.FORMS)
 
 

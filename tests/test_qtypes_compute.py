@@ -156,7 +156,7 @@ def test_iq1s_k_form_is_their_generic_dot_over_wide_scales(name):
     assert out.tobytes() == rec.mul_mat(w, act).tobytes()
 
 
-CLASSIC = [t for t in TYPES if t in T.DOT_TYPES]     # Q4_0 .. Q8_0, Q2_K .. Q6_K: qtypes.legacy, .kquant
+CLASSIC = [t for t in TYPES if t in qtypes.DOT_TYPES]     # Q4_0 .. Q8_0, Q2_K .. Q6_K: qtypes.legacy, .kquant
 
 
 @pytest.mark.parametrize("t", CLASSIC, ids=[T.type_name(t) for t in CLASSIC])

@@ -145,6 +145,17 @@ def test_every_record_is_complete(t):
             assert owner is not None and owner.__name__ != "ClassicType", f"{rec.name} does not set {field}"
         assert rec.packed_form in dot.FORMS and rec.twin_decode_seconds > 0
         assert "decode_rows" in vars(rec), f"{rec.name} decodes with another type's decode_rows"
+    # the compiled runner's x86 kernels: names nodes_mm and kernels.x86 have, only for a type with
+    # llama.cpp's x86 forms, and a repacked one only where a build repacks the type
+    from ggtool.kernels import nodes_mm, x86
+
+    for form in (rec.runner_x86, rec.runner_x86_repacked):
+        if form is not None:
+            kernel, kind = form
+            assert kernel.startswith("X_") and isinstance(getattr(nodes_mm, kernel), int), rec.name
+            assert kind is None or isinstance(getattr(x86, kind), int), rec.name
+            assert rec.llama_cpp, f"{rec.name} has a runner kernel but no llama.cpp forms"
+    assert rec.runner_x86_repacked is None or rec.x86_repacked, rec.name
 
 
 def test_registry_lookup():

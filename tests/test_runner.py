@@ -22,6 +22,7 @@ from random_graphs import graphs
 
 import ggtool
 from ggtool import compute, quant, runner
+from ggtool import types as T
 from ggtool.errors import ComputeError
 from ggtool.kernels.numerics import host_flags, resolve
 from ggtool.ops import FUNCTIONS as F
@@ -383,7 +384,14 @@ def test_mul_mat_of_the_records_levels(wtype, m, pool3):
     same_as_python(g, [y], pools=[pool3])
 
 
-@pytest.mark.parametrize("wtype", ["q4_0", "q8_0", "q5_0", "q4_K", "q6_K", "f32"])
+def _runner_x86_types() -> list:
+    """F32 and the records with a runner kernel for llama.cpp's x86 order (``runner_x86``, ``runner_x86_repacked``)."""
+    from ggtool import qtypes
+
+    return ["f32"] + [T.type_name(t) for t, r in qtypes.REGISTRY.items() if r.runner_x86 or r.runner_x86_repacked]
+
+
+@pytest.mark.parametrize("wtype", _runner_x86_types())
 @pytest.mark.parametrize("numerics", ["llama.cpp-avx2", "llama.cpp-avx512"])
 @pytest.mark.parametrize("m", [1, 9])
 def test_mul_mat_in_llama_cpp_numerics(wtype, numerics, m, pool3):
@@ -397,6 +405,21 @@ def test_mul_mat_in_llama_cpp_numerics(wtype, numerics, m, pool3):
     g = ggtool.Graph(ctx).expand(y)
     assert compiled_kernels(g, numerics)[-1] == "mm_x86"
     same_as_python(g, [y], numerics, pools=[pool3])
+
+
+@pytest.mark.parametrize("wtype, rows", [("q4_1", 264), ("q5_1", 264), ("q4_K", 260), ("q3_K", 264)])
+def test_mul_mat_in_llama_cpp_numerics_from_python(wtype, rows, pool3):
+    """Weights whose llama.cpp x86 order has no runner kernel (Q4_1, Q5_1, Q3_K; Q4_K whose rows are
+    not in eights, so not repacked) stay a Python step under llama.cpp's numerics, with the same bits."""
+    ctx = ggtool.Context()
+    k = 256
+    a = ctx.new_tensor(wtype, [k, rows])
+    a.set_data(quant.quantize(values((rows, k), special=False), wtype))
+    b = leaf(ctx, values((3, k), special=False))
+    y = F["mul_mat"](ctx, a, b)
+    g = ggtool.Graph(ctx).expand(y)
+    assert "mm_x86" not in compiled_kernels(g, "llama.cpp-avx2")
+    same_as_python(g, [y], "llama.cpp-avx2", pools=[pool3])
 
 
 def test_mul_mat_broadcasts_weights_over_batches():

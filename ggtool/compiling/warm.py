@@ -85,9 +85,10 @@ def _float_rows(kind: str) -> None:
 def _dot_types() -> set[str]:
     """The types whose compiled dot ``quant.matmul.mul_mat_into`` asks for: the block types' and the
     float weights' (F32/F16 in GGML's scalar order: a prompt's attention products)."""
+    from .. import qtypes
     from .. import types as T
 
-    return {T.type_name(t) for t in (T.F32, T.F16, *T.DOT_TYPES)}
+    return {T.type_name(t) for t in (T.F32, T.F16, *qtypes.DOT_TYPES)}
 
 
 # What the queue may name, "<kind>:<argument>" (``cache.use_kernel``): kind -> (how to compile it, the

@@ -134,9 +134,6 @@ _CONVERT = {T.Q8_0: 0, T.GGMLType.Q8_1: 1, T.GGMLType.Q8_K: 2, T.F16: 3}        
 # (``packed_form``): its kernel and argument (mm_q32's kind, nodes_mm.Q32_*; mm_k's hm: mins)
 _FORM_STEPS = {"nibbles": ("mm_q32", 0), "int8": ("mm_q32", 1), "int8_min": ("mm_q32", 2),
                "k": ("mm_k", 1), "k6": ("mm_k6", None)}
-# the weight types whose llama.cpp x86 order the runner has a kernel for (nodes_mm.mm_x86); the other
-# types with x86 forms run llama.cpp's order from Python (_x86_block)
-_RUNNER_X86 = (T.F32, T.Q8_0, T.GGMLType.Q5_0, T.Q4_0, T.GGMLType.Q4_K, T.GGMLType.Q6_K)
 _UNIT = 16          # nodes_mm.UNIT
 _GROUP = 128        # kernels.dot_base.GROUP: weight rows per repacked row group
 
@@ -172,9 +169,9 @@ def _mul_mat_compiled(node, numerics):
             return None
         return (CompiledStep("mm_f32", TILE_FLOAT, tensors=(node, a, b), bind=_f16_table),)
     if x86:
-        if a.type not in _RUNNER_X86 or (a.type == T.GGMLType.Q4_K and not x86_repacked(a)):
-            return None         # unpacked Q4_K takes llama.cpp's vec_dot or tiled kernel (_x86_block)
-        which = _x86_kind(a)
+        which = _runner_x86(a, numerics)
+        if which is None:
+            return None         # llama.cpp's order from Python (_x86_block)
     elif _packed_form(a.type) is not None or _k_form(a.type) is not None or _levels(a.type) is not None:
         which = None
     else:
@@ -195,8 +192,8 @@ def _mul_mat_compiled(node, numerics):
         act = None
     rb = T.row_size(vdt, b.ne[0])
     if x86:
-        sub = _x86_sub(a, b, which, numerics)
-        args = (rb, which[0], sub, T.row_size(a.type, a.ne[0]))
+        from ..kernels import nodes_mm
+        args = (rb, getattr(nodes_mm, which[0]), _x86_sub(a, b, which, numerics), T.row_size(a.type, a.ne[0]))
         kernel = "mm_x86"
     elif _packed_form(a.type) is not None:    # a classic type: its record's packed form
         kernel, arg = _FORM_STEPS[_packed_form(a.type)]
@@ -208,7 +205,7 @@ def _mul_mat_compiled(node, numerics):
     k_form = _k_form(a.type) if not x86 else None
     floats = (float(k_form.dot_final),) if k_form is not None else ()
     # the packers run in bind (the records' are numpy: nothing to compile)
-    needs = () if x86 or a.type not in T.DOT_TYPES else (f"dot:{T.type_name(a.type)}",)
+    needs = () if x86 or _packed_form(a.type) is None else (f"dot:{T.type_name(a.type)}",)
     steps.append(CompiledStep(kernel, floats=floats, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86),
                               needs=needs, stable=() if x86 else (a,)))
     return tuple(steps)
@@ -225,7 +222,7 @@ def _packed_form(t) -> str | None:
 def _k_form(t):
     """The ggtool.qtypes record of t where the K-quant tile multiplies it in its K form (``k_form``:
     IQ1_*, IQ2_*, IQ3_*, TQ*; ``quant.matmul._record_mul_mat``'s path), else None."""
-    if t in T.DOT_TYPES or not T.is_quantized(t):
+    if not T.is_quantized(t):
         return None
     record = _record(t)
     return record if record is not None and record.k_form is not None else None
@@ -234,7 +231,7 @@ def _k_form(t):
 def _levels(t):
     """The ggtool.qtypes record of t where its rows are int8 levels on Q8_0's packed form
     (``qtypes.LevelRows``: IQ4_NL, MXFP4), else None."""
-    if t in T.DOT_TYPES or not T.is_quantized(t):
+    if not T.is_quantized(t):
         return None
     from .. import qtypes
 
@@ -242,31 +239,31 @@ def _levels(t):
     return record if record is not None and issubclass(record, qtypes.LevelRows) else None
 
 
-def _x86_kind(a):
-    """(nodes_mm's X_* kernel,) for a's type under llama.cpp's numerics."""
+def _runner_x86(a, numerics) -> tuple | None:
+    """(nodes_mm.mm_x86's X_* kernel, the kernels.x86 kind it takes or None) that runs llama.cpp's x86
+    order of weights `a` on the compiled runner: F32's, else the record's (``runner_x86``, or
+    ``runner_x86_repacked`` where that build repacks `a`); None where the order runs from Python."""
     if a.type == T.F32:
-        return (4,)
-    if a.type == T.GGMLType.Q4_K:
-        return (2,)
-    if a.type == T.GGMLType.Q6_K:
-        return (3,)
-    if x86_repacked(a):
-        return (1,)
-    return (0,)
+        return ("X_F32", None)
+    record = _record(a.type) if T.is_quantized(a.type) else None
+    if record is None:
+        return None
+    return record.runner_x86_repacked if x86_repacked(a, wide(numerics)) else record.runner_x86
 
 
 def _x86_sub(a, b, which, numerics) -> int:
     """The x86 kernel's own argument: Q0's kind, Q4_K's gemm rows, Q6_K's tiled, F32's tiny | wide."""
     from ..kernels import x86
 
+    kernel, kind = which
     ne11 = b.ne[1]
-    if which[0] == 0:
-        return {T.Q8_0: x86.Q8_0_KIND, T.GGMLType.Q5_0: x86.Q5_0_KIND, T.Q4_0: x86.Q4_0_KIND}[a.type]
-    if which[0] == 2:
+    if kind is not None:
+        return getattr(x86, kind)
+    if kernel == "X_Q4_K":
         return ne11 - ne11 % 4
-    if which[0] == 3:
+    if kernel == "X_Q6_K":
         return int(ne11 >= 8)
-    if which[0] == 4:
+    if kernel == "X_F32":
         tiny = _sgemm_takes(a, b, 16 if wide(numerics) else 8) and b.is_contiguous()   # as _x86_block
         return int(tiny) | (2 if wide(numerics) else 0)
     return 0

@@ -87,6 +87,11 @@ class QType:
     llama_cpp: ClassVar[dict] = {}
     # the builds (X86_BUILDS) whose CPU_REPACK buffer takes the type's 2-D weights of rows in eights
     x86_repacked: ClassVar[tuple] = ()
+    # the compiled runner's kernel for the type's llama.cpp x86 order (``kernels.nodes_mm``'s X_* name,
+    # and the ``kernels.x86`` kind it takes or None), for its weights as laid out and as repacked
+    # (x86_repacked); None: that order runs from Python (``mul_mat_x86``) between compiled stretches
+    runner_x86: ClassVar[tuple | None] = None
+    runner_x86_repacked: ClassVar[tuple | None] = None
     # the packed form of ``kernels.dot`` (its ``FORMS``) that the blocks decoded by the record's
     # ``decode_rows`` take, for the classic types (``_classic.ClassicType``); None: the record
     # multiplies its own way (its K form, ``pack``/``mul_mat_packed``, or ``mul_mat_kernel``)
@@ -317,3 +322,8 @@ def _load_families() -> None:
 
 
 _load_families()
+
+# The weight types with a compiled dot of their own (``dot:<type>``, what the background compiler
+# builds): the records that name a packed form of kernels.dot (the classic types), and BF16
+# (kernels.dot_bf16). The other records multiply by their K form, their levels or their generic dot.
+DOT_TYPES = tuple(sorted((t for t, r in REGISTRY.items() if r.packed_form is not None), key=int)) + (T.BF16,)

@@ -2,7 +2,7 @@
 ``kquant``: Q2_K .. Q6_K) share (``ClassicType``): their quantizers in the records' calling
 convention, their dequantizers, and their dot products: each record decodes its blocks
 (``decode_rows``) and names the packed form of ``ggtool.kernels.dot`` they take (``packed_form``),
-and the numpy twin multiplies the same decoded blocks (the compute path: ``types.DOT_TYPES``).
+and the numpy twin multiplies the same decoded blocks (the compute path: ``qtypes.DOT_TYPES``).
 
 Their quantizers are compiled kernels of blocks (``kernels.quantize``: the 32-value types'
 reference rows; ``_k_quantize``: the K-quants'; ``_weighted_quantize``: every importance-matrix

@@ -112,6 +112,7 @@ class Q3_K(_KQuant, ggml_type=T.GGMLType.Q3_K):
 class Q4_K(_KQuant, ggml_type=T.GGMLType.Q4_K):
     type_size = 144
     x86_repacked = X86_BUILDS                 # q4_K_8x8
+    runner_x86_repacked = ("X_Q4_K", None)    # unrepacked: its vec_dot or tiled kernel, from Python
     quantize_kernel = quantizer("_k_quantize:q4_k_quantize", "_weighted_quantize:q4_k_quantize_w")
     twin_decode_seconds = 7.5e-9
     dequantize_blocks = dequantizer("compiled:dequantize_q4_k")
@@ -136,6 +137,7 @@ class Q6_K(_KQuant, ggml_type=T.GGMLType.Q6_K):
     quantize_kernel = quantizer("_k_quantize:q6_k_quantize", "_weighted_quantize:q6_k_quantize_w")
     packed_form = "k6"
     twin_decode_seconds = 10.1e-9
+    runner_x86 = ("X_Q6_K", None)
     dequantize_blocks = dequantizer("compiled:dequantize_q6_k")
 
     @classmethod

@@ -62,6 +62,8 @@ class Q4_0(_Legacy, ggml_type=T.Q4_0):
     type_size = 18
     llama_cpp = _q0_x86("Q4_0_KIND")
     x86_repacked = X86_BUILDS     # q4_0_8x8
+    runner_x86 = ("X_Q0", "Q4_0_KIND")
+    runner_x86_repacked = ("X_Q4_0", None)
     quantize_kernel = quantizer("kernels:q4_0_quantize", "_weighted_quantize:q4_0_quantize_w")
     packed_form = "nibbles"       # the 16 nibble bytes as they are, at byte 2
     twin_decode_seconds = 2.0e-9
@@ -91,6 +93,7 @@ class Q4_1(_Legacy, ggml_type=T.GGMLType.Q4_1):
 class Q5_0(_Legacy, ggml_type=T.GGMLType.Q5_0):
     type_size = 22
     llama_cpp = _q0_x86("Q5_0_KIND")
+    runner_x86 = ("X_Q0", "Q5_0_KIND")
     quantize_kernel = quantizer("kernels:q5_0_quantize", "_weighted_quantize:q5_0_quantize_w")
     twin_decode_seconds = 5.1e-9
 
@@ -119,6 +122,7 @@ class Q5_1(_Legacy, ggml_type=T.GGMLType.Q5_1):
 class Q8_0(_Legacy, ggml_type=T.Q8_0):
     type_size = 34
     llama_cpp = _q0_x86("Q8_0_KIND")
+    runner_x86 = ("X_Q0", "Q8_0_KIND")
     quantize_kernel = quantizer("kernels:q8_0_quantize", None)   # GGML's Q8_0 ignores quant_weights
     twin_decode_seconds = 1.2e-9
 

@@ -30,16 +30,14 @@ from ..errors import QuantizationError
 from . import packs
 from .blocks import _F32
 
-DOT_TYPES = T.DOT_TYPES
-
 
 @functools.cache
 def dot_types() -> tuple:
-    """Every block (and BF16) type mul_mat multiplies as it is: ``types.DOT_TYPES`` (the compiled dots
-    of ``ggtool.kernels.dot``) and the types of ``ggtool.qtypes``' records (their own dot kernels),
-    the registry imported at the first call (not with the engine: ~15 ms)."""
+    """Every block (and BF16) type mul_mat multiplies as it is: ``qtypes.DOT_TYPES`` (a compiled dot
+    each) and the other records' types (their K form, levels or generic dot), the registry imported
+    at the first call (not with the engine: ~15 ms)."""
     from .. import qtypes
-    return T.DOT_TYPES + tuple(t for t in qtypes.REGISTRY if t not in T.DOT_TYPES)
+    return qtypes.DOT_TYPES + tuple(t for t in qtypes.REGISTRY if t not in qtypes.DOT_TYPES)
 
 
 def _check(w_raw, wt, act_raw):

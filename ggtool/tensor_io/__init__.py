@@ -13,7 +13,7 @@ place, never replaced).
 from __future__ import annotations
 
 from .arrays import convert_array, default_type, gguf_array, parse_json_array, read_npy, read_npy_header
-from .inputs import MMAP_TYPES, NO_DATA, Inputs, mmap_types
+from .inputs import NO_DATA, Inputs, mmap_types
 from .outputs import (
     FORMATS,
     atomic_path,
@@ -33,7 +33,7 @@ from .outputs import (
 from .sources import Source, SourceSyntaxError, parse_named_source, parse_source
 
 __all__ = [
-    "FORMATS", "MMAP_TYPES", "NO_DATA", "mmap_types", "Inputs", "Source", "SourceSyntaxError", "atomic_path", "atomic_paths", "convert_array",
+    "FORMATS", "NO_DATA", "mmap_types", "Inputs", "Source", "SourceSyntaxError", "atomic_path", "atomic_paths", "convert_array",
     "copy_gguf", "default_type", "destination", "format_for_path", "gguf_array", "named_write_errors",
     "parse_json_array", "parse_named_source", "parse_source", "read_npy", "read_npy_header", "remove_stale_temporaries",
     "tensor_array", "write_gguf", "write_gguf_atomic", "write_npy", "write_npy_atomic", "write_text_atomic",

@@ -31,16 +31,13 @@ from .sources import Source, SourceSyntaxError
 if TYPE_CHECKING:
     from ..gguf_io import GGUFFile, TensorInfo
 
-__all__ = ["MMAP_TYPES", "NO_DATA", "Inputs"]
-
-# Types a GGUF tensor keeps when loaded (memory-mapped, zero-copy, GGML's type, ne, nb and row size):
-# those ggtool computes with, mul_mat's compiled dots included (``mmap_types``: with the types of
-# ggtool.qtypes' records too); the rest only through a type prefix.
-MMAP_TYPES = (T.F32, T.F16, T.I32, *T.DOT_TYPES)
+__all__ = ["NO_DATA", "Inputs", "mmap_types"]
 
 
 def mmap_types() -> tuple:
-    """MMAP_TYPES and every other type mul_mat multiplies as it is (``quant.matmul.dot_types``)."""
+    """The types a GGUF tensor keeps when loaded (memory-mapped, zero-copy, GGML's type, ne, nb and
+    row size): F32, F16, I32 and every type mul_mat multiplies as it is (``quant.matmul.dot_types``);
+    the rest only through a type prefix."""
     from ..quant.matmul import dot_types
     return (T.F32, T.F16, T.I32, *dot_types())
 
