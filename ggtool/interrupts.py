@@ -166,6 +166,19 @@ def _defer(signum: int) -> bool:
     return True
 
 
+def received() -> Interrupted | None:
+    """The Interrupted of an ending signal this process got while running and has not raised yet (held
+    back while the main thread imported: ``_defer``), marked raised as ``_handle`` marks it; else None.
+    A worker pool's caller asks before it reports a worker that died: the worker may have ended on
+    the same signal (its grace over) before the signal could be raised here."""
+    global _raised_at, _interrupted
+    if _phase != RUNNING or _signum is None or _interrupted:
+        return None
+    _raised_at = time.monotonic()
+    _interrupted = True
+    return Interrupted(_signum)
+
+
 def at_exit_now(fn) -> None:
     """Have a signal while the command is starting call `fn()` before the process exits at once
     (pool.launch.prestart: the workers it started, still importing, must not outlive it)."""

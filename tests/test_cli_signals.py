@@ -337,6 +337,36 @@ def test_timeout_real_expiry():
     assert_nothing_left(p.pid, ggtool)
 
 
+# the caller holds SIGTERM back (as while it imports: interrupts._defer) for longer than its workers'
+# grace: they end first, on the same signal
+HELD_PAST_THE_GRACE = """
+import sys
+import ggtool.interrupts as I
+I.IMPORT_GRACE = 60.0
+I._importing = lambda frame: True
+sys.argv[1:1] = ["compute"]
+from ggtool.commands import main
+main()
+"""
+
+
+def test_a_worker_ended_by_the_signal_its_caller_holds_back_is_the_signal_not_a_death():
+    """CI saw `timeout 2 ggtool compute ...` print "Error: worker 1 (pid ...) died (exited on SIGTERM)"
+    before "Terminated.": the caller held the signal back while it imported (a first-ever run compiles
+    mid-compute) and its worker, given the same signal, ended itself when its grace was over. The
+    caller now ends on the signal it has pending: 143 and its one line."""
+    from ggtool.pool.worker import TERM_GRACE
+
+    p = start([*SLOW[1:], "--threads", "2"], code=HELD_PAST_THE_GRACE, stdout=subprocess.DEVNULL)
+    ws = wait_computing(p.pid, p.pid)
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGTERM)      # the caller and its worker, as `timeout` or a terminal does
+    rc, err = finish(p)
+    assert (rc, err) == (143, "Terminated.\n")
+    assert TERM_GRACE <= time.monotonic() - t0 < TERM_GRACE + 10 and ws
+    assert_nothing_left(p.pid)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_signal_mid_quantize(tmp_path, sig):
     """quantize on two threads: 128 + sig, the temporary output removed, one line at the end."""

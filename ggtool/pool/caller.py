@@ -22,7 +22,7 @@ from multiprocessing.connection import wait as _wait
 from .. import role, runner
 from ..compute import Work, freeze, run_in_process, single_threaded, work_view
 from ..errors import ComputeError, GGToolError
-from ..interrupts import signals_held
+from ..interrupts import received, signals_held
 from ..threads import default_threads
 from . import shm, wire
 from .barrier import CHECK_EVERY, Aborted, Barrier, participate, programs, spin_ns
@@ -386,10 +386,15 @@ class WorkerPool:
                 failures.append((-1, f"worker {ith} (pid {w.pid}) could not run the graph: {reply.message}"))
         return failures
 
-    def _died(self, d: WorkerDied, mv: memoryview, graph) -> ComputeError:
-        """The error of a worker that died mid-compute, naming the node it was at; the pool is broken."""
+    def _died(self, d: WorkerDied, mv: memoryview, graph) -> BaseException:
+        """The error of a worker that died mid-compute, naming the node it was at; the pool is broken.
+        Where this process got an ending signal it has not raised yet, that signal is the error: the
+        worker got it too, from the terminal or `timeout` (worker.TERM_GRACE)."""
         how = death(d.w)
         self._broken()
+        signalled = received()
+        if signalled is not None:
+            return signalled
         i = mv[at_node(d.ith)]
         at = "before starting the graph"
         if i >= 0:
@@ -441,7 +446,7 @@ class WorkerPool:
             except WorkerDied as d:
                 how = death(d.w)
                 self._broken()
-                raise GGToolError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) during pool.map") from None
+                raise received() or GGToolError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) during pool.map") from None
             except BaseException:
                 self._broken()
                 raise

@@ -27,6 +27,7 @@ import numpy as np
 from .. import role, runner
 from ..compute import Work, forget_packs
 from ..errors import GGToolError
+from ..interrupts import IMPORT_GRACE
 from ..ops.base import KERNELS, Kernel
 from . import shm
 from .barrier import Aborted, Barrier, participate
@@ -51,8 +52,10 @@ from .wire import (
     install,
 )
 
-# Seconds a worker waits, after a SIGTERM or SIGHUP, for its caller to stop it before it exits by itself.
-TERM_GRACE = 2.0
+# Seconds a worker waits, after a SIGTERM or SIGHUP, for its caller to stop it before it exits by itself:
+# longer than the caller may hold the same signal back while it imports (interrupts.IMPORT_GRACE: a
+# first-ever run's compile imports numba mid-compute), so that the caller, not its worker, ends first.
+TERM_GRACE = IMPORT_GRACE + 1.0
 # Nanoseconds a worker's compiled steps run before they return to Python (where nothing waits for it:
 # its caller's death and signals are its other threads' to see; an abort, the barrier's)
 WAIT_NS = 50_000_000
