@@ -139,46 +139,53 @@ def _transpose16(typingctx, w, wo, stride, buf, bo):
 
 
 @njit
-def _transpose(w, bits, wide, n0, nc, buf):
+def _transpose(w, base, stride, n, K, bits, wide, n0, nc, buf):
     """buf[(j*K + k)*L + r] = the float32 bits of weight row n0 + j*L + r's value k (0 past the
-    last row): w holds float32 bits (uint32 (n, K)), or fp16 bits (uint16) widened through `bits`
-    (float32 bits of every fp16) if `wide`. Both kinds compile the same function."""
-    n, K = w.shape[0], w.shape[1]
-    flat = w.reshape(-1)
+    last of n rows): row r's K values are w[base + r*stride + k] (w flat: float32 bits, uint32, or
+    fp16 bits, uint16, widened through `bits` (float32 bits of every fp16) if `wide`). Both kinds
+    compile the same function."""
     full = K - K % L
     for j in range(nc):
         if n0 + (j + 1) * L <= n:             # a whole chunk: 16 x 16 blocks in registers, then the tail
             for k0 in range(0, full, L):
-                _transpose16(flat, (n0 + j * L) * K + k0, K, buf, (j * K + k0) * L)
+                _transpose16(w, base + (n0 + j * L) * stride + k0, stride, buf, (j * K + k0) * L)
             for r in range(L):
-                row, o = n0 + j * L + r, j * K * L + r
+                row, o = base + (n0 + j * L + r) * stride, j * K * L + r
                 for k in range(full, K):
-                    buf[o + k * L] = bits[w[row, k]] if wide else w[row, k]
+                    buf[o + k * L] = bits[w[row + k]] if wide else w[row + k]
             continue
         for r in range(L):
-            row = n0 + j * L + r
+            row = base + (n0 + j * L + r) * stride
             o = j * K * L + r
-            if row >= n:
+            if n0 + j * L + r >= n:
                 for k in range(K):
                     buf[o + k * L] = 0
             elif wide:
                 for k in range(K):
-                    buf[o + k * L] = bits[w[row, k]]
+                    buf[o + k * L] = bits[w[row + k]]
             else:
                 for k in range(K):
-                    buf[o + k * L] = w[row, k]
+                    buf[o + k * L] = w[row + k]
 
 
 @njit
 def _dot(w, bits, wide, xf, out):
     """out (M, n) = weight rows w (n, K: float32 or fp16 bits, see _transpose) . activation rows
     xf (M, K) float32, GGML's scalar order."""
-    n, K, M = w.shape[0], w.shape[1], xf.shape[0]
+    _dot_rows(w.reshape(-1), 0, w.shape[1], w.shape[0], bits, wide, xf, out)
+
+
+@njit
+def _dot_rows(w, base, stride, n, bits, wide, xf, out):
+    """_dot of the n weight rows w[base + r*stride:][:K] (w flat; K = xf's columns): rows read where
+    they lie (an attention's K or V, a view into the cache), never gathered first."""
+    K, M = xf.shape[1], xf.shape[0]
     G = (n + NC * L - 1) // (NC * L)
     wb = np.empty(G * NC * K * L, np.uint32)
     buf = wb.view(np.float32)
     for g in range(G):                        # every chunk transposed once
-        _transpose(w, bits, wide, g * NC * L, min(NC, (n - g * NC * L + L - 1) // L), wb[g * NC * K * L:])
+        _transpose(w, base, stride, n, K, bits, wide, g * NC * L, min(NC, (n - g * NC * L + L - 1) // L),
+                   wb[g * NC * K * L:])
     res = np.empty(MT * NC * L, np.float32)
     flat = xf.reshape(-1)
     mb = max(MT, X_BYTES // (4 * MT * max(K, 1)) * MT)   # activation rows that stay in the cache

@@ -24,7 +24,7 @@ import numpy as np
 from . import quantize, simd, x86
 from .dot import _act_pairs
 from .dot_base import GROUP
-from .dot_float import _dot as _dot_f32
+from .dot_float import _dot_rows
 from .dot_k import _act_pairs_k
 from .jit import njit, numba
 from .nodes import _BIG, DST, E_VALUE, NB, NE, P, ROW, SRC0, SRC1, A, f32s, f64s, i64s, register, words
@@ -317,7 +317,8 @@ def mm_f32(row, frow, ith, nth, wdata):
     and weight rows; the activation matrices that read one weight matrix, mul_mat's broadcast over
     ne2/ne3, form one run of rows), the participant's same contiguous share of them, each tile through
     ``dot_float``'s kernel on its rows gathered, so every output's bits are the Python path's, NaN
-    payloads included. Rows are read at their nb; ne0 is packed and not empty (the op checks)."""
+    payloads included. Rows are read at their nb (a's in place: the kernel transposes them as it goes);
+    ne0 is packed and not empty (the op checks)."""
     w = words(row, ROW)
     rows, cols = w[P], w[P + 1]
     K, n = w[SRC0 + NE], w[SRC0 + NE + 1]
@@ -343,19 +344,15 @@ def mm_f32(row, frow, ith, nth, wdata):
         m3 = t // (tc * tr * ne02)
         nr, nc = min(rows, run - row0), min(cols, n - c0)
         ao = m3 * a3 + m2 * a2
-        wt = np.empty((nc, K), np.uint32)
         xf = np.empty((nr, K), np.float32)
         out = np.empty((nr, nc), np.float32)
-        for c in range(nc):
-            for k in range(K):
-                wt[c, k] = a[ao + (c0 + c) * a1 + k]
         for r in range(nr):
             u3, rem = divmod(row0 + r, r2 * ne11)
             u2, i11 = divmod(rem, ne11)
             xo = (m3 * r3 + u3) * b3 + (m2 * r2 + u2) * b2 + i11 * b1
             for k in range(K):
                 xf[r, k] = b[xo + k]
-        _dot_f32(wt, f16, False, xf, out)
+        _dot_rows(a, ao + c0 * a1, a1, nc, f16, False, xf, out)     # a's rows where they lie
         for r in range(nr):
             u3, rem = divmod(row0 + r, r2 * ne11)
             u2, i11 = divmod(rem, ne11)
