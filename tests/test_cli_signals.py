@@ -392,8 +392,8 @@ if {forked}:                      # as `ggtool` does, first thing: workers forke
 import ggtool.pool.caller as C
 from ggtool.pool.fork import ForkedProcess
 real = C.spawn
-def spawn(ctl):
-    w = real(ctl)
+def spawn(ctl, slot):
+    w = real(ctl, slot)
     assert isinstance(w.proc, ForkedProcess) == {forked}
     end = time.monotonic() + 10   # until the new worker's Python is up (it catches SIGINT): importing
     while time.monotonic() < end:

@@ -501,6 +501,69 @@ def test_worker_killed_between_graphs_is_replaced(shm_clean):
         assert p.pids != [pid] and np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
 
 
+def _proc_state(pid: int) -> str:
+    """R (running or runnable), S (asleep), ... as /proc/PID/stat says."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.fixture
+def lingering(monkeypatch):
+    """Computes on the compiled runner, every participant taken to have a core (the barrier's long
+    spin), and workers that spin `LINGER_NS` (set by the test) for the next message."""
+    from ggtool import compute, runner
+    from ggtool.pool import barrier, caller
+
+    monkeypatch.setattr(runner, "WORTH_NUMBA", 0)
+    monkeypatch.setattr(compute, "COMPILED", True)
+    monkeypatch.setattr(caller, "spin_ns", lambda nth: barrier.SPIN_FREE_NS)
+    return lambda ns: monkeypatch.setattr(barrier, "LINGER_NS", ns)
+
+
+def test_a_worker_spins_for_the_next_compute_then_sleeps(lingering, monkeypatch, shm_clean):
+    """After a compute on the compiled runner where every participant has a core, a worker spins for
+    the caller's next message (wire.rung) before it sleeps on its bell, as GGML's threads poll for the
+    next graph: running just after the compute, asleep once Run.linger_ns is over, and at once where
+    the machine is oversubscribed. Its line counts the caller's messages and its answers."""
+    from ggtool.pool import barrier, caller, wire
+
+    lingering(300_000_000)
+    with WorkerPool(2) as p:
+        g, y = chain(ggtool.Context(), 4)
+        ggtool.graph_compute(g, 2, pool=p)
+        (w,) = p._state.workers
+        sent, answers = w.ctl[wire.rung(1)], w.answered()
+        ggtool.graph_compute(g, 2, pool=p)
+        assert (w.ctl[wire.rung(1)], w.answered()) == (sent + 1, answers + 1)
+        assert _proc_state(w.pid) == "R"
+        time.sleep(0.6)
+        assert _proc_state(w.pid) == "S"
+        monkeypatch.setattr(caller, "spin_ns", lambda nth: barrier.SPIN_BUSY_NS)
+        ggtool.graph_compute(g, 2, pool=p)
+        time.sleep(0.05)
+        assert _proc_state(w.pid) == "S" and np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
+
+
+def test_a_worker_spinning_for_the_next_compute_hears_exit_and_death_is_noticed(lingering, shm_clean):
+    """A worker spinning for the next message takes the pool's Exit at once (rung moves: a graceful
+    close, no kill after 2 s); one killed while it spins is replaced at the next compute."""
+    lingering(10_000_000_000)
+    with WorkerPool(2) as p:
+        g, y = chain(ggtool.Context(), 4)
+        ggtool.graph_compute(g, 2, pool=p)
+        (pid,) = p.pids
+        os.kill(pid, signal.SIGKILL)
+        _wait_dead(pid)
+        y.data[...] = 0
+        ggtool.graph_compute(g, 2, pool=p)
+        assert p.pids != [pid] and np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
+        (w,) = p._state.workers
+        assert _proc_state(w.pid) == "R"
+        t = time.monotonic()
+        p.close()
+        assert time.monotonic() - t < 1.5 and w.proc.poll() == 0
+
+
 def test_hundred_computes_leave_nothing():
     gc.collect()
     before = segments_of(os.getpid())   # the module's pool may hold some

@@ -123,6 +123,22 @@ def barrier(sync, nth, state, spin_ns, deadline_ns):
 
 
 @njit(nogil=True)
+def wait_change(addr, old, spin_ns):
+    """Spin with the pause hint until the int64 at `addr` is no longer `old`, for at most spin_ns:
+    whether it changed (a pool's ``wire.rung`` and ``wire.answered`` slots)."""
+    if atomic_load(addr) != old:
+        return True
+    t0 = now_ns()
+    while True:
+        for _ in range(_CLOCK_EVERY):
+            pause()
+            if atomic_load(addr) != old:
+                return True
+        if now_ns() - t0 >= spin_ns:
+            return False
+
+
+@njit(nogil=True)
 def set_abort(sync):
     atomic_store(_word(sync, ABORT), 1)
 
@@ -194,4 +210,5 @@ def warm() -> None:
     rows, frows = np.zeros((1, 64), np.int64), np.zeros((1, 8), np.float64)
     run(steps, rows, frows, 0, 1, 0, sync, 0, new_state(), 0, 0)
     barrier(sync, 1, new_state(), 0, 0)
+    wait_change(sync, 0, 0)
     set_abort(sync)

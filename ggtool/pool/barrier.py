@@ -37,6 +37,11 @@ _BARRIER = (-1, 0)
 # takes the core the participant it waits for needs, so it spins only a couple of microseconds.
 SPIN_FREE_NS = 200_000
 SPIN_BUSY_NS = 2_000
+# How long a worker that has just answered a compute spins for the caller's next message before it
+# sleeps on its bell (wire.rung), where every participant has a core: a decode step's caller spends
+# 0.3-1 ms between computes (sampling, the next step's inputs), and a worker woken from its sleep
+# starts 0.1-0.2 ms after the caller. GGML's threads poll for the next graph the same way.
+LINGER_NS = 3_000_000
 
 
 def free_cpus() -> int:
@@ -50,6 +55,12 @@ def free_cpus() -> int:
 def spin_ns(nth: int) -> int:
     """How long a waiter at the compiled barrier spins before it sleeps (see SPIN_FREE_NS)."""
     return SPIN_FREE_NS if nth <= free_cpus() else SPIN_BUSY_NS
+
+
+def linger_ns(spin: int) -> int:
+    """How long a worker spins for the next message after a compute whose barrier spins `spin` ns:
+    LINGER_NS where every participant has a core (the barrier's long spin), else not at all."""
+    return LINGER_NS if spin >= SPIN_FREE_NS else 0
 
 
 class Barrier:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from multiprocessing.connection import wait as _wait
@@ -25,7 +26,7 @@ from ..errors import ComputeError, GGToolError
 from ..interrupts import received, signals_held
 from ..threads import default_threads
 from . import shm, wire
-from .barrier import CHECK_EVERY, Aborted, Barrier, participate, programs, spin_ns
+from .barrier import CHECK_EVERY, Aborted, Barrier, linger_ns, participate, programs, spin_ns
 from .placement import placement, wake_on
 from .procs import State, Worker, WorkerDied, changed_sources, death, spawn, wait_ready
 from .segments import live_segments, segment_size
@@ -42,6 +43,7 @@ from .wire import (
     Raised,
     Results,
     Run,
+    answered,
     arrivals,
     at_node,
     decode,
@@ -60,6 +62,24 @@ class _Entry:
     def __init__(self, key, blob, segs, prog0, program=None):
         self.key, self.blob, self.segs, self.prog0, self.program = key, blob, segs, prog0, program
         self.bound = None
+
+
+class Fingerprint:
+    """A graph's description as the key of the pool's caches, hashed once: the description holds a
+    record of every node, and a tuple's hash is not kept, so each lookup (and each step of iterating
+    the ordered cache) would hash it all again, ~0.1 ms a graph at every compute."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: tuple):
+        self.value, self._hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return self is other or (isinstance(other, Fingerprint) and self._hash == other._hash
+                                 and self.value == other.value)
 
 
 class WorkerPool:
@@ -88,7 +108,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._owner = None
         self._closed = False
-        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._entries: OrderedDict[Fingerprint, _Entry] = OrderedDict()
         self._frozen: weakref.WeakSet = weakref.WeakSet()        # graphs described once per plan
         self._described: OrderedDict[tuple, wire.Described] = OrderedDict()
         self._keys: dict[int, _Entry] = {}
@@ -145,7 +165,7 @@ class WorkerPool:
                 st.ctl = shm.Segment(CTL_SIZE)
         while len(st.workers) < n - 1:
             with signals_held():
-                st.workers.append(spawn(st.ctl))
+                st.workers.append(spawn(st.ctl, len(st.workers) + 1))
 
     def _ensure(self, n: int, wait: bool = True) -> list[Worker]:
         """At least n participants, started and (`wait`) ready; returns workers 1..n-1. Without
@@ -256,7 +276,7 @@ class WorkerPool:
         n_tasks = tuple([p.n_tasks for p in plan.nodes])
         kept = graph.binding.kept if graph.binding is not None else frozenset()
         asked = tuple(i for i, t in enumerate(graph.nodes) if id(t) in kept)    # the fused steps depend on it
-        fingerprint = (nth, work, n_tasks, records, tuple(kernels.items()), asked)
+        fingerprint = Fingerprint((nth, work, n_tasks, records, tuple(kernels.items()), asked))
         if frozen:
             self._described[id(graph), id(plan), nth] = wire.Described(graph, plan, fingerprint, contexts, work)
             while len(self._described) > _GRAPH_CACHE:
@@ -290,10 +310,13 @@ class WorkerPool:
         g0 = self._reset_control(mv, nth)
         spin = spin_ns(nth)
         try:
+            answers = [w.answered() for w in workers]
             for ith, w in enumerate(workers, 1):
                 self._send_run(ith, w, entry, nth, g0, spin, cpus, live)
             self.stats["runs"] += 1
             failures = self._take_part(graph, plan, entry, nth, g0, spin, workers, mv, progress)
+            if entry.program is not None:
+                self._await_answers(workers, answers, spin)
             failures += self._failures(workers)
         except WorkerDied as d:
             raise self._died(d, mv, graph) from None
@@ -306,6 +329,20 @@ class WorkerPool:
             raise ComputeError(min(failures)[1])
         if mv[ABORT]:  # pragma: no cover (a participant stopped without saying why)
             raise ComputeError("the compute was aborted by a worker")
+
+    def _await_answers(self, workers: list[Worker], answers: list[int], spin: int) -> None:
+        """Spin, for at most `spin` ns in all, until each worker has sent its answer (wire.answered
+        moves past `answers`): a caller asleep on the sockets wakes 0.1-0.3 ms after the last
+        answer, where the workers end a decode step's graph within microseconds of it. The answers
+        are then read as before, from the sockets, which tell a dead worker."""
+        from ..kernels import runner as kr
+
+        base = self._state.ctl.array.ctypes.data
+        deadline = time.monotonic_ns() + spin
+        for w, seen in zip(workers, answers):
+            left = deadline - time.monotonic_ns()
+            if left <= 0 or not kr.wait_change(base + 8 * answered(w.slot), seen, left):
+                return
 
     def _forget_stale(self, entry: _Entry) -> set[str]:
         """Record `entry`'s segments as used by the pool, and forget the graphs whose segments are
@@ -346,7 +383,8 @@ class WorkerPool:
         if cpus:
             wake_on(w.pid, cpus[ith])
         try:
-            w.send(Run(entry.key, ith, nth, g0, spin, cpus is not None, blob, attach, drop_segs, drop_graphs))
+            w.send(Run(entry.key, ith, nth, g0, spin, linger_ns(spin) if entry.program is not None else 0,
+                       cpus is not None, blob, attach, drop_segs, drop_graphs))
         except OSError:
             raise WorkerDied(ith, w) from None
         w.graphs.add(entry.key)

@@ -26,7 +26,7 @@ from ..interrupts import signals_held
 from . import shm
 from .launch import launch, take
 from .segments import release_segments
-from .wire import Exit, Init, Ready, decode, encode
+from .wire import Exit, Init, Ready, answered, decode, encode, rung
 
 _START_TIMEOUT = 120.0
 # A message at most this long fits in the socket's buffer whole: it is sent before the bell rings.
@@ -69,10 +69,14 @@ class WorkerDied(BaseException):  # BaseException: raised from barriers inside k
 
 
 class Worker:
-    __slots__ = ("bell", "conn", "graphs", "life", "proc", "ready", "segs")
+    """The caller's handle on a worker: its process, connection, bell and life pipe, its slot in the
+    control segment (`ctl`: the segment as int64, set once Init is sent), and what it holds."""
 
-    def __init__(self, proc, conn, life: int, bell: int):
+    __slots__ = ("bell", "conn", "ctl", "graphs", "life", "proc", "ready", "segs", "slot")
+
+    def __init__(self, proc, conn, life: int, bell: int, slot: int = 0):
         self.proc, self.conn, self.life, self.bell, self.ready = proc, conn, life, bell, False
+        self.slot, self.ctl = slot, None
         self.segs: dict[str, int] = {}
         self.graphs: set[int] = set()
 
@@ -85,16 +89,29 @@ class Worker:
         caller for milliseconds while the other core idles; an eventfd wakes it like a futex, on an
         idle CPU. A large one (a graph's description) may not fit in the socket's buffer, so the
         worker is woken first to read it as it is written (the other order would wait forever on a
-        worker that waits for its bell)."""
+        worker that waits for its bell). The rung slot (wire.rung) counts the message after its
+        bell, for a worker that spins instead of sleeping (before the large message's bytes: it
+        reads them as they come)."""
         buf = ForkingPickler.dumps(encode(msg))
         if self.bell < 0:
             self.conn.send_bytes(buf)
+            self._ring()
         elif len(buf) <= _SMALL_MESSAGE:
             self.conn.send_bytes(buf)
             os.eventfd_write(self.bell, 1)
+            self._ring()
         else:
             os.eventfd_write(self.bell, 1)
+            self._ring()
             self.conn.send_bytes(buf)
+
+    def _ring(self) -> None:
+        if self.ctl is not None:
+            self.ctl[rung(self.slot)] += 1
+
+    def answered(self) -> int:
+        """How many answers the worker has sent (wire.answered)."""
+        return self.ctl[answered(self.slot)]
 
     @property
     def pid(self) -> int:
@@ -116,17 +133,18 @@ def death(w: Worker) -> str:
     return f"exited with code {rc}"
 
 
-def spawn(ctl: shm.Segment) -> Worker:
+def spawn(ctl: shm.Segment, slot: int) -> Worker:
     """One worker (a prestarted one if the command line launched it, see `launch`), told which
-    control segment to use."""
+    control segment to use and its slot there (its place in the pool, 1..)."""
     started = take() or launch()
     conn = Connection(started.sock.detach())
-    w = Worker(started.proc, conn, started.life, started.bell)
+    w = Worker(started.proc, conn, started.life, started.bell, slot)
     try:
-        w.send(Init(ctl.name, ctl.size, role.COMMAND_LINE))
+        w.send(Init(ctl.name, ctl.size, role.COMMAND_LINE, slot))
     except BaseException:
         kill(w)
         raise
+    w.ctl = memoryview(ctl.array).cast("q")
     return w
 
 

@@ -36,10 +36,12 @@ from .segments import share_context
 # -- the messages ---------------------------------------------------------------------------------
 class Init(NamedTuple):
     """The first message: the control segment to attach; `command_line`: whether the caller is
-    ggtool's command line (else a library's process: role.LIBRARY_CALLER)."""
+    ggtool's command line (else a library's process: role.LIBRARY_CALLER); `slot`: this worker's
+    line in it (its place in the pool, 1.., the participant it is in every Run: see `rung`)."""
     ctl_name: str
     ctl_size: int
     command_line: bool
+    slot: int
 
 
 class Run(NamedTuple):
@@ -47,12 +49,14 @@ class Run(NamedTuple):
     Python barrier's), spinning `spin_ns` at a compiled barrier before sleeping. `placed`: the caller
     chose the CPU this wake-up runs on (placement.wake_on). `graph`: the packed description, the first
     time this worker gets the graph (else None); `attach`: (segment, size) to map first;
-    `drop_segments` and `drop_graphs`: what the caller no longer has."""
+    `drop_segments` and `drop_graphs`: what the caller no longer has. `linger_ns`: how long to spin,
+    once answered, for the caller's next message (see `rung`) before sleeping on the bell."""
     key: int
     ith: int
     nth: int
     generation: int
     spin_ns: int
+    linger_ns: int
     placed: bool
     graph: bytes | None
     attach: list
@@ -128,7 +132,9 @@ LINE = 8                 # int64 slots per 64-byte cache line
 SYNC_LINES = 4           # the compiled runner's barrier block (kernels.runner: BARRIER_WORDS)
 N_BARRIER, N_PASSED, SLEEPERS = 0, LINE, 2 * LINE   # its slots: arrivals, generation, sleepers
 ABORT = 3 * LINE         # slot: non-zero once a participant stopped the graph (the block's abort word)
-ARRIVALS, AT_NODE = 0, 1  # in participant i's line: its Python barrier's counter, the node it computes
+# in participant i's line: its Python barrier's counter, the node it computes; for a worker, the
+# messages the caller has sent it and the answers it has sent (see `rung`)
+ARRIVALS, AT_NODE, RUNG, ANSWERED = 0, 1, 2, 3
 CTL_SIZE = (SYNC_LINES + MAX_PARTICIPANTS) * LINE * 8
 
 
@@ -142,6 +148,22 @@ def at_node(ith: int) -> int:
     """The slot of the node participant ith is computing (-1: none yet), for the caller's report
     of a worker that died."""
     return (SYNC_LINES + ith) * LINE + AT_NODE
+
+
+def rung(ith: int) -> int:
+    """The slot counting the messages the caller has sent worker ith since its Init (the caller
+    alone writes it, after the message and its bell): a worker that has just answered spins on it
+    for a while (Run.linger_ns) before it sleeps on its bell, so that a decode step's next compute
+    finds it awake, as GGML's threads poll for the next graph. The bell and the socket still carry
+    every message: the slot only says one is there."""
+    return (SYNC_LINES + ith) * LINE + RUNG
+
+
+def answered(ith: int) -> int:
+    """The slot counting the answers worker ith has sent (it alone writes it, just after each): a
+    caller done with its own part spins on it for a moment before it reads the sockets. Like
+    `rung` it only saves a sleep: a count seen late or early costs a wait, never an answer."""
+    return (SYNC_LINES + ith) * LINE + ANSWERED
 
 
 # -- the graph --------------------------------------------------------------------------------------

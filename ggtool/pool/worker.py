@@ -47,9 +47,11 @@ from .wire import (
     Run,
     Stopped,
     WorkerGraph,
+    answered,
     decode,
     encode,
     install,
+    rung,
 )
 
 # Seconds a worker waits, after a SIGTERM or SIGHUP, for its caller to stop it before it exits by itself:
@@ -161,6 +163,8 @@ class _Worker:
     def __init__(self, conn: Connection, bell: int):
         self.conn, self.bell = conn, bell
         self.ctl: memoryview | None = None
+        self.slot = 0          # our line in the control segment (Init)
+        self.got = 0           # messages received since Init (the caller's count: wire.rung)
         self.release = None
         self.segs: dict[str, np.ndarray] = {}
         self.graphs: dict[int, WorkerGraph] = {}
@@ -169,7 +173,9 @@ class _Worker:
     def receive(self):
         if self.bell >= 0:
             os.eventfd_read(self.bell)   # one ring per message (EFD_SEMAPHORE)
-        return decode(self.conn.recv())
+        raw = self.conn.recv()
+        self.got += 1
+        return decode(raw)
 
     def start(self) -> None:
         """Attach the control segment the caller names in its first message and say we are ready."""
@@ -179,6 +185,7 @@ class _Worker:
             os._exit(0)
         try:
             self.ctl = memoryview(shm.attach(init.ctl_name, init.ctl_size)).cast("q")
+            self.slot, self.got = init.slot, 0
             role.LIBRARY_CALLER = not init.command_line
             self.release = Release()   # our mask, read before Ready: after it the caller may pin us (wake_on)
             self.conn.send(encode(Ready(os.getpid())))
@@ -209,11 +216,23 @@ class _Worker:
                     reply = self.failure(e)
             if not self.answer(reply):
                 return
+            if isinstance(msg, Run) and msg.linger_ns > 0:
+                self.linger(msg.linger_ns)
+
+    def linger(self, ns: int) -> None:
+        """Spin for up to `ns` until the caller's next message (wire.rung), rather than going to
+        sleep on the bell at once: the next compute of a decode step then finds us awake. Only
+        where the compiled runner is loaded (it has the spin); the bell still carries the message."""
+        kr = sys.modules.get("ggtool.kernels.runner")
+        if kr is not None and self.ctl is not None:
+            kr.wait_change(np.frombuffer(self.ctl, np.int64).ctypes.data + 8 * rung(self.slot), self.got, ns)
 
     def answer(self, reply) -> bool:
-        """Send the reply (pickled whole before anything is written); False once the caller is gone."""
+        """Send the reply (pickled whole before anything is written; then counted in wire.answered,
+        for a caller that spins on it); False once the caller is gone."""
         try:
             self.conn.send(encode(reply))
+            self.ctl[answered(self.slot)] += 1
         except (OSError, ValueError):
             return False
         except Exception as e:   # a map result that cannot travel: its error, not our death
