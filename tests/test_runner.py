@@ -135,6 +135,29 @@ def test_binary_ops_tile_b_as_the_forward(op, b_shape, pool3):
     same_as_python(g, [y], pools=[pool3])
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "scale", "silu", "gelu"])
+def test_elementwise_rows_fewer_than_participants_are_shared_within(op, rows, pool3):
+    """A decode step's single row of an element-wise op (fewer rows than participants) is split
+    within the row (nodes.elementwise_share: whole cache lines, the last share short), the results
+    those of the forward, which computes it on one participant; b tiled over a row as GGML tiles it."""
+    from ggtool.kernels.nodes import elementwise_share
+
+    assert [elementwise_share(rows, 1000, i, 3) for i in range(3)] == \
+        [(0, rows, 0, 336), (0, rows, 336, 672), (0, rows, 672, 1000)]
+    ctx = ggtool.Context()
+    a = leaf(ctx, values((rows, 1000)))
+    if op in ("add", "sub", "mul", "div"):
+        y = F[op](ctx, a, leaf(ctx, values((1, 40))))
+    elif op == "scale":
+        y = F["scale"](ctx, a, 0.37)
+    else:
+        y = F[op](ctx, a)
+    g = ggtool.Graph(ctx).expand(y)
+    assert compiled_kernels(g) == [f"{'binary' if op in ('add', 'sub', 'mul', 'div') else op}_f32"]
+    same_as_python(g, [y], pools=[pool3])
+
+
 def test_binary_op_of_a_permuted_b():
     ctx = ggtool.Context()
     a = leaf(ctx, values((4, 6, 8)))

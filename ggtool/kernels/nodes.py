@@ -11,7 +11,9 @@ kernel is a ``numba.cfunc`` compiled (or loaded from the cache) on first use (``
 process loads only the kernels its graphs use.
 
 Every kernel computes exactly what the op's Python forward (``ggtool.ops``) computes, float operation
-for float operation (the tests compare their bits), on GGML's split of the rows between participants.
+for float operation (the tests compare their bits), on GGML's split of the rows between participants
+(an element-wise kernel with fewer rows than participants splits each row instead:
+``elementwise_share``).
 Which node a kernel may take (types, strides, alignment) is the op's to decide (its `compiled` entry),
 never the kernel's: a kernel trusts its row.
 """
@@ -93,6 +95,20 @@ def row_block(nr, ith, nth):
 
 
 @njit(inline="always")
+def elementwise_share(nr, ne0, ith, nth):
+    """An element-wise kernel's share (rows r0..r1, values c0..c1 of each): GGML's block of rows, or,
+    with fewer rows than participants (a decode step's one row), a block of every row's values,
+    whole cache lines: each result is the same whoever computes it, and one participant alone would
+    keep the others waiting at the barrier (GGML's SIMD kernels make such a row cheap)."""
+    if nr >= nth:
+        r0, r1 = row_block(nr, ith, nth)
+        return r0, r1, 0, ne0
+    step = ((ne0 + nth - 1) // nth + 15) // 16 * 16
+    c0 = min(ith * step, ne0)
+    return 0, nr, c0, min(c0 + step, ne0)
+
+
+@njit(inline="always")
 def f16_to_f32(h, f16):
     return f16[np.int64(h)]
 
@@ -133,16 +149,16 @@ def _apply(op, x, y):
 
 def binary_f32(row, frow, ith, nth, wdata):
     """a op b (b tiled over a, GGML's modulo broadcast), all f32: ADD and SUB take blocks of rows, MUL
-    and DIV rows ith, ith+nth, ... (P: the op, interleaved)."""
+    and DIV rows ith, ith+nth, ... (P: the op, interleaved); fewer rows than participants, a block
+    of each row's values (``elementwise_share``)."""
     w = words(row, ROW)
     op, inter = w[P], w[P + 1]
     ne0, ne1, ne2, ne3 = w[DST + NE], w[DST + NE + 1], w[DST + NE + 2], w[DST + NE + 3]
     nr = ne1 * ne2 * ne3
-    if inter != 0:
+    r0, r1, c0, c1 = elementwise_share(nr, ne0, ith, nth)
+    step = 1
+    if inter != 0 and nr >= nth:
         r0, r1, step = ith, nr, nth
-    else:
-        r0, r1 = row_block(nr, ith, nth)
-        step = 1
     d, a, b = f32s(w[DST + A]), f32s(w[SRC0 + A]), f32s(w[SRC1 + A])
     ne10, ne11, ne12, ne13 = w[SRC1 + NE], w[SRC1 + NE + 1], w[SRC1 + NE + 2], w[SRC1 + NE + 3]
     d0, d1, d2, d3 = w[DST + NB] // 4, w[DST + NB + 1] // 4, w[DST + NB + 2] // 4, w[DST + NB + 3] // 4
@@ -156,26 +172,27 @@ def binary_f32(row, frow, ith, nth, wdata):
         ao = i1 * a1 + i2 * a2 + i3 * a3
         bo = (i1 % ne11) * b1 + (i2 % ne12) * b2 + (i3 % ne13) * b3
         if ne10 == ne0 and d0 == 1 and a0 == 1 and b0 == 1:
-            for i0 in range(ne0):
+            for i0 in range(c0, c1):
                 d[do + i0] = _apply(op, a[ao + i0], b[bo + i0])
         else:
-            for i0 in range(ne0):
+            for i0 in range(c0, c1):
                 d[do + i0 * d0] = _apply(op, a[ao + i0 * a0], b[bo + (i0 % ne10) * b0])
     return 0
 
 
 # -- scale (ops.scale) ---------------------------------------------------------------------------------
 def scale_f32(row, frow, ith, nth, wdata):
-    """y = x*s in float32, rows in blocks, row i at i*nb1 (GGML's walk) for a and the result."""
+    """y = x*s in float32, rows in blocks (``elementwise_share``), row i at i*nb1 (GGML's walk) for a
+    and the result."""
     w, f = words(row, ROW), f64s(frow)
     s = F32(f[0])
     ne0 = w[DST + NE]
     nr = w[DST + NE + 1] * w[DST + NE + 2] * w[DST + NE + 3]
-    r0, r1 = row_block(nr, ith, nth)
+    r0, r1, c0, c1 = elementwise_share(nr, ne0, ith, nth)
     d, a = f32s(w[DST + A]), f32s(w[SRC0 + A])
     dn, an = w[DST + NB + 1] // 4, w[SRC0 + NB + 1] // 4
     for r in range(r0, r1):
-        for i0 in range(ne0):
+        for i0 in range(c0, c1):
             d[r * dn + i0] = mul1(a[r * an + i0], s)
     return 0
 
@@ -454,17 +471,17 @@ def numpy_f16_bits(u):
 
 
 def gelu_f32(row, frow, ith, nth, wdata):
-    """GELU through GGML's fp16 table (P: its address): rows in blocks, row i at i*nb1 (GGML's walk);
-    the table's value at x's fp16 bits, x itself from 10 up, 0 from -10 down."""
+    """GELU through GGML's fp16 table (P: its address): rows in blocks (``elementwise_share``), row i
+    at i*nb1 (GGML's walk); the table's value at x's fp16 bits, x itself from 10 up, 0 from -10 down."""
     w = words(row, ROW)
     table = f32s(w[P])
     ne0 = w[DST + NE]
-    r0, r1 = row_block(w[DST + NE + 1] * w[DST + NE + 2] * w[DST + NE + 3], ith, nth)
+    r0, r1, c0, c1 = elementwise_share(w[DST + NE + 1] * w[DST + NE + 2] * w[DST + NE + 3], ne0, ith, nth)
     x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
     xu = carray(voidptr(w[SRC0 + A]), (_BIG,), np.uint32)
     xn, yn = w[SRC0 + NB + 1] // 4, w[DST + NB + 1] // 4
     for r in range(r0, r1):
-        for i in range(ne0):
+        for i in range(c0, c1):
             v = x[r * xn + i]
             if v >= F32(10.0):
                 out = v
@@ -480,20 +497,21 @@ def gelu_f32(row, frow, ith, nth, wdata):
 def silu_f32(row, frow, ith, nth, wdata):
     """SILU under GGML's numerics, as the forward's numpy: x / (1 + expf(-x)), expf ``float_rows``'
     (portable_math's exp, rounded once; P .. P+3: the addresses of its constants and tables, 8, 32,
-    32 and 1201 float64s), a NaN's exp its bits made quiet; rows in blocks, row i at i*nb1."""
+    32 and 1201 float64s), a NaN's exp its bits made quiet; rows in blocks (``elementwise_share``),
+    row i at i*nb1."""
     w = words(row, ROW)
     k0 = carray(voidptr(w[P]), (8,), np.float64)
     t_hi = carray(voidptr(w[P + 1]), (32,), np.float64)
     t_lo = carray(voidptr(w[P + 2]), (32,), np.float64)
     pow2 = carray(voidptr(w[P + 3]), (1201,), np.float64)
     ne0 = w[DST + NE]
-    r0, r1 = row_block(w[DST + NE + 1] * w[DST + NE + 2] * w[DST + NE + 3], ith, nth)
+    r0, r1, c0, c1 = elementwise_share(w[DST + NE + 1] * w[DST + NE + 2] * w[DST + NE + 3], ne0, ith, nth)
     x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
     xn, yn = w[SRC0 + NB + 1] // 4, w[DST + NB + 1] // 4
     nan = np.empty(1, np.uint32)
     nanf = nan.view(np.float32)
     for r in range(r0, r1):
-        for i in range(ne0):
+        for i in range(c0, c1):
             v = x[r * xn + i]
             m = -v
             if m != m:

@@ -163,6 +163,7 @@ class _Worker:
     def __init__(self, conn: Connection, bell: int):
         self.conn, self.bell = conn, bell
         self.ctl: memoryview | None = None
+        self.ctl_addr = 0      # where the control segment is mapped here (the compiled runner's sync block)
         self.slot = 0          # our line in the control segment (Init)
         self.got = 0           # messages received since Init (the caller's count: wire.rung)
         self.release = None
@@ -185,6 +186,7 @@ class _Worker:
             os._exit(0)
         try:
             self.ctl = memoryview(shm.attach(init.ctl_name, init.ctl_size)).cast("q")
+            self.ctl_addr = np.frombuffer(self.ctl, np.int64).ctypes.data
             self.slot, self.got = init.slot, 0
             role.LIBRARY_CALLER = not init.command_line
             self.release = Release()   # our mask, read before Ready: after it the caller may pin us (wake_on)
@@ -225,7 +227,7 @@ class _Worker:
         where the compiled runner is loaded (it has the spin); the bell still carries the message."""
         kr = sys.modules.get("ggtool.kernels.runner")
         if kr is not None and self.ctl is not None:
-            kr.wait_change(np.frombuffer(self.ctl, np.int64).ctypes.data + 8 * rung(self.slot), self.got, ns)
+            kr.wait_change(self.ctl_addr + 8 * rung(self.slot), self.got, ns)
 
     def answer(self, reply) -> bool:
         """Send the reply (pickled whole before anything is written; then counted in wire.answered,
@@ -273,7 +275,7 @@ class _Worker:
         """Participant ith's part on the compiled runner (its steps bound here once per graph)."""
         if wg.bound is None or wg.bound[0] != (msg.ith, msg.nth) or not wg.bound[1].fresh():
             wg.bound = ((msg.ith, msg.nth), runner.bind(wg.program, wg.nodes, wg.numerics, msg.ith, msg.nth))
-        base = np.frombuffer(self.ctl, np.int64).ctypes.data
+        base = self.ctl_addr
         sync = runner.Sync(base, msg.nth, msg.spin_ns, WAIT_NS, None, base + 8 * at_node(msg.ith))
         work = Work(wg.wdata, sync.barrier, wg.numerics)
         return runner.participate(wg.bound[1], wg.nodes, msg.ith, msg.nth, work, sync)
