@@ -55,3 +55,28 @@ def test_rope_ext_refuses_frequency_factors():
     c = ctx.new_tensor("f32", [4])
     with pytest.raises(ggtool.ShapeError, match="rope_ext: frequency factors"):
         F["rope_ext"](ctx, a, b, c, 8, 0, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("x86", [False, True], ids=["ggml", "llama.cpp"])
+def test_cos_sin_caches_come_from_blocks_made_once(x86, monkeypatch):
+    """The cos/sin caches of any positions (scattered, across blocks, negative, int32's extremes, none)
+    are rows of per-process blocks of consecutive positions, with the bits a call for exactly those
+    positions gives; a decode step's next position in a block already made computes nothing."""
+    from ggtool.ops import rope
+
+    monkeypatch.setattr(rope, "_TABLES", type(rope._TABLES)())
+    rng = np.random.default_rng(3)
+    for pos in (np.array([5]), rng.integers(-600, 3000, 700), np.array([2**31 - 1, -2**31]), np.arange(250, 262),
+                np.array([], np.int64)):
+        pos = pos.astype(np.int32)
+        want = rope._cos_sin_uncached(pos, 96, 64, 10000.0, 0.5, 1.5, x86)
+        got = rope._cos_sin(pos, 96, 64, 10000.0, 0.5, 1.5, x86)
+        assert [g.shape for g in got] == [(len(pos), 48)] * 2
+        assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
+    calls = []
+    real = rope._cos_sin_uncached
+    monkeypatch.setattr(rope, "_cos_sin_uncached", lambda *a: calls.append(a[0]) or real(*a))
+    rope._cos_sin(np.array([5000], np.int32), 96, 64, 10000.0, 0.5, 1.5, x86)
+    rope._cos_sin(np.array([5001], np.int32), 96, 64, 10000.0, 0.5, 1.5, x86)
+    assert [(c[0], len(c)) for c in calls] == [(5000 // rope.POSITION_BLOCK * rope.POSITION_BLOCK, rope.POSITION_BLOCK)]
+    assert len(rope._TABLES) <= rope.TABLE_KEEP

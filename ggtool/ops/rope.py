@@ -23,28 +23,46 @@ f32 = np.float32
 ROPE_TYPE_NEOX = 2
 
 
-# The caches of recent (positions, parameters): every layer of a model ropes its queries and keys at
-# the same positions with one of a few bases, and computes the same caches again (GGML does too);
-# kept here they are computed once a batch. Bounded: CACHE_KEEP entries of at most CACHE_VALUES pairs.
-_CACHES: OrderedDict = OrderedDict()
-CACHE_KEEP, CACHE_VALUES = 64, 1 << 16
+# The caches of blocks of POSITION_BLOCK consecutive positions, per process and parameters, made once
+# (one numpy call for a block costs what one position's does) and kept, least recently used out first:
+# a decode step's one position, in every participant and every rope node, is then a row copied, not
+# ~0.2 ms of numpy before the compute can start. A row depends on its position alone, so a block's
+# rows are the bits a call for that position alone gives. Bounded: TABLE_KEEP blocks of at most
+# CACHE_VALUES pairs (wider rows are computed each time).
+_TABLES: OrderedDict = OrderedDict()
+POSITION_BLOCK, TABLE_KEEP, CACHE_VALUES = 256, 64, 1 << 16
 
 
 def _cos_sin(pos: np.ndarray, ne0: int, n_dims: int, freq_base, freq_scale, attn_factor, x86: bool = False):
-    """_cos_sin_uncached's result, from _CACHES where the same positions and parameters met before."""
-    if len(pos) * (ne0 // 2) > CACHE_VALUES:
+    """_cos_sin_uncached's result, its rows taken from the blocks of _TABLES."""
+    pos = np.asarray(pos, np.int64).reshape(-1)
+    if POSITION_BLOCK * (ne0 // 2) > CACHE_VALUES:
         return _cos_sin_uncached(pos, ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
-    key = (np.asarray(pos, np.int64).tobytes(), ne0, n_dims, float(freq_base), float(freq_scale), float(attn_factor), x86)
-    got = _CACHES.get(key)
+    params = (ne0, n_dims, float(freq_base), float(freq_scale), float(attn_factor), bool(x86))
+    blocks = pos // POSITION_BLOCK
+    if len(pos) and (blocks == blocks[0]).all():            # a decode step's position, a short batch
+        c, s = _block(params, int(blocks[0]))
+        at = pos - int(blocks[0]) * POSITION_BLOCK
+        return c[at], s[at]
+    cos, sin = np.empty((len(pos), ne0 // 2), f32), np.empty((len(pos), ne0 // 2), f32)
+    for b in np.unique(blocks):
+        c, s = _block(params, int(b))
+        mine = blocks == b
+        cos[mine], sin[mine] = c[pos[mine] - int(b) * POSITION_BLOCK], s[pos[mine] - int(b) * POSITION_BLOCK]
+    return cos, sin
+
+
+def _block(params: tuple, b: int):
+    """The cos/sin caches of positions b*POSITION_BLOCK .. (b+1)*POSITION_BLOCK - 1, from _TABLES."""
+    key = (*params, b)
+    got = _TABLES.get(key)
     if got is None:
-        got = _cos_sin_uncached(pos, ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
-        for a in got:
-            a.flags.writeable = False
-        _CACHES[key] = got
-        while len(_CACHES) > CACHE_KEEP:
-            _CACHES.popitem(last=False)
+        first = b * POSITION_BLOCK
+        got = _TABLES[key] = _cos_sin_uncached(np.arange(first, first + POSITION_BLOCK, dtype=np.int64), *params)
+        while len(_TABLES) > TABLE_KEEP:
+            _TABLES.popitem(last=False)
     else:
-        _CACHES.move_to_end(key)
+        _TABLES.move_to_end(key)
     return got
 
 
@@ -78,7 +96,7 @@ def _leaf(t) -> bool:
 
 def _rope_compiled(node, numerics):
     """``rope_f32``: what the forward computes without refusing, f32 packed rows, positions that are
-    an input (their cos/sin caches are made before each compute, by `_cos_sin_uncached` as the forward makes
+    an input (their cos/sin caches are made before each compute, by `_cos_sin` as the forward makes
     them, once for all rope nodes of one input and parameters)."""
     a, pos = node.src[0], node.src[1]
     p = node.op_params
@@ -106,9 +124,8 @@ def _rope_compiled(node, numerics):
                 if p is None:
                     return
                 every = p.data.reshape(-1)
-                for t0 in range(0, len(every), step):       # tokens a chunk at a time: small temporaries,
-                    c, s = _cos_sin_uncached(every[t0:t0 + step], a_ne0, n_dims,   # none kept in _CACHES
-                                             freq_base, freq_scale, attn_factor, x86)
+                for t0 in range(0, len(every), step):       # tokens a chunk at a time: small temporaries
+                    c, s = _cos_sin(every[t0:t0 + step], a_ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
                     cos[t0:t0 + step], sin[t0:t0 + step] = c[:, :half], s[:, :half]
             got = shared[key] = (cos, sin)
         cos, sin = got
