@@ -78,5 +78,7 @@ def test_cos_sin_caches_come_from_blocks_made_once(x86, monkeypatch):
     monkeypatch.setattr(rope, "_cos_sin_uncached", lambda *a: calls.append(a[0]) or real(*a))
     rope._cos_sin(np.array([5000], np.int32), 96, 64, 10000.0, 0.5, 1.5, x86)
     rope._cos_sin(np.array([5001], np.int32), 96, 64, 10000.0, 0.5, 1.5, x86)
-    assert [(c[0], len(c)) for c in calls] == [(5000 // rope.POSITION_BLOCK * rope.POSITION_BLOCK, rope.POSITION_BLOCK)]
+    n = rope.block_len(48)
+    assert n == 256 and [(c[0], len(c)) for c in calls] == [(5000 // n * n, n)]
     assert len(rope._TABLES) <= rope.TABLE_KEEP
+    assert (rope.block_len(64), rope.block_len(128), rope.block_len(1024), rope.block_len(1025)) == (256, 128, 16, 0)

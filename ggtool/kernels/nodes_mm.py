@@ -316,9 +316,9 @@ def mm_f32(row, frow, ith, nth, wdata):
     ``ops.matmul._float_mul_mat`` computes them: the same tiles (P, P+1: TILE_FLOAT's activation rows
     and weight rows; the activation matrices that read one weight matrix, mul_mat's broadcast over
     ne2/ne3, form one run of rows), the participant's same contiguous share of them, each tile through
-    ``dot_float``'s kernel on its rows gathered, so every output's bits are the Python path's, NaN
-    payloads included. Rows are read at their nb (a's in place: the kernel transposes them as it goes);
-    ne0 is packed and not empty (the op checks)."""
+    ``dot_float``'s kernel (a's rows where they lie, transposed as it goes; b's gathered), so every
+    output's bits are the Python path's, NaN payloads included. Rows are read at their nb; ne0 is
+    packed and not empty (the op checks)."""
     w = words(row, ROW)
     rows, cols = w[P], w[P + 1]
     K, n = w[SRC0 + NE], w[SRC0 + NE + 1]

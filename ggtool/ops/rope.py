@@ -23,42 +23,49 @@ f32 = np.float32
 ROPE_TYPE_NEOX = 2
 
 
-# The caches of blocks of POSITION_BLOCK consecutive positions, per process and parameters, made once
-# (one numpy call for a block costs what one position's does) and kept, least recently used out first:
-# a decode step's one position, in every participant and every rope node, is then a row copied, not
-# ~0.2 ms of numpy before the compute can start. A row depends on its position alone, so a block's
-# rows are the bits a call for that position alone gives. Bounded: TABLE_KEEP blocks of at most
-# CACHE_VALUES pairs (wider rows are computed each time).
+# The caches of blocks of consecutive positions, per process and parameters, made once (one numpy call
+# for a block costs what one position's does) and kept, least recently used out first: a decode
+# step's one position, in every participant and every rope node, is then a row copied, not ~0.2 ms of
+# numpy before the compute can start. A row depends on its position alone, so a block's rows are the
+# bits a call for that position alone gives. Bounded: a block holds at most CACHE_VALUES pairs (256
+# positions of a 128-wide head), TABLE_KEEP blocks are kept (2 MiB); rows of more than
+# CACHE_VALUES / 16 pairs are computed each time.
 _TABLES: OrderedDict = OrderedDict()
-POSITION_BLOCK, TABLE_KEEP, CACHE_VALUES = 256, 64, 1 << 16
+TABLE_KEEP, CACHE_VALUES = 16, 1 << 14
+
+
+def block_len(pairs: int) -> int:
+    """Positions a block holds for rows of `pairs` pairs (a power of two; 0: not kept)."""
+    n = CACHE_VALUES // max(pairs, 1)
+    return 1 << (n.bit_length() - 1) if n >= 16 else 0
 
 
 def _cos_sin(pos: np.ndarray, ne0: int, n_dims: int, freq_base, freq_scale, attn_factor, x86: bool = False):
     """_cos_sin_uncached's result, its rows taken from the blocks of _TABLES."""
     pos = np.asarray(pos, np.int64).reshape(-1)
-    if POSITION_BLOCK * (ne0 // 2) > CACHE_VALUES:
+    n = block_len(ne0 // 2)
+    if n == 0:
         return _cos_sin_uncached(pos, ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
     params = (ne0, n_dims, float(freq_base), float(freq_scale), float(attn_factor), bool(x86))
-    blocks = pos // POSITION_BLOCK
+    blocks = pos // n
     if len(pos) and (blocks == blocks[0]).all():            # a decode step's position, a short batch
-        c, s = _block(params, int(blocks[0]))
-        at = pos - int(blocks[0]) * POSITION_BLOCK
+        c, s = _block(params, int(blocks[0]), n)
+        at = pos - int(blocks[0]) * n
         return c[at], s[at]
     cos, sin = np.empty((len(pos), ne0 // 2), f32), np.empty((len(pos), ne0 // 2), f32)
     for b in np.unique(blocks):
-        c, s = _block(params, int(b))
+        c, s = _block(params, int(b), n)
         mine = blocks == b
-        cos[mine], sin[mine] = c[pos[mine] - int(b) * POSITION_BLOCK], s[pos[mine] - int(b) * POSITION_BLOCK]
+        cos[mine], sin[mine] = c[pos[mine] - int(b) * n], s[pos[mine] - int(b) * n]
     return cos, sin
 
 
-def _block(params: tuple, b: int):
-    """The cos/sin caches of positions b*POSITION_BLOCK .. (b+1)*POSITION_BLOCK - 1, from _TABLES."""
+def _block(params: tuple, b: int, n: int):
+    """The cos/sin caches of positions b*n .. b*n + n - 1, from _TABLES."""
     key = (*params, b)
     got = _TABLES.get(key)
     if got is None:
-        first = b * POSITION_BLOCK
-        got = _TABLES[key] = _cos_sin_uncached(np.arange(first, first + POSITION_BLOCK, dtype=np.int64), *params)
+        got = _TABLES[key] = _cos_sin_uncached(np.arange(b * n, b * n + n, dtype=np.int64), *params)
         while len(_TABLES) > TABLE_KEEP:
             _TABLES.popitem(last=False)
     else:

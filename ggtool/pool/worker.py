@@ -200,6 +200,7 @@ class _Worker:
     def serve(self) -> None:
         """Answer the caller's messages until it says Exit or goes away."""
         while True:
+            msg = None
             try:
                 msg = self.receive()
             except (EOFError, OSError):
