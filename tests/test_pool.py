@@ -555,8 +555,9 @@ def test_a_worker_spins_for_the_next_compute_then_sleeps(lingering, monkeypatch,
 
 
 def test_a_worker_spinning_for_the_next_compute_hears_exit_and_death_is_noticed(lingering, shm_clean):
-    """A worker spinning for the next message takes the pool's Exit at once (rung moves: a graceful
-    close, no kill after 2 s); one killed while it spins is replaced at the next compute."""
+    """A worker spinning for the next message takes the pool's Exit (rung moves: a graceful close,
+    no kill after the 2 s grace, where its 10 s linger would outlast it); one killed while it spins
+    is replaced at the next compute."""
     lingering(10_000_000_000)
     with WorkerPool(2) as p:
         g, y = chain(ggtool.Context(), 4)
@@ -569,9 +570,8 @@ def test_a_worker_spinning_for_the_next_compute_hears_exit_and_death_is_noticed(
         assert p.pids != [pid] and np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
         (w,) = p._state.workers
         assert _proc_state(w.pid) == "R"
-        t = time.monotonic()
-        p.close()
-        assert time.monotonic() - t < 1.5 and w.proc.poll() == 0
+        p.close()            # Exit heard within the close's 2 s grace: the worker exits 0, not killed
+        assert w.proc.poll() == 0
 
 
 def test_hundred_computes_leave_nothing():
