@@ -542,11 +542,15 @@ def test_a_worker_spins_for_the_next_compute_then_sleeps(lingering, monkeypatch,
     with WorkerPool(2) as p:
         g, y = chain(ggtool.Context(), 4)
         ggtool.graph_compute(g, 2, pool=p)
-        (w,) = p._state.workers
-        sent, answers = w.ctl[wire.rung(1)], w.answered()
         ggtool.graph_compute(g, 2, pool=p)
-        assert (w.ctl[wire.rung(1)], w.answered()) == (sent + 1, answers + 1)
+        (w,) = p._state.workers
         assert _proc_state(w.pid) == "R"
+        # two Runs sent, counted by the caller after each; two answered, counted by the worker just
+        # after each is sent (so the caller may read its answer before the count moves)
+        deadline = time.monotonic() + 5.0
+        while w.answered() < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert (w.ctl[wire.rung(1)], w.answered()) == (2, 2)
         assert _asleep_within(w.pid, 5.0)
         lingering(30_000_000_000)
         monkeypatch.setattr(caller, "spin_ns", lambda nth: barrier.SPIN_BUSY_NS)
