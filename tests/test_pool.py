@@ -919,6 +919,46 @@ def test_workers_follow_a_killed_caller():
     assert segments_of(r.pid) == set()
 
 
+LINGERING_CALLER = r"""
+import sys, time
+sys.path.insert(0, {tests!r})
+import ggtool
+from ggtool import compute, runner
+from ggtool.pool import WorkerPool, barrier, caller
+runner.WORTH_NUMBA = 0
+compute.COMPILED = True
+caller.spin_ns = lambda nth: barrier.SPIN_FREE_NS
+barrier.LINGER_NS = 30_000_000_000
+from test_pool import chain
+pool = WorkerPool(2)
+g, y = chain(ggtool.Context(), 4)
+ggtool.graph_compute(g, 2, pool=pool)
+print("pids", *pool.pids, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_worker_spinning_for_the_next_compute_follows_a_killed_caller():
+    """A worker spinning for its caller's next message (for 30 s here) still notices the caller's
+    death within seconds (its watchdog thread reads EOF on the life pipe) and exits, removing the
+    segments the caller had no chance to."""
+    proc = subprocess.Popen([sys.executable, "-c", LINGERING_CALLER.format(tests=str(TESTS))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+    line = proc.stdout.readline().decode()
+    if not line.startswith("pids"):
+        proc.kill()
+        raise AssertionError(proc.communicate(timeout=60)[1].decode()[-2000:])
+    (pid,) = [int(x) for x in line.split()[1:]]
+    assert _proc_state(pid) == "R"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert gone(pid, within=3.0)
+    deadline = time.monotonic() + 5
+    while segments_of(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert segments_of(proc.pid) == set()
+
+
 def test_segment_creation_is_not_cut_by_ctrl_c():
     """A Ctrl-C while a segment is being created and mapped is held until that is done, so the
     segment is never left behind half-known (it is raised right after, and the segment cleaned up)."""
