@@ -31,6 +31,22 @@ def e8m0_half(e) -> np.ndarray:
     return bits.astype(np.uint32).view(F32)
 
 
+def _x86(fused_tail: bool):
+    """The repacked gemv/gemm (rows in eights), else ggml_vec_dot_mxfp4_q8_0's AVX2 code (never
+    tiled), whose odd last block GCC contracts to an FMA in the AVX2 build (`fused_tail`) and not
+    in the AVX-512 one, as IQ4_NL's (the same code: bench/check_x86_forms.py)."""
+
+    def run(cls, w, a, out, path, rows, i0):
+        from . import _x86_kernels as X
+        levels, d = cls.levels(w)
+        if path == "repacked":
+            X.repacked_b32(levels, d, a, *f16_table(), out)
+        else:
+            X.gemv_pairs(levels, d, a, fused_tail, *f16_table(), out)
+
+    return run
+
+
 class MXFP4(LevelRows, QType, ggml_type=T.GGMLType.MXFP4):
     block_size = 32
     scale_dtype = np.float32      # its E8M0 exponent as the float32 it is (LevelRows)
@@ -40,16 +56,7 @@ class MXFP4(LevelRows, QType, ggml_type=T.GGMLType.MXFP4):
     ggml_requires_imatrix = False
     x86_repacked = X86_BUILDS     # mxfp4_8x8 where the CPU has AVX2
 
-    def _x86(cls, w, a, out, path, rows, i0):
-        """The repacked gemv/gemm (rows in eights), else ggml_vec_dot_mxfp4_q8_0's AVX2 code (never tiled)."""
-        from . import _x86_kernels as X
-        levels, d = cls.levels(w)
-        if path == "repacked":
-            X.repacked_b32(levels, d, a, *f16_table(), out)
-        else:
-            X.gemv_pairs(levels, d, a, True, *f16_table(), out)
-
-    llama_cpp = {"llama.cpp-avx2": _x86, "llama.cpp-avx512": _x86}
+    llama_cpp = {"llama.cpp-avx2": _x86(True), "llama.cpp-avx512": _x86(False)}
     k_form = None                # the dot is not in the K-quants' form (no int scale per 16 codes)
     dot_final = None
     quantize_kernel = compiled(_K, "quantize_mxfp4")
