@@ -249,9 +249,10 @@ def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bo
 # -- the tables (every participant's, in its own process) ----------------------------------------------
 class Bound:
     """A program bound in one process: step rows with kernel addresses, the node tables, what they
-    point into (kept alive), and the prologues to run before each compute."""
+    point into (kept alive), the prologues to run before each compute, and the rows of the steps that
+    deal out their units (`dealt`) with the chunk counter's address they hold (`chunk`)."""
 
-    __slots__ = ("epoch", "frows", "keep", "prologues", "rows", "steps")
+    __slots__ = ("chunk", "dealt", "epoch", "frows", "keep", "prologues", "rows", "steps")
 
     def fresh(self) -> bool:
         """Whether the repacked weights it holds are still the weights' (none dropped since bind)."""
@@ -286,7 +287,7 @@ def bind(program: Program, nodes, numerics: str, ith: int, nth: int) -> Bound:
     steps = np.zeros((max(s_count, 1), kr.STEP_WIDTH), np.int64)[:s_count]
     rows = np.zeros((max(s_count, 1), kn.ROW), np.int64)
     frows = np.zeros((max(s_count, 1), kn.FROW), np.float64)
-    keep, prologues, shared = [], [], {}
+    keep, prologues, shared, dealt = [], [], {}, []
     specs: dict[int, tuple] = {}
     for n, (name, i, flags, j) in enumerate(program.steps):
         steps[n, kr.S_NODE], steps[n, kr.S_FLAGS], steps[n, kr.S_ROW] = i, flags, n
@@ -316,14 +317,17 @@ def bind(program: Program, nodes, numerics: str, ith: int, nth: int) -> Bound:
             keep.append(kept)
             if prologue is not None:
                 prologues.append(prologue)
-        if len(ints) > kn.ROW - kn.P or len(spec.floats) > kn.FROW:
+        if len(ints) > kn.CHUNK_ADDR - kn.P or len(spec.floats) > kn.FROW:
             raise GGToolError(f"node {i}: too many parameters for a table row")  # pragma: no cover
         r[kn.P:kn.P + len(ints)] = ints
+        if spec.deals:
+            dealt.append(n)
         frows[n, :len(spec.floats)] = spec.floats
         steps[n, kr.S_FN] = kn.address(name)
     b = Bound()
     b.steps, b.rows, b.frows, b.keep, b.prologues = steps, rows, frows, keep, prologues
     b.epoch = packs_epoch()
+    b.dealt, b.chunk = np.array(dealt, np.int64), 0
     return b
 
 
@@ -361,10 +365,15 @@ def participate(bound: Bound, nodes, ith: int, nth: int, work, sync: Sync, progr
     where a kernel failed (the abort flag is then set). Raises Aborted when another participant
     stopped the graph, and whatever `sync.check` raises. `work` (a ggtool.compute.Work) is what
     Python steps get."""
+    from .kernels import nodes as kn
     from .kernels import runner as kr
 
     for prologue in bound.prologues:
         prologue()
+    chunk = sync.addr + 64 * kr.CHUNK if nth > 1 else 0      # alone: every unit in turn
+    if bound.chunk != chunk and len(bound.dealt):
+        bound.rows[bound.dealt, kn.CHUNK_ADDR] = chunk
+    bound.chunk = chunk
     state = kr.new_state()
     steps = bound.steps
     while True:

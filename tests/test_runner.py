@@ -430,6 +430,56 @@ def test_mul_mat_in_llama_cpp_numerics(wtype, numerics, m, pool3):
     same_as_python(g, [y], numerics, pools=[pool3])
 
 
+@pytest.mark.parametrize("wtype", ["f32", "q8_0", "q4_0"])
+def test_units_dealt_out_from_one_counter_reset_at_every_barrier(wtype, pool3):
+    """Under llama.cpp's numerics every participant deals out mm_x86's units (a row group each) from
+    the barrier block's chunk counter, as GGML deals out chunks. Three products of one activation in
+    a row (no conversion before the last two: only the barrier resets the counter), and, for F32, a
+    compute whose first step deals (the counter the last compute left is reset by the caller) give
+    the forward's bits for 1..3 participants, one compute after another."""
+    from ggtool.ops import matmul
+
+    ctx = ggtool.Context()
+    k = 256
+    b = leaf(ctx, values((3, k), special=False))
+    ys = []
+    for rows in (1032, 264, 520):           # 9, 3 and 5 row groups of 128, the last ones partial
+        a = ctx.new_tensor(wtype, [k, rows])
+        w = values((rows, k), special=False)
+        a.set_data(w if wtype == "f32" else quant.quantize(w, wtype))
+        ys.append(F["mul_mat"](ctx, a, b))
+    g = ggtool.Graph(ctx)
+    for y in ys:
+        g.expand(y)
+    kernels = compiled_kernels(g, "llama.cpp-avx2")
+    assert kernels.count("mm_x86") == 3 and kernels.count("mm_convert") == (0 if wtype == "f32" else 1)
+    assert all(matmul._mul_mat_compiled(y, "llama.cpp-avx2")[-1].deals for y in ys)
+    same_as_python(g, ys, "llama.cpp-avx2", pools=[pool3])
+
+
+@pytest.mark.parametrize("wtype", ["q4_0", "q4_K", "q6_K", "iq4_nl", "tq2_0"])
+@pytest.mark.parametrize("m", [1, 300])
+def test_units_dealt_out_by_some_participants_alone(wtype, m, pool3, monkeypatch):
+    """Whether a step deals out its units is each process's to decide (the default kernels' do where
+    the weights' repacked tiles are mapped from the cache); here the caller deals (its table: every
+    unit, a row group each) and the workers, which do not see the patch, take their own shares. A
+    dealer takes its first unit from the counter too, so every unit is computed, the shares twice
+    (the same bits): the forward's, for 1..3 participants."""
+    from ggtool.ops import matmul
+    from ggtool.quant import matmul as qm
+
+    monkeypatch.setattr(qm, "packs_shared", lambda a: True)
+    ctx = ggtool.Context()
+    k = 256
+    a = ctx.new_tensor(wtype, [k, 1300])
+    a.set_data(quant.quantize(values((1300, k), special=False), wtype))
+    b = leaf(ctx, values((m, k), special=False))
+    y = F["mul_mat"](ctx, a, b)
+    g = ggtool.Graph(ctx).expand(y)
+    assert matmul._mul_mat_compiled(y, "ggml")[-1].deals
+    same_as_python(g, [y], pools=[pool3])
+
+
 @pytest.mark.parametrize("wtype, rows", [("q4_1", 264), ("q5_1", 264), ("q4_K", 260), ("q3_K", 264)])
 def test_mul_mat_in_llama_cpp_numerics_from_python(wtype, rows, pool3):
     """Weights whose llama.cpp x86 order has no runner kernel (Q4_1, Q5_1, Q3_K; Q4_K whose rows are

@@ -33,6 +33,7 @@ TENSOR = 10                       # address, type, ne0..ne3, nb0..nb3
 DST, SRC0, SRC1, SRC2, SRC3 = 0, 10, 20, 30, 40
 P = 50                            # the op's int parameters
 ROW = 64                          # int64 words per row
+CHUNK_ADDR = ROW - 1              # a step that deals out its units: the chunk counter's address (runner)
 FROW = 8                          # float64 words per row
 A, TY, NE, NB = 0, 1, 2, 6        # offsets inside a tensor's words
 

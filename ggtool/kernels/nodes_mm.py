@@ -8,8 +8,11 @@ runs it:
   by block the bytes ``ops.matmul._convert_src1`` writes. Then the barrier.
 - ``mm_q32``, ``mm_k``, ``mm_k6`` (GGML's scalar order, on ``dot``'s repacked
   weights: the tiles of ``simd``) and ``mm_x86`` (llama.cpp's x86 orders, ``x86``): the participant's
-  own units of work, a table made by ``ops.matmul`` in its process (``UNIT`` words each: which
-  activation rows, which weight rows as row groups of one repacked tile, and that tile's arrays).
+  units of work, a table made by ``ops.matmul`` in its process (``UNIT`` words each: which
+  activation rows, which weight rows as row groups of one repacked tile, and that tile's arrays):
+  its own share, or, where the step deals them out (``CHUNK_ADDR`` in its row), every unit, each
+  participant taking the next one no one has taken, as GGML deals out chunks, so that a
+  participant held up (another process on its core) leaves its units to the others.
   A unit computes each of its outputs exactly as the kernel the Python forward calls does (the same
   tile per row group and block, in the same order), so the bits are the forward's, whoever computes
   the unit.
@@ -27,8 +30,8 @@ from .dot_base import GROUP
 from .dot_float import _dot_rows
 from .dot_k import _act_pairs_k
 from .jit import njit, numba
-from .nodes import _BIG, DST, E_VALUE, NB, NE, P, ROW, SRC0, SRC1, A, f32s, f64s, i64s, register, words
-from .native import voidptr
+from .nodes import _BIG, CHUNK_ADDR, DST, E_VALUE, NB, NE, P, ROW, SRC0, SRC1, A, f32s, f64s, i64s, register, words
+from .native import atomic_add, voidptr
 
 # -- mm_convert ---------------------------------------------------------------------------------------
 CV_Q8_0, CV_Q8_1, CV_Q8_K, CV_F16 = 0, 1, 2, 3
@@ -119,6 +122,24 @@ def _arr(addr, dtype):
 
 
 @njit(inline="always")
+def _first(w):
+    """The first unit this participant computes: where the step deals its units out (a chunk counter
+    in the row), the first no participant has taken, else its table's first."""
+    chunk = w[CHUNK_ADDR]
+    return 0 if chunk == 0 else atomic_add(chunk, 1)
+
+
+@njit(inline="always")
+def _next(w, k):
+    """The unit after k: where the units are dealt out, the next no participant has taken (GGML's
+    current_chunk, the counter 0 from the barrier before the step; unlike GGML's, a participant's
+    first unit is taken from it too, so that each is computed whoever deals and whoever does not),
+    else k + 1."""
+    chunk = w[CHUNK_ADDR]
+    return k + 1 if chunk == 0 else atomic_add(chunk, 1)
+
+
+@njit(inline="always")
 def _same(u, prev):
     return prev[U_I13] == u[U_I13] and prev[U_I12] == u[U_I12] and prev[U_R0] == u[U_R0] and prev[U_R1] == u[U_R1]
 
@@ -134,17 +155,18 @@ def mm_q32(row, frow, ith, nth, wdata):
     unit and row group, ``dot``'s tile over every block, as ``dot._run_*`` runs it."""
     w = words(row, ROW)
     units, count = i64s(w[M_UNITS]), w[M_COUNT]
-    if count == 0:
+    k = prev = _first(w)
+    if k >= count:
         return 0
     f16 = carray(voidptr(w[M_F16]), (65536,), np.float32)
     rb, kind = w[M_ARG], w[M_ARG + 1]
     nbytes = 36 if kind == Q32_Q8_1 else 34
     nibbles = kind == Q32_Q4_0
-    ap, off, da, sa = _act_pairs(_act(w, units[0:UNIT], wdata, rb), f16, nbytes, nibbles, nibbles)
+    ap, off, da, sa = _act_pairs(_act(w, units[k * UNIT:(k + 1) * UNIT], wdata, rb), f16, nbytes, nibbles, nibbles)
     acc = np.empty((ap.shape[1], GROUP), np.float32)
-    for k in range(count):
+    while k < count:
         u = units[k * UNIT:(k + 1) * UNIT]
-        if k > 0 and not _same(u, units[(k - 1) * UNIT:k * UNIT]):
+        if not _same(u, units[prev * UNIT:(prev + 1) * UNIT]):
             ap, off, da, sa = _act_pairs(_act(w, u, wdata, rb), f16, nbytes, nibbles, nibbles)
             acc = np.empty((ap.shape[1], GROUP), np.float32)
         M, nb, n = ap.shape[1], u[U_NB], u[U_N]
@@ -175,6 +197,7 @@ def mm_q32(row, frow, ith, nth, wdata):
                         simd.tile_q8_1(_arr(u[U_P], np.int8), wo * 32, d, _arr(u[U_P + 2], np.uint16), wo, ap, so * 16,
                                        off, da, sa, so, acc, m0 * GROUP, mt)
             _store(acc, o, stride, g, n, u[U_COL0])
+        prev, k = k, _next(w, k)
     return 0
 
 
@@ -185,16 +208,17 @@ def mm_k(row, frow, ith, nth, wdata):
     as ``quant.matmul._record_mul_mat`` does)."""
     w = words(row, ROW)
     units, count = i64s(w[M_UNITS]), w[M_COUNT]
-    if count == 0:
+    k = prev = _first(w)
+    if k >= count:
         return 0
     rb, hm = w[M_ARG], w[M_ARG + 1]
     factor = np.float32(f64s(frow)[0])
     scaled = hm == 0
-    ap, bp, da = _act_pairs_k(_act(w, units[0:UNIT], wdata, rb), False)
+    ap, bp, da = _act_pairs_k(_act(w, units[k * UNIT:(k + 1) * UNIT], wdata, rb), False)
     acc = np.empty((ap.shape[1], GROUP), np.float32)
-    for k in range(count):
+    while k < count:
         u = units[k * UNIT:(k + 1) * UNIT]
-        if k > 0 and not _same(u, units[(k - 1) * UNIT:k * UNIT]):
+        if not _same(u, units[prev * UNIT:(prev + 1) * UNIT]):
             ap, bp, da = _act_pairs_k(_act(w, u, wdata, rb), False)
             acc = np.empty((ap.shape[1], GROUP), np.float32)
         M, nb, n = ap.shape[1], u[U_NB], u[U_N]
@@ -215,6 +239,7 @@ def mm_k(row, frow, ith, nth, wdata):
                     for r in range(GROUP):
                         acc[m, r] = acc[m, r] * factor
             _store(acc, o, stride, g, n, u[U_COL0])
+        prev, k = k, _next(w, k)
     return 0
 
 
@@ -223,14 +248,15 @@ def mm_k6(row, frow, ith, nth, wdata):
     as ``dot_k._dot_k6`` runs it; P args: the activations' row bytes)."""
     w = words(row, ROW)
     units, count = i64s(w[M_UNITS]), w[M_COUNT]
-    if count == 0:
+    k = prev = _first(w)
+    if k >= count:
         return 0
     rb = w[M_ARG]
-    ap, _, da = _act_pairs_k(_act(w, units[0:UNIT], wdata, rb), True)
+    ap, _, da = _act_pairs_k(_act(w, units[k * UNIT:(k + 1) * UNIT], wdata, rb), True)
     acc = np.empty((ap.shape[1], GROUP), np.float32)
-    for k in range(count):
+    while k < count:
         u = units[k * UNIT:(k + 1) * UNIT]
-        if k > 0 and not _same(u, units[(k - 1) * UNIT:k * UNIT]):
+        if not _same(u, units[prev * UNIT:(prev + 1) * UNIT]):
             ap, _, da = _act_pairs_k(_act(w, u, wdata, rb), True)
             acc = np.empty((ap.shape[1], GROUP), np.float32)
         M, nb, n = ap.shape[1], u[U_NB], u[U_N]
@@ -247,6 +273,7 @@ def mm_k6(row, frow, ith, nth, wdata):
                     simd.tile_k6(codes, gb * 128 * GROUP, hi, gb * 32 * GROUP, sc, gb * 16 * GROUP, dw, gb * GROUP,
                                  ap, so * 128, da, so, acc, m0 * GROUP, min(simd.MT, M - m0))
             _store(acc, o, stride, g, n, u[U_COL0])
+        prev, k = k, _next(w, k)
     return 0
 
 
@@ -264,7 +291,8 @@ def mm_x86(row, frow, ith, nth, wdata):
     rb, which, sub, wrb = w[M_ARG], w[M_ARG + 1], w[M_ARG + 2], w[M_ARG + 3]
     a1, a2, a3 = w[SRC0 + NB + 1], w[SRC0 + NB + 2], w[SRC0 + NB + 3]
     ne00 = w[SRC0 + NE]
-    for k in range(count):
+    k = _first(w)
+    while k < count:
         u = units[k * UNIT:(k + 1) * UNIT]
         c0 = u[U_COL0] + u[U_G0] * GROUP
         c1 = min(u[U_COL0] + u[U_G1] * GROUP, u[U_COL0] + u[U_N])
@@ -307,6 +335,7 @@ def mm_x86(row, frow, ith, nth, wdata):
         for m in range(M):
             for r in range(nrow):
                 o[m * stride + c0 + r] = tmp[m, r]
+        k = _next(w, k)
     return 0
 
 

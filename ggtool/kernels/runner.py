@@ -9,8 +9,8 @@ the node tables it reads. Every kernel has one calling convention, that of ``ggt
 ``int64 kernel(row address, float row address, ith, nth, work buffer address)``, 0 or an error code.
 
 The barrier is GGML's (``ggml_barrier``): a counter of arrivals and a generation in shared memory (the
-pool's control segment, the ``sync`` block: four cache lines, ``BARRIER_WORDS``), the last to arrive
-resets the counter and bumps the generation, the others spin on the generation with the CPU's pause
+pool's control segment, the ``sync`` block: five cache lines, ``BARRIER_WORDS``), the last to arrive
+resets the counter (and the chunk counter, ``CHUNK``) and bumps the generation, the others spin on the generation with the CPU's pause
 hint. Unlike GGML's, a waiter stops spinning after ``spin_ns`` (the plan's bound: long where every
 participant has a core, short where the machine is oversubscribed and spinning would take the core a
 straggler needs) and sleeps on the generation's futex, woken by the last arrival (which calls the
@@ -27,9 +27,10 @@ import numpy as np
 from .jit import njit
 from .native import atomic_add, atomic_load, atomic_store, call5, futex_wait, futex_wake, now_ns, pause
 
-# the sync block: int64 words, one per 64-byte line (word k at byte 64*k)
-N_BARRIER, N_PASSED, SLEEPERS, ABORT = 0, 1, 2, 3
-BARRIER_WORDS = 4 * 8            # int64 slots the block takes (4 lines)
+# the sync block: int64 words, one per 64-byte line (word k at byte 64*k). CHUNK: the units of work a
+# step deals out taken so far (GGML's current_chunk: ``nodes_mm``), 0 at every barrier's passing
+N_BARRIER, N_PASSED, SLEEPERS, ABORT, CHUNK = 0, 1, 2, 3, 4
+BARRIER_WORDS = 5 * 8            # int64 slots the block takes (5 lines)
 
 # step flags
 BARRIER, ONLY0 = 1, 2
@@ -98,6 +99,7 @@ def arrive(sync, nth):
     n = atomic_add(_word(sync, N_BARRIER), 1)
     if n == nth - 1:
         atomic_store(_word(sync, N_BARRIER), 0)
+        atomic_store(_word(sync, CHUNK), 0)      # every participant is done with the last step's units
         atomic_add(_word(sync, N_PASSED), 1)
         if atomic_load(_word(sync, SLEEPERS)) > 0:
             futex_wake(_word(sync, N_PASSED))

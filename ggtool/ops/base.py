@@ -57,7 +57,10 @@ class CompiledStep:
     dict for the whole graph in this process, lets nodes share such arrays and prologues). `needs`: other compiled
     kernels the step runs (``kernels.cache`` names: its bind's packers), which the process that plans
     wants compiled before it compiles the step. `stable`: tensors whose bytes `bind` reads (weights it
-    repacks): the step is compiled only where the graph neither computes nor writes them. Which steps
+    repacks): the step is compiled only where the graph neither computes nor writes them. `deals`: the
+    kernel deals its units out as GGML deals out chunks (each participant takes the next from the
+    barrier block's counter, ``kernels.runner.CHUNK``, whose address the runner puts at
+    ``nodes.CHUNK_ADDR`` in its row), so `bind` binds every unit in every process. Which steps
     a node has depends on the node and the numerics only: every process finds the same."""
     kernel: str
     ints: tuple = ()
@@ -66,6 +69,7 @@ class CompiledStep:
     bind: Callable | None = None
     needs: tuple = ()
     stable: tuple = ()
+    deals: bool = False
 
 
 @dataclass

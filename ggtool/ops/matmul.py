@@ -206,8 +206,12 @@ def _mul_mat_compiled(node, numerics):
     floats = (float(k_form.dot_final),) if k_form is not None else ()
     # the packers run in bind (the records' are numpy: nothing to compile)
     needs = () if x86 or _packed_form(a.type) is None else (f"dot:{T.type_name(a.type)}",)
-    steps.append(CompiledStep(kernel, floats=floats, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86),
-                              needs=needs, stable=() if x86 else (a,)))
+    # dealt out where every process can bind every unit at no cost: llama.cpp's orders read the
+    # weights in place, the default kernels' repacked tiles are mapped from the cache's packs/
+    from ..quant import matmul as qm
+    deals = x86 or qm.packs_shared(a)
+    steps.append(CompiledStep(kernel, floats=floats, tensors=(node, a, b), bind=_UnitsBind(node, act, args, x86, deals),
+                              needs=needs, stable=() if x86 else (a,), deals=deals))
     return tuple(steps)
 
 
@@ -271,11 +275,12 @@ def _x86_sub(a, b, which, numerics) -> int:
 
 class _UnitsBind:
     """The dot step's per-process part: this participant's units (nodes_mm.UNIT words each: the tiles
-    of `_tiles` cut into row groups, dealt out in order, a contiguous share each), the repacked tiles
-    they read (made here as `_dot_block` makes them, in the same cache), and the activations' place."""
+    of `_tiles` cut into row groups; where the step deals them out, `deals`, every unit, a row group
+    each, else a contiguous share each, in order), the repacked tiles they read (made here as
+    `_dot_block` makes them, in the same cache), and the activations' place."""
 
-    def __init__(self, node, act, args, x86: bool):
-        self.node, self.act, self.args, self.x86 = node, act, args, x86
+    def __init__(self, node, act, args, x86: bool, deals: bool):
+        self.node, self.act, self.args, self.x86, self.deals = node, act, args, x86, deals
 
     def __call__(self, ith: int, nth: int, shared: dict):
         from ..kernels.tables import F16_TO_F32
@@ -291,10 +296,10 @@ class _UnitsBind:
             n = col1 - col0
             for g in range(-(-n // _GROUP)):
                 every.append((i13, i12, i0, i0 + (row1 - row0), col0, g, n, i12 // r2, i13 // r3))
-        mine = every[ith * len(every) // nth: (ith + 1) * len(every) // nth]
+        mine = every if self.deals else every[ith * len(every) // nth: (ith + 1) * len(every) // nth]
         units, keep = [], []
         for i13, i12, r0, r1, col0, g, n, m2, m3 in mine:
-            last = units[-1] if units else None
+            last = units[-1] if units and not self.deals else None
             if last is not None and last[:5] == [i13, i12, r0, r1, col0] and last[6] == g:
                 last[6] = g + 1
                 continue

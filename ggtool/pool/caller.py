@@ -32,6 +32,7 @@ from .procs import State, Worker, WorkerDied, changed_sources, death, spawn, wai
 from .segments import live_segments, segment_size
 from .wire import (
     ABORT,
+    CHUNK,
     CTL_SIZE,
     MAX_PARTICIPANTS,
     N_BARRIER,
@@ -356,12 +357,13 @@ class WorkerPool:
         return live
 
     def _reset_control(self, mv: memoryview, nth: int) -> int:
-        """Clear the abort flag, the compiled barrier's arrivals and sleepers (a compute stopped
-        midway may have left some: every worker has answered since) and each participant's node;
+        """Clear the abort flag, the compiled barrier's arrivals, sleepers and chunk counter (a compute
+        stopped midway, or one ending on a step that deals out its units, may have left some: every
+        worker has answered since) and each participant's node;
         returns the Python barrier's generation the compute starts from (every counter is at or
         below it)."""
         g0 = max(mv[arrivals(i)] for i in range(len(self._state.workers) + 1))
-        mv[ABORT] = mv[N_BARRIER] = mv[SLEEPERS] = 0
+        mv[ABORT] = mv[N_BARRIER] = mv[SLEEPERS] = mv[CHUNK] = 0
         for i in range(nth):
             mv[at_node(i)] = -1
         return g0

@@ -7,7 +7,7 @@ and the graph as the workers see it.
   `Error` (it could not run it), and `Map` with `Results`, `Raised` or `Error`.
 - The control segment is int64 slots shared by all participants, a 64-byte line each: first the
   compiled runner's barrier block (``ggtool.kernels.runner``: the arrivals, the generation, the
-  sleepers and the abort flag `ABORT`, a line each), then participant i's line: `arrivals(i)` (its
+  sleepers, the abort flag `ABORT` and the chunk counter `CHUNK`, a line each), then participant i's line: `arrivals(i)` (its
   counter for the Python barrier, `barrier.Barrier`, where the compiled runner is not loaded) and
   `at_node(i)` (the node it is computing, -1: none yet).
 - The graph: the caller `describe`s it (per tensor: type, ne, nb, op, op_params, sources, data
@@ -129,9 +129,10 @@ def decode(raw: tuple):
 # -- the control segment: int64 slots, a 64-byte line each ------------------------------------------
 MAX_PARTICIPANTS = 256
 LINE = 8                 # int64 slots per 64-byte cache line
-SYNC_LINES = 4           # the compiled runner's barrier block (kernels.runner: BARRIER_WORDS)
+SYNC_LINES = 5           # the compiled runner's barrier block (kernels.runner: BARRIER_WORDS)
 N_BARRIER, N_PASSED, SLEEPERS = 0, LINE, 2 * LINE   # its slots: arrivals, generation, sleepers
 ABORT = 3 * LINE         # slot: non-zero once a participant stopped the graph (the block's abort word)
+CHUNK = 4 * LINE         # slot: the units of work a step deals out taken so far (kernels.runner.CHUNK)
 # in participant i's line: its Python barrier's counter, the node it computes; for a worker, the
 # messages the caller has sent it and the answers it has sent (see `rung`)
 ARRIVALS, AT_NODE, RUNG, ANSWERED = 0, 1, 2, 3

@@ -239,6 +239,14 @@ def weight_pack(a, key, make, source=None):
     return packed
 
 
+def packs_shared(a) -> bool:
+    """Whether `weight_pack` maps weight `a`'s repacked tiles from the cache's packs/ (a large model
+    file's leaf): pages every process shares, so that each can bind all of them for nothing."""
+    root = _root(a)
+    path = getattr(root.storage, "path", None) if root.op == "NONE" else None
+    return path is not None and packs.folder(path) is not None
+
+
 # Bumped whenever repacked weights are dropped: what holds on to repacked arrays itself (the compiled
 # runner's bound steps, ggtool.runner) makes them anew when it has changed
 EPOCH = [0]
