@@ -63,12 +63,11 @@ def ggml_name(t) -> str:
     return n[:-2] + "_K" if n.endswith("_k") else n
 
 
-def compile_build(src: Path, out: Path, flags: str, gcc: str) -> None:
+def compile_build(src: Path, out: Path, flags: str, compilers: dict) -> None:
     inc = [f"-I{src / 'ggml'}", f"-I{src / 'ggml/src'}", f"-I{src / 'ggml/src/ggml-cpu'}", f"-I{src / 'ggml/include'}"]
     out.mkdir(parents=True, exist_ok=True)
     for stem, (rel, cc, std) in SOURCES.items():
-        cc = cc if gcc == "gcc" else gcc + ("++" if cc == "g++" else "")
-        subprocess.run([cc, *DEFINES, *inc, *flags.split(), std, "-fdump-tree-optimized", "-S", "-o",
+        subprocess.run([compilers[cc], *DEFINES, *inc, *flags.split(), std, "-fdump-tree-optimized", "-S", "-o",
                         f"{stem}.s", str(src / "ggml/src/ggml-cpu" / rel)], cwd=out, check=True)
 
 
@@ -144,17 +143,16 @@ def float_ops(path: Path) -> dict[str, collections.Counter]:
     return out
 
 
-def functions_for(types) -> list[tuple[str, str, str]]:
-    """(type, source stem, function pattern) for the dots llama.cpp runs for these types."""
+def functions_for(types) -> list[tuple[str, str]]:
+    """(source stem, function pattern) of the dots llama.cpp runs for these types."""
     from ggtool import qtypes
     out = []
     for t in types:
         rec = qtypes.get(t)
         name, vd = ggml_name(rec.ggml_type), ggml_name(rec.vec_dot_type)
-        out.append((name, "quants", f"ggml_vec_dot_{name}_{vd}"))
-        if rec.x86_repacked:
-            out.append((name, "repack", rf"ggml_ge[mv][mv]_{name}_\d+x\d+_{vd}|lut_avx<block_{name}x\d+>"
-                                        rf"|lut_avx\w*block_{name}x\d+"))
+        out.append(("quants", f"ggml_vec_dot_{name}_{vd}"))
+        if rec.x86_repacked:      # the gemv/gemm and the template instance they call (GIMPLE's name)
+            out.append(("repack", rf"ggml_ge[mv][mv]_{name}_\d+x\d+_{vd}|\w+_lut_avx<block_{name}x\d+>"))
     return out
 
 
@@ -164,7 +162,8 @@ def main() -> int:
     ap.add_argument("--llama-cpp", required=True, help="llama.cpp's source (llama-cpp-python's vendor/llama.cpp)")
     ap.add_argument("--types", default="", help="comma-separated GGML types (default: every type of ggtool's "
                     "registry whose records carry llama.cpp forms)")
-    ap.add_argument("--gcc", default="gcc", help="the C compiler (its C++ is the same name with ++)")
+    ap.add_argument("--gcc", default="gcc", help="the C compiler")
+    ap.add_argument("--gxx", default="g++", help="the C++ compiler (the same GCC)")
     ap.add_argument("--keep", default="", help="a folder for the dumps (default: a temporary one)")
     args = ap.parse_args()
     from ggtool import qtypes
@@ -174,20 +173,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp)
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
-            list(ex.map(lambda b: compile_build(src, root / b, BUILDS[b], args.gcc), BUILDS))
+            list(ex.map(lambda b: compile_build(src, root / b, BUILDS[b], {"gcc": args.gcc, "g++": args.gxx}), BUILDS))
         gimple = {b: {s: gimple_functions(next((root / b).glob(f"{s}.*.optimized"))) for s in SOURCES}
                   for b in BUILDS}
         asm = {b: {s: float_ops(root / b / f"{s}.s") for s in SOURCES} for b in BUILDS}
     print(f"{'function':58s} " + " ".join(f"{a}={b:5s}" for a, b in PAIRS) + "  float instructions where they differ")
-    for _name, stem, pat in functions_for(types):
-        fns = sorted(f for f in gimple["avx2"][stem] if re.fullmatch(pat, f) or re.search(pat, f) and "<" in f)
-        mangled = [f for f in asm["avx2"][stem] if re.fullmatch(pat, f)]
+    for stem, pat in functions_for(types):
+        fns = sorted(f for f in gimple["avx2"][stem] if re.fullmatch(pat, f))
         for fn in fns:
             same = ["same " if gimple[a][stem].get(fn) == gimple[b][stem].get(fn) else "DIFF "
                     for a, b in PAIRS]
             ops = {b: asm[b][stem].get(fn) for b in BUILDS}
             note = ""
-            if fn in mangled and len({tuple(sorted(o.items())) for o in ops.values() if o is not None}) > 1:
+            if fn in asm["avx2"][stem] and len({tuple(sorted(o.items())) for o in ops.values() if o is not None}) > 1:
                 keys = sorted(set().union(*[o for o in ops.values() if o]))
                 note = "; ".join(f"{k} " + "/".join(str(ops[b][k]) for b in BUILDS) for k in keys
                                  if len({ops[b][k] for b in BUILDS}) > 1)
