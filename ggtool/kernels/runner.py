@@ -10,14 +10,15 @@ the node tables it reads. Every kernel has one calling convention, that of ``ggt
 
 The barrier is GGML's (``ggml_barrier``): a counter of arrivals and a generation in shared memory (the
 pool's control segment, the ``sync`` block: five cache lines, ``BARRIER_WORDS``), the last to arrive
-resets the counter (and the chunk counter, ``CHUNK``) and bumps the generation, the others spin on the generation with the CPU's pause
-hint. Unlike GGML's, a waiter stops spinning after ``spin_ns`` (the plan's bound: long where every
-participant has a core, short where the machine is oversubscribed and spinning would take the core a
-straggler needs) and sleeps on the generation's futex, woken by the last arrival (which calls the
-kernel only when someone sleeps), and it notices an aborted compute (``ABORT``, set by a participant
-whose kernel failed or by the caller). ``run`` returns to its Python caller at ``deadline_ns``
-(``TIMEOUT``, resumable: the state says where it stood, at a barrier or between steps), so that the
-caller can see to dead workers and signals (Ctrl-C) every few milliseconds whatever the graph does.
+resets the counter (and the chunk counter, ``CHUNK``) and bumps the generation, the others spin on the
+generation with the CPU's pause hint. Unlike GGML's, a waiter stops spinning after ``spin_ns`` (the
+plan's bound: long where every participant has a core, short where the machine is oversubscribed and
+spinning would take the core a straggler needs) and sleeps on the generation's futex, woken by the last
+arrival (which calls the kernel only when someone sleeps), and it notices an aborted compute (``ABORT``,
+set by a participant whose kernel failed or by the caller). ``run`` returns to its Python caller at
+``deadline_ns`` (``TIMEOUT``, resumable: the state says where it stood, at a barrier or between steps),
+so that the caller can see to dead workers and signals (Ctrl-C) every few milliseconds whatever the
+graph does.
 """
 
 from __future__ import annotations
