@@ -346,18 +346,23 @@ def test_soft_max_with_alibi_stays_in_python():
 QUANT = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K"]
 
 
+def _product(wtype: str, m: int, k: int = 256, rows: int = 1300):
+    """(graph, y) of y = mul_mat(a, b): `rows` weight rows of `wtype` (1300: two tiles, a partial row
+    group), m activation rows."""
+    ctx = ggtool.Context()
+    a = ctx.new_tensor(wtype, [k, rows])
+    a.set_data(quant.quantize(values((rows, k), special=False), wtype))
+    b = leaf(ctx, values((m, k), special=False))
+    y = F["mul_mat"](ctx, a, b)
+    return ggtool.Graph(ctx).expand(y), y
+
+
 @pytest.mark.parametrize("wtype", QUANT)
 @pytest.mark.parametrize("m", [1, 3, 300])
 def test_mul_mat_of_every_block_type(wtype, m, pool3):
     """src1 converted in the work buffer (each row's blocks split between participants), then each
     participant's row groups of the repacked tiles; 1300 weight rows: two tiles, a partial group."""
-    ctx = ggtool.Context()
-    k = 256
-    a = ctx.new_tensor(wtype, [k, 1300])
-    a.set_data(quant.quantize(values((1300, k), special=False), wtype))
-    b = leaf(ctx, values((m, k), special=False))
-    y = F["mul_mat"](ctx, a, b)
-    g = ggtool.Graph(ctx).expand(y)
+    g, y = _product(wtype, m)
     kernel = "mm_k6" if wtype in ("q3_K", "q6_K") else "mm_k" if wtype.endswith("K") else "mm_q32"
     assert compiled_kernels(g) == ["mm_convert", kernel]
     same_as_python(g, [y], pools=[pool3])
@@ -469,13 +474,7 @@ def test_units_dealt_out_by_some_participants_alone(wtype, m, pool3, monkeypatch
     from ggtool.quant import matmul as qm
 
     monkeypatch.setattr(qm, "packs_shared", lambda a: True)
-    ctx = ggtool.Context()
-    k = 256
-    a = ctx.new_tensor(wtype, [k, 1300])
-    a.set_data(quant.quantize(values((1300, k), special=False), wtype))
-    b = leaf(ctx, values((m, k), special=False))
-    y = F["mul_mat"](ctx, a, b)
-    g = ggtool.Graph(ctx).expand(y)
+    g, y = _product(wtype, m)
     assert matmul._mul_mat_compiled(y, "ggml")[-1].deals
     same_as_python(g, [y], pools=[pool3])
 
