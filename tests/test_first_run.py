@@ -96,6 +96,59 @@ def test_a_generation_counts_each_step_for_the_steps_to_come(cli):
     assert first_run._repeats[-1].left == 1               # the hint ends with its block
 
 
+def test_a_prompt_counts_once_where_the_steps_twin_cost_is_known(cli):
+    """A generation's first time is its prompt: larger work, computed once. Where a step's twin cost
+    is known (``step_seconds`` of the step's products: repeating's `later`), the prompt's own calls
+    count once and each step to come at what a step costs. Without it, a 311M model's 8-token prompt
+    counted its attention products 64 times over and compiled the F32 dot in process (6.5 s) for
+    steps whose twin costs ~4 ms each."""
+    compiled, _ = cli
+    prompt, step = BUDGET / 10, BUDGET / 1000
+    with first_run.repeating(64, {"dot:f32": step}) as steps:
+        assert not first_run.use_compiled("dot:f32", prompt)             # 1 x prompt + 63 x step: within
+        for left in range(63, 0, -1):
+            steps.next(left)
+            assert not first_run.use_compiled("dot:f32", step)
+    assert compiled == []
+    with first_run.repeating(64) as steps:                # not known: the prompt counts for every step
+        assert first_run.use_compiled("dot:f32", prompt)
+    assert compiled == ["dot:f32"]
+    with first_run.repeating(64, {"dot:q4_0": BUDGET / 32}) as steps:   # known, and past the budget
+        assert first_run.use_compiled("dot:q4_0", prompt)
+    assert compiled == ["dot:f32", "dot:q4_0"]
+
+
+def test_step_seconds_are_the_twin_cost_of_each_dot_of_a_step():
+    products = [("q4_0", 2048, 2048, 1), ("f32", 288, 128, 16), ("q4_0", 5632, 2048, 1), ("q8_K", 1, 256, 1)]
+    cost = first_run.step_seconds(products)
+    assert list(cost) == ["dot:q4_0", "dot:f32"]          # q8_K: no twin, no dot of its own
+    assert cost["dot:q4_0"] == first_run.dot_seconds("q4_0", 2048, 2048, 1) + first_run.dot_seconds("q4_0", 5632, 2048, 1)
+    assert cost["dot:f32"] == first_run.dot_seconds("f32", 288, 128, 16)
+
+
+def test_a_generation_weighs_its_prompt_by_its_steps_products(cli, monkeypatch):
+    """generate.loop.ahead gives repeating the twin cost of the step graph's products (the prompt is
+    then counted once), and starts nothing without a free CPU."""
+    import ggtool
+    from ggtool import threads
+    from ggtool.generate import loop
+    from ggtool.ops import FUNCTIONS as F
+
+    ctx = ggtool.Context()
+    w, x = ctx.new_tensor("f32", [256, 64]), ctx.new_tensor("f32", [256, 2])
+    step = ggtool.Graph(ctx).expand(F["mul_mat"](ctx, w, x))
+
+    class Session:
+        def graph(self, n):
+            assert n == 1
+            return step
+
+    monkeypatch.setattr(threads, "free_cpus", lambda cpus=None: 1)
+    monkeypatch.setattr(first_run, "_spawn", lambda *a, **k: pytest.fail("nothing compiles ahead on one free CPU"))
+    assert loop.ahead(Session(), 64) == {"dot:f32": first_run.dot_seconds("f32", 64, 256, 2)}
+    assert loop.ahead(object(), 64) == {}                 # a session without a step graph
+
+
 def test_a_kernel_compiled_meanwhile_is_used(cli):
     """Another participant (the caller, or a worker) compiled it and marked it ready: this process
     loads it from the cache instead of running the twin or compiling it again."""

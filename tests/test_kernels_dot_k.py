@@ -44,6 +44,31 @@ def test_every_dot_type_has_its_packed_dot():
     assert forms == set(dot.FORMS)
 
 
+@pytest.mark.parametrize("t", [T.F32, T.F16], ids=["f32", "f16"])
+def test_float_weights_writable_or_read_only_take_one_compiled_form(t):
+    """numba compiles a function anew for read-only arrays: a file's weights are read-only, the KV
+    cache's and a context's are not. The F32/F16 dots view every weight read-only, so a first-ever
+    run compiles one form (F32's cost ~7 s CPU to compile with both, ~4.5 s with one) and both give
+    the same bits."""
+    from ggtool.kernels import dot_float
+
+    rng = np.random.default_rng(5)
+    dtype = np.float32 if t == T.F32 else np.float16
+    w = rng.standard_normal((40, 48)).astype(dtype)
+    ro = w.copy()
+    ro.flags.writeable = False
+    act = rng.standard_normal((3, 48)).astype(dtype)
+    outs = []
+    for weights in (w, ro):
+        packed = dot.pack(t, weights.view(np.uint8))
+        assert not packed[0].flags.writeable and weights.flags.writeable == (weights is w)
+        outs.append(np.empty((3, 40), np.float32))
+        dot.dot(t, packed, act.view(np.uint8), outs[-1])
+    assert outs[0].tobytes() == outs[1].tobytes()
+    sigs = dot_float._dot.signatures
+    assert sigs and all(not sig[0].mutable for sig in sigs)
+
+
 @pytest.mark.parametrize("finite", [True, False])
 def test_q8_k_is_ggml_reference(finite):
     rng = np.random.default_rng(3)

@@ -92,27 +92,39 @@ _stamp = [0]                         # how many of those have become ready (or f
 
 class Repeats:
     """How many more times the work computed now will be computed (`left`, this time included), and
-    what each kernel's twin has cost in this time so far (`step`)."""
+    what each kernel's twin has cost in this time so far (`step`). `later`: what a kernel's twin
+    costs in each time after the first, where the caller knows it (a generation's step, whose first
+    time, the prompt, is larger work computed once: counted once, not once a step to come)."""
 
-    def __init__(self, left: int):
+    def __init__(self, left: int, later: dict[str, float] | None = None):
         self.left = max(1, int(left))
         self.step: dict[str, float] = {}
+        self.later = dict(later or {})
+        self.first = True
 
     def next(self, left: int) -> None:
         """The next time of the work begins; `left` times are still to come, it included."""
         self.left = max(1, int(left))
         self.step.clear()
+        self.first = False
+
+    def seconds(self, name: str, now: float) -> float:
+        """The twin's seconds of kernel `name` from this time on, `now` of them in this time."""
+        later = self.later.get(name, now) if self.first else now
+        return now + later * (self.left - 1)
 
 
 _repeats = [Repeats(1)]
 
 
 @contextmanager
-def repeating(n: int):
+def repeating(n: int, later: dict[str, float] | None = None):
     """The work computed inside is expected to be computed n times over (a generation's n steps):
     the caller says when each begins (`Repeats.next`, on the object yielded), and the twin's calls
-    of a time count as often as the times still to come when the policy weighs them against compiling."""
-    r = Repeats(n)
+    of a time count as often as the times still to come when the policy weighs them against compiling.
+    `later`: the twin's seconds of a time after the first, per kernel, where known (`step_seconds`):
+    the first time's own calls then count once."""
+    r = Repeats(n, later)
     _repeats.append(r)
     try:
         yield r
@@ -160,7 +172,7 @@ def use_compiled(name: str, twin_seconds) -> bool:
         twin_seconds = twin_seconds()
     spent, r = _spent.get(name, 0.0), _repeats[-1]
     before = r.step.get(name, 0.0)
-    if spent - before + (before + twin_seconds) * r.left <= COMPILE_SECONDS[name.split(":", 1)[0]]:
+    if spent - before + r.seconds(name, before + twin_seconds) <= COMPILE_SECONDS[name.split(":", 1)[0]]:
         r.step[name] = before + twin_seconds
         _spent[name] = spent + twin_seconds
         return False
@@ -207,11 +219,7 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
 
     from .. import types as T
 
-    cost: dict[str, float] = {}            # in the order the work first uses them
-    for type_name, n, k, m in products:
-        if type_name in FLOAT_TYPES or _twin_decode(type_name) is not None:
-            name = f"dot:{type_name}"
-            cost[name] = cost.get(name, 0.0) + dot_seconds(type_name, n, k, m)
+    cost = step_seconds(products)
     dots = [name for name, s in cost.items() if s * max(1, repeats) > COMPILE_SECONDS["dot"] and wanted(name)]
     # a process for the 32-value dots and one for the K-quants (those of a family share their activation
     # pass: compiled once; numba loaded once), one for all where fewer CPUs are free; the float dots
@@ -244,6 +252,17 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
         if len(_ahead) == len(started):
             atexit.register(_stop_ahead)
     return started
+
+
+def step_seconds(products) -> dict[str, float]:
+    """What each dot's twin costs in one time of a work whose matrix products are `products`
+    (as `prepare` takes them), by kernel, in the order the work first uses them."""
+    cost: dict[str, float] = {}
+    for type_name, n, k, m in products:
+        if type_name in FLOAT_TYPES or _twin_decode(type_name) is not None:
+            name = f"dot:{type_name}"
+            cost[name] = cost.get(name, 0.0) + dot_seconds(type_name, n, k, m)
+    return cost
 
 
 def _activation_quantizer(dot: str) -> str | None:

@@ -25,8 +25,8 @@ def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_
     from ..compiling.first_run import repeating
 
     session.prepare(len(prompt), 1)
-    ahead(session, n_predict)
-    with repeating(n_predict) as steps:     # a kernel not compiled yet: its twin's cost counts once a step to come
+    later = ahead(session, n_predict)
+    with repeating(n_predict, later) as steps:     # a kernel not compiled yet: its twin's cost counts once a step to come
         t0 = clock()
         logits = session.eval(prompt)
         prompt_seconds = clock() - t0
@@ -40,20 +40,23 @@ def generate(session, prompt: list[int], n_predict: int, sample: Callable, stop_
             logits = session.eval([token])
 
 
-def ahead(session, n_predict: int) -> None:
+def ahead(session, n_predict: int) -> dict[str, float]:
     """Before a generation of n_predict steps: the kernels of its step that a first-ever run would
     compile start compiling now, in side processes (ggtool.compiling.first_run.prepare: the dots;
-    prepare_runner: the compiled runner's, with one thread, where it pays)."""
+    prepare_runner: the compiled runner's, with one thread, where it pays). Returns what each dot's
+    twin costs a step (first_run.step_seconds), for first_run.repeating: the prompt is counted once."""
     if not hasattr(session, "graph"):
-        return
-    from ..compiling.first_run import prepare, prepare_runner
+        return {}
+    from ..compiling.first_run import prepare, prepare_runner, step_seconds
     from ..threads import free_cpus
 
     graph, free = session.graph(1), free_cpus()
-    prepare(products(graph), n_predict, free)
+    step = products(graph)
+    prepare(step, n_predict, free)
     if getattr(session, "pool", None) is None or getattr(session, "n_threads", 1) <= 1:
         from ..runner import kernels_used
         prepare_runner(lambda: kernels_used(graph.nodes, getattr(session, "numerics", "ggml")), 0, n_predict, free)
+    return step_seconds(step)
 
 
 def products(graph) -> list[tuple]:

@@ -228,8 +228,8 @@ class Generator:
         from ..compiling.first_run import repeating
         from .loop import ahead
 
-        ahead(s, limit)                 # a first-ever run's kernels for the steps: compiling from now on
-        with repeating(limit) as steps:     # a kernel not compiled yet: its twin's cost counts once a step to come
+        later = ahead(s, limit)         # a first-ever run's kernels for the steps: compiling from now on
+        with repeating(limit, later) as steps:  # a kernel not compiled yet: its twin's cost counts once a step to come
             yield from self._steps(prompt, keep, limit, room, n_predict, chain, stop_ids, text, logprobs, clock, steps)
 
     def _steps(self, prompt, keep, limit, room, n_predict, chain, stop_ids, text, logprobs, clock, steps):
