@@ -837,18 +837,28 @@ def test_the_background_compiler_knows_the_runner_and_every_node_kernel(tmp_path
     assert not (tmp_path / "failed").exists() and os.listdir(tmp_path / "wanted") == []
 
 
-@pytest.mark.parametrize("case", ["plain", "heads", "views"])
+@pytest.mark.parametrize("case", ["plain", "heads", "views", "cut"])
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_f32_products_on_the_runner_sum_as_ggml(case, m, pool3):
     """F32 x F32 under GGML's numerics (a decode step's attention) is one compiled step, mm_f32: every
     output a double sum in order, as kernels.dot_float's tiles give it, NaN payloads, infinities and
     subnormals included; weights broadcast over heads (grouped-query attention) and read through views
-    of a larger cache, as attention reads its K and V."""
+    of a larger cache, as attention reads its K and V. "cut": 150 weight rows, 3 tiles of 64 rows
+    (ops.matmul.float_cols), one a participant at 3, NaNs of two payloads in every tile, the same bits.
+    Left open: where a sum meets two NaNs, which one's payload it keeps can differ between a kernel
+    compiled in this process and the same kernel loaded from numba's cache (150 rows of values() with
+    its NaNs in every activation, after `touch ggtool/kernels/nodes_mm.py`: true before 64-row tiles too)."""
     ctx = ggtool.Context()
     k = 40
     if case == "plain":
         a = leaf(ctx, values((19, k)))
         b = leaf(ctx, values((m, k)))
+    elif case == "cut":     # one NaN or infinity a sum at most (a NaN meeting a NaN: see below)
+        w = values((150, k), special=False)
+        w[::9, 5] = np.array([0x7F800007, 0xFFC00042], np.uint32).view(np.float32)[np.arange(17) % 2]
+        w[4::9, 7] = np.inf
+        a = leaf(ctx, w)
+        b = leaf(ctx, values((m, k), special=False))
     elif case == "heads":
         a = leaf(ctx, values((1, 2, 13, k)))                                      # 2 KV heads
         b = F["permute"](ctx, leaf(ctx, values((1, m, 6, k))), 0, 2, 1, 3)       # 6 query heads
@@ -860,6 +870,23 @@ def test_f32_products_on_the_runner_sum_as_ggml(case, m, pool3):
     g = ggtool.Graph(ctx).expand(y)
     assert compiled_kernels(g)[-1] == "mm_f32"
     same_as_python(g, [y], pools=[pool3])
+
+
+def test_a_decode_steps_attention_is_cut_between_the_participants():
+    """One K of 102 cells (gemma-3's decode step: 1 KV head, 4 query heads) was one TILE_FLOAT tile,
+    which left every participant but one waiting: where mm_f32 takes the product its tiles are one
+    register tile of kernels.dot_float (64 rows), whatever the participants (so the bits stay:
+    test_f32_products_on_the_runner_sum_as_ggml); a prompt's keep TILE_FLOAT's."""
+    from ggtool.kernels import dot_float
+    from ggtool.ops.matmul import FLOAT_GROUP, MM_F32_ROWS, TILE_FLOAT, _float_tiles, float_cols
+
+    assert FLOAT_GROUP == dot_float.NC * dot_float.L
+    assert float_cols(T.F32, 1) == float_cols(T.F32, MM_F32_ROWS) == FLOAT_GROUP
+    assert float_cols(T.F32, MM_F32_ROWS + 1) == float_cols(T.F16, 1) == TILE_FLOAT[1]    # F16: Python's
+    ctx = ggtool.Context()
+    k_cache = ctx.new_tensor("f32", [256, 102])
+    assert [(t[4], t[5]) for t in _float_tiles(k_cache, 1, 4, 1)] == [(0, 64), (64, 102)]
+    assert [(t[4], t[5]) for t in _float_tiles(k_cache, 30, 4, 1)] == [(0, 102)]
 
 
 def test_many_f32_rows_stay_on_the_tiles():

@@ -343,8 +343,9 @@ def mm_x86(row, frow, ith, nth, wdata):
 def mm_f32(row, frow, ith, nth, wdata):
     """F32 weights times F32 activations under GGML's numerics (attention's K and V products), as
     ``ops.matmul._float_mul_mat`` computes them: the same tiles (P, P+1: TILE_FLOAT's activation rows
-    and weight rows; the activation matrices that read one weight matrix, mul_mat's broadcast over
-    ne2/ne3, form one run of rows), the participant's same contiguous share of them, each tile through
+    and ``ops.matmul.float_cols``'s weight rows, 64: a K of a few hundred cells is shared out; the
+    activation matrices that read one weight matrix, mul_mat's broadcast over ne2/ne3, form one run of
+    rows), the participant's same contiguous share of them, each tile through
     ``dot_float``'s kernel (a's rows where they lie, transposed as it goes; b's gathered), so every
     output's bits are the Python path's, NaN payloads included. Rows are read at their nb; ne0 is
     packed and not empty (the op checks)."""

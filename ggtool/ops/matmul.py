@@ -91,6 +91,7 @@ def _convert_src1(b, vdt, work, ith: int, nth: int) -> np.ndarray:
 # share an a matrix (_float_tiles). (b rows, a rows) per tile: the quantized dots repack a column
 # tile once and prefer long ones (fewer calls per mat-vec).
 TILE_FLOAT = (512, 512)
+FLOAT_GROUP = 64      # the weight rows of one of kernels.dot_float's register tiles (NC chunks of L rows)
 TILE_QUANT = (256, 1024)
 
 
@@ -167,7 +168,7 @@ def _mul_mat_compiled(node, numerics):
     if a.type == b.type == T.F32 and not x86:
         if b.ne[1] > MM_F32_ROWS or not a.ne[0] or not plain(a, b) or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
             return None
-        return (CompiledStep("mm_f32", TILE_FLOAT, tensors=(node, a, b), bind=_f16_table),)
+        return (CompiledStep("mm_f32", (TILE_FLOAT[0], float_cols(a.type, b.ne[1])), tensors=(node, a, b), bind=_f16_table),)
     if x86:
         which = _runner_x86(a, numerics)
         if which is None:
@@ -368,11 +369,23 @@ def forward_mul_mat(node, ith, nth, work):
             _dot_block(a, *args, (m3, m2, col0, col1))
 
 
+def float_cols(a_type, ne11: int) -> int:
+    """The weight rows of an F32/F16 tile (`_float_tiles`) for ne11 activation rows a matrix: TILE_FLOAT's,
+    or one FLOAT_GROUP for F32 weights where the runner's mm_f32 takes the product (up to MM_F32_ROWS:
+    a decode step's attention). There a K or V of a few hundred cells made one tile, which one
+    participant computed while the others waited; as 64-row tiles it is shared out, as GGML cuts
+    mul_mat by thread when its chunks are too few (on the Python path, ~12 us more a tile; F16 stays
+    there, and keeps TILE_FLOAT's). The tiles never depend on the participants: each is computed by
+    one call of dot_float's kernel with the same arguments whoever computes it, so a participant
+    count changes no bit."""
+    return FLOAT_GROUP if a_type == T.F32 and ne11 <= MM_F32_ROWS else TILE_FLOAT[1]
+
+
 def _float_tiles(a, ne11: int, r2: int, r3: int):
     """F32/F16 tiles as (m3, m2, row0, row1, col0, col1): the b matrices that read a's matrix (m2, m3)
     (mul_mat's broadcast: a grouped-query attention's heads read one K) form one run of r3*r2*ne11 rows,
-    cut with a's rows into TILE_FLOAT tiles, so that a's rows are transposed once for all of them."""
-    rows, cols = TILE_FLOAT
+    cut with a's rows into tiles of `float_cols` rows, so that a's rows are transposed once for all of them."""
+    rows, cols = TILE_FLOAT[0], float_cols(a.type, ne11)
     for m3 in range(a.ne[3]):
         for m2 in range(a.ne[2]):
             for r0 in range(0, r3 * r2 * ne11, rows):
