@@ -21,8 +21,11 @@ after runs that filled it. A first-ever run leaves a background process compilin
 cores with that run). Each run is a fresh process; cold and cached runs are interleaved so a change
 in the machine's load affects them alike; the figure is the median wall time and the ratio
 first/cached; on a machine other processes load, the CPU time (user + sys) of the same runs and
-its ratio are the steadier figure. --tree runs another checkout the same way (`python -m ggtool` with that checkout as
-the working directory, as bench_memory.py does), in the same rounds.
+its ratio are the steadier figure. Every process runs without PYTHONDONTWRITEBYTECODE (which some
+machines set): a user's Python keeps its bytecode, and with it set each ggtool process compiled its
+~120 modules again (~0.2 s of a 0.9 s gemma run), which no installed ggtool pays; llama.cpp's side
+runs alike. --tree runs another checkout the same way (`python -m ggtool` with that checkout as the
+working directory, as bench_memory.py does), in the same rounds.
 
 llama.cpp (gemma only, when --llama-python names a Python with llama-cpp-python): the same tokens
 evaluated by bench/llama_cpp_run.py with the same thread count, a whole process too, in the same
@@ -33,8 +36,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 STORIES_TOKENS = "i32:[1,403,407,261,378,432,383,286]"
 GEMMA_TOKENS = "i32:[2,14946,3324,496,990,236764,993,691,496,2268,3953,1015,9312]"
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}     # as an install runs
 
 
 def gemma_path() -> str:
@@ -112,7 +116,7 @@ def _cpu() -> float:
 def run(cmds: list[list[str]], cache: str, tree: Path = ROOT) -> tuple[float, float]:
     """Wall time and CPU time (user + sys of the commands and the workers they wait for; not the
     background compiler, which is no child of ours and runs once they have exited)."""
-    env = dict(os.environ, GGTOOL_CACHE_DIR=cache)
+    env = dict(ENV, GGTOOL_CACHE_DIR=cache)
     env.pop("GGTOOL_THREADS", None)
     env.pop("NUMBA_CACHE_DIR", None)
     t, c0 = time.perf_counter(), _cpu()
@@ -125,7 +129,7 @@ def run(cmds: list[list[str]], cache: str, tree: Path = ROOT) -> tuple[float, fl
 
 def timed(cmd: list[str]) -> float:
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t
 
 

@@ -155,12 +155,49 @@ def test_maps_are_verified_once_per_file():
         def verify(self):
             Counted.calls.append(self.path)
 
+    from ggtool import compute  # (not an attribute of ggtool until something imports it)
+
     ctx = ggtool.Context()
     g = ggtool.Graph(ctx)
     for path in ("a.gguf", "a.gguf", "b.gguf"):
         g.expand(ctx.new_tensor("f32", [4], storage=Counted(path), data_offset=0))
-    ggtool.compute.verify_maps(g)
+    compute.verify_maps(g)
     assert sorted(Counted.calls) == ["a.gguf", "b.gguf"]
+
+
+def test_a_frozen_graphs_maps_are_found_once_and_verified_at_every_compute(monkeypatch):
+    """A frozen graph (a decode step's) keeps its leafs: the files it reads are found once, and
+    each is still verified at every compute (a file that shrank after the first is refused)."""
+    class Shrinking:
+        size = 8
+
+        def __eq__(self, other):
+            return isinstance(other, Shrinking)
+
+        def __hash__(self):
+            return 1
+
+        def verify(self):
+            if Shrinking.size < 8:
+                raise ggtool.InputError("model.gguf shrank")
+
+    from ggtool import compute
+
+    walks = []
+    maps_read = compute.maps_read
+    monkeypatch.setattr(compute, "maps_read", lambda graph: walks.append(graph) or maps_read(graph))
+    ctx = ggtool.Context()
+    g = ggtool.Graph(ctx)
+    for _ in range(3):
+        g.expand(ctx.new_tensor("f32", [4], storage=Shrinking(), data_offset=0))
+    compute.verify_maps(g)              # not frozen: walked at every compute
+    compute.freeze(g)
+    compute.verify_maps(g)
+    compute.verify_maps(g)
+    assert walks == [g, g]
+    Shrinking.size = 4
+    with pytest.raises(ggtool.InputError, match="shrank"):
+        compute.verify_maps(g)
 
 
 _TRUNCATE = textwrap.dedent("""
@@ -178,6 +215,9 @@ _TRUNCATE = textwrap.dedent("""
     w.name = "w"
     graph = ggtool.Graph(ctx).expand(FUNCTIONS["scale"](ctx, w, 2.0))
     pool = ggtool.get_pool(n) if n > 1 else None
+    if when.endswith("-frozen"):          # a decode step's graph: its maps found once, verified each time
+        (pool.freeze if pool is not None else ggtool.compute.freeze)(graph)
+        when = when[:-len("-frozen")]
     if when == "before-map":
         os.truncate(path, 4096)
     elif when == "removed":
@@ -202,7 +242,7 @@ _TRUNCATE = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("when", ["before-map", "after-map", "during", "replaced", "removed"])
+@pytest.mark.parametrize("when", ["before-map", "after-map", "after-map-frozen", "during", "replaced", "removed"])
 def test_a_mapped_file_truncated_while_in_use_is_one_clean_error(tmp_path, threads, when):
     """No SIGBUS (exit 135, nothing said), for any thread count (the caller computes its share
     too): one line names the file, and no shared memory is left behind. A file replaced by another
