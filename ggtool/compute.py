@@ -109,39 +109,34 @@ def materialize_written(graph) -> None:
     forget_packs(targets)
 
 
+def _once_if_frozen(found: weakref.WeakKeyDictionary, graph, find):
+    """find(graph), kept in `found` for a frozen graph (its tensors keep their fields: what it
+    writes and reads stays the same), found again at every compute for any other."""
+    if graph not in _FROZEN:
+        return find(graph)
+    got = found.get(graph)
+    if got is None:
+        got = found[graph] = find(graph)
+    return got
+
+
 _WRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # frozen graph -> written(nodes)
+_FROZEN_MAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # frozen graph -> maps_read(graph)
 
 
 def _written_of(graph) -> list:
-    """written(graph.nodes), once for a frozen graph (its nodes keep their fields)."""
-    if graph not in _FROZEN:
-        return written(graph.nodes)
-    got = _WRITTEN.get(graph)
-    if got is None:
-        got = _WRITTEN[graph] = written(graph.nodes)
-    return got
+    """written(graph.nodes), once for a frozen graph."""
+    return _once_if_frozen(_WRITTEN, graph, lambda g: written(g.nodes))
 
 
 def verify_maps(graph) -> None:
     """Every memory-mapped file the graph reads still holds what was mapped (a shrunk one would end
-    the compute with SIGBUS): one stat per file, at every compute."""
-    for storage in _maps_of(graph):
+    the compute with SIGBUS): one stat per file, at every compute. A frozen graph's files are found
+    once (what it writes was copied out of its file before, by materialize_written): gemma-3's
+    decode step has 277 leafs, walked at every step before (0.06-0.2 ms, with the caches cold after
+    the step, while the workers wait)."""
+    for storage in _once_if_frozen(_FROZEN_MAPS, graph, maps_read):
         storage.verify()
-
-
-_FROZEN_MAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # frozen graph -> maps_read(graph)
-
-
-def _maps_of(graph) -> list:
-    """maps_read(graph), once for a frozen graph: its leafs keep their fields, and what it writes was
-    copied out of its file before (materialize_written). gemma-3's decode step has 277 leafs, walked
-    at every step before (0.06-0.2 ms, with the caches cold after the step, while the workers wait)."""
-    if graph not in _FROZEN:
-        return maps_read(graph)
-    got = _FROZEN_MAPS.get(graph)
-    if got is None:
-        got = _FROZEN_MAPS[graph] = maps_read(graph)
-    return got
 
 
 def maps_read(graph) -> list:
