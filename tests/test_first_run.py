@@ -115,7 +115,8 @@ def test_a_prompt_counts_once_where_the_steps_twin_cost_is_known(cli):
     assert compiled == ["dot:f32"]
     with first_run.repeating(64, {"dot:q4_0": BUDGET / 32}) as steps:   # known, and past the budget
         assert first_run.use_compiled("dot:q4_0", prompt)
-    assert compiled == ["dot:f32", "dot:q4_0"]
+        assert first_run.use_compiled("dot:q5_0", prompt)                 # another's not known: as above
+    assert compiled == ["dot:f32", "dot:q4_0", "dot:q5_0"]
 
 
 def test_step_seconds_are_the_twin_cost_of_each_dot_of_a_step():
@@ -138,15 +139,27 @@ def test_a_generation_weighs_its_prompt_by_its_steps_products(cli, monkeypatch):
     w, x = ctx.new_tensor("f32", [256, 64]), ctx.new_tensor("f32", [256, 2])
     step = ggtool.Graph(ctx).expand(F["mul_mat"](ctx, w, x))
 
+    weighed = []        # what repeating knows of a step, as each batch is computed
+
     class Session:
         def graph(self, n):
             assert n == 1
             return step
 
+        def prepare(self, *sizes):
+            pass
+
+        def eval(self, tokens):
+            weighed.append(first_run._repeats[-1].later)
+            return np.zeros(4, np.float32)
+
     monkeypatch.setattr(threads, "free_cpus", lambda cpus=None: 1)
     monkeypatch.setattr(first_run, "_spawn", lambda *a, **k: pytest.fail("nothing compiles ahead on one free CPU"))
-    assert loop.ahead(Session(), 64) == {"dot:f32": first_run.dot_seconds("f32", 64, 256, 2)}
+    later = {"dot:f32": first_run.dot_seconds("f32", 64, 256, 2)}
+    assert loop.ahead(Session(), 64) == later
     assert loop.ahead(object(), 64) == {}                 # a session without a step graph
+    assert len(list(loop.generate(Session(), [1, 2, 3], 3, lambda logits: 0))) == 3
+    assert weighed == [later] * 3                         # the prompt's time and each step's
 
 
 def test_a_kernel_compiled_meanwhile_is_used(cli):

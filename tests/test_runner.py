@@ -878,6 +878,7 @@ def test_a_decode_steps_attention_is_cut_between_the_participants():
     register tile of kernels.dot_float (64 rows), whatever the participants (so the bits stay:
     test_f32_products_on_the_runner_sum_as_ggml); a prompt's keep TILE_FLOAT's."""
     from ggtool.kernels import dot_float
+    from ggtool.ops.base import kernel_for
     from ggtool.ops.matmul import FLOAT_GROUP, MM_F32_ROWS, TILE_FLOAT, _float_tiles, float_cols
 
     assert FLOAT_GROUP == dot_float.NC * dot_float.L
@@ -887,6 +888,9 @@ def test_a_decode_steps_attention_is_cut_between_the_participants():
     k_cache = ctx.new_tensor("f32", [256, 102])
     assert [(t[4], t[5]) for t in _float_tiles(k_cache, 1, 4, 1)] == [(0, 64), (64, 102)]
     assert [(t[4], t[5]) for t in _float_tiles(k_cache, 30, 4, 1)] == [(0, 102)]
+    kq = F["mul_mat"](ctx, k_cache, ctx.new_tensor("f32", [256, 1, 4]))   # one token's 4 query heads
+    (mm,) = kernel_for(kq).steps(kq, "ggml")
+    assert (mm.kernel, mm.ints) == ("mm_f32", (TILE_FLOAT[0], FLOAT_GROUP))   # the runner's tiles alike
 
 
 def test_many_f32_rows_stay_on_the_tiles():

@@ -371,13 +371,14 @@ def forward_mul_mat(node, ith, nth, work):
 
 def float_cols(a_type, ne11: int) -> int:
     """The weight rows of an F32/F16 tile (`_float_tiles`) for ne11 activation rows a matrix: TILE_FLOAT's,
-    or one FLOAT_GROUP for F32 weights where the runner's mm_f32 takes the product (up to MM_F32_ROWS:
-    a decode step's attention). There a K or V of a few hundred cells made one tile, which one
-    participant computed while the others waited; as 64-row tiles it is shared out, as GGML cuts
-    mul_mat by thread when its chunks are too few (on the Python path, ~12 us more a tile; F16 stays
-    there, and keeps TILE_FLOAT's). The tiles never depend on the participants: each is computed by
-    one call of dot_float's kernel with the same arguments whoever computes it, so a participant
-    count changes no bit."""
+    or one FLOAT_GROUP for F32 weights with up to MM_F32_ROWS activation rows (a decode step's
+    attention, which the runner's mm_f32 takes). There a K or V of a few hundred cells made one tile,
+    which one participant computed while the others waited; as 64-row tiles it is shared out, as GGML
+    cuts mul_mat by thread when its chunks are too few. The Python path (a first-ever run's twins, a
+    layout mm_f32 does not take) cuts such products alike and pays ~12 us more a tile: an F32 output
+    matrix of 32000 rows is 500 tiles a token there, not 63. F16 weights keep TILE_FLOAT's. The tiles
+    never depend on the participants: each is computed by one call of dot_float's kernel with the
+    same arguments whoever computes it, so a participant count changes no bit."""
     return FLOAT_GROUP if a_type == T.F32 and ne11 <= MM_F32_ROWS else TILE_FLOAT[1]
 
 
