@@ -19,7 +19,7 @@ docs/engine.md, "How many threads"): re-measure them where the pool's costs chan
 
 Free CPUs: those this process may use (its affinity mask, and a cgroup's CPU quota), less the
 other processes running now (the median of a few reads of /proc/loadavg's running count, less this
-one): a pool with more participants than free cores waits on every barrier for a participant the
+one and its pool's workers, HELPERS): a pool with more participants than free cores waits on every barrier for a participant the
 scheduler has put aside, and collapses (issue 30: 43 tokens/s on one thread, 8 on two, with one
 other busy process on 2 cores). Light (os; ctypes only when BLAS is limited): the command line
 asks it before numpy loads.
@@ -126,18 +126,38 @@ def others_running() -> int:
     return n
 
 
+# Process ids of this process's pool workers (``pool.procs`` adds and removes them): while they compute, or
+# spin for the next compute, they are running, and that is this process's work, not another's. Counted
+# as others, a 2-thread decode read its own worker as a busy core and spun at its barriers as if the
+# machine were oversubscribed (SPIN_BUSY_NS, no linger) for every other second; a 16-thread one would
+# have for all of them.
+HELPERS: set[int] = set()
+
+
 def _read_others() -> int:
     counts = []
     for i in range(SAMPLES):
         try:
             with open(LOADAVG) as f:
-                counts.append(int(f.read().split()[3].split("/")[0]))
+                counts.append(int(f.read().split()[3].split("/")[0]) - _helpers_running())
         except (OSError, ValueError, IndexError):
             return 0
         if i + 1 < SAMPLES:
             time.sleep(SAMPLE_GAP)
     counts.sort()
     return max(0, counts[len(counts) // 2] - 1)
+
+
+def _helpers_running() -> int:
+    """How many of HELPERS are running now (state R in /proc/PID/stat; one gone is not)."""
+    n = 0
+    for pid in list(HELPERS):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                n += f.read().rsplit(b")", 1)[1].split(None, 1)[0] == b"R"
+        except (OSError, IndexError):
+            pass
+    return n
 
 
 def free_cpus(cpus: int | None = None) -> int:

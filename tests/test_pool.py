@@ -56,6 +56,17 @@ def sleep_kernel(node, ith, nth, work):
             time.sleep(0.005)
 
 
+def sleep_data_kernel(node, ith, nth, work):
+    """Participants >= op_params[0] sleep as many ms as src0's first value says (the graph stays the
+    same from one compute to the next: only its data changes), in small steps; copies src0."""
+    if ith >= node.op_params[0]:
+        end = time.monotonic() + float(node.src[0].data.reshape(-1)[0]) / 1000
+        while time.monotonic() < end:
+            time.sleep(0.005)
+    if ith == 0:
+        node.data[...] = node.src[0].data
+
+
 def affinity_kernel(node, ith, nth, work):
     """Row ith of the output: how many CPUs participant ith may run on, and the lowest of them."""
     cpus = os.sched_getaffinity(0)
@@ -63,7 +74,8 @@ def affinity_kernel(node, ith, nth, work):
 
 
 def register_test_kernels() -> list[str]:
-    new = {"TEST_POOL_FAIL": fail_kernel, "TEST_POOL_SLEEP": sleep_kernel, "TEST_POOL_AFFINITY": affinity_kernel}
+    new = {"TEST_POOL_FAIL": fail_kernel, "TEST_POOL_SLEEP": sleep_kernel, "TEST_POOL_SLEEP_DATA": sleep_data_kernel,
+           "TEST_POOL_AFFINITY": affinity_kernel}
     for op, fn in new.items():
         KERNELS[op] = Kernel(op, fn, ALL, None)
     return list(new)
@@ -546,7 +558,7 @@ def test_a_worker_spins_for_the_next_compute_then_sleeps(lingering, monkeypatch,
         (w,) = p._state.workers
         assert _proc_state(w.pid) == "R"
         # two Runs sent, counted by the caller after each; two answered, counted by the worker just
-        # after each is sent (so the caller may read its answer before the count moves)
+        # before each is sent (the second compute was sent: an unfrozen graph's plan is made anew)
         deadline = time.monotonic() + 5.0
         while w.answered() < 2 and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -576,6 +588,165 @@ def test_a_worker_spinning_for_the_next_compute_hears_exit_and_death_is_noticed(
         assert _proc_state(w.pid) == "R"
         p.close()            # Exit heard within the close's 2 s grace: the worker exits 0, not killed
         assert w.proc.poll() == 0
+
+
+def _frozen_chain(pool, n: int = 4, nth: int = 3):
+    """A frozen chain of `n` adds and its plan for `nth` participants on `pool`, computed once (its
+    Runs sent)."""
+    from ggtool import compute
+
+    g, y = chain(ggtool.Context(), n)
+    compute.freeze(g)
+    pool.freeze(g)
+    return g, y, ggtool.graph_compute(g, nth, pool=pool)
+
+
+def test_a_listening_worker_is_handed_the_next_compute(lingering, shm_clean):
+    """A frozen graph computed again while its workers listen (wire.standby) is handed to them through
+    the control segment: no message is sent (each worker's rung stays at the first compute's Run), no
+    answer comes on a socket, and the results are those of a compute whose Runs were sent."""
+    from ggtool.pool import wire
+
+    lingering(5_000_000_000)
+    with WorkerPool(3) as p:
+        g, y, plan = _frozen_chain(p)
+        for k in range(20):
+            y.data[...] = -1
+            ggtool.graph_compute(g, 3, pool=p, plan=plan)
+            assert np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2), k
+        assert p.stats["handed"] == 2 * 20 and p.stats["runs"] == 21
+        for w in p._state.workers:
+            assert w.ctl[wire.rung(w.slot)] == 1 and w.answered() == 21 and not w.conn.poll()
+        assert p.stats["restarts"] == 0
+    from ggtool.kernels import runner as kr
+    assert (wire.ASLEEP, wire.LISTENING, wire.CLAIMED) == (kr.ASLEEP, kr.LISTENING, kr.CLAIMED)
+
+
+def test_a_handed_compute_that_fails_says_what_a_sent_one_says(lingering, registered_test_kernels, shm_clean):
+    """A kernel that fails in a handed compute gives the ComputeError a sent compute gives (the worker's
+    Failed comes on its socket: wire.outcome ON_SOCKET), and the pool hands the next compute again."""
+    lingering(5_000_000_000)
+    with WorkerPool(2) as p:
+        ctx = ggtool.Context()
+        a = ctx.new_tensor("f32", [16, 4])
+        a.data[...] = 1
+        bad = custom(ctx, "TEST_POOL_FAIL", a, 1).set_name("bad")
+        g, y, plan = _frozen_chain(p, nth=2)
+        gb = ggtool.Graph(ctx)
+        gb.expand(bad)
+        from ggtool import compute
+        compute.freeze(gb)
+        p.freeze(gb)
+        plan_b = ggtool.make_plan(gb, 2)
+        messages = []
+        for _ in range(3):
+            with pytest.raises(ComputeError) as e:
+                ggtool.graph_compute(gb, 2, pool=p, plan=plan_b)
+            messages.append(str(e.value))
+        assert messages == ["node 0 'bad' (TEST_POOL_FAIL) failed: ValueError: boom in participant 1"] * 3
+        assert p.stats["handed"] == 2
+        handed = p.stats["handed"]
+        ggtool.graph_compute(g, 2, pool=p, plan=plan)
+        assert p.stats["handed"] == handed + 1 and np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
+
+
+def test_a_worker_killed_in_a_handed_compute_is_reported_at_once(lingering, registered_test_kernels, shm_clean):
+    """A worker SIGKILLed in the middle of a compute handed to it is reported as a sent one's death is
+    (the node it was at), within a second; the pool starts afresh at its next compute."""
+    import threading
+
+    lingering(5_000_000_000)
+    with WorkerPool(3) as p:
+        ctx = ggtool.Context()
+        ms = ctx.new_tensor("f32", [16])
+        ms.data[...] = 0
+        out = custom(ctx, "TEST_POOL_SLEEP_DATA", ms, 1).set_name("nap")
+        g = ggtool.Graph(ctx)
+        g.expand(out)
+        from ggtool import compute
+        compute.freeze(g)
+        p.freeze(g)
+        plan = ggtool.graph_compute(g, 3, pool=p)         # sent: the workers listen after it
+        ggtool.graph_compute(g, 3, pool=p, plan=plan)     # handed
+        assert p.stats["handed"] == 2
+        ms.data[...] = 20_000                            # the next compute's workers sleep 20 s
+        victim = p.pids[1]
+        killed = []
+
+        def kill():
+            time.sleep(0.3)
+            killed.append(time.monotonic())
+            os.kill(victim, signal.SIGKILL)
+
+        threading.Thread(target=kill, daemon=True).start()
+        with pytest.raises(ComputeError, match=rf"^worker 2 \(pid {victim}\) died \(killed by SIGKILL\) while "
+                                               r"computing node 0 'nap' \(TEST_POOL_SLEEP_DATA\)"):
+            ggtool.graph_compute(g, 3, pool=p, plan=plan)
+        assert p.stats["handed"] == 4 and time.monotonic() - killed[0] < 1.0
+        ms.data[...] = 0
+        ggtool.graph_compute(g, 3, pool=p, plan=plan)
+        assert p.stats["restarts"] == 1 and victim not in p.pids
+
+
+def test_a_handed_answer_waits_for_the_worker_or_its_death():
+    """The caller's wait for a handed compute's answer (caller._await_change) ends when the worker
+    counts it, and raises WorkerDied for a worker of the compute dead meanwhile (the one waited for or
+    another), looking at the processes between sleeps; an answer counted already is not waited for."""
+    import threading
+
+    from ggtool.pool.caller import _await_change
+    from ggtool.pool.procs import WorkerDied
+
+    class Proc:
+        def __init__(self, code):
+            self.code = code
+
+        def poll(self):
+            return self.code
+
+    w1, w2 = types.SimpleNamespace(proc=Proc(None)), types.SimpleNamespace(proc=Proc(None))
+    mv = memoryview(np.zeros(8, np.int64)).cast("B").cast("q")
+    threading.Timer(0.05, lambda: mv.__setitem__(3, 1)).start()
+    t = time.monotonic()
+    _await_change(mv, 3, 0, [w1, w2])
+    assert mv[3] == 1 and 0.03 < time.monotonic() - t < 2.0
+    for dead in (w1, w2):
+        dead.proc = Proc(-9)
+        t = time.monotonic()
+        with pytest.raises(WorkerDied) as e:
+            _await_change(mv, 3, 1, [w1, w2])
+        assert (e.value.ith, e.value.w) == (1 + (dead is w2), dead) and time.monotonic() - t < 1.0
+        dead.proc = Proc(None)
+    w1.proc = Proc(-9)
+    _await_change(mv, 3, 0, [w1, w2])      # counted already: dead or not, nothing to wait for
+
+
+def test_listening_and_handing_never_cross(lingering, shm_clean):
+    """Whether a worker stops listening (its linger over, a message come) or is claimed first, one side
+    wins (a compare-and-swap on the standby word): computes at the edge of a short linger, with maps and
+    preloads between them, are all computed once, right, and the pool never hangs; both ways were taken."""
+    import random
+
+    lingering(300_000)          # 0.3 ms
+    rnd = random.Random(7)
+    with WorkerPool(3) as p:
+        g, y, plan = _frozen_chain(p)
+        sent = p.stats["graphs_sent"]
+        for k in range(300):
+            y.data[...] = -1
+            ggtool.graph_compute(g, 3, pool=p, plan=plan)
+            assert np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2), k
+            r = rnd.random()
+            if r < 0.05:
+                assert p.map(abs, [-1, -2, -3]) == [1, 2, 3]
+            elif r < 0.1:
+                p.preload_kernels()
+            elif r < 0.6:
+                end = time.perf_counter() + rnd.uniform(0, 0.0006)
+                while time.perf_counter() < end:
+                    pass
+        assert 0 < p.stats["handed"] < 2 * 300 and p.stats["graphs_sent"] == sent
+        assert p.stats["restarts"] == 0
 
 
 def test_hundred_computes_leave_nothing():

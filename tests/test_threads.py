@@ -4,6 +4,7 @@ participant of a compute on one thread (the quantizers' threads included)."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -119,6 +120,44 @@ def test_the_running_count_is_read_from_proc_loadavg(five_cpus, monkeypatch, tmp
     reads = iter(["0 0 0 9/9 1", "0 0 0 2/9 1", "0 0 0 3/9 1", "0 0 0 9/9 1", "0 0 0 2/9 1"])
     monkeypatch.setattr("builtins.open", lambda *a, **k: __import__("io").StringIO(next(reads)))
     assert threads._read_others() == 2      # median 3, less this process
+
+
+def test_the_pools_own_workers_running_are_not_others(five_cpus, monkeypatch, tmp_path):
+    """A pool's workers (threads.HELPERS) computing or spinning for the next compute are this
+    process's work: each one running is taken off the running count; one asleep, one gone, or a
+    pid that is no process counts as nothing. Read for real: this test's own process is running
+    while it reads its /proc stat, a sleeping child is not."""
+    import subprocess
+    import sys
+
+    monkeypatch.undo()
+    monkeypatch.setattr(threads, "SAMPLE_GAP", 0)
+    f = tmp_path / "loadavg"
+    monkeypatch.setattr(threads, "LOADAVG", str(f))
+    f.write_text("0.50 0.40 0.30 4/180 12345\n")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{sleeper.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "S":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        monkeypatch.setattr(threads, "HELPERS", {sleeper.pid, 2 ** 22 + 12345})
+        assert threads._read_others() == 3          # asleep, and no such process: nobody
+        monkeypatch.setattr(threads, "HELPERS", {sleeper.pid, os.getpid()})
+        assert threads._read_others() == 2          # this process stands in for a worker computing
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_pool_counts_its_workers_as_its_own_while_they_live():
+    """pool.procs adds each worker it starts to threads.HELPERS and takes it off once reaped."""
+    from ggtool.pool import WorkerPool
+
+    with WorkerPool(3) as p:
+        pids = set(p.pids)
+        assert len(pids) == 2 and pids <= threads.HELPERS
+    assert not pids & threads.HELPERS
 
 
 def test_a_cgroup_quota_caps_the_cpus(five_cpus, monkeypatch, tmp_path):

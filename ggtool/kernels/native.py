@@ -3,7 +3,8 @@ hint, the kernel's futex, a monotonic clock, raw addresses as arrays, and calls 
 pointer. Each is a numba ``@intrinsic`` (LLVM IR, no inline assembly: numba's JIT has no assembler),
 so the loops that use them compile, and cache, as any other kernel.
 
-- ``atomic_add(addr, v)`` (returns the old value), ``atomic_load(addr)`` (acquire), ``atomic_store(addr, v)``
+- ``atomic_add(addr, v)`` (returns the old value), ``atomic_cas(addr, expected, v)`` (stores v where the
+  word is `expected`; returns the value before), ``atomic_load(addr)`` (acquire), ``atomic_store(addr, v)``
   (release) on an aligned int64 at ``addr``: what GGML's barrier does with C11 atomics (``seq_cst``
   read-modify-writes).
 - ``pause()``: x86's ``pause`` (``llvm.x86.sse2.pause``), GGML's ``ggml_thread_cpu_relax``; nothing
@@ -65,6 +66,15 @@ def atomic_add(typingctx, addr, value):
     def codegen(context, builder, sig, args):
         return builder.atomic_rmw("add", _p64(builder, args[0]), args[1], "seq_cst")
     return _i64(_i64, _i64), codegen
+
+
+@intrinsic
+def atomic_cas(typingctx, addr, expected, value):
+    """*addr = value if *addr == expected, atomically (seq_cst); the value before (== expected: stored)."""
+    def codegen(context, builder, sig, args):
+        pair = builder.cmpxchg(_p64(builder, args[0]), args[1], args[2], "seq_cst", "seq_cst")
+        return builder.extract_value(pair, 0)
+    return _i64(_i64, _i64, _i64), codegen
 
 
 @intrinsic

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import njit
-from .native import atomic_add, atomic_load, atomic_store, call5, futex_wait, futex_wake, now_ns, pause
+from .native import atomic_add, atomic_cas, atomic_load, atomic_store, call5, futex_wait, futex_wake, now_ns, pause
 
 # the sync block: int64 words, one per 64-byte line (word k at byte 64*k). CHUNK: the units of work a
 # step deals out taken so far (GGML's current_chunk: ``nodes_mm``), 0 at every barrier's passing
@@ -141,6 +141,39 @@ def wait_change(addr, old, spin_ns):
             return False
 
 
+# a worker's standby word (``ggtool.pool.wire.standby``): asleep on its bell (or busy), listening (spinning
+# for its caller's next compute), claimed (the caller has handed it a compute through the control segment)
+ASLEEP, LISTENING, CLAIMED = 0, 1, 2
+
+
+@njit(nogil=True)
+def listen(standby, rung, got, spin_ns):
+    """A worker's wait for its caller's next compute, for at most spin_ns, its `standby` word set to
+    LISTENING before it counted its last answer (so that a caller quick to compute again finds it
+    listening): True once the caller has claimed it (``claim``: the compute's arguments are in the
+    control segment), False once it has set the word ASLEEP (a message came: the int64 at `rung` is
+    no longer `got`; or spin_ns passed): from then on the caller cannot claim it and sends messages.
+    Either side moves the word from LISTENING with a compare-and-swap, so a claim and the end of the
+    wait never cross: whoever moves it first decides."""
+    t0 = now_ns()
+    while True:
+        for _ in range(_CLOCK_EVERY):
+            pause()
+            if atomic_load(standby) == CLAIMED:
+                return True
+            if atomic_load(rung) != got:
+                return atomic_cas(standby, LISTENING, ASLEEP) == CLAIMED
+        if now_ns() - t0 >= spin_ns:
+            return atomic_cas(standby, LISTENING, ASLEEP) == CLAIMED
+
+
+@njit(nogil=True)
+def claim(standby):
+    """The caller's side of ``listen``: whether it claimed a listening worker (which then runs the
+    compute whose arguments were written before), else the worker is asleep or busy: send it a message."""
+    return atomic_cas(standby, LISTENING, CLAIMED) == LISTENING
+
+
 @njit(nogil=True)
 def set_abort(sync):
     atomic_store(_word(sync, ABORT), 1)
@@ -214,4 +247,6 @@ def warm() -> None:
     run(steps, rows, frows, 0, 1, 0, sync, 0, new_state(), 0, 0)
     barrier(sync, 1, new_state(), 0, 0)
     wait_change(sync, 0, 0)
+    claim(sync)
+    listen(sync, sync, 0, 0)
     set_abort(sync)

@@ -34,8 +34,14 @@ from .wire import (
     ABORT,
     CHUNK,
     CTL_SIZE,
+    H_GENERATION,
+    H_KEY,
+    H_LINGER,
+    H_NTH,
+    H_SPIN,
     MAX_PARTICIPANTS,
     N_BARRIER,
+    ON_SOCKET,
     SLEEPERS,
     Error,
     Failed,
@@ -48,9 +54,13 @@ from .wire import (
     arrivals,
     at_node,
     decode,
+    handed,
+    outcome,
+    standby,
 )
 
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
+_POLL = 0.0001         # seconds between looks at a handed compute's answer, once the spin is over
 
 
 class _Entry:
@@ -114,7 +124,7 @@ class WorkerPool:
         self._described: OrderedDict[tuple, wire.Described] = OrderedDict()
         self._keys: dict[int, _Entry] = {}
         self._next_key = 0
-        self.stats = {"graphs_sent": 0, "runs": 0, "restarts": 0, "described": 0}
+        self.stats = {"graphs_sent": 0, "runs": 0, "handed": 0, "restarts": 0, "described": 0}
         try:
             self._start(n)
         except BaseException:   # Ctrl-C or SIGTERM while the workers start: none is left behind
@@ -310,15 +320,22 @@ class WorkerPool:
         mv = memoryview(self._state.ctl.array).cast("q")
         g0 = self._reset_control(mv, nth)
         spin = spin_ns(nth)
+        linger = linger_ns(spin) if entry.program is not None else 0
         try:
             answers = [w.answered() for w in workers]
+            handed_to = set()
             for ith, w in enumerate(workers, 1):
-                self._send_run(ith, w, entry, nth, g0, spin, cpus, live)
+                if linger and self._hand(w, entry, nth, g0, spin, linger, mv):
+                    handed_to.add(ith)
+                else:
+                    self._send_run(ith, w, entry, nth, g0, spin, linger, cpus, live)
             self.stats["runs"] += 1
+            self.stats["handed"] += len(handed_to)
             failures = self._take_part(graph, plan, entry, nth, g0, spin, workers, mv, progress)
             if entry.program is not None:
-                self._await_answers(workers, answers, spin)
-            failures += self._failures(workers)
+                self._await_answers(workers, answers, spin, handed_to, mv)
+            failures += self._failures([(ith, w) for ith, w in enumerate(workers, 1)
+                                        if ith not in handed_to or mv[outcome(w.slot)] == ON_SOCKET])
         except WorkerDied as d:
             raise self._died(d, mv, graph) from None
         except BaseException:
@@ -331,19 +348,35 @@ class WorkerPool:
         if mv[ABORT]:  # pragma: no cover (a participant stopped without saying why)
             raise ComputeError("the compute was aborted by a worker")
 
-    def _await_answers(self, workers: list[Worker], answers: list[int], spin: int) -> None:
-        """Spin, for at most `spin` ns in all, until each worker has sent its answer (wire.answered
-        moves past `answers`): a caller asleep on the sockets wakes 0.1-0.3 ms after the last
-        answer, where the workers end a decode step's graph within microseconds of it. The answers
-        are then read as before, from the sockets, which tell a dead worker."""
+    def _await_answers(self, workers: list[Worker], answers: list[int], spin: int, handed_to: set[int],
+                       mv: memoryview) -> None:
+        """Wait until each worker has answered (wire.answered moves past `answers`): spinning, for
+        at most `spin` ns in all, where a caller asleep on the sockets would wake 0.1-0.3 ms after the
+        last answer (the workers end a decode step's graph within microseconds of it); the answers
+        are then read from the sockets, which tell a dead worker. A worker handed its compute
+        (`handed_to`, by participant number) may send nothing: each is waited for to the end,
+        sleeping after the spin and watching its process (a death raises WorkerDied)."""
         from ..kernels import runner as kr
 
         base = self._state.ctl.array.ctypes.data
         deadline = time.monotonic_ns() + spin
-        for w, seen in zip(workers, answers):
+        for ith, (w, seen) in enumerate(zip(workers, answers), 1):
             left = deadline - time.monotonic_ns()
-            if left <= 0 or not kr.wait_change(base + 8 * answered(w.slot), seen, left):
-                return
+            if (left <= 0 or not kr.wait_change(base + 8 * answered(w.slot), seen, left)) and ith in handed_to:
+                _await_change(mv, answered(w.slot), seen, workers)
+
+    def _hand(self, w: Worker, entry: _Entry, nth: int, g0: int, spin: int, linger: int, mv: memoryview) -> bool:
+        """Hand worker `w` its part of `entry` through the control segment (wire.standby), where it
+        holds the graph and every segment already and is listening: whether it took it (else it is
+        sent a Run)."""
+        if entry.key not in w.graphs or not all(n in w.segs for n in entry.segs):
+            return False
+        from ..kernels import runner as kr
+
+        i = w.slot
+        mv[handed(i, H_KEY)], mv[handed(i, H_NTH)], mv[handed(i, H_GENERATION)] = entry.key, nth, g0
+        mv[handed(i, H_SPIN)], mv[handed(i, H_LINGER)] = spin, linger
+        return bool(kr.claim(self._state.ctl.array.ctypes.data + 8 * standby(i)))
 
     def _forget_stale(self, entry: _Entry) -> set[str]:
         """Record `entry`'s segments as used by the pool, and forget the graphs whose segments are
@@ -368,8 +401,8 @@ class WorkerPool:
             mv[at_node(i)] = -1
         return g0
 
-    def _send_run(self, ith: int, w: Worker, entry: _Entry, nth: int, g0: int, spin: int, cpus: list[int] | None,
-                  live: set[str]) -> None:
+    def _send_run(self, ith: int, w: Worker, entry: _Entry, nth: int, g0: int, spin: int, linger: int,
+                  cpus: list[int] | None, live: set[str]) -> None:
         """Tell worker ith to run `entry`, with what it lacks (the graph, segments to attach) and
         what it may drop; wake it on its CPU if the compute is placed."""
         drop_graphs = [k for k in w.graphs if k not in self._keys]
@@ -385,8 +418,7 @@ class WorkerPool:
         if cpus:
             wake_on(w.pid, cpus[ith])
         try:
-            w.send(Run(entry.key, ith, nth, g0, spin, linger_ns(spin) if entry.program is not None else 0,
-                       cpus is not None, blob, attach, drop_segs, drop_graphs))
+            w.send(Run(entry.key, ith, nth, g0, spin, linger, cpus is not None, blob, attach, drop_segs, drop_graphs))
         except OSError:
             raise WorkerDied(ith, w) from None
         w.graphs.add(entry.key)
@@ -412,15 +444,16 @@ class WorkerPool:
             return []
         return [failed] if failed else []
 
-    def _failures(self, workers: list[Worker]) -> list[tuple[int, str]]:
-        """Every worker's answer to its Run: the (node, message) of each failure (-1: a worker that
-        could not run the graph, which then has to be sent everything again)."""
+    def _failures(self, workers: list[tuple[int, Worker]]) -> list[tuple[int, str]]:
+        """The answers on the sockets of `workers` (participant number, worker) to their compute: the
+        (node, message) of each failure (-1: a worker that could not run the graph, which then has to
+        be sent everything again)."""
         failures = []
         for ith, reply in self._replies(workers):
             if isinstance(reply, Failed):
                 failures.append((reply.node, reply.message))
             elif isinstance(reply, Error):
-                w = workers[ith - 1]
+                w = dict(workers)[ith]
                 w.graphs.clear()
                 w.segs.clear()
                 failures.append((-1, f"worker {ith} (pid {w.pid}) could not run the graph: {reply.message}"))
@@ -442,9 +475,10 @@ class WorkerPool:
             at = f"while computing node {i} '{node.name}' ({node.op_desc})"
         return ComputeError(f"worker {d.ith} (pid {d.w.pid}) died ({how}) {at}{_why(how)}")
 
-    def _replies(self, workers: list[Worker]):
-        """One reply per worker, in any order; a closed connection or a dead process raises."""
-        pending = {w.conn: (i, w) for i, w in enumerate(workers, 1)}
+    def _replies(self, workers: list[tuple[int, Worker]]):
+        """One reply per worker (participant number, worker), in any order; a closed connection or a
+        dead process raises."""
+        pending = {w.conn: (i, w) for i, w in workers}
         while pending:
             ready = _wait(list(pending), timeout=CHECK_EVERY)
             for c in ready:
@@ -511,7 +545,7 @@ class WorkerPool:
 
     def _map_replies(self, workers: list[Worker], results: list, errors: list) -> None:
         """Each worker's answer to its Map, into `results` or `errors`."""
-        for k, reply in self._replies(workers):
+        for k, reply in self._replies(list(enumerate(workers, 1))):
             if isinstance(reply, Results):
                 results[k] = reply.values
             elif isinstance(reply, Raised):
@@ -525,6 +559,19 @@ class WorkerPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._state.workers)} workers"
         return f"<WorkerPool {self.n_threads} participants, {state}>"
+
+
+def _await_change(mv: memoryview, slot: int, seen: int, workers: list[Worker]) -> None:
+    """Sleep-poll until the control segment's `slot` is no longer `seen`, looking at the `workers`'
+    processes every CHECK_EVERY (a death raises WorkerDied, as at a barrier: the one waited for, or
+    another, which may stop the graph; Ctrl-C is raised between polls)."""
+    next_check = 0.0
+    while mv[slot] == seen:
+        now = time.monotonic()
+        if now >= next_check:
+            _check_alive(workers)
+            next_check = now + CHECK_EVERY
+        time.sleep(_POLL)
 
 
 def _check_alive(workers: list[Worker]) -> None:

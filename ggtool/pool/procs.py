@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as _wait_ready
 from multiprocessing.reduction import ForkingPickler
 
-from .. import role
+from .. import role, threads
 from ..errors import GGToolError
 from ..interrupts import signals_held
 from . import shm
@@ -139,6 +139,7 @@ def spawn(ctl: shm.Segment, slot: int) -> Worker:
     started = take() or launch()
     conn = Connection(started.sock.detach())
     w = Worker(started.proc, conn, started.life, started.bell, slot)
+    threads.HELPERS.add(w.pid)
     try:
         w.send(Init(ctl.name, ctl.size, role.COMMAND_LINE, slot))
     except BaseException:
@@ -164,6 +165,7 @@ def reap(w: Worker) -> None:
         w.proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:  # pragma: no cover
         pass
+    threads.HELPERS.discard(w.pid)
     try:
         w.conn.close()
     except Exception:

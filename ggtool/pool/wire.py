@@ -9,7 +9,9 @@ and the graph as the workers see it.
   compiled runner's barrier block (``ggtool.kernels.runner``: the arrivals, the generation, the
   sleepers, the abort flag `ABORT` and the chunk counter `CHUNK`, a line each), then participant i's line: `arrivals(i)` (its
   counter for the Python barrier, `barrier.Barrier`, where the compiled runner is not loaded) and
-  `at_node(i)` (the node it is computing, -1: none yet).
+  `at_node(i)` (the node it is computing, -1: none yet), and for a worker `rung` and `answered`; then
+  a second line for each worker: its `standby` word, where the caller may hand it a compute
+  without a message (`handed`, `outcome`).
 - The graph: the caller `describe`s it (per tensor: type, ne, nb, op, op_params, sources, data
   offset, buffer) and `pack`s it with its kernels and the workers' program (the compiled runner's
   steps, ``ggtool.runner.Program``, or the Python path's, `barrier.programs`); a worker `install`s
@@ -136,7 +138,12 @@ CHUNK = 4 * LINE         # slot: the units of work a step deals out taken so far
 # in participant i's line: its Python barrier's counter, the node it computes; for a worker, the
 # messages the caller has sent it and the answers it has sent (see `rung`)
 ARRIVALS, AT_NODE, RUNG, ANSWERED = 0, 1, 2, 3
-CTL_SIZE = (SYNC_LINES + MAX_PARTICIPANTS) * LINE * 8
+# in worker i's second line (after every participant's first): its standby word and a handed compute's
+# Run (see `handed`), and how it answered that compute (`outcome`)
+STANDBY, H_KEY, H_NTH, H_GENERATION, H_SPIN, H_LINGER, OUTCOME = range(7)
+QUIET, ON_SOCKET = 0, 1      # outcomes: done (nothing sent), or its answer is on the socket
+ASLEEP, LISTENING, CLAIMED = 0, 1, 2     # a standby word's states (kernels.runner's, which loads numba: kept in step)
+CTL_SIZE = (SYNC_LINES + 2 * MAX_PARTICIPANTS) * LINE * 8
 
 
 def arrivals(ith: int) -> int:
@@ -161,10 +168,35 @@ def rung(ith: int) -> int:
 
 
 def answered(ith: int) -> int:
-    """The slot counting the answers worker ith has sent (it alone writes it, just after each): a
-    caller done with its own part spins on it for a moment before it reads the sockets. Like
-    `rung` it only saves a sleep: a count seen late or early costs a wait, never an answer."""
+    """The slot counting the answers worker ith has given (it alone writes it, just before it sends
+    each: a caller that has read an answer knows the count has moved): a caller done with its own
+    part spins on it for a moment before it reads the sockets, and waits on it for a handed
+    compute's answer (`standby`)."""
     return (SYNC_LINES + ith) * LINE + ANSWERED
+
+
+def standby(ith: int) -> int:
+    """The slot of worker ith's standby word (``kernels.runner``: ASLEEP, LISTENING, CLAIMED). A worker
+    that has answered a compute of the compiled runner listens there (``kernels.runner.listen``, for
+    Run.linger_ns) for the next compute; a caller whose next compute is of a graph that worker holds
+    already, with nothing to attach, writes the Run's fields in the worker's line (`handed`) and claims
+    it (``kernels.runner.claim``): the compute starts without a message (a pickled Run, a bell, a
+    socket read, ~25 us of Python a worker each way). The worker answers a Done by `outcome` QUIET and
+    every other answer (a failure, a stop, an error) on its socket as before (ON_SOCKET), then counts
+    it in `answered`: the caller waits on that count, and watches the worker's process meanwhile."""
+    return (SYNC_LINES + MAX_PARTICIPANTS + ith) * LINE + STANDBY
+
+
+def handed(ith: int, field: int) -> int:
+    """The slot of a handed compute's field (H_KEY, H_NTH, H_GENERATION, H_SPIN, H_LINGER) in worker
+    ith's second line: written by the caller before its claim, read by the worker after it."""
+    return (SYNC_LINES + MAX_PARTICIPANTS + ith) * LINE + field
+
+
+def outcome(ith: int) -> int:
+    """The slot saying how worker ith answered its last compute: QUIET (done) or ON_SOCKET; written
+    before the worker counts the answer in `answered`."""
+    return (SYNC_LINES + MAX_PARTICIPANTS + ith) * LINE + OUTCOME
 
 
 # -- the graph --------------------------------------------------------------------------------------

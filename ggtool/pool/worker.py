@@ -8,7 +8,8 @@ as soon as the caller is gone (a watchdog thread reads EOF on the pipe), or TERM
 a SIGTERM/SIGHUP the caller did not act on (one sent to this worker alone). It sleeps on the
 eventfd (its bell) between messages, and answers the caller's messages (wire): `Run` a graph as
 participant ith of nth (installing and caching the graph the first time), `Map` a function over
-items, `Preload` the compiled kernels, `Exit`.
+items, `Preload` the compiled kernels, `Exit`. After a compute on the compiled runner it listens for
+a while for the next (wire.standby), which the caller may then hand it without a message.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 
@@ -34,7 +36,14 @@ from .barrier import Aborted, Barrier, participate
 from .placement import Release
 from .wire import (
     ABORT,
-    at_node,
+    H_GENERATION,
+    H_KEY,
+    H_LINGER,
+    H_NTH,
+    H_SPIN,
+    LISTENING,
+    ON_SOCKET,
+    QUIET,
     Done,
     Error,
     Exit,
@@ -48,10 +57,14 @@ from .wire import (
     Stopped,
     WorkerGraph,
     answered,
+    at_node,
     decode,
     encode,
+    handed,
     install,
+    outcome,
     rung,
+    standby,
 )
 
 # Seconds a worker waits, after a SIGTERM or SIGHUP, for its caller to stop it before it exits by itself:
@@ -198,11 +211,13 @@ class _Worker:
                 os._exit(1)
 
     def serve(self) -> None:
-        """Answer the caller's messages until it says Exit or goes away."""
+        """Answer the caller's messages, and the computes it hands us while we listen (wire.standby),
+        until it says Exit or goes away."""
+        handed = False
         while True:
             msg = None
             try:
-                msg = self.receive()
+                msg = self.handed_run() if handed else self.receive()
             except (EOFError, OSError):
                 return
             except BaseException as e:  # a message that cannot be unpickled here (a kernel's module, say)
@@ -217,31 +232,48 @@ class _Worker:
                     reply = self.run(msg) if isinstance(msg, Run) else self.map(msg)
                 except BaseException as e:
                     reply = self.failure(e)
-            if not self.answer(reply):
+            kr = sys.modules.get("ggtool.kernels.runner") if isinstance(msg, Run) and msg.linger_ns > 0 else None
+            if not self.answer(reply, quiet=handed, listening=kr is not None):
                 return
-            if isinstance(msg, Run) and msg.linger_ns > 0:
-                self.linger(msg.linger_ns)
+            handed = kr is not None and self.linger(kr, msg.linger_ns)
 
-    def linger(self, ns: int) -> None:
-        """Spin for up to `ns` until the caller's next message (wire.rung), rather than going to
-        sleep on the bell at once: the next compute of a decode step then finds us awake. Only
-        where the compiled runner is loaded (it has the spin); the bell still carries the message."""
-        kr = sys.modules.get("ggtool.kernels.runner")
-        if kr is not None and self.ctl is not None:
-            kr.wait_change(self.ctl_addr + 8 * rung(self.slot), self.got, ns)
+    def linger(self, kr, ns: int) -> bool:
+        """Listen for up to `ns` for the caller's next compute (wire.standby) or message (wire.rung),
+        rather than going to sleep on the bell at once: the next compute of a decode step then finds
+        us awake, and is handed to us without a message. Only where the compiled runner `kr` is
+        loaded (it has the spin); the bell still carries every message. Whether a compute was handed."""
+        return bool(kr.listen(self.ctl_addr + 8 * standby(self.slot), self.ctl_addr + 8 * rung(self.slot), self.got, ns))
 
-    def answer(self, reply) -> bool:
-        """Send the reply (pickled whole before anything is written; then counted in wire.answered,
-        for a caller that spins on it); False once the caller is gone."""
-        try:
-            self.conn.send(encode(reply))
-            self.ctl[answered(self.slot)] += 1
-        except (OSError, ValueError):
-            return False
-        except Exception as e:   # a map result that cannot travel: its error, not our death
+    def handed_run(self) -> Run:
+        """The compute the caller handed us (its fields in our line, wire.handed): a Run of a graph we
+        hold, with nothing to attach or drop, on a CPU of our choosing."""
+        ctl, i = self.ctl, self.slot
+        return Run(ctl[handed(i, H_KEY)], i, ctl[handed(i, H_NTH)], ctl[handed(i, H_GENERATION)],
+                   ctl[handed(i, H_SPIN)], ctl[handed(i, H_LINGER)], False, None, [], [], [])
+
+    def answer(self, reply, quiet: bool = False, listening: bool = False) -> bool:
+        """Give the reply: pickled whole, counted in wire.answered, then sent (counted first, so that a
+        caller that has read it knows the count has moved: its next compute's count starts from the
+        right one); False once the caller is gone. `quiet`: the answer to a handed compute, where a
+        Done is only counted (wire.outcome QUIET). `listening`: we listen for the next compute once
+        answered (`linger`), and say so first (wire.standby; x86 keeps stores in order). Else the
+        word is left as it is: ASLEEP, or CLAIMED by the compute just handed to us (neither can be
+        claimed)."""
+        buf = None
+        if not (quiet and isinstance(reply, Done)):
             try:
-                self.conn.send(encode(Raised(GGToolError(f"a result cannot be sent back from a worker "
-                                                         f"({type(e).__name__}: {e})"))))
+                buf = ForkingPickler.dumps(encode(reply))
+            except Exception as e:   # a map result that cannot travel: its error, not our death
+                buf = ForkingPickler.dumps(encode(Raised(GGToolError(
+                    f"a result cannot be sent back from a worker ({type(e).__name__}: {e})"))))
+        ctl, i = self.ctl, self.slot
+        if listening:
+            ctl[standby(i)] = LISTENING
+        ctl[outcome(i)] = QUIET if buf is None else ON_SOCKET
+        ctl[answered(i)] += 1
+        if buf is not None:
+            try:
+                self.conn.send_bytes(buf)
             except (OSError, ValueError):
                 return False
         return True
