@@ -119,12 +119,18 @@ def test_a_prompt_counts_once_where_the_steps_twin_cost_is_known(cli):
     assert compiled == ["dot:f32", "dot:q4_0", "dot:q5_0"]
 
 
-def test_step_seconds_are_the_twin_cost_of_each_dot_of_a_step():
-    products = [("q4_0", 2048, 2048, 1), ("f32", 288, 128, 16), ("q4_0", 5632, 2048, 1), ("q8_K", 1, 256, 1)]
+def test_step_seconds_are_the_twin_cost_of_each_dot_of_a_step_and_its_activations_quantizer():
+    """A step's twin cost by kernel: each product's dot, and the quantizer of its activations (which
+    runs each step too: without it, the prompt's conversion was counted once a step to come)."""
+    products = [("q4_0", 2048, 2048, 1), ("f32", 288, 128, 16), ("q4_0", 5632, 2048, 3), ("q8_K", 1, 256, 1),
+                ("q6_K", 32000, 2048, 1)]
     cost = first_run.step_seconds(products)
-    assert list(cost) == ["dot:q4_0", "dot:f32"]          # q8_K: no twin, no dot of its own
-    assert cost["dot:q4_0"] == first_run.dot_seconds("q4_0", 2048, 2048, 1) + first_run.dot_seconds("q4_0", 5632, 2048, 1)
+    # q8_K: no twin, no dot of its own; f32: its activations taken as they are
+    assert list(cost) == ["quantize:Q8_0_cpu", "dot:q4_0", "dot:f32", "quantize:Q8_K", "dot:q6_K"]
+    assert cost["dot:q4_0"] == first_run.dot_seconds("q4_0", 2048, 2048, 1) + first_run.dot_seconds("q4_0", 5632, 2048, 3)
+    assert cost["quantize:Q8_0_cpu"] == first_run.quantize_seconds(2048) + first_run.quantize_seconds(3 * 2048)
     assert cost["dot:f32"] == first_run.dot_seconds("f32", 288, 128, 16)
+    assert cost["quantize:Q8_K"] == first_run.quantize_seconds(2048)
 
 
 def test_a_generation_weighs_its_prompt_by_its_steps_products(cli, monkeypatch):

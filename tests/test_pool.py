@@ -1109,6 +1109,56 @@ time.sleep(60)
 """
 
 
+HANDED_SLEEP = r"""
+import sys
+sys.path.insert(0, {tests!r})
+import ggtool
+from ggtool import compute, runner
+from ggtool.pool import WorkerPool, barrier, caller
+runner.WORTH_NUMBA = 0
+compute.COMPILED = True
+caller.spin_ns = lambda nth: barrier.SPIN_FREE_NS
+barrier.LINGER_NS = 30_000_000_000
+import test_pool
+test_pool.register_test_kernels()
+try:
+    pool = WorkerPool(3)
+    ctx = ggtool.Context()
+    ms = ctx.new_tensor("f32", [16])
+    ms.data[...] = 0
+    g = ggtool.Graph(ctx)
+    g.expand(test_pool.custom(ctx, "TEST_POOL_SLEEP_DATA", ms, 0))
+    compute.freeze(g)
+    pool.freeze(g)
+    plan = ggtool.graph_compute(g, 3, pool=pool)
+    ggtool.graph_compute(g, 3, pool=pool, plan=plan)
+    ms.data[...] = 20_000           # everyone sleeps 20 s in the next compute, handed as the one before
+    print("pids", *pool.pids, "handed", pool.stats["handed"], flush=True)
+    ggtool.graph_compute(g, 3, pool=pool, plan=plan)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_in_a_handed_compute():
+    """Ctrl-C (the terminal's SIGINT to the whole group) while a compute handed to listening workers
+    runs ends as a sent one does: exit 130 within 2 s, no worker and no segment left."""
+    proc = subprocess.Popen([sys.executable, "-c", HANDED_SLEEP.format(tests=str(TESTS))], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+    line = proc.stdout.readline().decode().split()
+    if not line or line[0] != "pids":
+        proc.kill()
+        raise AssertionError(proc.communicate(timeout=60)[1].decode()[-2000:])
+    assert line[3:] == ["handed", "2"], line
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 2.0, (proc.returncode, err)
+    assert_nothing_left(Run(rc=proc.returncode, out="", err=err.decode(), pids=[int(x) for x in line[1:3]],
+                            acted=None, pid=proc.pid))
+
+
 def test_a_worker_spinning_for_the_next_compute_follows_a_killed_caller():
     """A worker spinning for its caller's next message (for 30 s here) still notices the caller's
     death within seconds (its watchdog thread reads EOF on the life pipe) and exits, removing the

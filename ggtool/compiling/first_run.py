@@ -220,7 +220,8 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     from .. import types as T
 
     cost = step_seconds(products)
-    dots = [name for name, s in cost.items() if s * max(1, repeats) > COMPILE_SECONDS["dot"] and wanted(name)]
+    dots = [name for name, s in cost.items()
+            if name.startswith("dot:") and s * max(1, repeats) > COMPILE_SECONDS["dot"] and wanted(name)]
     # a process for the 32-value dots and one for the K-quants (those of a family share their activation
     # pass: compiled once; numba loaded once), one for all where fewer CPUs are free; the float dots
     # (attention's) join the family with fewer kernels
@@ -255,12 +256,17 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
 
 
 def step_seconds(products) -> dict[str, float]:
-    """What each dot's twin costs in one time of a work whose matrix products are `products`
-    (as `prepare` takes them), by kernel, in the order the work first uses them."""
+    """What each twin costs in one time of a work whose matrix products are `products` (as `prepare`
+    takes them), by kernel, in the order the work first uses them: each product's dot, and the
+    quantizer that converts its activations first (``quantize_seconds`` of its k * m values), where
+    the product has a twin."""
     cost: dict[str, float] = {}
     for type_name, n, k, m in products:
         if type_name in FLOAT_TYPES or _twin_decode(type_name) is not None:
             name = f"dot:{type_name}"
+            q = _activation_quantizer(name)
+            if q is not None:
+                cost[q] = cost.get(q, 0.0) + quantize_seconds(k * m)
             cost[name] = cost.get(name, 0.0) + dot_seconds(type_name, n, k, m)
     return cost
 
