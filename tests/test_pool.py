@@ -1090,7 +1090,9 @@ def test_workers_follow_a_killed_caller():
     assert segments_of(r.pid) == set()
 
 
-LINGERING_CALLER = r"""
+# a script's start: computes on the compiled runner, every participant taken to have a core, and
+# workers that listen 30 s for the next compute (as the `lingering` fixture sets them)
+LISTENING_SCRIPT = r"""
 import sys, time
 sys.path.insert(0, {tests!r})
 import ggtool
@@ -1100,6 +1102,9 @@ runner.WORTH_NUMBA = 0
 compute.COMPILED = True
 caller.spin_ns = lambda nth: barrier.SPIN_FREE_NS
 barrier.LINGER_NS = 30_000_000_000
+"""
+
+LINGERING_CALLER = LISTENING_SCRIPT + r"""
 from test_pool import chain
 pool = WorkerPool(2)
 g, y = chain(ggtool.Context(), 4)
@@ -1109,16 +1114,7 @@ time.sleep(60)
 """
 
 
-HANDED_SLEEP = r"""
-import sys
-sys.path.insert(0, {tests!r})
-import ggtool
-from ggtool import compute, runner
-from ggtool.pool import WorkerPool, barrier, caller
-runner.WORTH_NUMBA = 0
-compute.COMPILED = True
-caller.spin_ns = lambda nth: barrier.SPIN_FREE_NS
-barrier.LINGER_NS = 30_000_000_000
+HANDED_SLEEP = LISTENING_SCRIPT + r"""
 import test_pool
 test_pool.register_test_kernels()
 try:
