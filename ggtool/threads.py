@@ -132,6 +132,8 @@ def others_running() -> int:
 # machine were oversubscribed (SPIN_BUSY_NS, no linger) for every other second; a 16-thread one would
 # have for all of them.
 HELPERS: set[int] = set()
+if hasattr(os, "register_at_fork"):     # a fork's workers are its parent's, others to it
+    os.register_at_fork(after_in_child=HELPERS.clear)
 
 
 def _read_others() -> int:
@@ -149,7 +151,9 @@ def _read_others() -> int:
 
 
 def _helpers_running() -> int:
-    """How many of HELPERS are running now (state R in /proc/PID/stat; one gone is not)."""
+    """How many of HELPERS are running now (state R in /proc/PID/stat, its main thread's: a worker
+    busy only on another thread, loading its kernels, still counts as another process; one gone
+    is not running)."""
     n = 0
     for pid in list(HELPERS):
         try:

@@ -622,6 +622,28 @@ def test_a_listening_worker_is_handed_the_next_compute(lingering, shm_clean):
     assert (wire.ASLEEP, wire.LISTENING, wire.CLAIMED) == (kr.ASLEEP, kr.LISTENING, kr.CLAIMED)
 
 
+def test_a_worker_with_something_to_drop_is_sent_a_run(lingering, shm_clean):
+    """A compute is handed only to a worker with nothing to drop: once another graph's context is
+    gone (its segment unlinked), the next compute of a handed graph is sent, its Run naming the
+    segment and the graph to drop (the worker frees their memory), and the one after is handed again."""
+    lingering(5_000_000_000)
+    with WorkerPool(2) as p:
+        g, y, plan = _frozen_chain(p, nth=2)
+        ggtool.graph_compute(g, 2, pool=p, plan=plan)
+        other = chain(ggtool.Context(), 2)[0]
+        ggtool.graph_compute(other, 2, pool=p)
+        (w,) = p._state.workers
+        held = set(w.segs)
+        del other
+        gc.collect()
+        assert not held <= set(shm.list_segments())     # the other graph's segment is gone
+        handed = p.stats["handed"]
+        ggtool.graph_compute(g, 2, pool=p, plan=plan)
+        assert p.stats["handed"] == handed and set(w.segs) < held
+        ggtool.graph_compute(g, 2, pool=p, plan=plan)
+        assert p.stats["handed"] == handed + 1 and np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
+
+
 def test_a_handed_compute_that_fails_says_what_a_sent_one_says(lingering, registered_test_kernels, shm_clean):
     """A kernel that fails in a handed compute gives the ComputeError a sent compute gives (the worker's
     Failed comes on its socket: wire.outcome ON_SOCKET), and the pool hands the next compute again."""
@@ -723,30 +745,53 @@ def test_a_handed_answer_waits_for_the_worker_or_its_death():
 
 def test_listening_and_handing_never_cross(lingering, shm_clean):
     """Whether a worker stops listening (its linger over, a message come) or is claimed first, one side
-    wins (a compare-and-swap on the standby word): computes at the edge of a short linger, with maps and
-    preloads between them, are all computed once, right, and the pool never hangs; both ways were taken."""
+    wins (a compare-and-swap on the standby word): computes handed for sure (a 5 s linger), then at the
+    edge of a short one with maps and preloads between them, then sent for sure (long gaps), are each
+    computed once and right and the pool never hangs. Each worker answers every compute and map once,
+    and is sent a message for every compute not handed to it, every map and every preload."""
     import random
 
-    lingering(300_000)          # 0.3 ms
+    from ggtool.pool import wire
+
     rnd = random.Random(7)
+    lingering(5_000_000_000)
     with WorkerPool(3) as p:
         g, y, plan = _frozen_chain(p)
-        sent = p.stats["graphs_sent"]
-        for k in range(300):
+        counts = {"computes": 1, "maps": 0, "preloads": 0}
+
+        def compute(k):
             y.data[...] = -1
             ggtool.graph_compute(g, 3, pool=p, plan=plan)
             assert np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2), k
+            counts["computes"] += 1
+
+        for k in range(10):
+            compute(k)
+        assert p.stats["handed"] == 2 * 10
+        lingering(300_000)                  # 0.3 ms
+        for k in range(300):
+            compute(k)
             r = rnd.random()
             if r < 0.05:
                 assert p.map(abs, [-1, -2, -3]) == [1, 2, 3]
+                counts["maps"] += 1
             elif r < 0.1:
                 p.preload_kernels()
+                counts["preloads"] += 1
             elif r < 0.6:
                 end = time.perf_counter() + rnd.uniform(0, 0.0006)
                 while time.perf_counter() < end:
                     pass
-        assert 0 < p.stats["handed"] < 2 * 300 and p.stats["graphs_sent"] == sent
-        assert p.stats["restarts"] == 0
+        handed = p.stats["handed"]
+        for k in range(3):
+            time.sleep(0.2)                 # past the linger: asleep
+            compute(k)
+        assert p.stats["handed"] == handed and p.stats["graphs_sent"] == 2 and p.stats["restarts"] == 0
+        workers = p._state.workers
+        for w in workers:                  # counted before sent: every answer read is counted
+            assert w.answered() == counts["computes"] + counts["maps"]
+        sent = sum(w.ctl[wire.rung(w.slot)] for w in workers)
+        assert sent == 2 * (counts["computes"] + counts["maps"] + counts["preloads"]) - handed
 
 
 def test_hundred_computes_leave_nothing():

@@ -160,6 +160,18 @@ def test_a_pool_counts_its_workers_as_its_own_while_they_live():
     assert not pids & threads.HELPERS
 
 
+def test_a_forked_child_does_not_take_its_parents_workers_for_its_own():
+    """After os.fork the parent's pool workers are others to the child: its HELPERS start empty."""
+    threads.HELPERS.add(2 ** 22 + 4321)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if not threads.HELPERS else 1)
+        assert os.waitpid(pid, 0)[1] == 0 and 2 ** 22 + 4321 in threads.HELPERS
+    finally:
+        threads.HELPERS.discard(2 ** 22 + 4321)
+
+
 def test_a_cgroup_quota_caps_the_cpus(five_cpus, monkeypatch, tmp_path):
     f = tmp_path / "cpu.max"
     monkeypatch.setattr(threads, "CGROUP_CPU_MAX", str(f))

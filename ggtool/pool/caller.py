@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import threading
 import time
 import weakref
@@ -60,7 +61,8 @@ from .wire import (
 )
 
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
-_POLL = 0.0001         # seconds between looks at a handed compute's answer, once the spin is over
+_POLL, _POLL_MAX = 0.0001, 0.001   # seconds between looks at a handed compute's answer, once the spin is over
+HANDING = platform.machine().lower() in ("x86_64", "amd64")     # see WorkerPool._hand
 
 
 class _Entry:
@@ -325,7 +327,7 @@ class WorkerPool:
             answers = [w.answered() for w in workers]
             handed_to = set()
             for ith, w in enumerate(workers, 1):
-                if linger and self._hand(w, entry, nth, g0, spin, linger, mv):
+                if linger and self._hand(w, entry, nth, g0, spin, linger, mv, live):
                     handed_to.add(ith)
                 else:
                     self._send_run(ith, w, entry, nth, g0, spin, linger, cpus, live)
@@ -365,11 +367,14 @@ class WorkerPool:
             if (left <= 0 or not kr.wait_change(base + 8 * answered(w.slot), seen, left)) and ith in handed_to:
                 _await_change(mv, answered(w.slot), seen, workers)
 
-    def _hand(self, w: Worker, entry: _Entry, nth: int, g0: int, spin: int, linger: int, mv: memoryview) -> bool:
+    def _hand(self, w: Worker, entry: _Entry, nth: int, g0: int, spin: int, linger: int, mv: memoryview,
+              live: set[str]) -> bool:
         """Hand worker `w` its part of `entry` through the control segment (wire.standby), where it
-        holds the graph and every segment already and is listening: whether it took it (else it is
-        sent a Run)."""
-        if entry.key not in w.graphs or not all(n in w.segs for n in entry.segs):
+        holds the graph and every segment already, has nothing to drop (segments gone, graphs the pool
+        forgot: a Run says so, and frees their memory), and is listening: whether it took it (else it
+        is sent a Run). x86 only: the worker's answer is published by plain stores in order (TSO)."""
+        if not HANDING or entry.key not in w.graphs or not all(n in w.segs for n in entry.segs) \
+                or not all(n in live for n in w.segs) or not all(k in self._keys for k in w.graphs):
             return False
         from ..kernels import runner as kr
 
@@ -562,16 +567,18 @@ class WorkerPool:
 
 
 def _await_change(mv: memoryview, slot: int, seen: int, workers: list[Worker]) -> None:
-    """Sleep-poll until the control segment's `slot` is no longer `seen`, looking at the `workers`'
-    processes every CHECK_EVERY (a death raises WorkerDied, as at a barrier: the one waited for, or
-    another, which may stop the graph; Ctrl-C is raised between polls)."""
-    next_check = 0.0
+    """Sleep-poll until the control segment's `slot` is no longer `seen` (sleeps from _POLL, doubling
+    up to _POLL_MAX: a long compute costs the caller little), looking at the `workers`' processes
+    every CHECK_EVERY (a death raises WorkerDied, as at a barrier: the one waited for, or another,
+    which may stop the graph; Ctrl-C is raised between polls)."""
+    next_check, pause = 0.0, _POLL
     while mv[slot] == seen:
         now = time.monotonic()
         if now >= next_check:
             _check_alive(workers)
             next_check = now + CHECK_EVERY
-        time.sleep(_POLL)
+        time.sleep(pause)
+        pause = min(_POLL_MAX, 2 * pause)
 
 
 def _check_alive(workers: list[Worker]) -> None:
