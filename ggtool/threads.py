@@ -159,7 +159,7 @@ def _helpers_running() -> int:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 n += f.read().rsplit(b")", 1)[1].split(None, 1)[0] == b"R"
-        except (OSError, IndexError):
+        except (OSError, IndexError, ValueError):
             pass
     return n
 

@@ -109,6 +109,7 @@ def test_the_running_count_is_read_from_proc_loadavg(five_cpus, monkeypatch, tmp
     or malformed file counts nobody (the rule then falls back to the CPUs it may use)."""
     monkeypatch.undo()
     monkeypatch.setattr(threads, "SAMPLE_GAP", 0)
+    monkeypatch.setattr(threads, "HELPERS", set())      # a pool of other tests may be running: not read here
     f = tmp_path / "loadavg"
     monkeypatch.setattr(threads, "LOADAVG", str(f))
     for text, others in (("0.50 0.40 0.30 4/180 12345\n", 3), ("1.0 1.0 1.0 1/99 7\n", 0), ("garbage", 0),
