@@ -11,7 +11,7 @@ import numpy as np
 from . import runner
 from .context import OBJECT_SIZE, pad
 from .errors import ComputeError, GGToolError, OutOfMemoryError, memory_limit
-from .kernels.numerics import host_flags, resolve
+from .kernels.numerics import resolve
 from .plan import Plan, make_plan
 from .runner import node_error, run_node  # noqa: F401 - ggtool.compute.run_node, as before the runner
 from .threads import single_threaded
@@ -65,12 +65,12 @@ def prepare(graph, n_threads: int = 1, plan: Plan | None = None, alloc: str = "c
     if alloc not in ALLOC_MODES:
         raise GGToolError(f"alloc must be one of {', '.join(ALLOC_MODES)}, not {alloc!r}")
     if numerics is not None:     # "llama.cpp" becomes the variant this CPU's build runs
-        numerics = resolve(numerics, host_flags())
+        numerics = resolve(numerics)
     materialize_written(graph)
     verify_maps(graph)
     plan = plan or make_plan(graph, n_threads)
     # a given plan's own name too: kernels and workers see only a resolved one
-    plan.numerics = numerics if numerics is not None else resolve(plan.numerics, host_flags())
+    plan.numerics = numerics if numerics is not None else resolve(plan.numerics)
     if alloc == "graph":
         plan.allocation = bind(graph, outputs, plan)
     else:

@@ -5,7 +5,8 @@ Python between nodes (``ggtool.kernels.runner`` runs them, ``ggtool.kernels.node
   becomes its op's compiled steps (``ops.base.Kernel.steps``: a kernel and its parameters), or one step
   Python runs (an op, a type or a layout no compiled kernel takes yet); each step is run by every
   participant (the op splits, as GGML's forward does) or by participant 0 alone, and followed by the
-  barrier (not between two steps of participant 0 alone). The `Program` names the steps only, so
+  barrier (not between two steps of participant 0 alone; after the last step too, where more than one
+  participates: passing it tells each that all have finished). The `Program` names the steps only, so
   that every participant runs the same steps and meets at the same barriers whatever it could
   compile; it travels to the workers with the graph.
 - `bind(program, nodes, numerics, ith, nth)`, in every participant's process, once per graph: the
@@ -242,6 +243,8 @@ def make_program(nodes, nth: int, numerics: str, compiled: bool = True, fuse: bo
         nxt = steps[n + 1] if n + 1 < len(steps) else None
         if nxt is not None and not (flags & ONLY0 and nxt[2] & ONLY0):
             flags |= BARRIER
+        elif nxt is None and nth > 1:
+            flags |= BARRIER      # the last: whoever passes it knows every participant has finished (pool.caller)
         out.append((name, i, flags, j))
     return Program(tuple(out), nth) if available() else None
 

@@ -110,20 +110,23 @@ def _read_quota() -> int | None:
         return None
 
 
-_seen: list = []     # (time.monotonic(), others_running()) of the last reading
-SEEN_FOR = 1.0       # seconds a reading is reused (the quantizers ask for every array)
+_seen: list = []     # (time.monotonic(), others) of the readings in the window, the newest last
+SEEN_FOR = 1.0       # seconds the window spans (the quantizers and every compute's barrier ask)
 
 
 def others_running() -> int:
-    """Threads of other processes running or ready to run now on this machine: the median of
-    SAMPLES reads of /proc/loadavg's running count, less this process's one (0 where unreadable);
-    a reading is reused for SEEN_FOR seconds."""
+    """Threads of other processes running or ready to run now on this machine: the median of the
+    last SAMPLES readings of /proc/loadavg's running count, less this process's one (0 where
+    unreadable). A first call (or one after SEEN_FOR seconds without) reads SAMPLES times,
+    SAMPLE_GAP apart (`_read_others`); a later one reads once (`_read_one`, no sleep: it is on a
+    compute's way) where the newest reading is SEEN_FOR / SAMPLES old, in place of the oldest."""
     now = time.monotonic()
-    if _seen and now - _seen[0][0] < SEEN_FOR:
-        return _seen[0][1]
-    n = _read_others()
-    _seen[:] = [(now, n)]
-    return n
+    if not _seen or now - _seen[-1][0] >= SEEN_FOR:
+        _seen[:] = [(now, _read_others())] * SAMPLES
+    elif now - _seen[-1][0] >= SEEN_FOR / SAMPLES:
+        _seen.append((now, _read_one() or 0))
+        del _seen[:-SAMPLES]
+    return sorted(n for _, n in _seen)[len(_seen) // 2]
 
 
 # Process ids of this process's pool workers (``pool.procs`` adds and removes them): while they compute, or
@@ -137,17 +140,28 @@ if hasattr(os, "register_at_fork"):     # a fork's workers are its parent's, oth
 
 
 def _read_others() -> int:
+    """The median of SAMPLES reads, SAMPLE_GAP apart, of the others running (see `_read_one`)."""
     counts = []
     for i in range(SAMPLES):
-        try:
-            with open(LOADAVG) as f:
-                counts.append(int(f.read().split()[3].split("/")[0]) - _helpers_running())
-        except (OSError, ValueError, IndexError):
+        n = _read_one()
+        if n is None:
             return 0
+        counts.append(n)
         if i + 1 < SAMPLES:
             time.sleep(SAMPLE_GAP)
     counts.sort()
-    return max(0, counts[len(counts) // 2] - 1)
+    return counts[len(counts) // 2]
+
+
+def _read_one() -> int | None:
+    """One read of /proc/loadavg's running count, less this process and its running workers (None:
+    unreadable, 0 to the caller)."""
+    try:
+        with open(LOADAVG) as f:
+            running = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, running - _helpers_running() - 1)
 
 
 def _helpers_running() -> int:

@@ -247,6 +247,24 @@ def test_causal_mask():
         assert message in err(source)
 
 
+def test_a_few_rows_of_the_causal_mask_are_the_blocks_bits(monkeypatch):
+    """fill_causal_mask's few-row path (a decode step's one row: slices) writes what its block path
+    writes, for any positions (negative and past n_kv too) and windows, over rows holding anything."""
+    from ggtool.dsl import builtins
+
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        n, n_kv, n_swa = int(rng.integers(1, 9)), int(rng.integers(1, 40)), int(rng.choice([0, 1, 2, 5, 100]))
+        positions = rng.integers(-3, 45, n)
+        few, block = (np.full((n, n_kv), np.nan, np.float32) for _ in range(2))
+        builtins.fill_causal_mask(few, positions, n_swa)
+        monkeypatch.setattr(builtins, "_FEW_ROWS", 0)
+        builtins.fill_causal_mask(block, positions, n_swa)
+        monkeypatch.undo()
+        assert few.tobytes() == block.tobytes(), (n_kv, n_swa, positions)
+        assert not np.isnan(few).any()
+
+
 def test_causal_mask_with_soft_max_ext_is_diag_mask_inf():
     x = np.random.default_rng(0).standard_normal((3, 5, 5)).astype(np.float32)
     built = run("a1 = soft_max_ext(x, causal_mask(5), 0.5, 0.0)\na2 = soft_max(diag_mask_inf(scale(x, 0.5), 0))",

@@ -604,7 +604,9 @@ def _frozen_chain(pool, n: int = 4, nth: int = 3):
 def test_a_listening_worker_is_handed_the_next_compute(lingering, shm_clean):
     """A frozen graph computed again while its workers listen (wire.standby) is handed to them through
     the control segment: no message is sent (each worker's rung stays at the first compute's Run), no
-    answer comes on a socket, and the results are those of a compute whose Runs were sent."""
+    answer comes on a socket, and the results are those of a compute whose Runs were sent. Each
+    handed compute returns once every participant has passed its last barrier; the workers' answers
+    are counted before the next use of the pool (WorkerPool._settle)."""
     from ggtool.pool import wire
 
     lingering(5_000_000_000)
@@ -614,7 +616,10 @@ def test_a_listening_worker_is_handed_the_next_compute(lingering, shm_clean):
             y.data[...] = -1
             ggtool.graph_compute(g, 3, pool=p, plan=plan)
             assert np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2), k
+            assert p._unsettled is not None and [c for c in p._unsettled[1]] == [k + 1, k + 1], k
         assert p.stats["handed"] == 2 * 20 and p.stats["runs"] == 21
+        p._settle()
+        assert p._unsettled is None
         for w in p._state.workers:
             assert w.ctl[wire.rung(w.slot)] == 1 and w.answered() == 21 and not w.conn.poll()
         assert p.stats["restarts"] == 0
@@ -710,6 +715,60 @@ def test_a_worker_killed_in_a_handed_compute_is_reported_at_once(lingering, regi
         assert p.stats["restarts"] == 1 and victim not in p.pids
 
 
+def test_a_worker_that_dies_before_its_last_answer_is_counted_restarts_the_pool(lingering, shm_clean):
+    """A handed compute returns once all have passed its last barrier, its answers left to count
+    (WorkerPool._unsettled). A worker that dies before counting its answer, or after, is found at the
+    pool's next use, which starts afresh as after a death between computes: its results are right,
+    no compute is reported failed, nothing is left."""
+    import threading
+
+    lingering(5_000_000_000)
+    with WorkerPool(3) as p:
+        g, y, plan = _frozen_chain(p)
+        ggtool.graph_compute(g, 3, pool=p, plan=plan)
+        assert p._unsettled is not None
+        victim = p.pids[0]
+        os.kill(victim, signal.SIGKILL)                    # after its answer, most likely: still found
+        while p._state.workers[0].proc.poll() is None:     # dead (else the next compute may meet it dying)
+            time.sleep(0.01)
+        y.data[...] = -1
+        ggtool.graph_compute(g, 3, pool=p, plan=plan)
+        assert np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
+        assert p.stats["restarts"] == 1 and victim not in p.pids
+        # a count that never moves (as from a worker killed before it counted): _settle waits for it,
+        # watching every worker, and starts afresh when one dies
+        ggtool.graph_compute(g, 3, pool=p, plan=plan)
+        workers, answers = p._unsettled
+        p._settle()
+        p._unsettled = (workers, [a + 1 for a in answers])
+        victim = p.pids[1]
+        threading.Timer(0.3, os.kill, (victim, signal.SIGKILL)).start()
+        t = time.monotonic()
+        y.data[...] = -1
+        ggtool.graph_compute(g, 3, pool=p, plan=plan)
+        assert 0.3 <= time.monotonic() - t < 1.5
+        assert np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
+        assert p.stats["restarts"] == 2 and victim not in p.pids
+
+
+def test_a_map_after_a_handed_compute_counts_its_answers_first(lingering, shm_clean):
+    """pool.map right after a handed compute: the compute's answers are settled, then the map's
+    results come back in order, and the next compute is handed again."""
+    lingering(5_000_000_000)
+    with WorkerPool(3) as p:
+        g, y, plan = _frozen_chain(p)
+        ggtool.graph_compute(g, 3, pool=p, plan=plan)
+        assert p._unsettled is not None
+        assert p.map(abs, range(-6, 0)) == [6, 5, 4, 3, 2, 1]
+        assert p._unsettled is None
+        handed = p.stats["handed"]
+        for _ in range(2):          # sent (the workers slept after the map), then handed
+            y.data[...] = -1
+            ggtool.graph_compute(g, 3, pool=p, plan=plan)
+            assert np.all(y.numpy()[0, 0, 0] == np.arange(16) + 2)
+        assert p.stats["handed"] == handed + 2 and p.stats["restarts"] == 0
+
+
 def test_a_handed_answer_waits_for_the_worker_or_its_death():
     """The caller's wait for a handed compute's answer (caller._await_change) ends when the worker
     counts it, and raises WorkerDied for a worker of the compute dead meanwhile (the one waited for or
@@ -741,6 +800,28 @@ def test_a_handed_answer_waits_for_the_worker_or_its_death():
         dead.proc = Proc(None)
     w1.proc = Proc(-9)
     _await_change(mv, 3, 0, [w1, w2])      # counted already: dead or not, nothing to wait for
+
+
+def test_one_call_hands_a_compute_to_every_listening_worker():
+    """kernels.runner.hand writes the compute's fields in each worker's line and claims each listening
+    one (LISTENING -> CLAIMED); a worker asleep or claimed already is left as it is, its fields
+    written (it reads them only once claimed) but not claimed: it is sent a Run."""
+    from ggtool.kernels import runner as kr
+    from ggtool.pool import caller, wire
+
+    ctl = np.zeros(wire.CTL_SIZE // 8, np.int64)
+    states = {1: wire.LISTENING, 2: wire.ASLEEP, 3: wire.LISTENING, 4: wire.CLAIMED}
+    for i, state in states.items():
+        ctl[wire.standby(i)] = state
+    lines = np.array([wire.standby(i) - wire.STANDBY for i in states], np.int64)
+    claimed = np.zeros(len(states), np.bool_)
+    kr.hand(ctl.ctypes.data, lines, caller._HANDED_FIELDS, np.array([7, 5, 11, 200, 3000], np.int64), claimed)
+    assert claimed.tolist() == [True, False, True, False]
+    assert [ctl[wire.standby(i)] for i in states] == [wire.CLAIMED, wire.ASLEEP, wire.CLAIMED, wire.CLAIMED]
+    for i in states:
+        assert [ctl[wire.handed(i, f)] for f in (wire.H_KEY, wire.H_NTH, wire.H_GENERATION, wire.H_SPIN,
+                                                 wire.H_LINGER)] == [7, 5, 11, 200, 3000]
+    assert ctl[wire.standby(0)] == ctl[wire.standby(5)] == 0 and np.count_nonzero(ctl) == 4 + 4 * 5 - 1
 
 
 def test_listening_and_handing_never_cross(lingering, shm_clean):

@@ -658,7 +658,8 @@ def test_the_spin_reads_the_load_as_the_thread_rule_does(monkeypatch):
 
 
 def test_program_barriers_and_participant_0_steps():
-    """A barrier after each step but the last, none between two steps participant 0 runs alone."""
+    """A barrier after each step, none between two steps participant 0 runs alone; after the last
+    one where more than one participates (passing it, each knows all have finished: pool._settle)."""
     ctx = ggtool.Context()
     a = leaf(ctx, values((4, 16), special=False))
     s = F["sum_rows"](ctx, F["sqr"](ctx, a))      # n_tasks 1: participant 0 alone
@@ -667,7 +668,9 @@ def test_program_barriers_and_participant_0_steps():
     program = runner.make_program(g.nodes, 2, "ggml")
     flags = [(k, f) for k, _, f, _ in program.steps]
     assert flags == [(None, runner.ONLY0), (None, runner.ONLY0), (None, runner.ONLY0 | runner.BARRIER),
-                     ("binary_f32", 0)]
+                     ("binary_f32", runner.BARRIER)]
+    alone = runner.make_program(g.nodes, 1, "ggml")
+    assert [f for _, _, f, _ in alone.steps] == [runner.ONLY0, runner.ONLY0, runner.ONLY0 | runner.BARRIER, 0]
 
 
 # -- a crash, Ctrl-C, in the middle of a compiled stretch --------------------------------------------------------

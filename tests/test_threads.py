@@ -123,6 +123,33 @@ def test_the_running_count_is_read_from_proc_loadavg(five_cpus, monkeypatch, tmp
     assert threads._read_others() == 2      # median 3, less this process
 
 
+def test_the_running_count_is_a_rolling_median_read_without_sleeping(five_cpus, monkeypatch):
+    """After its first reading (SAMPLES reads, SAMPLE_GAP apart), others_running reads once where the
+    newest reading is SEEN_FOR / SAMPLES old, never sleeping (it is on every compute's way), and
+    answers the median of the last SAMPLES: a moment's task is not a busy machine, a lasting one is
+    seen within a second; after SEEN_FOR without a call, the window starts afresh."""
+    import types
+
+    clock = [100.0]
+
+    def no_sleep(s):
+        raise AssertionError("slept")
+
+    monkeypatch.setattr(threads, "time", types.SimpleNamespace(monotonic=lambda: clock[0], sleep=no_sleep))
+    monkeypatch.setattr(threads, "_read_others", lambda: 1)
+    reads = iter([5, 0, 5, 5, None, 7])
+    monkeypatch.setattr(threads, "_read_one", lambda: next(reads))
+    seen = []
+    for t in (100.0, 100.1, 100.25, 100.5, 100.75, 101.0, 101.1, 101.25, 101.5):
+        clock[0] = t
+        seen.append(threads.others_running())
+    assert seen == [1, 1, 1, 1, 1, 5, 5, 5, 5]      # the reads: -, -, 5, 0, 5, 5, -, None (0), 7
+    assert [n for _, n in threads._seen] == [0, 5, 5, 0, 7]
+    monkeypatch.setattr(threads, "_read_others", lambda: 2)
+    clock[0] = 102.6
+    assert threads.others_running() == 2 and len(threads._seen) == threads.SAMPLES
+
+
 def test_the_pools_own_workers_running_are_not_others(five_cpus, monkeypatch, tmp_path):
     """A pool's workers (threads.HELPERS) computing or spinning for the next compute are this
     process's work: each one running is taken off the running count; one asleep, one gone, or a

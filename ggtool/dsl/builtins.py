@@ -305,10 +305,19 @@ def _causal_mask(ev, n_tokens, n_swa=0, n_kv=None):
     return t
 
 
+_FEW_ROWS = 8
+
+
 def fill_causal_mask(rows: np.ndarray, positions: np.ndarray, n_swa: int = 0) -> None:
     """rows[i, j] (numpy (n_tokens, n_kv)) = 0 where the query at positions[i] may see the key in
     cache cell j (j <= pos, and pos - j < n_swa if n_swa > 0), else -inf: llama.cpp's KQ mask for
     a batch whose cells are the positions 0..n_kv-1 (what ggtool.generate's cache holds)."""
+    if len(positions) <= _FEW_ROWS:             # a decode step's row: two slices, no temporaries
+        for row, pos in zip(rows, positions):
+            pos = int(pos)
+            row[:] = np.float32(-np.inf)
+            row[max(0, pos - n_swa + 1) if n_swa > 0 else 0:max(0, pos + 1)] = np.float32(0)
+        return
     j = np.arange(rows.shape[1])[None, :]       # key (column: ne0)
     for i0 in range(0, len(positions), 256):   # a block of query rows (ne1) at a time: no n² temporaries
         i = np.asarray(positions[i0:i0 + 256])[:, None]

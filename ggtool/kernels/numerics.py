@@ -70,15 +70,15 @@ def llama_cpp_variant(flags) -> str | None:
     return None
 
 
-def resolve(name: str, flags) -> str:
+def resolve(name: str, flags=None) -> str:
     """The numerics the kernels run for `name`: GGML, AVX512 or AVX2. `flags` (the CPU's, see
-    `host_flags`) decide only what AUTO means."""
+    `host_flags`, read only when needed where not given) decide only what AUTO means."""
     if name not in NAMES:
         raise NumericsError(name)
     name = ALIASES.get(name, name)
     if name != AUTO:
         return name
-    flags = frozenset(flags)
+    flags = frozenset(host_flags() if flags is None else flags)
     variant = llama_cpp_variant(flags)
     if variant is None:
         raise NumericsError(name, flags)

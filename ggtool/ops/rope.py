@@ -125,12 +125,19 @@ def _rope_compiled(node, numerics):
             cos, sin = np.zeros((pos.ne[0], half), f32), np.zeros((pos.ne[0], half), f32)
             positions = weakref.ref(pos)   # what keeps the bound steps keeps no tensor (nor its context) alive
             step = max(1, CHUNK_BYTES // (4 * a_ne0))
+            params = (a_ne0, n_dims, float(freq_base), float(freq_scale), float(attn_factor), bool(x86))
+            n = block_len(a_ne0 // 2)
 
             def prologue():
                 p = positions()
                 if p is None:
                     return
                 every = p.data.reshape(-1)
+                if n and len(every) == 1:    # a decode step: one row of a block (what _cos_sin takes), no more
+                    q = int(every[0])        # Python (on every participant's way to the first barrier)
+                    c, s = _block(params, q // n, n)
+                    cos[0], sin[0] = c[q % n, :half], s[q % n, :half]
+                    return
                 for t0 in range(0, len(every), step):       # tokens a chunk at a time: small temporaries
                     c, s = _cos_sin(every[t0:t0 + step], a_ne0, n_dims, freq_base, freq_scale, attn_factor, x86)
                     cos[t0:t0 + step], sin[t0:t0 + step] = c[:, :half], s[:, :half]

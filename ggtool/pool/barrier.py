@@ -46,9 +46,9 @@ LINGER_NS = 3_000_000
 
 def free_cpus() -> int:
     """The CPUs no other process is busy on: the thread rule's reading (``threads.free_cpus``: the
-    median of a few reads of /proc/loadavg, kept a second). One read alone often counted a task that
-    ran for a moment (a shell, a monitor): a 2-thread decode then slept at every barrier (~25%
-    slower on a 2-core machine)."""
+    median of the last few readings of /proc/loadavg, spread over a second). One read alone often
+    counted a task that ran for a moment (a shell, a monitor): a 2-thread decode then slept at every
+    barrier (~25% slower on a 2-core machine)."""
     return free_cpus_now()
 
 

@@ -21,6 +21,8 @@ import weakref
 from collections import OrderedDict
 from multiprocessing.connection import wait as _wait
 
+import numpy as np
+
 from .. import role, runner
 from ..compute import Work, freeze, run_in_process, single_threaded, work_view
 from ..errors import ComputeError, GGToolError
@@ -44,6 +46,7 @@ from .wire import (
     N_BARRIER,
     ON_SOCKET,
     SLEEPERS,
+    STANDBY,
     Error,
     Failed,
     Map,
@@ -55,7 +58,6 @@ from .wire import (
     arrivals,
     at_node,
     decode,
-    handed,
     outcome,
     standby,
 )
@@ -63,6 +65,8 @@ from .wire import (
 _GRAPH_CACHE = 64      # graphs remembered per pool (and per worker)
 _POLL, _POLL_MAX = 0.0001, 0.001   # seconds between looks at a handed compute's answer, once the spin is over
 HANDING = platform.machine().lower() in ("x86_64", "amd64")     # see WorkerPool._hand
+# a worker's standby word and a handed compute's fields, in its line (kernels.runner.hand's `fields`)
+_HANDED_FIELDS = np.array([STANDBY, H_KEY, H_NTH, H_GENERATION, H_SPIN, H_LINGER], np.int64)
 
 
 class _Entry:
@@ -126,6 +130,7 @@ class WorkerPool:
         self._described: OrderedDict[tuple, wire.Described] = OrderedDict()
         self._keys: dict[int, _Entry] = {}
         self._next_key = 0
+        self._unsettled: tuple | None = None     # (workers, their answer counts) of a compute left to settle
         self.stats = {"graphs_sent": 0, "runs": 0, "handed": 0, "restarts": 0, "described": 0}
         try:
             self._start(n)
@@ -154,6 +159,7 @@ class WorkerPool:
         the workers to exit (up to 2 s before they are killed); else kill them at once (on an
         interrupt or a broken pipe, when nothing they hold is wanted any more)."""
         self._closed = True
+        self._unsettled = None
         self._entries.clear()
         self._keys.clear()
         self._described.clear()
@@ -190,6 +196,8 @@ class WorkerPool:
         if n > MAX_PARTICIPANTS:
             raise GGToolError(f"a worker pool has at most {MAX_PARTICIPANTS} participants, not {n}")
         self.n_threads = max(self.n_threads, n)
+        if self._unsettled is not None:
+            self._settle()
         if any(w.proc.poll() is not None for w in self._state.workers):
             self._broken()  # a worker died while idle: start afresh
         try:
@@ -212,6 +220,7 @@ class WorkerPool:
     def _broken(self) -> None:
         """Kill every worker and unlink the segments; the next use starts afresh."""
         self._state.teardown()
+        self._unsettled = None
         self._entries.clear()
         self._keys.clear()
         self._described.clear()
@@ -260,7 +269,7 @@ class WorkerPool:
             entry = self._entry(graph, plan, nth)
             self._wait_ready(workers)
             with single_threaded():
-                self._run(graph, plan, nth, workers, entry, placement(nth) if self.place else None, progress)
+                self._run(graph, plan, nth, workers, entry, progress)
         finally:
             self._leave()
 
@@ -313,11 +322,12 @@ class WorkerPool:
             self._keys.pop(old.key, None)
         return entry
 
-    def _run(self, graph, plan, nth: int, workers: list[Worker], entry: _Entry, cpus: list[int] | None,
-             progress) -> None:
+    def _run(self, graph, plan, nth: int, workers: list[Worker], entry: _Entry, progress) -> None:
         """Participant 0's part of a compute: the workers told to run `entry`, this process's own
         program, then every worker's answer. Raises the ComputeError of the first failing node, or
-        of a worker that died; any other exception (Ctrl-C) breaks the pool, leaving nothing behind."""
+        of a worker that died; any other exception (Ctrl-C) breaks the pool, leaving nothing behind.
+        The CPUs of a placed compute (`placement`) are chosen only for a worker sent a Run (a handed
+        one wakes on its own: it is spinning)."""
         live = self._forget_stale(entry)
         mv = memoryview(self._state.ctl.array).cast("q")
         g0 = self._reset_control(mv, nth)
@@ -325,15 +335,22 @@ class WorkerPool:
         linger = linger_ns(spin) if entry.program is not None else 0
         try:
             answers = [w.answered() for w in workers]
-            handed_to = set()
+            handed_to = self._hand(workers, entry, nth, g0, spin, linger, live) if linger else set()
+            cpus = ()
             for ith, w in enumerate(workers, 1):
-                if linger and self._hand(w, entry, nth, g0, spin, linger, mv, live):
-                    handed_to.add(ith)
-                else:
-                    self._send_run(ith, w, entry, nth, g0, spin, linger, cpus, live)
+                if ith in handed_to:
+                    continue
+                if cpus == ():
+                    cpus = placement(nth) if self.place else None
+                self._send_run(ith, w, entry, nth, g0, spin, linger, cpus, live)
             self.stats["runs"] += 1
             self.stats["handed"] += len(handed_to)
             failures = self._take_part(graph, plan, entry, nth, g0, spin, workers, mv, progress)
+            if not failures and len(handed_to) == len(workers) and not mv[ABORT] and _ends_met(entry.program):
+                # every participant passed the last step's barrier, so each will answer Done, quietly:
+                # counted before the next use of the workers (_settle), while this process goes on
+                self._unsettled = (workers, answers)
+                return
             if entry.program is not None:
                 self._await_answers(workers, answers, spin, handed_to, mv)
             failures += self._failures([(ith, w) for ith, w in enumerate(workers, 1)
@@ -367,21 +384,47 @@ class WorkerPool:
             if (left <= 0 or not kr.wait_change(base + 8 * answered(w.slot), seen, left)) and ith in handed_to:
                 _await_change(mv, answered(w.slot), seen, workers)
 
-    def _hand(self, w: Worker, entry: _Entry, nth: int, g0: int, spin: int, linger: int, mv: memoryview,
-              live: set[str]) -> bool:
-        """Hand worker `w` its part of `entry` through the control segment (wire.standby), where it
-        holds the graph and every segment already, has nothing to drop (segments gone, graphs the pool
-        forgot: a Run says so, and frees their memory), and is listening: whether it took it (else it
-        is sent a Run). x86 only: the worker's answer is published by plain stores in order (TSO)."""
-        if not HANDING or entry.key not in w.graphs or not all(n in w.segs for n in entry.segs) \
-                or not all(n in live for n in w.segs) or not all(k in self._keys for k in w.graphs):
-            return False
+    def _settle(self) -> None:
+        """Wait for the answers of the compute `_run` left unsettled (every worker's Done, counted, so
+        that the next compute's counts start from them): long there by now, the caller has had the
+        results since. Where a worker died meanwhile, the pool starts afresh (as after one that
+        dies idle); anything else (Ctrl-C) breaks the pool too."""
+        workers, answers = self._unsettled
+        self._unsettled = None
+        mv = memoryview(self._state.ctl.array).cast("q")
+        try:
+            for w, seen in zip(workers, answers):
+                if mv[answered(w.slot)] == seen:
+                    _await_change(mv, answered(w.slot), seen, workers)
+                if mv[outcome(w.slot)] == ON_SOCKET:  # pragma: no cover - past the last barrier, a worker is done
+                    raise GGToolError(f"worker {w.slot} (pid {w.pid}) answered a compute it had finished with a message")
+        except WorkerDied:
+            self._broken()
+        except BaseException:
+            self._broken()
+            raise
+
+    def _hand(self, workers: list[Worker], entry: _Entry, nth: int, g0: int, spin: int, linger: int,
+              live: set[str]) -> set[int]:
+        """Hand `entry` through the control segment (wire.standby) to each worker that holds the graph
+        and every segment already, has nothing to drop (segments gone, graphs the pool forgot: a Run
+        says so, and frees their memory), and is listening: the participant numbers of those that
+        took it (the others are sent a Run). One compiled call writes the fields and claims them all
+        (``kernels.runner.hand``). x86 only: a worker's answer is published by plain stores in order (TSO)."""
+        if not HANDING:
+            return set()
+        ready = [(ith, w) for ith, w in enumerate(workers, 1)
+                 if entry.key in w.graphs and all(n in w.segs for n in entry.segs)
+                 and all(n in live for n in w.segs) and all(k in self._keys for k in w.graphs)]
+        if not ready:
+            return set()
         from ..kernels import runner as kr
 
-        i = w.slot
-        mv[handed(i, H_KEY)], mv[handed(i, H_NTH)], mv[handed(i, H_GENERATION)] = entry.key, nth, g0
-        mv[handed(i, H_SPIN)], mv[handed(i, H_LINGER)] = spin, linger
-        return bool(kr.claim(self._state.ctl.array.ctypes.data + 8 * standby(i)))
+        lines = np.array([standby(w.slot) - STANDBY for _, w in ready], np.int64)
+        claimed = np.zeros(len(ready), np.bool_)
+        kr.hand(self._state.ctl.array.ctypes.data, lines, _HANDED_FIELDS,
+                np.array([entry.key, nth, g0, spin, linger], np.int64), claimed)
+        return {ith for (ith, _), took in zip(ready, claimed) if took}
 
     def _forget_stale(self, entry: _Entry) -> set[str]:
         """Record `entry`'s segments as used by the pool, and forget the graphs whose segments are
@@ -564,6 +607,12 @@ class WorkerPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._state.workers)} workers"
         return f"<WorkerPool {self.n_threads} participants, {state}>"
+
+
+def _ends_met(program) -> bool:
+    """Whether a compiled program ends on a barrier (runner.make_program's, for more than one
+    participant): passing it, a participant knows every other has finished its steps."""
+    return program is not None and len(program.steps) > 0 and bool(program.steps[-1][2] & runner.BARRIER)
 
 
 def _await_change(mv: memoryview, slot: int, seen: int, workers: list[Worker]) -> None:
