@@ -150,7 +150,7 @@ ASLEEP, LISTENING, CLAIMED = 0, 1, 2
 def listen(standby, rung, got, spin_ns):
     """A worker's wait for its caller's next compute, for at most spin_ns, its `standby` word set to
     LISTENING before it counted its last answer (so that a caller quick to compute again finds it
-    listening): True once the caller has claimed it (``claim``: the compute's arguments are in the
+    listening): True once the caller has claimed it (``hand``: the compute's arguments are in the
     control segment), False once it has set the word ASLEEP (a message came: the int64 at `rung` is
     no longer `got`; or spin_ns passed): from then on the caller cannot claim it and sends messages.
     Either side moves the word from LISTENING with a compare-and-swap, so a claim and the end of the
@@ -168,19 +168,12 @@ def listen(standby, rung, got, spin_ns):
 
 
 @njit(nogil=True)
-def claim(standby):
-    """The caller's side of ``listen``: whether it claimed a listening worker (which then runs the
-    compute whose arguments were written before), else the worker is asleep or busy: send it a message."""
-    return atomic_cas(standby, LISTENING, CLAIMED) == LISTENING
-
-
-@njit(nogil=True)
 def hand(ctl, lines, fields, values, claimed):
-    """The caller's side of ``listen`` for every worker of a compute at once: in each worker's line
+    """The caller's side of ``listen``, for every worker of a compute at once: in each worker's line
     (``ctl`` + 8 * ``lines[k]``) the compute's fields (``values``, at the words ``fields[1:]``), then
-    the claim of its standby word (word ``fields[0]``, as ``claim``): ``claimed[k]`` whether it took
-    the compute (else it is asleep or busy: send it a message). Every listening worker is claimed
-    within a few nanoseconds of the first, with no Python between them."""
+    the claim of its standby word (word ``fields[0]``: LISTENING -> CLAIMED, a compare-and-swap):
+    ``claimed[k]`` whether it took the compute (else it is asleep or busy: send it a message). Every
+    listening worker is claimed within nanoseconds of the first, with no Python between them."""
     for k in range(lines.shape[0]):
         line = ctl + 8 * lines[k]
         for f in range(values.shape[0]):
@@ -261,7 +254,6 @@ def warm() -> None:
     run(steps, rows, frows, 0, 1, 0, sync, 0, new_state(), 0, 0)
     barrier(sync, 1, new_state(), 0, 0)
     wait_change(sync, 0, 0)
-    claim(sync)
     none = np.zeros(0, np.int64)
     hand(sync, none, np.zeros(6, np.int64), none, np.zeros(0, np.bool_))
     listen(sync, sync, 0, 0)

@@ -180,7 +180,7 @@ def standby(ith: int) -> int:
     that has answered a compute of the compiled runner listens there (``kernels.runner.listen``, for
     Run.linger_ns) for the next compute; a caller whose next compute is of a graph that worker holds
     already, with nothing to attach, writes the Run's fields in the worker's line (`handed`) and claims
-    it (``kernels.runner.claim``): the compute starts without a message (a pickled Run, a bell, a
+    it (``kernels.runner.hand``): the compute starts without a message (a pickled Run, a bell, a
     socket read, ~25 us of Python a worker each way). The worker answers a Done by `outcome` QUIET and
     every other answer (a failure, a stop, an error) on its socket as before (ON_SOCKET), then counts
     it in `answered`: the caller waits on that count, and watches the worker's process meanwhile."""
