@@ -1,7 +1,7 @@
 """Issue 30 figure: the cost of an empty node, ggtool's worker pool against GGML's thread pool in the same run.
 
     python bench/bench_overhead.py [--nodes 1000,20000] [--width 16] [--threads 1,2,4] [--rounds 5]
-                                   [--ggml /work/bench-env/build-native/bin] [--python-path]
+                                   [--ggml /work/bench-env/build-native/bin] [--ggml-headers DIR] [--python-path]
 
 Chains of adds of `--width` floats (each node's work is a few nanoseconds: what is measured is the node's
 dispatch and the barrier after it), of each length in `--nodes`, computed again and again:
@@ -10,8 +10,8 @@ dispatch and the barrier after it), of each length in `--nodes`, computed again 
   are made once), and with `--python-path` node after node from Python as before the runner;
 - GGML: the same chain through libggml's `ggml_graph_compute` on a thread pool of n threads
   (`ggml_threadpool_new`, as llama.cpp keeps one), from a small C program built here with `cc` against
-  the headers of llama-cpp-python's source distribution and the libraries in `--ggml` (a llama.cpp
-  build; skipped if either is missing).
+  the headers of llama-cpp-python's source distribution (or `--ggml-headers`) and the libraries in
+  `--ggml` (a llama.cpp build; skipped if either is missing).
 
 Each timing is the median over `--rounds` computes. From the two chain lengths: the cost per node (the
 slope: microseconds per node) and per compute (what a graph costs whatever its nodes: waking the workers
@@ -78,13 +78,13 @@ int main(int argc, char **argv) {
 """
 
 
-def build_probe(ggml_bin: Path, where: Path) -> Path | None:
-    """The C program above, built against llama.cpp's libggml (None if it cannot be)."""
-    if not (VENDOR / "include" / "ggml.h").exists() or not (ggml_bin / "libggml.so").exists():
+def build_probe(ggml_bin: Path, where: Path, headers: Path = VENDOR / "include") -> Path | None:
+    """The C program above, built against llama.cpp's libggml and ggml's `headers` (None if it cannot be)."""
+    if not (headers / "ggml.h").exists() or not (ggml_bin / "libggml.so").exists():
         return None
     src, exe = where / "probe.c", where / "probe"
     src.write_text(PROBE)
-    r = subprocess.run(["cc", "-O2", "-o", str(exe), str(src), f"-I{VENDOR / 'include'}", f"-L{ggml_bin}",
+    r = subprocess.run(["cc", "-O2", "-o", str(exe), str(src), f"-I{headers}", f"-L{ggml_bin}",
                         "-lggml", "-lggml-base", "-lggml-cpu", f"-Wl,-rpath,{ggml_bin}"], capture_output=True, text=True)
     if r.returncode != 0:
         print(f"(GGML probe not built: {r.stderr.strip()[:200]})", file=sys.stderr)
@@ -166,6 +166,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2,4")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ggml", type=Path, default=Path("/work/bench-env/build-native/bin"))
+    ap.add_argument("--ggml-headers", type=Path, default=VENDOR / "include", help="ggml's include folder")
     ap.add_argument("--python-path", action="store_true", help="also the pool without the compiled runner")
     ap.add_argument("--no-busy", action="store_true", help="skip the run with a busy-looping process")
     args = ap.parse_args()
@@ -179,7 +180,7 @@ def main() -> None:
     print(f"# chains of {args.nodes} adds of {args.width} floats; {cpus} CPUs, load average {load}; medians of "
           f"{args.rounds} computes")
     with tempfile.TemporaryDirectory() as tmp:
-        probe = build_probe(args.ggml, Path(tmp))
+        probe = build_probe(args.ggml, Path(tmp), args.ggml_headers)
         conditions = [("as is", None)] if args.no_busy else [("as is", None), ("busy", Busy)]
         head = ["condition", "threads", "ggtool us/node", "GGML us/node", "ggtool / GGML", "ggtool us/compute",
                 "GGML us/compute"]

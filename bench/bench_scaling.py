@@ -146,8 +146,9 @@ def model_path(models_dir: Path, shape_name: str, seed: int, ftype: str) -> Path
         print(f"writing {f16} ...", file=sys.stderr)
         write_f16_model(f16, SHAPES[shape_name], seed)
     print(f"quantizing to {out} (ggtool quantize {ftype}) ...", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "ggtool", "quantize", str(f16), str(out), "--type", ftype, "--quiet"],
-                   check=True, cwd=ROOT)
+    with tempfile.TemporaryDirectory() as cwd:   # a neutral working directory: the installed ggtool's command line
+        subprocess.run([sys.executable, "-m", "ggtool", "quantize", str(f16), str(out), "--type", ftype, "--quiet"],
+                       check=True, cwd=cwd)
     return out
 
 
