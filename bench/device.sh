@@ -8,7 +8,7 @@
 #
 # Each stage writes its record into $OUT as it ends (a stage cut short by the call's limit loses only
 # itself): machine.txt, build.log, scaling.txt/.json (the table and its record), overhead.txt, device.log.
-# Stages: gguf-py and ggtool installed into a folder of their own (the machine's numpy and numba used);
+# Stages: gguf-py and ggtool put in a folder of their own (the machine's numpy and numba used);
 # llama.cpp built (CPU, native) from the bundled sources in the background while the 311M model is
 # written and quantized and the kernel cache filled by one short run; then the benches, the most wanted
 # figures first. DEVICE_STAGE_LIMIT (seconds, default 240) bounds the scaling stage; DEVICE_THREADS and
@@ -30,10 +30,12 @@ log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/device.log"; }
   cmake --version | head -1; c++ --version | head -1; } > "$OUT/machine.txt" 2>&1
 log "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 
-# ggtool and gguf-py, nothing else: the machine's own numpy, numba, click, jinja2, regex, tqdm
+# gguf-py from its wheel, and ggtool as installed (ggtool.commands is commands/), by links to this tree:
+# nothing else, the machine's own numpy, numba, click, jinja2, regex and tqdm
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" .device/wheels/*.whl \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target "$work/site" "$here" \
-  >> "$OUT/device.log" 2>&1 || { log "installing ggtool failed"; exit 3; }
+  >> "$OUT/device.log" 2>&1 || { log "installing gguf-py failed"; exit 3; }
+mkdir -p "$work/site/ggtool" && for f in "$here"/ggtool/*; do ln -sfn "$f" "$work/site/ggtool/"; done \
+  && ln -sfn "$here/commands" "$work/site/ggtool/commands"
 export PYTHONPATH="$work/site"
 python3 -c "import ggtool, gguf, numba; from ggtool.kernels import runner" >> "$OUT/device.log" 2>&1 \
   || { log "ggtool does not import here (numba and numpy?): see machine.txt"; exit 3; }
