@@ -445,9 +445,9 @@ def report(a, record, model, threads, use_llama) -> None:
             print(f"  tree {k}: decode {one[f'ggtool_{k}_decode_cpu_tps']:.1f} "
                   f"({one[f'ggtool_{k}_decode_cpu_tps'] / one['llama_decode_cpu_tps']:.2f}x), prompt "
                   f"{one[f'ggtool_{k}_prompt_cpu_tps']:.1f} ({one[f'ggtool_{k}_prompt_cpu_tps'] / one['llama_prompt_cpu_tps']:.2f}x)")
-    counted = [s for s in summary if s["threads"] > 0]
+    counted = sorted((s for s in summary if s["threads"] > 0), key=lambda s: s["threads"])
     if len(counted) > 1:
-        first, last = counted[0], counted[-1]
+        first, last = counted[0], counted[-1]      # the fewest threads to the most, in any --threads order
         msg = f"scaling {first['threads']} -> {last['threads']} threads: decode ggtool {last['ggtool_decode_tps'] / first['ggtool_decode_tps']:.2f}x"
         if use_llama:
             msg += f", llama.cpp {last['llama_decode_tps'] / first['llama_decode_tps']:.2f}x"
