@@ -139,6 +139,31 @@ def test_same_seed_same_draws_random_seed_reported():
     assert 0 <= c.seed < 2**32 - 1 and Sampling(seed=-1).chain(50).seed != 2**32 - 1
 
 
+def test_top_k_first_keeps_what_the_top_k_sampler_keeps():
+    """A chain whose first sampler is top-k makes its candidates from the k it keeps alone
+    (Candidates.top): the same ids, logits, order and flags as Candidates(logits) after top_k, for
+    logits with ties (llama.cpp's sort order of equal logits decides), -inf and any k; and all -inf
+    after it is refused naming top-k."""
+    from ggtool.generate import LogitsError
+    from ggtool.generate import samplers as S
+
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        n = int(rng.integers(2, 6000))
+        logits = rng.integers(-4, 5, n).astype(np.float32) if trial % 2 else rng.standard_normal(n).astype(np.float32)
+        logits[rng.random(n) < 0.1] = -np.inf
+        k = int(rng.integers(1, n))
+        full = S.Candidates(logits)
+        S.top_k(full, k)
+        top = S.Candidates.top(logits, k)
+        assert top.ids.dtype == full.ids.dtype and top.logit.dtype == full.logit.dtype
+        for a in ("ids", "logit", "p"):
+            assert getattr(top, a).tobytes() == getattr(full, a).tobytes(), (trial, a)
+        assert (top.sorted, top.selected, top.identity) == (full.sorted, full.selected, full.identity)
+    with pytest.raises(LogitsError, match="after the top-k sampler every token's logit is -inf"):
+        Sampling(seed=1, top_k=2).chain(4).sample(np.full(4, -np.inf, np.float32))
+
+
 def test_nan_logits_and_a_mismatched_vocabulary_are_refused():
     from ggtool.generate import LogitsError
 

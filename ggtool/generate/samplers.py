@@ -40,6 +40,17 @@ class Candidates:
         self.p = np.zeros(len(self.logit), np.float32)
         self.sorted, self.selected, self.identity = False, -1, True
 
+    @classmethod
+    def top(cls, logits: np.ndarray, k: int) -> Candidates:
+        """Candidates(logits) after `top_k(cur, k)` (0 < k < len(logits)), made from the k it keeps
+        alone: a decode step's chain, top-k first, then never builds three vocabulary-wide arrays."""
+        logits = np.asarray(logits, np.float32)
+        order = prefix_positions(logits, k)
+        cur = cls.__new__(cls)
+        cur.ids, cur.logit, cur.p = order.astype(np.int32), logits[order], np.zeros(len(order), np.float32)
+        cur.sorted, cur.selected, cur.identity = True, -1, False
+        return cur
+
     @property
     def size(self) -> int:
         return len(self.ids)
@@ -78,14 +89,19 @@ def _ties(values: np.ndarray, n: int) -> bool:
 def sorted_prefix(cur: Candidates, n: int, need: int | None = None) -> np.ndarray:
     """The positions llama.cpp's llama_token_data_array_partial_sort_inplace(cur, n) leaves in its
     first `need` places (default n), in order."""
-    n = min(n, cur.size)
+    return prefix_positions(cur.logit, n, need)
+
+
+def prefix_positions(logit: np.ndarray, n: int, need: int | None = None) -> np.ndarray:
+    """`sorted_prefix` of candidates whose logits are `logit` (float32)."""
+    n = min(n, len(logit))
     need = n if need is None else min(need, n)
-    order = _descending(cur.logit, need)
-    if not _ties(cur.logit[order], need):
+    order = _descending(logit, need)
+    if not _ties(logit[order], need):
         return order[:need]
     if n <= _PARTIAL_SORT_MAX:
-        return partial_sort(-cur.logit.astype(np.float64), np.arange(cur.size), n)[1][:need]
-    return bucket_sort(cur.logit, n, need)
+        return partial_sort(-logit.astype(np.float64), np.arange(len(logit)), n)[1][:need]
+    return bucket_sort(logit, n, need)
 
 
 def bucket_sort(logit: np.ndarray, n: int, need: int | None = None) -> np.ndarray:

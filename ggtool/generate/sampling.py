@@ -278,15 +278,22 @@ class SamplerChain:
         logits = np.asarray(logits, np.float32)
         if len(logits) != self.n_vocab:
             raise LogitsError(f"the logits have {len(logits)} values, the vocabulary {self.n_vocab} tokens")
-        if np.isnan(logits).any():
-            raise LogitsError(f"the model's logits hold NaN ({int(np.isnan(logits).sum())} of {len(logits)})")
-        if np.isposinf(logits).any():
+        if len(logits) and not logits.max() < np.inf:     # one pass: max is NaN where one is, +inf where one is
+            if np.isnan(logits).any():
+                raise LogitsError(f"the model's logits hold NaN ({int(np.isnan(logits).sum())} of {len(logits)})")
             raise LogitsError(f"the model's logits hold +inf ({int(np.isposinf(logits).sum())} of {len(logits)})")
-        cur = S.Candidates(logits)
+        samplers = self.samplers
+        first = samplers[0]
+        if isinstance(first, S.TopK) and 0 < first.k < len(logits):
+            cur = S.Candidates.top(logits, first.k)     # what the top-k sampler would leave
+            _check_candidates(cur, first)
+            samplers = samplers[1:]
+        else:
+            cur = S.Candidates(logits)
         # float arithmetic as llama.cpp's: an overflow gives an inf, no warning; what that makes of
         # the candidates is checked after each sampler (a NaN or +inf would draw nonsense)
         with np.errstate(all="ignore"):
-            for s in self.samplers:
+            for s in samplers:
                 s.apply(cur)
                 _check_candidates(cur, s)
         if not 0 <= cur.selected < cur.size:
@@ -304,11 +311,13 @@ class SamplerChain:
 def _check_candidates(cur: S.Candidates, sampler: S.Sampler) -> None:
     """A LogitsError where a sampler left a NaN or +inf logit, NaN probabilities, or no token that
     can be drawn (every logit -inf)."""
-    logit = cur.logit
-    if np.isnan(logit).any() or np.isposinf(logit).any() or np.isnan(cur.p).any():
+    if not cur.size:
+        return
+    top = cur.logit.max()       # NaN where a logit is NaN, +inf where one is, -inf where all are: one pass
+    if not top < np.inf or np.isnan(cur.p.max()):
         raise LogitsError(f"the {sampler.name} sampler's float arithmetic overflowed (its logits or probabilities "
                           "hold +inf or NaN): a sampling parameter too large or too small for it")
-    if cur.size and np.isneginf(logit).all():
+    if top == -np.inf:
         raise LogitsError(f"after the {sampler.name} sampler every token's logit is -inf: no token can be drawn")
 
 
