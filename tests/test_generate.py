@@ -179,6 +179,38 @@ def test_attention_reads_the_cells_in_use_padded(stories):
     np.testing.assert_allclose(cached, built.outputs[0][1].numpy().reshape(len(seq), -1)[-1], rtol=0, atol=1e-4)
 
 
+def test_a_decode_steps_masks_are_the_causal_masks(stories):
+    """A one-token step's masks are updated for the next position in place (Session._mask): after
+    each step, through a new graph for more cells, a reset, load_cells back to an earlier position and
+    a window (n_swa), both masks hold what fill_causal_mask gives for the step's positions."""
+    from ggtool.dsl.builtins import fill_causal_mask
+
+    session = Session(STORIES, stories, n_ctx=24, kv_pad=4)
+    session.n_swa = 3
+
+    def check():
+        step = session._steps[(1, session.n_kv(1, session.n_past - 1))]
+        pos = np.array([session.n_past - 1])
+        for name, window in (("kv_mask", 0), ("kv_mask_swa", 3)):
+            want = np.full(step.batch[name].ne[:2][::-1], np.nan, np.float32)
+            fill_causal_mask(want, pos, window)
+            assert step.batch[name].data.reshape(want.shape).tobytes() == want.tobytes(), (name, session.n_past)
+
+    session.eval([1, 403, 407])
+    for t in (261, 376, 378, 402, 260, 261, 376):      # cells 3.. (4, then 8 read: a new graph)
+        session.eval([t])
+        check()
+    saved = session.save_cells()
+    session.eval([378])
+    session.reset()
+    session.eval([1])
+    check()
+    session.load_cells(saved)                           # back: the step's last fill was for another position
+    for t in (402, 260):
+        session.eval([t])
+        check()
+
+
 def test_the_v_cache_is_kept_transposed_and_read_without_a_copy(stories):
     """As llama.cpp without flash attention: cache_v.{il} is [1, n_ctx, n_embd_v] (a state's cells are
     its rows, ne1), each column holding one element of V for every cell, and a step's kq.v reads a

@@ -48,12 +48,14 @@ class NoCacheError(GGToolError):
 
 @dataclass
 class _Step:
-    """The graph for one batch size, with its input tensors and its plan (made by the first compute)."""
+    """The graph for one batch size, with its input tensors and its plan (made by the first compute),
+    and the position its one-row masks were last filled for (`masked`; -1: none, or several rows)."""
 
     graph: object
     logits: Tensor
     batch: dict
     plan: object = None
+    masked: int = -1
 
 
 class Session:
@@ -63,8 +65,13 @@ class Session:
 
     def __init__(self, model_path: str, program, n_ctx: int, n_threads: int = 1, pool=None,
                  numerics: str = "ggml", max_steps: int | None = None, kv_pad: int = KV_PAD):
+        from ..compute import graph_compute
+        from ..dsl.builtins import fill_causal_mask
         from ..tensor_io import Inputs
 
+        # what every step calls, loaded with the session (not with this module, which `ggtool generate
+        # --help` imports), and not looked up at each step
+        self._graph_compute, self._fill_causal_mask = graph_compute, fill_causal_mask
         self.weights = Inputs([], [model_path])
         self._steps: dict[tuple, _Step] = {}   # (n_tokens, n_kv), or (n_tokens, n_kv, n_out) -> its graph
         self.program, self.n_ctx, self.n_threads, self.pool = program, n_ctx, n_threads, pool
@@ -236,9 +243,6 @@ class Session:
         return self._run(tokens, rows, observe)
 
     def _run(self, tokens, rows, observe) -> np.ndarray:
-        from ..compute import graph_compute
-        from ..dsl.builtins import fill_causal_mask
-
         tokens = np.asarray(tokens, np.int32)
         n = len(tokens)
         if self.n_past + n > self.n_ctx:
@@ -246,18 +250,35 @@ class Session:
         n_kv = self.n_kv(n)
         step = self._step(n, n_kv, None if rows is None else len(rows))
         b = step.batch
-        positions = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
-        b["tokens"].set_data(tokens)
-        b["kv_pos"].set_data(positions)
-        b["kv_cells"].set_data(positions)                  # cell c holds position c
+        # the batch's inputs are the session's own tensors (I32 and F32 in its context, never mapped
+        # from a file, never repacked): written in place, as the masks always were
+        p0 = self.n_past
+        positions = np.arange(p0, p0 + n, dtype=np.int32)
+        b["tokens"].data[...] = tokens
+        b["kv_pos"].data[...] = positions
+        b["kv_cells"].data[...] = positions                # cell c holds position c
         if rows is not None:
-            b["kv_out_ids"].set_data(rows)
-        fill_causal_mask(b["kv_mask"].data.reshape(n, n_kv), positions)
-        fill_causal_mask(b["kv_mask_swa"].data.reshape(n, n_kv), positions, self.n_swa)
-        step.plan = graph_compute(step.graph, self.n_threads, pool=self.pool, plan=step.plan, alloc="graph",
-                                  outputs=[step.logits], numerics=self.numerics, observe=observe)
+            b["kv_out_ids"].data[...] = rows
+        self._mask(step, n, n_kv, positions)
+        step.plan = self._graph_compute(step.graph, self.n_threads, pool=self.pool, plan=step.plan, alloc="graph",
+                                        outputs=[step.logits], numerics=self.numerics, observe=observe)
         self.n_past += n
         return step.logits.data.reshape(-1, step.logits.ne[0])
+
+    def _mask(self, step: _Step, n: int, n_kv: int, positions: np.ndarray) -> None:
+        """The batch's KQ masks (fill_causal_mask): a one-row step's at the position after the one it
+        was filled for last has one cell more to see (and, with a window, one less): those alone."""
+        mask = step.batch["kv_mask"].data.reshape(n, n_kv)
+        swa = step.batch["kv_mask_swa"].data.reshape(n, n_kv)
+        p = int(positions[0])
+        if n == 1 and step.masked == p - 1 and p < n_kv:
+            mask[0, p] = swa[0, p] = np.float32(0)
+            if self.n_swa > 0 and p - self.n_swa >= 0:
+                swa[0, p - self.n_swa] = np.float32(-np.inf)
+        else:
+            self._fill_causal_mask(mask, positions)
+            self._fill_causal_mask(swa, positions, self.n_swa)
+        step.masked = p if n == 1 else -1
 
 
 def _cells(t: Tensor, n: int) -> np.ndarray:

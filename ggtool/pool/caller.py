@@ -131,6 +131,7 @@ class WorkerPool:
         self._keys: dict[int, _Entry] = {}
         self._next_key = 0
         self._unsettled: tuple | None = None     # (workers, their answer counts) of a compute left to settle
+        self._handing: tuple = ((),)             # _hand's arrays: (slots, lines, claimed, values)
         self.stats = {"graphs_sent": 0, "runs": 0, "handed": 0, "restarts": 0, "described": 0}
         try:
             self._start(n)
@@ -420,11 +421,14 @@ class WorkerPool:
             return set()
         from ..kernels import runner as kr
 
-        lines = np.array([standby(w.slot) - STANDBY for _, w in ready], np.int64)
-        claimed = np.zeros(len(ready), np.bool_)
-        kr.hand(self._state.ctl.array.ctypes.data, lines, _HANDED_FIELDS,
-                np.array([entry.key, nth, g0, spin, linger], np.int64), claimed)
-        return {ith for (ith, _), took in zip(ready, claimed) if took}
+        slots = tuple(w.slot for _, w in ready)
+        if self._handing[0] != slots:       # the arrays of the workers handed to last, kept (a decode's are the same)
+            self._handing = (slots, np.array([standby(i) - STANDBY for i in slots], np.int64),
+                             np.zeros(len(slots), np.bool_), np.zeros(5, np.int64))
+        _, lines, claimed, values = self._handing
+        values[:] = entry.key, nth, g0, spin, linger
+        kr.hand(self._state.ctl.array.ctypes.data, lines, _HANDED_FIELDS, values, claimed)
+        return {ith for (ith, _), took in zip(ready, claimed.tolist()) if took}
 
     def _forget_stale(self, entry: _Entry) -> set[str]:
         """Record `entry`'s segments as used by the pool, and forget the graphs whose segments are
