@@ -305,13 +305,17 @@ class _Worker:
         return Done() if failed is None else Failed(*failed)
 
     def run_compiled(self, wg: WorkerGraph, msg: Run):
-        """Participant ith's part on the compiled runner (its steps bound here once per graph)."""
-        if wg.bound is None or wg.bound[0] != (msg.ith, msg.nth) or not wg.bound[1].fresh():
-            wg.bound = ((msg.ith, msg.nth), runner.bind(wg.program, wg.nodes, wg.numerics, msg.ith, msg.nth))
-        base = self.ctl_addr
-        sync = runner.Sync(base, msg.nth, msg.spin_ns, WAIT_NS, None, base + 8 * at_node(msg.ith))
-        work = Work(wg.wdata, sync.barrier, wg.numerics)
-        return runner.participate(wg.bound[1], wg.nodes, msg.ith, msg.nth, work, sync)
+        """Participant ith's part on the compiled runner: its steps bound here once per graph and
+        (ith, nth), with the barrier's view and the Work for its spin, kept for the next compute."""
+        got = wg.bound
+        if got is None or got[0][:2] != (msg.ith, msg.nth) or not got[1].fresh():
+            got = ((msg.ith, msg.nth, None), runner.bind(wg.program, wg.nodes, wg.numerics, msg.ith, msg.nth))
+        if got[0][2] != msg.spin_ns:
+            base = self.ctl_addr
+            sync = runner.Sync(base, msg.nth, msg.spin_ns, WAIT_NS, None, base + 8 * at_node(msg.ith))
+            got = ((msg.ith, msg.nth, msg.spin_ns), got[1], sync, Work(wg.wdata, sync.barrier, wg.numerics))
+        wg.bound = got
+        return runner.participate(got[1], wg.nodes, msg.ith, msg.nth, got[3], got[2])
 
     def install(self, msg: Run) -> WorkerGraph:
         """The graph of `msg`, after forgetting what the caller dropped and attaching what it added."""
