@@ -209,6 +209,29 @@ def test_a_decode_steps_masks_are_the_causal_masks(stories):
     for t in (402, 260):
         session.eval([t])
         check()
+    fresh = Session(STORIES, stories, n_ctx=24, kv_pad=8)
+    fresh.n_swa, session = 3, fresh
+    for t in (1, 403, 407):                             # a first step at position 0: filled, not moved on
+        session.eval([t])
+        check()
+
+
+def test_a_program_that_writes_its_mask_has_it_filled_at_every_step(stories):
+    """A program may store() into an input: where one writes into a mask, the step's masks are
+    filled whole before each compute (Session._mask), never moved on from what the compute left."""
+    path = shipped_program("llama")
+    writes = parse(path.read_text() + "\nif cached:\n    store(kv_mask, scale(kv_mask, 1.0))\nend\n",
+                   filename=str(path))
+    calls = []
+    for prog, kept in ((stories, True), (writes, False)):
+        session = Session(STORIES, prog, n_ctx=16, kv_pad=8)
+        fill = session._fill_causal_mask
+        session._fill_causal_mask = lambda *a, fill=fill, kept=kept: (calls.append(kept), fill(*a))
+        session.eval([1])
+        for t in (403, 407, 261):
+            session.eval([t])
+        assert {s.masks_kept for k, s in session._steps.items() if k[0] == 1} == {kept}
+    assert calls.count(True) == 2 and calls.count(False) == 2 * 4
 
 
 def test_the_v_cache_is_kept_transposed_and_read_without_a_copy(stories):

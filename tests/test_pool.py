@@ -1039,6 +1039,7 @@ def test_default_threads_and_shared_pool(monkeypatch):
     monkeypatch.delenv("GGTOOL_THREADS")
     from ggtool import threads
     monkeypatch.setattr(threads, "_read_others", lambda: 0)     # a quiet machine: every CPU free
+    monkeypatch.setattr(threads, "_read_one", lambda: 0)
     monkeypatch.setattr(threads, "_seen", [])
     assert default_threads() == threads.available_cpus() == len(os.sched_getaffinity(0))
     p = get_pool(2)

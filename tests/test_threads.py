@@ -28,6 +28,7 @@ def five_cpus(monkeypatch):
     monkeypatch.setattr(threads, "CGROUP_CPU_MAX", "/nonexistent/cpu.max")
     monkeypatch.setattr(threads, "_quota", [])
     monkeypatch.setattr(threads, "_read_others", lambda: 0)
+    monkeypatch.setattr(threads, "_read_one", lambda: 0)     # the later readings too (a slow test's)
     threads._seen.clear()
     yield
     threads._seen.clear()
@@ -36,6 +37,7 @@ def five_cpus(monkeypatch):
 def busy(monkeypatch, n: int) -> None:
     """n other processes running now."""
     monkeypatch.setattr(threads, "_read_others", lambda: n)
+    monkeypatch.setattr(threads, "_read_one", lambda: n)
     threads._seen.clear()
 
 

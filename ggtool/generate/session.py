@@ -49,13 +49,15 @@ class NoCacheError(GGToolError):
 @dataclass
 class _Step:
     """The graph for one batch size, with its input tensors and its plan (made by the first compute),
-    and the position its one-row masks were last filled for (`masked`; -1: none, or several rows)."""
+    the position its one-row masks were last filled for (`masked`; -1: none, or several rows), and
+    whether the masks keep what was written (`masks_kept`: no node of the graph writes into them)."""
 
     graph: object
     logits: Tensor
     batch: dict
     plan: object = None
     masked: int = -1
+    masks_kept: bool = True
 
 
 class Session:
@@ -175,8 +177,11 @@ class Session:
             raise NoCacheError(self.program.filename)
         if n_out is not None and "kv_out_ids" not in built.tensors:
             raise NoCacheError(self.program.filename, "kv_out_ids")
-        step = self._steps[key] = _Step(built.graph, built.outputs[0][1], batch)
-        from ..compute import freeze
+        from ..compute import freeze, written
+
+        masks = {id(batch["kv_mask"]), id(batch["kv_mask_swa"])}
+        kept = not any(id(t.root) in masks for t in written(built.graph.nodes))
+        step = self._steps[key] = _Step(built.graph, built.outputs[0][1], batch, masks_kept=kept)
 
         freeze(built.graph)        # only the inputs' values change between steps: its steps made once
         pool_freeze = getattr(self.pool, "freeze", None)
@@ -270,15 +275,17 @@ class Session:
         was filled for last has one cell more to see (and, with a window, one less): those alone."""
         mask = step.batch["kv_mask"].data.reshape(n, n_kv)
         swa = step.batch["kv_mask_swa"].data.reshape(n, n_kv)
-        p = int(positions[0])
-        if n == 1 and step.masked == p - 1 and p < n_kv:
+        p, last = int(positions[0]), step.masked
+        step.masked = -1        # until filled: a fill cut short (Ctrl-C) leaves no row taken for filled
+        if n == 1 and last >= 0 and last == p - 1 and p < n_kv and step.masks_kept:
             mask[0, p] = swa[0, p] = np.float32(0)
             if self.n_swa > 0 and p - self.n_swa >= 0:
                 swa[0, p - self.n_swa] = np.float32(-np.inf)
         else:
             self._fill_causal_mask(mask, positions)
             self._fill_causal_mask(swa, positions, self.n_swa)
-        step.masked = p if n == 1 else -1
+        if n == 1:
+            step.masked = p
 
 
 def _cells(t: Tensor, n: int) -> np.ndarray:

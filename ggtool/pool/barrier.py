@@ -46,7 +46,7 @@ LINGER_NS = 3_000_000
 
 def free_cpus() -> int:
     """The CPUs no other process is busy on: the thread rule's reading (``threads.free_cpus``: the
-    median of the last few readings of /proc/loadavg, spread over a second). One read alone often
+    median of the last five readings of /proc/loadavg, one at most every 0.2 s). One read alone often
     counted a task that ran for a moment (a shell, a monitor): a 2-thread decode then slept at every
     barrier (~25% slower on a 2-core machine)."""
     return free_cpus_now()

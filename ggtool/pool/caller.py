@@ -389,7 +389,8 @@ class WorkerPool:
         """Wait for the answers of the compute `_run` left unsettled (every worker's Done, counted, so
         that the next compute's counts start from them): long there by now, the caller has had the
         results since. Where a worker died meanwhile, the pool starts afresh (as after one that
-        dies idle); anything else (Ctrl-C) breaks the pool too."""
+        dies idle), unless this process got an ending signal it has not raised yet (the worker got it
+        too): that is raised; anything else (Ctrl-C) breaks the pool too."""
         workers, answers = self._unsettled
         self._unsettled = None
         mv = memoryview(self._state.ctl.array).cast("q")
@@ -401,6 +402,9 @@ class WorkerPool:
                     raise GGToolError(f"worker {w.slot} (pid {w.pid}) answered a compute it had finished with a message")
         except WorkerDied:
             self._broken()
+            signalled = received()    # killed with us by the terminal or `timeout`: that signal is the error
+            if signalled is not None:
+                raise signalled from None
         except BaseException:
             self._broken()
             raise
