@@ -8,7 +8,7 @@ It writes, in --out (ignored by git: `.device/` is in .gitignore):
 - `llama.cpp.tar.gz`: llama.cpp's sources from llama-cpp-python's source distribution (its
   vendor/llama.cpp), only what CMake needs to build `llama-bench` and `llama-completion` on the CPU:
   the other backends, tools, tests, models and docs are left out, and tools/CMakeLists.txt names the
-  two tools alone (~6 MB where the distribution is 77 MB);
+  two tools alone (about 3 MB where the distribution is 77 MB);
 - `wheels/`: gguf-py (pure Python; the device's Python lacks it), from this environment's pip cache
   or PyPI.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -14,6 +15,11 @@ STORIES = ROOT / "fixtures" / "stories260K.gguf"
 TINY_LLAMA = ROOT / "fixtures" / "llama-2-tiny-random.gguf"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/replay.py and friends
+
+# A suite started with SIGINT ignored (a script's background job, nohup) would pass that on to every
+# ggtool it starts, and the Ctrl-C tests would send a signal nobody gets: Ctrl-C is Python's own again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
