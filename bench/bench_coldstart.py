@@ -3,6 +3,7 @@ and gemma's cached run against llama.cpp's.
 
     python bench/bench_coldstart.py [--runs N] [--only stories,gemma] [--threads 1,2] [--tokens 30]
                                     [--tree /tmp/before] [--llama-python /work/bench-env/venv/bin/python]
+                                    [--cached-only]
 
 - stories: the README's Q4_0 example, `ggtool quantize fixtures/stories260K.gguf Q4.gguf --force`
   then `ggtool compute -f ggtool/programs/llama.gg --gguf Q4.gguf --tensor tokens=i32:[...] -o out.npy`
@@ -29,7 +30,9 @@ working directory, as bench_memory.py does), in the same rounds.
 
 llama.cpp (gemma only, when --llama-python names a Python with llama-cpp-python): the same tokens
 evaluated by bench/llama_cpp_run.py with the same thread count, a whole process too, in the same
-rounds; the ratio is ggtool's cached run / llama.cpp's.
+rounds; the ratio is ggtool's cached run / llama.cpp's. A llama.cpp run that fails stops the bench
+with what it died of. --cached-only leaves the first-ever runs out (each waits ~25 s for its
+background compile): the cached runs against llama.cpp's in minutes.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import argparse
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -129,7 +133,15 @@ def run(cmds: list[list[str]], cache: str, tree: Path = ROOT) -> tuple[float, fl
 
 def timed(cmd: list[str]) -> float:
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if done.returncode:
+        why = (f"died of {signal.Signals(-done.returncode).name}" if done.returncode < 0
+               else f"exited with {done.returncode}")
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
+        sys.exit(f"bench_coldstart: the llama.cpp run {why}: {' '.join(cmd)}" + (f"\n  {tail[0]}" if tail else "")
+                 + ("\n  (a llama.cpp built natively on a CPU with AMX segfaulted so on a VM here: build"
+                    " llama-cpp-python with CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF'"
+                    " and the CPU's other features ON, as bench/device.sh does)" if done.returncode == -11 else ""))
     return time.perf_counter() - t
 
 
@@ -141,6 +153,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=30, help="gemma's sequence length")
     ap.add_argument("--generate", type=int, default=128, help="gemma-gen's new tokens (llama311m: half as many)")
     ap.add_argument("--tree", action="append", default=[], type=Path, help="another checkout, measured alike")
+    ap.add_argument("--cached-only", action="store_true",
+                    help="no first-ever runs: the cached runs (and llama.cpp's) alone, several minutes sooner")
     ap.add_argument("--llama-python", default="/work/bench-env/venv/bin/python",
                     help="a Python with llama-cpp-python, for the reference run ('' for none)")
     a = ap.parse_args()
@@ -159,20 +173,26 @@ def main() -> None:
                     run(cmds, os.path.join(tmp, f"warm{k}"), tree)
             for i in range(a.runs):
                 for k, tree in enumerate(trees):
-                    cold = os.path.join(tmp, f"cold{k}-{i}")
-                    cold_t[tree].append(run(cmds, cold, tree))
-                    shutil.rmtree(cold, ignore_errors=True)
+                    if not a.cached_only:
+                        cold = os.path.join(tmp, f"cold{k}-{i}")
+                        cold_t[tree].append(run(cmds, cold, tree))
+                        shutil.rmtree(cold, ignore_errors=True)
                     warm_t[tree].append(run(cmds, os.path.join(tmp, f"warm{k}"), tree))
                 if llama and example == "gemma" and threads != "0":
                     ref_t.append(timed(llama_cpp(llama, threads, a.tokens)))
             label = example if threads == "-" else f"{example} t={threads}"
             for tree in trees:
-                (c, cc), (w, wc) = (tuple(map(statistics.median, zip(*x))) for x in (cold_t[tree], warm_t[tree]))
                 name = "this tree" if tree == ROOT else str(tree)
-                print(f"{label:10s} {name:14s} first-ever {c:6.2f} s  cached {w:6.2f} s  ratio {c / w:5.2f}x"
-                      f"   (first {', '.join(f'{x:.2f}' for x, _ in cold_t[tree])};"
-                      f" cached {', '.join(f'{x:.2f}' for x, _ in warm_t[tree])})")
-                print(f"{'':10s} {'':14s} CPU time   {cc:6.2f} s  cached {wc:6.2f} s  ratio {cc / wc:5.2f}x")
+                w, wc = map(statistics.median, zip(*warm_t[tree]))
+                if a.cached_only:
+                    print(f"{label:10s} {name:14s} cached     {w:6.2f} s  CPU {wc:6.2f} s"
+                          f"   ({', '.join(f'{x:.2f}' for x, _ in warm_t[tree])})")
+                else:
+                    c, cc = map(statistics.median, zip(*cold_t[tree]))
+                    print(f"{label:10s} {name:14s} first-ever {c:6.2f} s  cached {w:6.2f} s  ratio {c / w:5.2f}x"
+                          f"   (first {', '.join(f'{x:.2f}' for x, _ in cold_t[tree])};"
+                          f" cached {', '.join(f'{x:.2f}' for x, _ in warm_t[tree])})")
+                    print(f"{'':10s} {'':14s} CPU time   {cc:6.2f} s  cached {wc:6.2f} s  ratio {cc / wc:5.2f}x")
                 if ref_t:
                     r = statistics.median(ref_t)
                     print(f"{'':10s} {'':14s} llama.cpp  {r:6.2f} s  cached/llama.cpp {w / r:5.2f}x"

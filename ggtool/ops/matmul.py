@@ -306,14 +306,19 @@ class _UnitsBind:
                 continue
             units.append([i13, i12, r0, r1, col0, g, g + 1, n, 0, m2, m3])
         table = np.zeros((max(len(units), 1), _UNIT), np.int64)
+        nb = a.ne[0] // T.block_size(a.type)          # blocks a row
+        tile_arrays: dict = {}      # the row groups of a tile read one repacked tile: looked up once
         for k, u in enumerate(units):
             table[k, :11] = u
             if not self.x86:
-                packed = self._pack(a, u)
-                keep.append(packed)
-                arrays = [p for p in packed if isinstance(p, np.ndarray)]
-                table[k, 8] = a.ne[0] // T.block_size(a.type)   # nb: blocks a row
-                table[k, 11:11 + len(arrays)] = [p.ctypes.data for p in arrays]
+                tile = (u[9], u[10], u[4], u[7])        # m2, m3, col0, n
+                addresses = tile_arrays.get(tile)
+                if addresses is None:
+                    packed = self._pack(a, u)
+                    keep.append(packed)
+                    addresses = tile_arrays[tile] = [p.ctypes.data for p in packed if isinstance(p, np.ndarray)]
+                table[k, 8] = nb
+                table[k, 11:11 + len(addresses)] = addresses
         if self.act is not None:
             act = self.act
         else:

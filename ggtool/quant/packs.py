@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import mmap
 import os
 import stat
 import time
@@ -334,13 +335,14 @@ def load(where: str, key) -> tuple | None:
         return None
     except OSError as e:   # a link at its name (ELOOP), unreadable
         return _damaged(where, path, f"cannot be opened: {e.strerror or e}")
-    with os.fdopen(fd, "rb") as f:
+    with os.fdopen(fd, "rb"):      # closes fd (the map keeps its own)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
             return _damaged(where, path, "is not a plain file of the user's")
         if st.st_size < _HEADER:
             return _damaged(where, path, f"is {st.st_size} bytes, shorter than its header")
-        m = np.memmap(f, dtype=np.uint8, mode="c")
+        # copy-on-write, as np.memmap's mode "c" (without its subclass: ~20 us less a tile)
+        m = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_COPY), np.uint8)
     seen = _signature(path, st, m)
     known = _checked_before(where, seen)
     problem, items = _check(m, key, crc=not known)
