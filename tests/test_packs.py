@@ -82,6 +82,8 @@ def test_a_stored_tile_comes_back_equal_and_writable(cache_root, tmp_path):
         got = packs.load(where, key)
         assert _same(got, packed)
         assert all(a.flags.writeable and a.flags.c_contiguous for a in got if isinstance(a, np.ndarray))
+        got[0][:] = 0                      # copy-on-write: the pages written are this process's own
+        assert _same(packs.load(where, key), packed)
     assert packs.load(where, ("q4_K", 0, 0, 131)) is None        # another key: none, and nothing said
     assert not [f for f in os.listdir(where) if f.endswith(".tmp")]
     assert oct(os.stat(where).st_mode & 0o777) == "0o700"
