@@ -80,8 +80,11 @@ int main(int argc, char **argv) {
 
 def build_probe(ggml_bin: Path, where: Path, headers: Path = VENDOR / "include") -> Path | None:
     """The C program above, built against llama.cpp's libggml and ggml's `headers` (None if it cannot be)."""
-    if not (headers / "ggml.h").exists() or not (ggml_bin / "libggml.so").exists():
-        return None
+    for need in (headers / "ggml.h", ggml_bin / "libggml.so"):
+        if not need.exists():
+            print(f"(GGML probe not built: no {need}; --ggml-headers names ggml's include folder, --ggml a"
+                  " llama.cpp build's bin folder)", file=sys.stderr)
+            return None
     src, exe = where / "probe.c", where / "probe"
     src.write_text(PROBE)
     r = subprocess.run(["cc", "-O2", "-o", str(exe), str(src), f"-I{headers}", f"-L{ggml_bin}",
