@@ -47,6 +47,7 @@ def step_by_step(out_dir: str):
     def participate(bound, nodes, ith, nth, work, sync, progress=None):
         for prologue in bound.prologues:
             prologue()
+        runner.deal_from(bound, sync, nth)     # else each participant computes every unit of a dealt step
         steps = bound.steps.copy()
         flags = steps[:, kr.S_FLAGS].copy()
         steps[:, kr.S_FLAGS] &= ~kr.BARRIER

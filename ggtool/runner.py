@@ -363,20 +363,29 @@ class Sync:
                 self.check()
 
 
+def deal_from(bound: Bound, sync: Sync, nth: int) -> None:
+    """Point the steps that deal out their units at this compute's chunk counter (the barrier block's),
+    or at none where a participant is alone (it then takes every unit in turn): what `participate`
+    does first, and what any other loop over the bound steps must do (bench/bench_steps.py's)."""
+    from .kernels import nodes as kn
+    from .kernels import runner as kr
+
+    chunk = sync.addr + 64 * kr.CHUNK if nth > 1 else 0
+    if bound.chunk != chunk and len(bound.dealt):
+        bound.rows[bound.dealt, kn.CHUNK_ADDR] = chunk
+    bound.chunk = chunk
+
+
 def participate(bound: Bound, nodes, ith: int, nth: int, work, sync: Sync, progress=None):
     """Run the program bound for `nodes` as participant ith of nth; None, or (node index, message)
     where a kernel failed (the abort flag is then set). Raises Aborted when another participant
     stopped the graph, and whatever `sync.check` raises. `work` (a ggtool.compute.Work) is what
     Python steps get."""
-    from .kernels import nodes as kn
     from .kernels import runner as kr
 
     for prologue in bound.prologues:
         prologue()
-    chunk = sync.addr + 64 * kr.CHUNK if nth > 1 else 0      # alone: every unit in turn
-    if bound.chunk != chunk and len(bound.dealt):
-        bound.rows[bound.dealt, kn.CHUNK_ADDR] = chunk
-    bound.chunk = chunk
+    deal_from(bound, sync, nth)
     state = kr.new_state()
     steps = bound.steps
     while True:
