@@ -441,6 +441,71 @@ def test_processes_filling_and_evicting_at_once_stay_within_the_bound(cache_root
     assert left and not [f for f in left if f.endswith(".tmp")]
 
 
+OPEN_FILES = """
+import os, resource, sys, warnings
+import numpy as np
+from ggtool.quant import packs
+packs.MIN_FILE_BYTES = 1024
+model, n, soft, hard = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+where = packs.folder(model)
+tiles = [np.full(1000, k % 251, np.uint8) for k in range(n)]
+for k in range(n):
+    packs.store(where, ("t", k), (tiles[k], k))
+def seen(k):
+    st = os.stat(packs._tile_file(where, ("t", k)))
+    return st.st_ino, st.st_mtime_ns
+before = [seen(k) for k in range(n)]
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    got = [packs.load(where, ("t", k)) for k in range(n)]         # all held: each map stays
+    for k, g in enumerate(got):
+        if g is None:                                             # as quant.matmul.weight_pack does
+            packs.store(where, ("t", k), (tiles[k], k))
+wrong = [k for k, g in enumerate(got) if g is not None and not (g[1] == k and (g[0] == tiles[k]).all())]
+kept = sum(seen(k) == before[k] for k in range(n))               # there, and not written again
+with open(os.path.join(os.path.dirname(model), "after.txt"), "w") as f:     # files left to open
+    f.write("ok")
+print(sum(g is not None for g in got), len(wrong), kept, resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+      int(bool(getattr(packs, "_MAP_KEEPS_NO_FD", {}))), "|".join(str(w.message) for w in said))
+"""
+
+
+def _open_files(tmp_path, n, soft, hard):
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < max(soft, hard):
+        pytest.skip("this machine's hard limit of open files is lower than the test's")
+    done = subprocess.run([sys.executable, "-c", OPEN_FILES, _model(tmp_path), str(n), str(soft), str(hard)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    mapped, wrong, kept, limit, keeps_no_fd, said = done.stdout.rstrip("\n").split(" ", 5)
+    return int(mapped), int(wrong), int(kept), int(limit), keeps_no_fd == "1", said
+
+
+def test_more_tiles_than_the_soft_limit_of_open_files_are_all_mapped(cache_root, tmp_path):
+    """Before: each mapped tile held an open file (Python's mmap keeps one before 3.13), so a model of
+    more tiles than the soft limit (1024 on many systems; a 7B model has ~1200) failed its cached runs
+    with "Too many open files", after removing as damaged the tiles it could not open. Now the soft
+    limit is raised to the hard one where the maps need it, and every tile comes back, unsaid."""
+    mapped, wrong, kept, limit, keeps_no_fd, said = _open_files(tmp_path, 700, 500, 4000)
+    assert (mapped, wrong, kept, said) == (700, 0, 700, "")
+    assert limit == 4000 or keeps_no_fd           # raised only where a map holds a file
+
+
+def test_past_the_hard_limit_tiles_are_repacked_in_memory_not_removed(cache_root, tmp_path):
+    """With no higher limit to raise to, maps stop FILES_SPARED open files short of it: the rest
+    come back as None (the caller repacks them in memory), no tile is removed or written again, the
+    process can still open files (it writes one after), and it says so once."""
+    mapped, wrong, kept, limit, keeps_no_fd, said = _open_files(tmp_path, 700, 500, 500)
+    assert (wrong, kept, limit) == (0, 700, 500)
+    if keeps_no_fd:                               # Python 3.13+: a map holds no file
+        assert (mapped, said) == (700, "")
+    else:
+        assert 0 < mapped <= 500 - packs.FILES_SPARED
+        assert said.count("repacked in memory, not mapped from the cache") == 1 and "ulimit -n" in said, said
+
+
 # -- the command line -------------------------------------------------------------------------------
 CLI = """
 import sys

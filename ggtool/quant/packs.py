@@ -43,17 +43,26 @@ mapping), and the tiles of every file together stay within `max_bytes()` (``GGTO
 default DEFAULT_MAX; 0: none kept), least recently used file first out; a file that alone would not
 fit is not cached. A file's identity folder reserves the file's size when it is made, under a lock
 (``packs/.lock``), so processes filling and evicting at once stay within the bound.
+
+Open files: before Python 3.13 each mapped tile holds one (a 7B model maps ~1200 tiles a process,
+past the soft limit of 1024 many systems set). The maps that hold one are counted; where the next
+would leave fewer than FILES_SPARED to the rest of the process, the soft limit is raised to the hard
+one (once), and past that a tile is not mapped: the caller repacks it in memory (the same bits), the
+tile stays as it is, and the run says so once.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
 import mmap
 import os
 import stat
+import sys
 import time
+import weakref
 import zlib
 
 import numpy as np
@@ -327,22 +336,38 @@ def _tile_file(where: str, key) -> str:
 
 def load(where: str, key) -> tuple | None:
     """The packed tuple stored for `key`, mapped and checked; None if there is none, or if it is
-    damaged (then it is removed and reported: the caller repacks and stores it anew)."""
+    damaged (then it is removed and reported: the caller repacks and stores it anew), or if this
+    process can open no more files (`_out_of_files`: the tile is kept, the caller repacks it)."""
     path = _tile_file(where, key)
+    if not _room_for_a_map():
+        return _out_of_files(where, f"{_held[0]} tiles are mapped, each holding an open file, and {FILES_SPARED} of "
+                                    f"this process's limit of {_soft_limit()} open files are left to the rest")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as e:   # a link at its name (ELOOP), unreadable
+        if e.errno in _NO_MORE_FILES:
+            return load(where, key) if _more_files() else _out_of_files(where, e.strerror or str(e))
         return _damaged(where, path, f"cannot be opened: {e.strerror or e}")
-    with os.fdopen(fd, "rb"):      # closes fd (the map keeps its own)
+    with os.fdopen(fd, "rb"):      # closes fd (the map keeps its own where _MAP_KEEPS_NO_FD is empty)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
             return _damaged(where, path, "is not a plain file of the user's")
         if st.st_size < _HEADER:
             return _damaged(where, path, f"is {st.st_size} bytes, shorter than its header")
-        # copy-on-write, as np.memmap's mode "c" (without its subclass: ~20 us less a tile)
-        m = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_COPY), np.uint8)
+        try:        # copy-on-write, as np.memmap's mode "c" (without its subclass: ~24 us less a tile)
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY, **_MAP_KEEPS_NO_FD)
+        except OSError as e:
+            if e.errno in _NO_MORE_FILES:
+                return load(where, key) if _more_files() else _out_of_files(where, e.strerror or str(e))
+            return _damaged(where, path, f"cannot be mapped: {e.strerror or e}")
+        except ValueError:      # emptied since its size was read
+            return _damaged(where, path, "cannot be mapped: it is empty")
+        if not _MAP_KEEPS_NO_FD:
+            _held[0] += 1
+            weakref.finalize(mapped, _release)
+        m = np.frombuffer(mapped, np.uint8)
     seen = _signature(path, st, m)
     known = _checked_before(where, seen)
     problem, items = _check(m, key, crc=not known)
@@ -351,6 +376,76 @@ def load(where: str, key) -> tuple | None:
     if not known and time.time() - st.st_ctime > SETTLED_S:
         _remember(where, seen)
     return tuple(m[o:o + n].view(dt).view(np.ndarray) if dt is not None else n for dt, o, n in items)
+
+
+# Each map of a tile holds a file descriptor where Python's mmap keeps one (before 3.13, or without
+# trackfd=False): gemma-3-270m maps 418 tiles in each process, a 7B model ~1200, past the soft limit
+# of open files many systems set (1024). Out of descriptors, a cached run failed with "Too many
+# open files", after removing as damaged the tiles it could not open. Now the maps that hold one
+# are counted (`_held`) and stop FILES_SPARED short of the limit (raised once to the hard limit
+# first): the other tiles are repacked in memory, which the run says once.
+_MAP_KEEPS_NO_FD = {"trackfd": False} if sys.version_info >= (3, 13) and os.name == "posix" else {}
+_NO_MORE_FILES = (errno.EMFILE, errno.ENFILE)
+FILES_SPARED = 256           # open files left to the rest of the process (the model, the pool, the output)
+_held = [0]                  # maps of this process that hold an open file
+_files_raised = [False]
+_files_told = [False]
+
+
+def _release() -> None:
+    _held[0] -= 1
+
+
+def _soft_limit() -> int:
+    """This process's limit of open files (2**62 where it has none, or where it cannot be read)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        return 1 << 62
+    return 1 << 62 if soft == resource.RLIM_INFINITY else soft
+
+
+def _room_for_a_map() -> bool:
+    """Whether one more map leaves FILES_SPARED open files to the rest of the process (raising the
+    limit, once, where it would not)."""
+    if _MAP_KEEPS_NO_FD or _held[0] + FILES_SPARED < _soft_limit():
+        return True
+    return _more_files() and _held[0] + FILES_SPARED < _soft_limit()
+
+
+def _more_files() -> bool:
+    """Raise this process's soft limit of open files to its hard limit (at most 2**20), once; whether
+    it rose. The pool's workers, started after, inherit it."""
+    if _files_raised[0]:
+        return False
+    _files_raised[0] = True
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+        if soft != resource.RLIM_INFINITY and want > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            return True
+    except (ImportError, ValueError, OSError):
+        pass
+    return False
+
+
+def _out_of_files(where: str, why: str) -> None:
+    """No tile is mapped past the limit of open files: the caller repacks in memory (slower, the same
+    bits), and the run says so once (its first process to find it)."""
+    if not _files_told[0]:
+        _files_told[0] = True
+        if not _first_in_run(where, "-files"):
+            return None
+        import warnings
+
+        warnings.warn(CacheWarning(f"some repacked weights are repacked in memory, not mapped from the cache: {why} "
+                                   "(raise the limit of open files: ulimit -n)"), stacklevel=3)
+    return None
 
 
 def _signature(path: str, st: os.stat_result, m: np.ndarray) -> str:
@@ -450,23 +545,31 @@ def _damaged(where: str, path: str, problem: str) -> None:
     _remove_tree(path)
     if where not in _reported:
         _reported.add(where)
-        import warnings
-
-        from .. import role
-
-        caller = os.getppid() if role.POOL_WORKER else os.getpid()
-        try:
-            os.close(os.open(os.path.join(where, f"{_REFUSED}{caller}-{_started(caller)}"),
-                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-        except FileExistsError:
+        if not _first_in_run(where):
             return None               # another process of this run has said it
-        except OSError:
-            pass
+        import warnings
 
         source = _sources.get(where, where)
         warnings.warn(CacheWarning(f"repacked weights of {source} in the cache were refused and are rebuilt: "
                                    f"{path} {problem}"), stacklevel=3)
     return None
+
+
+def _first_in_run(where: str, what: str = "") -> bool:
+    """Whether this process is the first of its run (a caller and its pool's workers) to say `what`
+    of folder `where`: the first to create ``.refused-<caller's pid>-<its start><what>`` there (or
+    one that cannot tell)."""
+    from .. import role
+
+    caller = os.getppid() if role.POOL_WORKER else os.getpid()
+    try:
+        os.close(os.open(os.path.join(where, f"{_REFUSED}{caller}-{_started(caller)}{what}"),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 def _started(pid: int) -> str:
@@ -479,7 +582,15 @@ def _started(pid: int) -> str:
 
 
 def store(where: str, key, packed: tuple) -> None:
-    """Write `packed` (arrays and ints) for `key`; any failure leaves no file (the cache is optional)."""
+    """Write `packed` (arrays and ints) for `key`; any failure leaves no file (the cache is optional).
+    A tile already there is left as it is: `load` removes a damaged one before its caller repacks, so
+    one still there was not mapped for want of open files (rewriting it each run would move its
+    ctime, and its CRC would be computed again at the next map)."""
+    try:
+        if stat.S_ISREG(os.lstat(_tile_file(where, key)).st_mode):     # a link planted there is renamed over
+            return
+    except OSError:
+        pass
     items, off = [], _HEADER
     for x in packed:
         if isinstance(x, np.ndarray):
