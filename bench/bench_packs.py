@@ -108,7 +108,10 @@ def wait_for_compiler(cache: str, timeout: float = 600.0) -> None:
 def tiles(model: str, cache: str) -> None:
     """Map and check every tile of `model` in this process, with and without the CRC."""
     os.environ["GGTOOL_CACHE_DIR"] = cache
+    import mmap
     import zlib
+
+    import numpy as np
 
     import ggtool.quant.packs as P
 
@@ -119,7 +122,8 @@ def tiles(model: str, cache: str) -> None:
     def load_all() -> float:
         t = time.perf_counter()
         for f in names:
-            m = __import__("numpy").memmap(os.path.join(where, f), dtype="uint8", mode="c")
+            with open(os.path.join(where, f), "rb") as fh:      # mapped as packs.load maps a tile
+                m = np.frombuffer(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY), np.uint8)
             import json
             key = json.loads(bytes(m[16:4096]).rstrip(b"\0"))["key"]
             problem, _ = P._check(m, _Key(key), crc=True)

@@ -482,8 +482,11 @@ def test_units_dealt_out_by_some_participants_alone(wtype, m, pool3, monkeypatch
 
 def test_a_dealt_out_tile_is_looked_up_once_for_its_row_groups(monkeypatch):
     """Where a step deals out its units (a row group each), the row groups of one repacked tile read
-    one pack: binding looks it up once (for gemma-3-270m 418 lookups, not 3020, each a tile mapped
-    from the cache: ~25 ms of each process's bind), and every unit holds that tile's arrays."""
+    one pack: binding looks it up once per tile and weight matrix (gemma-3-270m: 418 lookups, not
+    3020), and every unit holds its own matrix's tile: here two weight matrices broadcast over four
+    activation matrices (mul_mat's r2 = 2), each of 1300 rows (tiles of 1024 and 276 rows: 8 + 3 row
+    groups)."""
+    from ggtool.kernels import nodes_mm as nm
     from ggtool.ops import matmul
     from ggtool.quant import matmul as qm
 
@@ -491,14 +494,21 @@ def test_a_dealt_out_tile_is_looked_up_once_for_its_row_groups(monkeypatch):
     looked_up = []
     weight_pack = qm.weight_pack
     monkeypatch.setattr(qm, "weight_pack", lambda a, key, *rest: looked_up.append(key) or weight_pack(a, key, *rest))
-    g, y = _product("q4_0", 1)                     # 1300 rows: tiles of 1024 and 276 rows, 8 + 3 row groups
+    ctx = ggtool.Context()
+    a = ctx.new_tensor("q4_0", [256, 1300, 2])
+    a.set_data(quant.quantize(values((2, 1300, 256), special=False), "q4_0"))
+    y = F["mul_mat"](ctx, a, leaf(ctx, values((4, 1, 256), special=False)))
     step = matmul._mul_mat_compiled(y, "ggml")[-1]
     (addr, count, *_), _keep, _ = step.bind(0, 1, {})
-    assert sorted(looked_up) == [(0, 0, 0, 1024), (0, 0, 1024, 1300)]
-    units = np.ctypeslib.as_array(ctypes.cast(addr, ctypes.POINTER(ctypes.c_int64)), (count, 16))
-    assert count == 11 and list(units[:, 5]) == [*range(8), *range(3)]      # row group g of its tile
-    assert len({tuple(u[11:13]) for u in units[:8]}) == 1 and len({tuple(u[11:13]) for u in units[8:]}) == 1
-    assert units[0, 11] != units[8, 11]
+    assert sorted(looked_up) == [(0, m2, c0, c1) for m2 in (0, 1) for c0, c1 in ((0, 1024), (1024, 1300))]
+    units = np.ctypeslib.as_array(ctypes.cast(addr, ctypes.POINTER(ctypes.c_int64)), (count, nm.UNIT))
+    assert count == 4 * 11 and list(units[:11, nm.U_G0]) == [*range(8), *range(3)]
+    arrays: dict = {}
+    for u in units:
+        assert u[nm.U_M2] == u[nm.U_I12] // 2
+        arrays.setdefault((u[nm.U_M2], u[nm.U_COL0]), set()).add(tuple(u[nm.U_P:nm.UNIT]))
+    assert len(arrays) == 4 and all(len(a) == 1 for a in arrays.values())     # one tile's arrays each
+    assert len({next(iter(a)) for a in arrays.values()}) == 4                   # and no two alike
 
 
 @pytest.mark.parametrize("wtype, rows", [("q4_1", 264), ("q5_1", 264), ("q4_K", 260), ("q3_K", 264)])
