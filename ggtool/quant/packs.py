@@ -366,7 +366,7 @@ def load(where: str, key) -> tuple | None:
             return _damaged(where, path, "cannot be mapped: it is empty")
         if not _MAP_KEEPS_NO_FD:
             _held[0] += 1
-            weakref.finalize(mapped, _release)
+            weakref.finalize(mapped, _release).atexit = False      # nothing to count at exit
         m = np.frombuffer(mapped, np.uint8)
     seen = _signature(path, st, m)
     known = _checked_before(where, seen)
