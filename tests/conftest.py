@@ -20,6 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/replay.py and 
 # ggtool it starts, and the Ctrl-C tests would send a signal nobody gets: Ctrl-C is Python's own again.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# Likewise SIGHUP under nohup: the suite keeps ignoring it (a handler that does nothing), while every
+# ggtool it starts gets SIGHUP's default back (a caught signal is reset at exec, an ignored one is
+# not), so the SIGHUP tests send it to processes that take it as a terminal would.
+if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
 
 
 @pytest.fixture
