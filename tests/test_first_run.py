@@ -285,8 +285,8 @@ def test_kernels_of_a_large_generation_compile_ahead_side_by_side(cli, monkeypat
 
 def test_a_generation_s_attention_products_compile_ahead_with_the_smaller_family(cli, monkeypatch):
     """A decode step's F32 products (attention's, against the KV cache) cost the twin ~7 ns each: over
-    a long generation they compile ahead too, in the family with fewer kernels; the first call of a
-    kernel waits only for it, not for the kernels its process compiles after it."""
+    a long generation they compile ahead too, in the family that costs least to compile; the first
+    call of a kernel waits only for it, not for the kernels its process compiles after it."""
     compiled, _ = cli
     spawned = []
     monkeypatch.setattr(first_run, "_ahead", {})
@@ -302,6 +302,22 @@ def test_a_generation_s_attention_products_compile_ahead_with_the_smaller_family
     assert first_run.use_compiled("quantize:Q8_K", 10.0) and first_run._ahead["dot:f32"].poll() is None
     first_run._ahead["dot:f32"].done()
     assert first_run.use_compiled("dot:f32", 10.0) and compiled == []
+
+
+def test_attention_products_compile_with_the_family_that_ends_first(cli, monkeypatch):
+    """gemma-3's dots: Q5_0 and Q8_0 share their packed form (one tile compiled for both: the second
+    costs ~0 s), so the 32-value family is the cheaper one although it has as many kernels as the
+    K-quants': the F32 products compile there, and the two processes end together (before, they
+    joined the K-quants by count: 6.1 s to the last kernel against 4.1 s for the other process)."""
+    spawned = []
+    monkeypatch.setattr(first_run, "_ahead", {})
+    monkeypatch.setattr(first_run, "_spawn", lambda names: spawned.append(names) or _Group(names))
+    products = [("q4_K", 2048, 640, 1), ("q6_K", 2048, 640, 1), ("q5_0", 2048, 640, 1), ("q8_0", 262144, 640, 1),
+                *[("f32", 141, 256, 4)] * 18]
+    assert first_run.compile_seconds(["quantize:Q8_0_cpu", "dot:q5_0", "dot:q8_0"]) < \
+        first_run.compile_seconds(["quantize:Q8_K", "dot:q4_K", "dot:q6_K"])
+    first_run.prepare(products, repeats=1000, free_cpus=2)
+    assert spawned == [["quantize:Q8_K", "dot:q4_K", "dot:q6_K"], ["quantize:Q8_0_cpu", "dot:q5_0", "dot:q8_0", "dot:f32"]]
 
 
 def test_weights_are_repacked_while_their_kernel_compiles_ahead(cli, monkeypatch):

@@ -426,3 +426,72 @@ def test_every_module_whose_compiled_functions_others_compile_in_is_shared():
                     missing.append((path.name, node.module))
     assert not missing, missing
     assert "x86.py" in cache.SHARED
+
+
+def test_the_dots_and_the_runner_s_kernels_compile_each_shared_callee_once(tmp_path):
+    """numba compiles a function apart for each constant argument and for read-only arrays: the
+    Python path's dots passed constants and read-only weights where the runner's node kernels pass
+    values and raw-address arrays, and every shared callee (the activation passes, the F32 product,
+    the Q8_0 quantizer) was compiled twice in a process that compiles both (~2.5 s of ~27 s CPU for
+    a gemma-3 generation's kernels). Each now has one compiled form."""
+    r = _python("""
+        from ggtool.compiling import warm
+        from ggtool.kernels import dot, dot_float, dot_k, quantize
+        for name in ("quantize:Q8_0_cpu", "dot:q4_K", "dot:q6_K", "dot:q8_0", "dot:f32",
+                     "node:mm_convert", "node:mm_k", "node:mm_k6", "node:mm_f32"):
+            warm.compile_kernel(name)
+        for fn in (dot._act_pairs, dot_k._act_pairs_k, dot_float._dot_rows, dot_float._transpose, quantize._q8_0):
+            print(fn.__name__, len(fn.signatures))
+    """, dict(_env(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "numba")))     # a new cache: all compiled here
+    assert r.returncode == 0, r.stderr
+    counts = dict(line.split() for line in r.stdout.split("\n") if line)
+    assert counts == {"_act_pairs": "1", "_act_pairs_k": "1", "_dot_rows": "1", "_transpose": "1", "_q8_0": "1"}
+
+
+def test_view_as_and_read_only_are_numpy_s_view_and_a_read_only_view():
+    """`native.view_as` (numpy's same-size ``.view``, which numba compiles ~0.1-0.2 s a pair of types)
+    and `native.read_only`: the same memory, shape and strides; a view's reference keeps its array
+    alive (no leak, no early free); an element type of another size, or a write through a read-only
+    array, is refused at compile time."""
+    import numba
+    import numpy as np
+
+    from ggtool.kernels.native import read_only, view_as
+
+    @numba.njit(cache=False)
+    def bits(x):
+        u = view_as(x, np.uint32)
+        u[0, 1] = np.uint32(0x3F800000)            # 1.0f, written through the view
+        return u
+
+    @numba.njit(cache=False)
+    def fresh(n):
+        return view_as(np.arange(n).astype(np.float32), np.int32)   # the view outlives its name
+
+    @numba.njit(cache=False)
+    def frozen(x):
+        return read_only(x)
+
+    @numba.njit(cache=False)
+    def write_through(x):
+        read_only(x)[0, 0] = 1.0
+
+    @numba.njit(cache=False)
+    def other_size(x):
+        return view_as(x, np.uint16)
+
+    x = np.zeros((2, 3), np.float32)
+    before = sys.getrefcount(x)
+    for _ in range(100):
+        u = bits(x)
+    assert sys.getrefcount(x) - before == 1                 # u's reference, no other
+    assert u.dtype == np.uint32 and u.shape == (2, 3) and u.strides == x.strides and x[0, 1] == 1.0
+    assert np.shares_memory(u, x)
+    assert (fresh(5) == np.arange(5, dtype=np.float32).view(np.int32)).all()
+    assert np.shares_memory(frozen(x), x)
+    (arg,), ret = frozen.nopython_signatures[0].args, frozen.nopython_signatures[0].return_type
+    assert arg.mutable and not ret.mutable and (ret.dtype, ret.ndim, ret.layout) == (arg.dtype, arg.ndim, arg.layout)
+    with pytest.raises(numba.core.errors.TypingError):
+        write_through(x)                                    # read-only to the compiler
+    with pytest.raises(numba.core.errors.TypingError):
+        other_size(x)

@@ -58,6 +58,7 @@ from ..kernels import cache
 # activation pass the 32-value types share; docs/engine.md, "Small work and large work"): a
 # twin may cost as much before the kernel is compiled.
 COMPILE_SECONDS = {"dot": 2.0, "quantize": 1.0, "runner": 1.6, "node": 1.5}
+SHARED_FORM = 0.1   # a dot whose packed form another dot of its process compiled (``compile_seconds``)
 # What a computing node costs from Python more than on the compiled runner, a step (measured: a 128-token
 # gemma-3-270m generation, 15.0 s CPU without the runner, 9.4 s with it, ~800 nodes a step).
 PYTHON_NODE = 55e-6
@@ -223,21 +224,27 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     dots = [name for name, s in cost.items()
             if name.startswith("dot:") and s * max(1, repeats) > COMPILE_SECONDS["dot"] and wanted(name)]
     # a process for the 32-value dots and one for the K-quants (those of a family share their activation
-    # pass: compiled once; numba loaded once), one for all where fewer CPUs are free; the float dots
-    # (attention's) join the family with fewer kernels
+    # pass: compiled once; numba loaded once), each family's activation quantizer first, one process for all
+    # where fewer CPUs are free; the float dots (attention's) join the family that costs least to compile,
+    # so that the families end together (a prompt runs every kernel: it waits for the last)
     groups: dict = {}                      # a family's block size (or "F", "all") -> its kernels
     for name in dots:
         if name[4:] not in FLOAT_TYPES:
             groups.setdefault(T.block_size(T.parse_type(name[4:])), []).append(name)     # 32 or 256 values
-    for name in dots:
-        if name[4:] in FLOAT_TYPES:
-            (min(groups.values(), key=len) if groups else groups.setdefault("F", [])).append(name)
     taken: set[str] = set()
     for names in groups.values():
         quantizers = [q for q in dict.fromkeys(map(_activation_quantizer, names))
                       if q is not None and q not in taken and wanted(q)]
         taken.update(quantizers)
         names[:0] = quantizers
+    for name in dots:
+        if name[4:] in FLOAT_TYPES:
+            family = min(groups.values(), key=compile_seconds) if groups else groups.setdefault("F", [])
+            q = _activation_quantizer(name)           # F16's
+            if q is not None and q not in taken and wanted(q):
+                taken.add(q)
+                family.append(q)
+            family.append(name)
     if len(groups) > free_cpus:
         every = [n for names in groups.values() for n in names]
         groups = {"all": [n for n in every if n in taken] + [n for n in every if n not in taken]}
@@ -249,10 +256,33 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
                 _ahead[name] = proc
             started.extend(names)
     if started:
-        _tell(sum(COMPILE_SECONDS[n.partition(":")[0]] for n in started) / min(len(groups), free_cpus) + 0.7)
+        _tell(max(map(compile_seconds, groups.values())) + 0.7)
         if len(_ahead) == len(started):
             atexit.register(_stop_ahead)
     return started
+
+
+def compile_seconds(names) -> float:
+    """CPU seconds to compile kernels `names` in turn in one process: COMPILE_SECONDS of each, but a
+    dot whose packed form (its tile, ``qtypes``' ``packed_form``) an earlier one compiled costs
+    SHARED_FORM (Q8_0 after Q5_0: ~0 s measured)."""
+    forms, total = set(), 0.0
+    for name in names:
+        kind, _, arg = name.partition(":")
+        form = _packed_form(arg) if kind == "dot" else None
+        total += SHARED_FORM if form is not None and form in forms else COMPILE_SECONDS[kind]
+        forms.add(form)
+    return total
+
+
+def _packed_form(type_name: str) -> str | None:
+    from .. import qtypes
+    from .. import types as T
+
+    try:
+        return getattr(qtypes.get(T.parse_type(type_name)), "packed_form", None)
+    except (KeyError, ValueError):      # F32, F16, BF16: no record
+        return None
 
 
 def step_seconds(products) -> dict[str, float]:

@@ -27,6 +27,7 @@ import numpy as np
 from . import decode, dot_bf16, dot_float, dot_k, simd  # noqa: F401 - the BF16, F32/F16 dots and the K-quant forms register themselves
 from .dot_base import DOTS, FORMS, GROUP, register_form, store_group
 from .jit import njit
+from .native import view_as
 from .tables import F16_TO_F32
 
 Q8_0_BYTES, QK = 34, 32
@@ -109,9 +110,12 @@ def _act_pairs(act, f16, nbytes, nibbles, sums):
     """Q8_0 (34-byte) or Q8_1 (36-byte: s at byte 2) activation rows as ``simd``'s tiles read them,
     indexed [block, row]: ap (16 int16 pairs per block and row, in the order of the weight
     codes: ``simd``'s docstring), off (-8 * sum of the 32 codes if sums, else 0: Q4_0's codes are
-    nibble - 8), d and s as float32."""
+    nibble - 8), d and s as float32. Its callers pass nbytes, nibbles and sums as values (np.int64,
+    np.bool_), never constants: numba compiles a function apart for each constant argument, and the
+    runner's ``nodes_mm.mm_q32`` passes values, so one compiled form serves every dot (~0.3 s CPU of
+    a compile)."""
     M, nb = act.shape[0], act.shape[1] // nbytes
-    qa = act.view(np.int8)
+    qa = view_as(act, np.int8)
     q0 = nbytes - 32
     ap = np.empty((nb, M, 16), np.int32)
     off = np.zeros((nb, M), np.int32)
@@ -142,7 +146,7 @@ def _act_pairs(act, f16, nbytes, nibbles, sums):
 # first-ever run), and a driver called from Python would cost each call a second dispatch.
 @njit
 def _dot_q4_0(qs, d, n, nb, act, f16, out):
-    ap, off, da, _ = _act_pairs(act, f16, Q8_0_BYTES, True, True)
+    ap, off, da, _ = _act_pairs(act, f16, np.int64(Q8_0_BYTES), np.bool_(True), np.bool_(True))
     M, G = ap.shape[1], (n + GROUP - 1) // GROUP
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
@@ -157,7 +161,7 @@ def _dot_q4_0(qs, d, n, nb, act, f16, out):
 
 @njit
 def _dot_q8_0(qs, d, n, nb, act, f16, out):
-    ap, off, da, _ = _act_pairs(act, f16, Q8_0_BYTES, False, False)
+    ap, off, da, _ = _act_pairs(act, f16, np.int64(Q8_0_BYTES), np.bool_(False), np.bool_(False))
     M, G = ap.shape[1], (n + GROUP - 1) // GROUP
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
@@ -173,7 +177,7 @@ def _dot_q8_0(qs, d, n, nb, act, f16, out):
 @njit
 def _dot_q8_1(qs, d, mn, n, nb, act, f16, out):
     """GGML's scalar vec_dot_q4_1_q8_1 / q5_1: out += (d_w * d_a) * sumi + m_w * s_a per block."""
-    ap, off, da, sa = _act_pairs(act, f16, 36, False, False)
+    ap, off, da, sa = _act_pairs(act, f16, np.int64(36), np.bool_(False), np.bool_(False))
     M, G = ap.shape[1], (n + GROUP - 1) // GROUP
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
@@ -190,7 +194,7 @@ def _dot_q8_1(qs, d, mn, n, nb, act, f16, out):
 def _dot_levels(qs, d, n, nb, act, f16, out):
     """Rows of int8 levels (``pack_levels``) x Q8_0: out += (d_w * d_a) * float(sumi) per block, the
     order of GGML's generic IQ4_NL and MXFP4 dots (ggml_vec_dot_iq4_nl_q8_0_generic, _mxfp4_)."""
-    ap, off, da, _ = _act_pairs(act, f16, Q8_0_BYTES, False, False)
+    ap, off, da, _ = _act_pairs(act, f16, np.int64(Q8_0_BYTES), np.bool_(False), np.bool_(False))
     M, G = ap.shape[1], (n + GROUP - 1) // GROUP
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):

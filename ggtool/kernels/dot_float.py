@@ -29,6 +29,7 @@ from .. import types as T
 from . import simd
 from .dot_base import register
 from .jit import njit, numba
+from .native import view_as
 
 L = 16        # weight rows per vector (float32 lanes of one product)
 MT = 4        # activation rows per register tile
@@ -172,17 +173,19 @@ def _transpose(w, base, stride, n, K, bits, wide, n0, nc, buf):
 def _dot(w, bits, wide, xf, out):
     """out (M, n) = weight rows w (n, K: float32 or fp16 bits, see _transpose) . activation rows
     xf (M, K) float32, GGML's scalar order."""
-    _dot_rows(w.reshape(-1), 0, w.shape[1], w.shape[0], bits, wide, xf, out)
+    _dot_rows(w.reshape(-1), np.int64(0), w.shape[1], w.shape[0], bits, wide, xf, out)
 
 
 @njit
 def _dot_rows(w, base, stride, n, bits, wide, xf, out):
     """_dot of the n weight rows w[base + r*stride:][:K] (w flat; K = xf's columns): rows read where
-    they lie (an attention's K or V, a view into the cache), never gathered first."""
+    they lie (an attention's K or V, a view into the cache), never gathered first. One compiled form
+    for ``_dot`` and the runner's ``nodes_mm.mm_f32``: w read-only, base and wide values (np.int64,
+    np.bool_), not constants (numba compiles a form apart for each; ``dot._act_pairs``)."""
     K, M = xf.shape[1], xf.shape[0]
     G = (n + NC * L - 1) // (NC * L)
     wb = np.empty(G * NC * K * L, np.uint32)
-    buf = wb.view(np.float32)
+    buf = view_as(wb, np.float32)
     for g in range(G):                        # every chunk transposed once
         _transpose(w, base, stride, n, K, bits, wide, g * NC * L, min(NC, (n - g * NC * L + L - 1) // L),
                    wb[g * NC * K * L:])

@@ -22,6 +22,7 @@ import numpy as np
 from . import simd
 from .dot_base import GROUP, register_form, store_group
 from .jit import njit
+from .native import view_as
 
 Q8_K_BYTES = 292
 
@@ -73,9 +74,10 @@ def _scale_min_k4(q, o, j):
 def _act_pairs_k(act, nibbles):
     """Q8_K activation rows as ``simd.tile_k`` (or, with nibbles, ``simd.tile_k6``) reads them,
     indexed [block, row]: ap (128 int16 pairs of the 256 codes, in the order of the weight codes),
-    bp (the 16 bsums in 8 pairs), d (float32)."""
+    bp (the 16 bsums in 8 pairs), d (float32). `nibbles` is passed as a value (np.bool_), never a
+    constant, which numba would compile a form apart for (``dot._act_pairs``)."""
     M, nb = act.shape[0], act.shape[1] // Q8_K_BYTES
-    qa = act.view(np.int8)
+    qa = view_as(act, np.int8)
     ap = np.empty((nb, M, 128), np.int32)
     bp = np.empty((nb, M, 8), np.int32)
     da = np.empty((nb, M), np.float32)
@@ -101,7 +103,7 @@ def _act_pairs_k(act, nibbles):
 def _dot_k(codes, sc, mn, dw, dmw, n, nb, hm, act, f16, out):
     M = act.shape[0]
     G = (n + GROUP - 1) // GROUP
-    ap, bp, da = _act_pairs_k(act, False)
+    ap, bp, da = _act_pairs_k(act, np.bool_(False))
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
         acc[:, :] = 0
@@ -119,7 +121,7 @@ def _dot_k6(codes, hi, sc, dw, n, nb, act, f16, out):
     """Q6_K / Q3_K packed in 6 bits (``_pack_k6``) x Q8_K rows: ``simd.tile_k6``."""
     M = act.shape[0]
     G = (n + GROUP - 1) // GROUP
-    ap, _, da = _act_pairs_k(act, True)
+    ap, _, da = _act_pairs_k(act, np.bool_(True))
     acc = np.empty((M, GROUP), np.float32)
     for g in range(G):
         acc[:, :] = 0

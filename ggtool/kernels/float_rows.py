@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import njit
+from .native import view_as
 
 
 @njit
@@ -39,7 +40,7 @@ def _exp64(v, k0, t_hi, t_lo, pow2):
 
 @njit
 def _exp_f32(x, out, k0, t_hi, t_lo, pow2):
-    xb, ob = x.view(np.uint32), out.view(np.uint32)
+    xb, ob = view_as(x, np.uint32), view_as(out, np.uint32)
     for i in range(x.shape[0]):
         v = x[i]
         if v != v:              # NaN: itself, made quiet (as the numpy form's float64 round trip makes it;

@@ -24,7 +24,7 @@ import numpy as np
 
 from .float_rows import _exp64, _exp_f32
 from .jit import njit, numba
-from .native import voidptr
+from .native import view_as, voidptr
 from .quantize import _f16_bits
 from .x86 import fmaf, soft_max_rows
 
@@ -510,7 +510,7 @@ def silu_f32(row, frow, ith, nth, wdata):
     x, y = f32s(w[SRC0 + A]), f32s(w[DST + A])
     xn, yn = w[SRC0 + NB + 1] // 4, w[DST + NB + 1] // 4
     nan = np.empty(1, np.uint32)
-    nanf = nan.view(np.float32)
+    nanf = view_as(nan, np.float32)
     for r in range(r0, r1):
         for i in range(c0, c1):
             v = x[r * xn + i]

@@ -31,7 +31,7 @@ from .dot_float import _dot_rows
 from .dot_k import _act_pairs_k
 from .jit import njit, numba
 from .nodes import _BIG, CHUNK_ADDR, DST, E_VALUE, NB, NE, P, ROW, SRC0, SRC1, A, f32s, f64s, i64s, register, words
-from .native import atomic_add, voidptr
+from .native import atomic_add, read_only, voidptr
 
 # -- mm_convert ---------------------------------------------------------------------------------------
 CV_Q8_0, CV_Q8_1, CV_Q8_K, CV_F16 = 0, 1, 2, 3
@@ -55,9 +55,9 @@ def _convert_blocks(kind, src, dst, n):
     x = carray(voidptr(src), (n, bs), np.float32)
     out = carray(voidptr(dst), (n, nbytes), np.uint8)
     if kind == CV_Q8_0:
-        return quantize._q8_0(x, out, True)
+        return quantize._q8_0(read_only(x), out, True)
     if kind == CV_Q8_1:
-        return _q8_1(x, out)
+        return _q8_1(read_only(x), out)
     return quantize.quantize_q8_k(x, out)
 
 
@@ -214,12 +214,12 @@ def mm_k(row, frow, ith, nth, wdata):
     rb, hm = w[M_ARG], w[M_ARG + 1]
     factor = np.float32(f64s(frow)[0])
     scaled = hm == 0
-    ap, bp, da = _act_pairs_k(_act(w, units[k * UNIT:(k + 1) * UNIT], wdata, rb), False)
+    ap, bp, da = _act_pairs_k(_act(w, units[k * UNIT:(k + 1) * UNIT], wdata, rb), np.bool_(False))
     acc = np.empty((ap.shape[1], GROUP), np.float32)
     while k < count:
         u = units[k * UNIT:(k + 1) * UNIT]
         if not _same(u, units[prev * UNIT:(prev + 1) * UNIT]):
-            ap, bp, da = _act_pairs_k(_act(w, u, wdata, rb), False)
+            ap, bp, da = _act_pairs_k(_act(w, u, wdata, rb), np.bool_(False))
             acc = np.empty((ap.shape[1], GROUP), np.float32)
         M, nb, n = ap.shape[1], u[U_NB], u[U_N]
         out, stride = _out(w, u)
@@ -252,12 +252,12 @@ def mm_k6(row, frow, ith, nth, wdata):
     if k >= count:
         return 0
     rb = w[M_ARG]
-    ap, _, da = _act_pairs_k(_act(w, units[k * UNIT:(k + 1) * UNIT], wdata, rb), True)
+    ap, _, da = _act_pairs_k(_act(w, units[k * UNIT:(k + 1) * UNIT], wdata, rb), np.bool_(True))
     acc = np.empty((ap.shape[1], GROUP), np.float32)
     while k < count:
         u = units[k * UNIT:(k + 1) * UNIT]
         if not _same(u, units[prev * UNIT:(prev + 1) * UNIT]):
-            ap, _, da = _act_pairs_k(_act(w, u, wdata, rb), True)
+            ap, _, da = _act_pairs_k(_act(w, u, wdata, rb), np.bool_(True))
             acc = np.empty((ap.shape[1], GROUP), np.float32)
         M, nb, n = ap.shape[1], u[U_NB], u[U_N]
         out, stride = _out(w, u)
@@ -382,7 +382,7 @@ def mm_f32(row, frow, ith, nth, wdata):
             xo = (m3 * r3 + u3) * b3 + (m2 * r2 + u2) * b2 + i11 * b1
             for k in range(K):
                 xf[r, k] = b[xo + k]
-        _dot_rows(a, ao + c0 * a1, a1, nc, f16, False, xf, out)     # a's rows where they lie
+        _dot_rows(read_only(a), ao + c0 * a1, a1, nc, f16, np.bool_(False), xf, out)     # a's rows where they lie
         for r in range(nr):
             u3, rem = divmod(row0 + r, r2 * ne11)
             u2, i11 = divmod(rem, ne11)

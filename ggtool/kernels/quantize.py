@@ -30,6 +30,7 @@ import numpy as np
 
 from . import twins
 from .jit import njit, numba
+from .native import view_as
 from .twins import SMALL_BLOCKS
 
 _T = numba.types
@@ -148,7 +149,7 @@ def _f32_bits(h):
 @njit
 def fp32_to_fp16(x, out):
     """GGML_FP32_TO_FP16 of float32 x (1-D) into the uint16 out (1-D)."""
-    xi = x.view(np.uint32)
+    xi = view_as(x, np.uint32)
     for k in range(x.shape[0]):
         out[k] = np.uint16(_f16_bits(xi[k]))
 
@@ -173,7 +174,7 @@ def _first_bad(xi, i, nj):
 @njit
 def _put_scales(out, ds, at=0):
     """fp16 bits of the float32 scales ds into bytes at, at+1 of every block."""
-    di = ds.view(np.uint32)
+    di = view_as(ds, np.uint32)
     for i in range(ds.shape[0]):
         h = _f16_bits(di[i])
         out[i, at] = np.uint8(h & _U(0xFF))
@@ -200,10 +201,10 @@ def q4_0_quantize(xb, out):
     """quantize_row_q4_0_ref over (n, 32) blocks into (n, 18); -1 or the flat index of a NaN/inf."""
     n, nj = xb.shape
     h = nj // 2
-    xi = xb.view(np.uint32)
+    xi = view_as(xb, np.uint32)
     ds = np.empty(n, np.float32)
     ids = np.empty(n, np.float32)
-    mi = ds.view(np.uint32)
+    mi = view_as(ds, np.uint32)
     for i in range(n):
         amax = _amax_bits(xi, i, nj)
         if amax >= _INF:
@@ -240,8 +241,8 @@ def _min_max(xi, i, nj, lo, hi):
         k = np.int32(b ^ ((b >> np.int32(31)) & np.int32(0x7FFFFFFF)))
         kmin = min(kmin, k)
         kmax = max(kmax, k)
-    lo.view(np.int32)[i] = _key_bits(xi, i, nj, kmin)
-    hi.view(np.int32)[i] = _key_bits(xi, i, nj, kmax)
+    view_as(lo, np.int32)[i] = _key_bits(xi, i, nj, kmin)
+    view_as(hi, np.int32)[i] = _key_bits(xi, i, nj, kmax)
 
 
 @njit
@@ -260,7 +261,7 @@ def _q_min(xb, out, nmax, qh_at):
     (uint8_t)v, the 5th bits to qh at qh_at) over (n, 32) blocks: fp16 d and m, then the nibbles."""
     n, nj = xb.shape
     h = nj // 2
-    xi = xb.view(np.uint32)
+    xi = view_as(xb, np.uint32)
     ds = np.empty(n, np.float32)
     ms = np.empty(n, np.float32)
     ids = np.empty(n, np.float32)
@@ -324,10 +325,10 @@ def q5_0_quantize(xb, out):
     min(31, (int8_t)(x*id + 16.5)), fp16 d, qh (5th bits), nibbles."""
     n, nj = xb.shape
     h = nj // 2
-    xi = xb.view(np.uint32)
+    xi = view_as(xb, np.uint32)
     ds = np.empty(n, np.float32)
     ids = np.empty(n, np.float32)
-    mi = ds.view(np.uint32)
+    mi = view_as(ds, np.uint32)
     for i in range(n):
         amax = _amax_bits(xi, i, nj)
         if amax >= _INF:
@@ -361,10 +362,10 @@ def q5_0_quantize(xb, out):
 @njit
 def _q8_0(xb, out, cpu):
     n, nj = xb.shape
-    xi = xb.view(np.uint32)
+    xi = view_as(xb, np.uint32)
     ds = np.empty(n, np.float32)
     ids = np.empty(n, np.float32)
-    ai = ids.view(np.uint32)
+    ai = view_as(ids, np.uint32)
     for i in range(n):
         amax = _amax_bits(xi, i, nj)
         if amax >= _INF:
@@ -424,9 +425,9 @@ def q8_1_quantize_cpu(xb, out):
     r = _q8_0(xb, q8, True)
     if r >= 0:
         return r
-    xi = xb.view(np.uint32)
+    xi = view_as(xb, np.uint32)
     bits = np.empty(1, np.uint32)
-    f = bits.view(np.float32)
+    f = view_as(bits, np.float32)
     for i in range(n):
         bits[0] = _amax_bits(xi, i, nj)
         d = f[0] / _F127
@@ -448,7 +449,7 @@ def q8_1_quantize_cpu(xb, out):
 def _get_scales(blocks):
     n = blocks.shape[0]
     ds = np.empty(n, np.float32)
-    di = ds.view(np.uint32)
+    di = view_as(ds, np.uint32)
     for i in range(n):
         di[i] = _f32_bits(_U(blocks[i, 0]) | (_U(blocks[i, 1]) << _U(8)))
     return ds
