@@ -36,6 +36,8 @@ def cli(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(first_run, "_compiled", set())
     monkeypatch.setattr(first_run, "_spent", {})
     monkeypatch.setattr(first_run, "_told", [False])
+    monkeypatch.setattr(first_run, "_looked", {})
+    monkeypatch.setattr(first_run, "READY_LOOK", 0.0)      # every call looks for a ready marker
     compiled = []
     monkeypatch.setattr(warm, "compile_kernel", lambda name: compiled.append(name) or True)   # kept in the cache
     return compiled, capsys
@@ -263,24 +265,25 @@ class _Proc:
 
 def test_kernels_of_a_large_generation_compile_ahead_side_by_side(cli, monkeypatch):
     """prepare(): the dots whose twins a generation would outgrow start compiling at once, a process a
-    family, each family's activation quantizer first (it runs before them), where 2 CPUs are free;
-    the first call waits for its kernel; a failed process leaves its kernels to compile here."""
+    family, each family's activation quantizers after its dots where their twins would cost the work
+    more than QUANTIZE_AHEAD, where 2 CPUs are free; the first call of a dot waits for it; a failed
+    process leaves its kernels to compile here."""
     compiled, capsys = cli
     started = []
     monkeypatch.setattr(first_run, "_ahead", {})
     monkeypatch.setattr(first_run, "_spawn", lambda names: started.append(names) or _Proc(names, int("dot:q6_K" in names)))
-    products = [("q4_0", 5632, 2048, 1), ("q4_0", 2048, 5632, 1), ("q6_K", 32000, 2048, 1), ("f32", 512, 64, 1),
-                ("q8_0", 16, 32, 1)]           # 512 x 64 f32 products and 16 rows of q8_0 stay a twin's work
-    assert first_run.prepare(products, repeats=1, free_cpus=2) == []          # one step: the twins are cheaper
-    assert first_run.prepare(products, repeats=64, free_cpus=1) == []         # no CPU to spare: at first use
-    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["quantize:Q8_0_cpu", "dot:q4_0",
-                                                                    "quantize:Q8_K", "dot:q6_K"]
-    assert started == [["quantize:Q8_0_cpu", "dot:q4_0"], ["quantize:Q8_K", "dot:q6_K"]]
+    products = [("q4_0", 5632, 2048, 64), ("q4_0", 2048, 5632, 64), ("q6_K", 32000, 2048, 64), ("f32", 512, 64, 64),
+                ("q8_0", 16, 32, 64)]          # 512 x 64 f32 products and 16 rows of q8_0 stay a twin's work
+    assert first_run.prepare(products, repeats=1, free_cpus=2) == []          # once: the twins are cheaper
+    assert first_run.prepare(products, repeats=512, free_cpus=1) == []        # no CPU to spare: at first use
+    assert first_run.prepare(products, repeats=512, free_cpus=2) == ["dot:q4_0", "quantize:Q8_0_cpu",
+                                                                     "dot:q6_K", "quantize:Q8_K"]
+    assert started == [["dot:q4_0", "quantize:Q8_0_cpu"], ["dot:q6_K", "quantize:Q8_K"]]
     assert "compiling ggtool's kernels for this CPU" in capsys.readouterr().err
     assert first_run.use_compiled("dot:q4_0", 0.0) and compiled == []        # its process compiled it
     assert first_run.use_compiled("quantize:Q8_0_cpu", 0.0) and compiled == []
     assert first_run.use_compiled("dot:q6_K", 10.0) and compiled == ["dot:q6_K"]   # failed: compiled here
-    assert first_run.prepare(products, repeats=64, free_cpus=2) == []         # nothing twice
+    assert first_run.prepare(products, repeats=512, free_cpus=2) == []        # nothing twice
 
 
 def test_a_generation_s_attention_products_compile_ahead_with_the_smaller_family(cli, monkeypatch):
@@ -295,11 +298,10 @@ def test_a_generation_s_attention_products_compile_ahead_with_the_smaller_family
     products = [("q4_0", 2048, 2048, 1), ("q8_0", 2048, 2048, 1), ("q6_K", 32000, 2048, 1),
                 *[("f32", 141, 256, 4)] * 18]              # a layer's attention product, 18 layers
     assert first_run.prepare(products, repeats=1, free_cpus=2) == []
-    assert first_run.prepare(products, repeats=1000, free_cpus=2) == ["quantize:Q8_0_cpu", "dot:q4_0", "dot:q8_0",
-                                                                      "quantize:Q8_K", "dot:q6_K", "dot:f32"]
-    assert spawned == [["quantize:Q8_0_cpu", "dot:q4_0", "dot:q8_0"], ["quantize:Q8_K", "dot:q6_K", "dot:f32"]]
-    first_run._mark_ready("quantize:Q8_K")              # its process goes on with the others
-    assert first_run.use_compiled("quantize:Q8_K", 10.0) and first_run._ahead["dot:f32"].poll() is None
+    assert first_run.prepare(products, repeats=1000, free_cpus=2) == ["dot:q4_0", "dot:q8_0", "dot:q6_K", "dot:f32"]
+    assert spawned == [["dot:q4_0", "dot:q8_0"], ["dot:q6_K", "dot:f32"]]      # a decode row's quantizers: twins
+    first_run._mark_ready("dot:q6_K")                   # its process goes on with the others
+    assert first_run.use_compiled("dot:q6_K", 10.0) and first_run._ahead["dot:f32"].poll() is None
     first_run._ahead["dot:f32"].done()
     assert first_run.use_compiled("dot:f32", 10.0) and compiled == []
 
@@ -314,10 +316,51 @@ def test_attention_products_compile_with_the_family_that_ends_first(cli, monkeyp
     monkeypatch.setattr(first_run, "_spawn", lambda names: spawned.append(names) or _Group(names))
     products = [("q4_K", 2048, 640, 1), ("q6_K", 2048, 640, 1), ("q5_0", 2048, 640, 1), ("q8_0", 262144, 640, 1),
                 *[("f32", 141, 256, 4)] * 18]
-    assert first_run.compile_seconds(["quantize:Q8_0_cpu", "dot:q5_0", "dot:q8_0"]) < \
-        first_run.compile_seconds(["quantize:Q8_K", "dot:q4_K", "dot:q6_K"])
+    assert first_run.compile_seconds(["dot:q5_0", "dot:q8_0"]) < first_run.compile_seconds(["dot:q4_K", "dot:q6_K"])
     first_run.prepare(products, repeats=1000, free_cpus=2)
-    assert spawned == [["quantize:Q8_K", "dot:q4_K", "dot:q6_K"], ["quantize:Q8_0_cpu", "dot:q5_0", "dot:q8_0", "dot:f32"]]
+    assert spawned == [["dot:q4_K", "dot:q6_K"], ["dot:q5_0", "dot:q8_0", "dot:f32"]]
+
+
+def test_a_quantizer_compiles_after_its_dots_and_no_call_waits_for_it(cli, monkeypatch):
+    """A decode step's activation quantizer costs its twin ~40 us a call: compiled ahead only where
+    the work's calls would cost more than QUANTIZE_AHEAD (a 311M model's 64 tokens: no), and then
+    after its family's dots, which every step waits for; until its process has marked it ready its
+    calls run the twin (the same bytes) instead of waiting, and then the kernel."""
+    compiled, _ = cli
+    spawned = []
+    monkeypatch.setattr(first_run, "_ahead", {})
+    monkeypatch.setattr(first_run, "_spawn", lambda names: spawned.append(names) or _Group([names] if isinstance(names, str) else names))
+    decode = [("q4_0", 5632, 2048, 1), ("q4_0", 2048, 5632, 1)] * 4          # 4 layers' products with Q8_0 rows
+    assert first_run.step_seconds(decode)["quantize:Q8_0_cpu"] * 64 < first_run.QUANTIZE_AHEAD
+    assert first_run.prepare(decode, repeats=64, free_cpus=2) == ["dot:q4_0"]
+    wide = [("q4_K", 2048, 2048, 1)] * 126                                      # gemma-3's ~127 a step
+    assert first_run.step_seconds(wide)["quantize:Q8_K"] * 128 > first_run.QUANTIZE_AHEAD
+    assert first_run.prepare(wide, repeats=128, free_cpus=2) == ["dot:q4_K", "quantize:Q8_K"]
+    group = first_run._ahead["quantize:Q8_K"]
+    assert not first_run.use_compiled("quantize:Q8_K", 100.0)                   # compiling: the twin, no wait
+    assert compiled == [] and first_run._ahead["quantize:Q8_K"] is group      # nor compiled here, however dear
+    first_run._mark_ready("quantize:Q8_K")
+    assert first_run.use_compiled("quantize:Q8_K", 0.0) and compiled == []
+    assert "quantize:Q8_K" not in first_run._ahead
+
+
+def test_a_twin_s_call_looks_for_a_ready_marker_once_in_a_while(cli, monkeypatch):
+    """Each call of a kernel not compiled used to look for its ready marker (the cache's folder and a
+    stat: ~25 us, as much as a decode row's quantizer twin itself): now once every READY_LOOK
+    seconds a kernel, so a kernel another process compiles is taken up within READY_LOOK."""
+    compiled, _ = cli
+    monkeypatch.setattr(first_run, "READY_LOOK", 3600.0)
+    looks = []
+    real = first_run._ready
+    monkeypatch.setattr(first_run, "_ready", lambda name: looks.append(name) or real(name))
+    for _ in range(100):
+        assert not first_run.use_compiled("dot:q8_0", 0.0)
+    assert looks == ["dot:q8_0"]
+    first_run._mark_ready("dot:q8_0")
+    assert not first_run.use_compiled("dot:q8_0", 0.0)                          # not looked at again yet
+    monkeypatch.setattr(first_run, "READY_LOOK", 0.0)
+    assert first_run.use_compiled("dot:q8_0", 0.0) and compiled == []
+    assert looks == ["dot:q8_0", "dot:q8_0"]
 
 
 def test_weights_are_repacked_while_their_kernel_compiles_ahead(cli, monkeypatch):
@@ -519,9 +562,8 @@ def test_dots_of_a_family_compile_ahead_in_one_process(cli, monkeypatch):
 
     monkeypatch.setattr(first_run, "_spawn", spawn)
     products = [("q4_0", 32000, 2048, 1), ("q8_0", 32000, 2048, 1), ("q4_K", 32000, 2048, 1), ("q6_K", 32000, 2048, 1)]
-    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["quantize:Q8_0_cpu", "dot:q4_0", "dot:q8_0",
-                                                                    "quantize:Q8_K", "dot:q4_K", "dot:q6_K"]
-    assert spawned == [["quantize:Q8_0_cpu", "dot:q4_0", "dot:q8_0"], ["quantize:Q8_K", "dot:q4_K", "dot:q6_K"]]
+    assert first_run.prepare(products, repeats=64, free_cpus=2) == ["dot:q4_0", "dot:q8_0", "dot:q4_K", "dot:q6_K"]
+    assert spawned == [["dot:q4_0", "dot:q8_0"], ["dot:q4_K", "dot:q6_K"]]
     first_run._ahead["dot:q4_0"].done()
     assert first_run.use_compiled("dot:q8_0", 10.0) and first_run.use_compiled("dot:q4_0", 10.0)
     first_run._ahead["dot:q4_K"].done(1)                 # failed: each compiles here at its first call

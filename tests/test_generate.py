@@ -500,7 +500,8 @@ def test_ctrl_c_mid_generation_ends_cleanly(run, threads):
     first = os.read(p.stdout.fileno(), 1)   # generation has started: the prompt is in, a token is out
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
-    assert first and p.returncode == 130 and err.decode().strip().splitlines() == ["Interrupted."]
+    lines = [ln for ln in err.decode().strip().splitlines() if not ln.startswith("compiling ggtool's kernels")]
+    assert first and p.returncode == 130 and lines == ["Interrupted."]     # a cold kernel cache says it compiles
     got = (first + out).decode()   # what streamed before the signal is kept: the greedy text's start
     ref = ok(run("generate", "--gguf", STORIES, "--prompt", "Once", "-n", "60", "--ignore-eos", "--temp", "0"))
     assert got and (ref.startswith(got) or got.startswith(ref.rstrip("\n")))

@@ -58,7 +58,11 @@ from ..kernels import cache
 # activation pass the 32-value types share; docs/engine.md, "Small work and large work"): a
 # twin may cost as much before the kernel is compiled.
 COMPILE_SECONDS = {"dot": 2.0, "quantize": 1.0, "runner": 1.6, "node": 1.5}
-SHARED_FORM = 0.1   # a dot whose packed form another dot of its process compiled (``compile_seconds``)
+SHARED_FORM = 0.1
+# An activation quantizer compiles ahead after its family's dots where its twin would cost the work
+# more than this (seconds): gemma-3-270m's 128 tokens ~0.7 s of Q8_0 twins (~1 s measured, 10% of the
+# steps), a 311M model's 64 ~0.1 s
+QUANTIZE_AHEAD = 0.25   # a dot whose packed form another dot of its process compiled (``compile_seconds``)
 # What a computing node costs from Python more than on the compiled runner, a step (measured: a 128-token
 # gemma-3-270m generation, 15.0 s CPU without the runner, 9.4 s with it, ~800 nodes a step).
 PYTHON_NODE = 55e-6
@@ -87,6 +91,8 @@ _compiled: set[str] = set()          # kernels this process runs compiled
 _ahead: dict = {}                    # kernel -> the process compiling it ahead (subprocess.Popen)
 _spent: dict[str, float] = {}        # kernel -> seconds its twin has cost (estimated)
 _told = [False]
+_looked: dict[str, float] = {}       # kernel -> when use_compiled last looked for its ready marker
+READY_LOOK = 0.05
 _runner_pending: dict = {}           # runner kernel compiling ahead -> its process (prepare_runner)
 _stamp = [0]                         # how many of those have become ready (or failed) so far
 
@@ -164,9 +170,12 @@ def use_compiled(name: str, twin_seconds) -> bool:
     call, or a function giving it (asked only while the kernel is not compiled)."""
     if name in _compiled:
         return True
-    if name in _ahead and _wait_ahead(name):
-        return True
-    if cache.use_kernel(name) or _ready(name):
+    if name in _ahead:
+        if name.startswith("quantize:") and _ahead[name].poll() is None and not _ready_lately(name):
+            return False                # compiling after its family's dots (`prepare`): the twin meanwhile
+        if _wait_ahead(name):
+            return True
+    if cache.use_kernel(name) or _ready_lately(name):
         _compiled.add(name)
         return True
     if callable(twin_seconds):
@@ -207,7 +216,10 @@ def _tell(seconds: float) -> None:
 
 def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     """Start compiling, in processes of their own (one a family of dots), the dot kernels that the work ahead would
-    compile anyway, each family's activation quantizer first (it runs before them): `products` are
+    compile anyway, and after a family's dots its activation quantizer where its twin would cost the
+    work more than QUANTIZE_AHEAD (calls run the twin until it is ready, never wait for it: a decode
+    row's quantizer twin costs ~40 us a call, compiling it ~1 s CPU that would hold up the dots after
+    it, and the other core is idle once the dots are compiled): `products` are
     its matrix products as (weight type name, rows, row length, activation rows), in the order the
     work runs them, `repeats` how often it is computed. Only in the command line's process, for
     kernels neither cached nor compiled, and where at least 2 CPUs are free (`free_cpus`: else they
@@ -224,30 +236,26 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
     dots = [name for name, s in cost.items()
             if name.startswith("dot:") and s * max(1, repeats) > COMPILE_SECONDS["dot"] and wanted(name)]
     # a process for the 32-value dots and one for the K-quants (those of a family share their activation
-    # pass: compiled once; numba loaded once), each family's activation quantizer first, one process for all
-    # where fewer CPUs are free; the float dots (attention's) join the family that costs least to compile,
-    # so that the families end together (a prompt runs every kernel: it waits for the last)
+    # pass: compiled once; numba loaded once), one process for all where fewer CPUs are free; the float dots
+    # (attention's) join the family that costs least to compile, so that the families end together (a
+    # prompt runs every dot: it waits for the last); each family's activation quantizers after its dots,
+    # where their twins would cost the work QUANTIZE_AHEAD: no call waits for them (``use_compiled``)
     groups: dict = {}                      # a family's block size (or "F", "all") -> its kernels
     for name in dots:
         if name[4:] not in FLOAT_TYPES:
             groups.setdefault(T.block_size(T.parse_type(name[4:])), []).append(name)     # 32 or 256 values
-    taken: set[str] = set()
-    for names in groups.values():
-        quantizers = [q for q in dict.fromkeys(map(_activation_quantizer, names))
-                      if q is not None and q not in taken and wanted(q)]
-        taken.update(quantizers)
-        names[:0] = quantizers
     for name in dots:
         if name[4:] in FLOAT_TYPES:
-            family = min(groups.values(), key=compile_seconds) if groups else groups.setdefault("F", [])
-            q = _activation_quantizer(name)           # F16's
-            if q is not None and q not in taken and wanted(q):
+            (min(groups.values(), key=compile_seconds) if groups else groups.setdefault("F", [])).append(name)
+    taken: set[str] = set()
+    for names in groups.values():
+        for q in dict.fromkeys(map(_activation_quantizer, list(names))):
+            if q is not None and q not in taken and wanted(q) and cost.get(q, 0.0) * max(1, repeats) > QUANTIZE_AHEAD:
                 taken.add(q)
-                family.append(q)
-            family.append(name)
+                names.append(q)
     if len(groups) > free_cpus:
         every = [n for names in groups.values() for n in names]
-        groups = {"all": [n for n in every if n in taken] + [n for n in every if n not in taken]}
+        groups = {"all": [n for n in every if n not in taken] + [n for n in every if n in taken]}
     started = []
     for names in groups.values():
         proc = _spawn(names[0] if len(names) == 1 else names)
@@ -439,6 +447,17 @@ def _compile_main(name, nice: bool = False) -> None:
             failed = True
     if failed:
         sys.exit(1)
+
+
+def _ready_lately(name: str) -> bool:
+    """`_ready`, looked at no more than every READY_LOOK seconds a kernel: a twin runs at every call of
+    a kernel not compiled (a decode row's quantizer: ~25 us), and a look costs ~25 us more (the
+    cache's folder, a stat); a kernel another process compiles meanwhile is taken up within READY_LOOK."""
+    now = time.monotonic()
+    if now - _looked.get(name, -READY_LOOK) < READY_LOOK:
+        return False
+    _looked[name] = now
+    return _ready(name)
 
 
 def _ready(name: str) -> bool:
