@@ -344,6 +344,33 @@ def test_a_quantizer_compiles_after_its_dots_and_no_call_waits_for_it(cli, monke
     assert "quantize:Q8_K" not in first_run._ahead
 
 
+def test_a_cheap_float_product_runs_its_twin_while_its_dot_compiles_a_block_type_s_waits(cli, monkeypatch):
+    """gemma-3's prompt waited ~2 s for dot:f32 (compiled last in its family) before its attention
+    products, whose twin costs ~2 ms a layer: a call of a float dot compiling ahead whose twin costs
+    less than TWIN_WHILE_AHEAD runs the twin; a dearer one waits, and so does any call of a block
+    type's dot (its twin decodes every weight: it would take the CPU the compile needs)."""
+    compiled, _ = cli
+    monkeypatch.setattr(first_run, "AHEAD_POLL", 0.001)
+    f32, q4 = _Group(["dot:f32"]), _Group(["dot:q4_0"])
+    monkeypatch.setattr(first_run, "_ahead", {"dot:f32": f32, "dot:q4_0": q4})
+    polls = []
+    real_sleep = first_run.time.sleep
+
+    def sleep(s):                       # the waits: the compile ends at the third look
+        polls.append(s)
+        if len(polls) == 3:
+            q4.done() if q4.code is None else f32.done()
+        real_sleep(0)
+
+    monkeypatch.setattr(first_run.time, "sleep", sleep)
+    assert not first_run.use_compiled("dot:f32", first_run.TWIN_WHILE_AHEAD / 5) and polls == []   # no wait
+    assert first_run.use_compiled("dot:q4_0", first_run.TWIN_WHILE_AHEAD / 5) and len(polls) == 3     # waited
+    assert "dot:f32" in first_run._ahead and compiled == []
+    polls.clear()
+    assert first_run.use_compiled("dot:f32", first_run.TWIN_WHILE_AHEAD * 5) and len(polls) == 3      # dear: waited
+    assert compiled == [] and first_run._ahead == {}
+
+
 def test_a_twin_s_call_looks_for_a_ready_marker_once_in_a_while(cli, monkeypatch):
     """Each call of a kernel not compiled used to look for its ready marker (the cache's folder and a
     stat: ~25 us, as much as a decode row's quantizer twin itself): now once every READY_LOOK

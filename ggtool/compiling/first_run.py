@@ -58,11 +58,17 @@ from ..kernels import cache
 # activation pass the 32-value types share; docs/engine.md, "Small work and large work"): a
 # twin may cost as much before the kernel is compiled.
 COMPILE_SECONDS = {"dot": 2.0, "quantize": 1.0, "runner": 1.6, "node": 1.5}
-SHARED_FORM = 0.1
+SHARED_FORM = 0.1   # a dot whose packed form another dot of its process compiled (``compile_seconds``)
 # An activation quantizer compiles ahead after its family's dots where its twin would cost the work
 # more than this (seconds): gemma-3-270m's 128 tokens ~0.7 s of Q8_0 twins (~1 s measured, 10% of the
 # steps), a 311M model's 64 ~0.1 s
-QUANTIZE_AHEAD = 0.25   # a dot whose packed form another dot of its process compiled (``compile_seconds``)
+QUANTIZE_AHEAD = 0.25
+# While a float dot compiles ahead, a call whose twin costs less than this (seconds) runs the twin rather
+# than wait: a prompt's attention products (F32, a few rows: ~2 ms a layer, a few times the kernel) go
+# on while their dot compiles (~2 s CPU, which gemma-3's prompt waited for). A block type's twin
+# decodes every weight it reads (10-100 times its kernel) and takes the CPU its compile needs, on a
+# path that soon meets a larger call that must wait anyway (a 311M model's first layer): it waits.
+TWIN_WHILE_AHEAD = 0.01
 # What a computing node costs from Python more than on the compiled runner, a step (measured: a 128-token
 # gemma-3-270m generation, 15.0 s CPU without the runner, 9.4 s with it, ~800 nodes a step).
 PYTHON_NODE = 55e-6
@@ -171,8 +177,11 @@ def use_compiled(name: str, twin_seconds) -> bool:
     if name in _compiled:
         return True
     if name in _ahead:
-        if name.startswith("quantize:") and _ahead[name].poll() is None and not _ready_lately(name):
-            return False                # compiling after its family's dots (`prepare`): the twin meanwhile
+        if _ahead[name].poll() is None and not _ready_lately(name):
+            if callable(twin_seconds):
+                twin_seconds = twin_seconds()
+            if name.startswith("quantize:") or (name[4:] in FLOAT_TYPES and twin_seconds < TWIN_WHILE_AHEAD):
+                return False            # a call cheaper than waiting for the compile: the twin meanwhile
         if _wait_ahead(name):
             return True
     if cache.use_kernel(name) or _ready_lately(name):

@@ -348,7 +348,7 @@ def load(where: str, key) -> tuple | None:
         return None
     except OSError as e:   # a link at its name (ELOOP), unreadable
         if e.errno in _NO_MORE_FILES:
-            return load(where, key) if _more_files() else _out_of_files(where, e.strerror or str(e))
+            return _again_with_more_files(where, key, e)
         return _damaged(where, path, f"cannot be opened: {e.strerror or e}")
     with os.fdopen(fd, "rb"):      # closes fd (the map keeps its own where _MAP_KEEPS_NO_FD is empty)
         st = os.fstat(fd)
@@ -360,7 +360,7 @@ def load(where: str, key) -> tuple | None:
             mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY, **_MAP_KEEPS_NO_FD)
         except OSError as e:
             if e.errno in _NO_MORE_FILES:
-                return load(where, key) if _more_files() else _out_of_files(where, e.strerror or str(e))
+                return _again_with_more_files(where, key, e)
             return _damaged(where, path, f"cannot be mapped: {e.strerror or e}")
         except ValueError:      # emptied since its size was read
             return _damaged(where, path, "cannot be mapped: it is empty")
@@ -390,6 +390,12 @@ FILES_SPARED = 256           # open files left to the rest of the process (the m
 _held = [0]                  # maps of this process that hold an open file
 _files_raised = [False]
 _files_told = [False]
+
+
+def _again_with_more_files(where: str, key, e: OSError) -> tuple | None:
+    """`load` out of open files (EMFILE, ENFILE: not the tile's fault, it is kept): once more with the
+    limit raised, where it rises, else None (the caller repacks in memory; said once)."""
+    return load(where, key) if _more_files() else _out_of_files(where, e.strerror or str(e), stacklevel=4)
 
 
 def _release() -> None:
@@ -434,7 +440,7 @@ def _more_files() -> bool:
     return False
 
 
-def _out_of_files(where: str, why: str) -> None:
+def _out_of_files(where: str, why: str, stacklevel: int = 3) -> None:
     """No tile is mapped past the limit of open files: the caller repacks in memory (slower, the same
     bits), and the run says so once (its first process to find it)."""
     if not _files_told[0]:
@@ -444,7 +450,7 @@ def _out_of_files(where: str, why: str) -> None:
         import warnings
 
         warnings.warn(CacheWarning(f"some repacked weights are repacked in memory, not mapped from the cache: {why} "
-                                   "(raise the limit of open files: ulimit -n)"), stacklevel=3)
+                                   "(raise the limit of open files: ulimit -n)"), stacklevel=stacklevel)
     return None
 
 
