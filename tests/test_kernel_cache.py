@@ -438,7 +438,7 @@ def test_the_dots_and_the_runner_s_kernels_compile_each_shared_callee_once(tmp_p
         from ggtool.compiling import warm
         from ggtool.kernels import dot, dot_float, dot_k, quantize
         for name in ("quantize:Q8_0_cpu", "dot:q4_K", "dot:q6_K", "dot:q8_0", "dot:f32",
-                     "node:mm_convert", "node:mm_k", "node:mm_k6", "node:mm_f32"):
+                     "node:mm_convert", "node:mm_q32", "node:mm_k", "node:mm_f32"):
             warm.compile_kernel(name)
         for fn in (dot._act_pairs, dot_k._act_pairs_k, dot_float._dot_rows, dot_float._transpose, quantize._q8_0):
             print(fn.__name__, len(fn.signatures))
