@@ -433,19 +433,32 @@ def test_the_dots_and_the_runner_s_kernels_compile_each_shared_callee_once(tmp_p
     Python path's dots passed constants and read-only weights where the runner's node kernels pass
     values and raw-address arrays, and every shared callee (the activation passes, the F32 product,
     the Q8_0 quantizer) was compiled twice in a process that compiles both (~2.5 s of ~27 s CPU for
-    a gemma-3 generation's kernels). Each now has one compiled form."""
+    a gemma-3 generation's kernels). Each now has one compiled form. And none of them compiles
+    numba's own ``.view`` to another element size or ``np.zeros`` (~0.1-0.3 s CPU each kind of array:
+    the K-quants' activation pass and quantizer viewed bytes as float32, the 32-value one zeroed two
+    arrays it then wrote whole)."""
     r = _python("""
+        from numba.core import dispatcher
         from ggtool.compiling import warm
         from ggtool.kernels import dot, dot_float, dot_k, quantize
-        for name in ("quantize:Q8_0_cpu", "dot:q4_K", "dot:q6_K", "dot:q8_0", "dot:f32",
+        compiled, core = [], dispatcher._FunctionCompiler._compile_core
+        def noted(self, args, return_type):
+            compiled.append(self.py_func.__qualname__)
+            return core(self, args, return_type)
+        dispatcher._FunctionCompiler._compile_core = noted
+        for name in ("quantize:Q8_0_cpu", "quantize:Q8_K", "dot:q4_K", "dot:q6_K", "dot:q8_0", "dot:f32",
                      "node:mm_convert", "node:mm_q32", "node:mm_k", "node:mm_f32"):
             warm.compile_kernel(name)
         for fn in (dot._act_pairs, dot_k._act_pairs_k, dot_float._dot_rows, dot_float._transpose, quantize._q8_0):
             print(fn.__name__, len(fn.signatures))
+        print("_act_pairs_compiles", compiled.count("_act_pairs"))     # the hook sees each compile
+        for impl in ("ol_compatible_view", "ol_np_zeros"):
+            print(impl, sum(q.startswith(impl + ".") for q in compiled))
     """, dict(_env(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "numba")))     # a new cache: all compiled here
     assert r.returncode == 0, r.stderr
     counts = dict(line.split() for line in r.stdout.split("\n") if line)
-    assert counts == {"_act_pairs": "1", "_act_pairs_k": "1", "_dot_rows": "1", "_transpose": "1", "_q8_0": "1"}
+    assert counts == {"_act_pairs": "1", "_act_pairs_k": "1", "_dot_rows": "1", "_transpose": "1", "_q8_0": "1",
+                      "_act_pairs_compiles": "1", "ol_compatible_view": "0", "ol_np_zeros": "0"}
 
 
 def test_view_as_and_read_only_are_numpy_s_view_and_a_read_only_view():

@@ -80,11 +80,12 @@ def _act_pairs_k(act, nibbles):
     qa = view_as(act, np.int8)
     ap = np.empty((nb, M, 128), np.int32)
     bp = np.empty((nb, M, 8), np.int32)
-    da = np.empty((nb, M), np.float32)
-    for m in range(M):
+    du = np.empty((nb, M), np.uint32)      # d's bits (little-endian float32), seen as float32 below:
+    for m in range(M):                      # numba compiles ``.view`` apart (~0.3 s CPU), view_as costs nothing
         for b in range(nb):
             o = b * Q8_K_BYTES
-            da[b, m] = act[m, o:o + 4].copy().view(np.float32)[0]
+            du[b, m] = (np.uint32(act[m, o]) | (np.uint32(act[m, o + 1]) << 8) | (np.uint32(act[m, o + 2]) << 16)
+                        | (np.uint32(act[m, o + 3]) << 24))
             for p in range(128):
                 if nibbles:    # pair-block p // 16, quad (p % 16) // 4, nibble k = p % 4
                     x = o + 4 + 32 * (p // 16) + 4 * ((p % 16) // 4) + (p % 4) // 2 + 16 * (p % 2)
@@ -96,7 +97,7 @@ def _act_pairs_k(act, nibbles):
                 lo = np.int32(act[m, x]) | (np.int32(act[m, x + 1]) << 8)
                 hi = np.int32(act[m, x + 2]) | (np.int32(act[m, x + 3]) << 8)
                 bp[b, m, p] = lo | (hi << 16)
-    return ap, bp, da
+    return ap, bp, view_as(du, np.float32)
 
 
 @njit

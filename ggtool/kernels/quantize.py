@@ -486,7 +486,8 @@ def q8_0_dequantize(blocks, out):
 def quantize_q8_k(x, out):
     """quantize_row_q8_K_ref (also the CPU from_float): block of 256 -> float32 d, int8 qs[256],
     int16 bsums[16] (292 bytes). Returns -1, or the flat index in x of the first NaN/inf."""
-    od = out.view(np.float32)            # out rows are 292 bytes: d at byte 0 of each row
+    bits = np.empty(1, np.uint32)       # d's bits, written at byte 0 of each 292-byte row (numba compiles
+    d = view_as(bits, np.float32)       # ``out.view(np.float32)`` apart: ~0.1-0.3 s CPU; view_as costs nothing)
     for i in range(x.shape[0]):
         amax = np.float32(0.0)
         mx = np.float32(0.0)
@@ -511,5 +512,7 @@ def quantize_q8_k(x, out):
                 s += np.int32(np.int8(out[i, 4 + 16 * j + k]))
             out[i, 260 + 2 * j] = np.uint8(s & 0xFF)
             out[i, 261 + 2 * j] = np.uint8((s >> 8) & 0xFF)
-        od[i, 0] = np.float32(1.0) / iscale
+        d[0] = np.float32(1.0) / iscale
+        for k in range(4):
+            out[i, k] = np.uint8((bits[0] >> np.uint32(8 * k)) & np.uint32(0xFF))
     return -1
