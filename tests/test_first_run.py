@@ -595,3 +595,44 @@ def test_dots_of_a_family_compile_ahead_in_one_process(cli, monkeypatch):
     assert first_run.use_compiled("dot:q8_0", 10.0) and first_run.use_compiled("dot:q4_0", 10.0)
     first_run._ahead["dot:q4_K"].done(1)                 # failed: each compiles here at its first call
     assert first_run.use_compiled("dot:q6_K", 10.0) and compiled == ["dot:q6_K"]
+
+
+def test_a_wait_for_a_kernel_compiling_ahead_does_the_work_given_meanwhile(cli, monkeypatch):
+    """While the first call of a dot waits for its process, this process does the work it was given
+    (a generation: repacking the weight tiles its products read next), one piece between two looks
+    at the ready marker; what is left once no kernel is awaited is dropped, and a piece that raises
+    ends the work (its own call raises it later, where it belongs) without ending the wait."""
+    monkeypatch.setattr(first_run, "_ahead", {})
+    monkeypatch.setattr(first_run, "_meanwhile", [])
+    monkeypatch.setattr(first_run, "AHEAD_POLL", 0.001)
+    groups = []
+
+    def spawn(names):
+        groups.append(_Group([names] if isinstance(names, str) else names))
+        return groups[-1]
+
+    monkeypatch.setattr(first_run, "_spawn", spawn)
+    products = [("q4_0", 5632, 2048, 1), ("q6_K", 32000, 2048, 1)]
+    assert first_run.prepare(products, repeats=512, free_cpus=3) == ["dot:q4_0", "dot:q6_K"]
+    assert first_run.processes_ahead() == 2
+    done = []
+
+    def piece(i):
+        def run():
+            done.append(i)
+            if i == 2:
+                groups[0].done()            # dot:q4_0 is ready after the third piece
+        return run
+
+    first_run.meanwhile(piece(i) for i in range(10))
+    assert first_run.use_compiled("dot:q4_0", 0.0) and done == [0, 1, 2]
+    assert first_run.processes_ahead() == 1 and first_run._meanwhile   # dot:q6_K still awaited: the rest kept
+
+    def fails():
+        done.append("fails")
+        groups[1].done()                    # and the wait still ends when the kernel is ready
+        raise ValueError("a damaged weight: raised again by its own call")
+
+    first_run.meanwhile(iter([fails, piece(9)]))
+    assert first_run.use_compiled("dot:q6_K", 0.0) and done == [0, 1, 2, "fails"]
+    assert first_run._meanwhile == [] and first_run.processes_ahead() == 0

@@ -15,7 +15,8 @@ from ggtool import qtypes
 from ggtool import quant as Q
 from ggtool import types as T
 from ggtool.errors import QuantizationError
-from ggtool.kernels import dot
+from ggtool.kernels import dot, simd
+from ggtool.kernels.dot_base import GROUP, interleave_into
 
 BLOCK = [t for t in BLOCKS if t not in ("q4_0", "q8_0")]   # the K-quants and Q4_1/Q5_0/Q5_1 (dot.py has its own tests)
 
@@ -160,3 +161,28 @@ def test_get_rows_dequantizes_as_ggml(t):
     ggtool.graph_compute(g, 1)
     want = gguf.quants.dequantize(w[[5, 0, 5]], T.parse_type(t))
     assert y.type == T.F32 and y.data.reshape(3, 512).tobytes() == np.asarray(want, np.float32).tobytes()
+
+
+@pytest.mark.parametrize("case", ["quads", "nibble_slice", "pairs", "pairs_int32", "scales_int32"])
+def test_interleave_into_moves_whole_units_to_the_bytewise_layout(case):
+    """The packers' unit moves (a quad as one u32, a pair as one u16) put every byte where the
+    element-wise transposition of ``simd``'s layout does, from strided rows and wider dtypes too."""
+    rng = np.random.default_rng(len(case))
+    n, nb, C, L = 2 * GROUP, 3, GROUP // simd.L, simd.L
+    if case == "nibble_slice":       # Q4_0's nibble bytes, read in place from 18-byte blocks
+        rows = rng.integers(0, 256, (n, nb, 18), dtype=np.uint8)[:, :, 2:18].reshape(n, nb, 4, 4)
+    elif case == "quads":
+        rows = rng.integers(-128, 128, (n, nb, 8, 4), dtype=np.int8)
+    elif case == "pairs":
+        rows = rng.integers(-128, 128, (n, nb, 8, 2), dtype=np.int8)
+    elif case == "pairs_int32":      # mins decoded as int32: cast element by element
+        rows = rng.integers(-128, 128, (n, nb, 8, 2)).astype(np.int32)
+    else:
+        rows = rng.integers(-128, 128, (n, nb, 16)).astype(np.int32)
+    unit = rows.shape[3:]
+    dst = np.zeros((3, nb, C, rows.shape[2], L, *unit), np.uint8 if rows.dtype == np.uint8 else np.int8)
+    interleave_into(dst, 1, rows)
+    want = np.zeros_like(dst)
+    axes = (0, 3, 1, 4, 2, 5) if unit else (0, 3, 1, 4, 2)
+    want[1:3] = rows.reshape(2, C, L, nb, rows.shape[2], *unit).transpose(axes)
+    assert np.array_equal(dst, want) and not dst[0].any()

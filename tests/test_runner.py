@@ -962,3 +962,38 @@ def test_empty_rows_of_f32_products_give_zeros_as_the_forward(pool3):
     y.data[...] = 7
     ggtool.graph_compute(g, 1)
     assert y.ne[:2] == (5, 2) and not y.numpy().any()
+
+
+@pytest.mark.parametrize("wtype", ["q4_0", "q6_K", "bf16", "f32"])
+def test_the_tiles_repacked_ahead_are_those_the_python_path_reads(wtype, monkeypatch):
+    """A first-ever generation repacks its products' weight tiles while their dot compiles
+    (``ops.matmul.tile_packers``, ``compiling.first_run.meanwhile``): the same tiles under the same
+    keys, so that the product repacks nothing more and gives the same bits; here two weight
+    matrices broadcast over four activation matrices, of 1300 rows each (tiles of 1024 and 276).
+    F32 weights have tiles of their own: none ahead."""
+    from ggtool.generate import loop
+    from ggtool.quant import matmul as qm
+
+    def product():
+        ctx = ggtool.Context()
+        a = ctx.new_tensor(wtype, [256, 1300, 2])
+        x = np.random.default_rng(5).standard_normal((2, 1300, 256)).astype(np.float32)
+        a.set_data(x if wtype == "f32" else quant.quantize(x, wtype))
+        b = np.random.default_rng(6).standard_normal((4, 1, 256)).astype(np.float32)
+        y = F["mul_mat"](ctx, a, leaf(ctx, b))
+        return ggtool.Graph(ctx).expand(y), y
+
+    g, y = product()
+    python_path(g)
+    want = bits(y)
+    packed = []
+    pack_rows = qm.pack_rows
+    monkeypatch.setattr(qm, "pack_rows", lambda t, w: packed.append(w.shape) or pack_rows(t, w))
+    g, y = product()
+    pieces = list(loop.tile_packers(g, "ggml"))
+    for piece in pieces:
+        piece()
+    assert len(pieces) == (0 if wtype == "f32" else 4) == len(packed)
+    assert list(loop.tile_packers(g, "llama.cpp")) == []          # its products read other blocks
+    python_path(g)
+    assert len(packed) == len(pieces) and bits(y) == want

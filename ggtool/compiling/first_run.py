@@ -97,6 +97,7 @@ _compiled: set[str] = set()          # kernels this process runs compiled
 _ahead: dict = {}                    # kernel -> the process compiling it ahead (subprocess.Popen)
 _spent: dict[str, float] = {}        # kernel -> seconds its twin has cost (estimated)
 _told = [False]
+_meanwhile: list = []                # work a wait for a kernel compiling ahead does first (``meanwhile``)
 _looked: dict[str, float] = {}       # kernel -> when use_compiled last looked for its ready marker
 READY_LOOK = 0.05
 _runner_pending: dict = {}           # runner kernel compiling ahead -> its process (prepare_runner)
@@ -409,13 +410,44 @@ def _spawn(name, nice: bool = False):
         return None
 
 
+def processes_ahead() -> int:
+    """How many processes compile kernels ahead now (``prepare``, ``prepare_runner``)."""
+    return len({id(p) for p in (*_ahead.values(), *_runner_pending.values()) if p.poll() is None})
+
+
+def meanwhile(work) -> None:
+    """Give the waits for kernels compiling ahead something to do: `work`, an iterable of callables
+    (each a few milliseconds: a weight tile to repack, which the first call of its dot would do
+    anyway), is run one callable at a time while a kernel is awaited, instead of sleeping; what is
+    left when no wait remains is dropped. A callable that raises ends the work (its call raises
+    again where it belongs, in its own words)."""
+    _meanwhile[:] = [iter(work)]
+
+
+def _do_meanwhile() -> bool:
+    """Run the next callable of `meanwhile`'s work; whether there was one."""
+    if not _meanwhile:
+        return False
+    try:
+        step = next(_meanwhile[0])
+        step()
+    except Exception:   # noqa: BLE001 - StopIteration included: the rest is done at its first use, as before
+        _meanwhile.clear()
+        return False
+    return True
+
+
 def _wait_ahead(name: str) -> bool:
     """Wait for the process compiling `name` ahead to have compiled it (a process of several kernels
     marks each ready as it is done: the first of them need not wait for the others), or to end;
-    whether it compiled it (then this process loads it from the cache)."""
+    whether it compiled it (then this process loads it from the cache). The wait does `meanwhile`'s
+    work first, and sleeps once that is done."""
     proc = _ahead.pop(name)
     while proc.poll() is None and not _ready(name):
-        time.sleep(AHEAD_POLL)
+        if not _do_meanwhile():
+            time.sleep(AHEAD_POLL)
+    if not _ahead:
+        _meanwhile.clear()
     ok = _ready(name)
     if ok:
         _compiled.add(name)

@@ -47,16 +47,37 @@ def ahead(session, n_predict: int) -> dict[str, float]:
     twin costs a step (first_run.step_seconds), for first_run.repeating: the prompt is counted once."""
     if not hasattr(session, "graph"):
         return {}
-    from ..compiling.first_run import prepare, prepare_runner, step_seconds
+    from ..compiling.first_run import meanwhile, prepare, prepare_runner, processes_ahead, step_seconds
     from ..threads import free_cpus
 
     graph, free = session.graph(1), free_cpus()
     step = products(graph)
-    prepare(step, n_predict, free)
+    started = prepare(step, n_predict, free)
     if getattr(session, "pool", None) is None or getattr(session, "n_threads", 1) <= 1:
         from ..runner import kernels_used
-        prepare_runner(lambda: kernels_used(graph.nodes, getattr(session, "numerics", "ggml")), 0, n_predict, free)
+        numerics = getattr(session, "numerics", "ggml")
+        if started and free > processes_ahead():   # a CPU of its own for this process while it waits
+            meanwhile(tile_packers(graph, numerics))
+        prepare_runner(lambda: kernels_used(graph.nodes, numerics), 0, n_predict, free)
     return step_seconds(step)
+
+
+def tile_packers(graph, numerics: str):
+    """What the wait for a dot compiling ahead does meanwhile, in one process with a CPU of its own
+    beside the compiling processes (the prompt's first product waits ~2 s while a first-ever run's
+    dots compile): repack every weight tile the step's products will read, in the order they read
+    them (``ops.matmul.tile_packers``), which their first calls would do later, one after the other.
+    Where the compiles take every free CPU it would only slow them (two cores: 6.1 s either way
+    for a 311M model's 64 tokens, docs/engine.md). Nothing under llama.cpp's numerics (its products
+    read other blocks)."""
+    from ..kernels.numerics import is_llama_cpp
+    from ..ops import matmul
+
+    if is_llama_cpp(numerics):
+        return
+    for n in graph.nodes:
+        if n.op == "MUL_MAT":
+            yield from matmul.tile_packers(n)
 
 
 def products(graph) -> list[tuple]:

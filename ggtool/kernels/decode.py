@@ -1,5 +1,5 @@
 """The pieces GGML's block layouts are made of, read in numpy from whole arrays of rows at a time:
-blocks of a row, an fp16 or u32 field of every block, nibbles split in halves, a fifth bit, the
+blocks of a row, an fp16 field of every block, nibbles split in halves, a fifth bit, the
 K-quants' 6-bit scales and mins. The type records (``ggtool.qtypes``: each classic type's
 ``decode_rows``) decode their blocks with them; no compiled code, so ``ggtool.kernels`` stays light.
 
@@ -28,14 +28,11 @@ def nibbles(nib: np.ndarray) -> np.ndarray:
 
 
 def five(nib: np.ndarray, qh: np.ndarray) -> np.ndarray:
-    """Codes 0..31: the nibble codes | bit j of qh << 4."""
-    bits = (qh[:, :, None] >> np.arange(32, dtype=np.uint32)) & 1
-    return nibbles(nib) | (bits << 4).astype(np.uint8)
-
-
-def u32_at(b: np.ndarray, at: int) -> np.ndarray:
-    """The little-endian u32 at byte `at` of every block."""
-    return np.ascontiguousarray(b[:, :, at:at + 4]).view("<u4")[:, :, 0].astype(np.uint32)
+    """Codes 0..31: the nibble codes | bit j of qh << 4 (qh: the block's 4 bytes of fifth bits, a
+    little-endian u32: bit j is bit j % 8 of byte j // 8)."""
+    codes = nibbles(nib)
+    codes |= np.unpackbits(qh, axis=-1, bitorder="little") << np.uint8(4)
+    return codes
 
 
 def scales_k4(s: np.ndarray) -> tuple:

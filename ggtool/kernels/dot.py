@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import decode, dot_bf16, dot_float, dot_k, simd  # noqa: F401 - the BF16, F32/F16 dots and the K-quant forms register themselves
-from .dot_base import DOTS, FORMS, GROUP, register_form, store_group
+from .dot_base import DOTS, FORMS, GROUP, interleave_into, register_form, store_group
 from .jit import njit
 from .native import view_as
 from .tables import F16_TO_F32
@@ -64,16 +64,9 @@ def dot_form(form: str, packed: tuple, act: np.ndarray, out: np.ndarray) -> None
 PACK_ROWS = 8 * GROUP      # weight rows decoded at a time while packing (bounds the temporaries)
 
 
-def _interleave(rows: np.ndarray, nb: int, quads: int) -> np.ndarray:
-    """Per-block bytes (n, nb, 4 * quads) of rows padded to whole groups -> ``simd``'s layout:
-    [group][block][chunk of L rows][quad][row in chunk][byte of quad]."""
-    gs, C, L = rows.shape[0] // GROUP, GROUP // simd.L, simd.L
-    return rows.reshape(gs, C, L, nb, quads, 4).transpose(0, 3, 1, 4, 2, 5)
-
-
 def _pack_32(w: np.ndarray, decoder, nbytes: int, quads: int, mins: bool, raw_nibbles: bool):
     """32-value block rows -> (qs, d[, mn], n, nb): the codes of each row and block in quads
-    (``_interleave``; Q4_0 keeps its 16 nibble bytes as they are, the others int8 codes in value
+    (``interleave_into``; Q4_0 keeps its 16 nibble bytes as they are, the others int8 codes in value
     order), the block's fp16 scale (and min) per [group][block][row], as their bits (uint16: the
     tile widens them, exactly; half the bytes of float32, and a mat-vec streams them all); rows
     past n are zeros. numpy, from ``decode``'s blocks: nothing to compile."""
@@ -90,13 +83,14 @@ def _pack_32(w: np.ndarray, decoder, nbytes: int, quads: int, mins: bool, raw_ni
         g0, gs = r0 // GROUP, -(-k // GROUP)
         b = decode.blocks(rows, nbytes)
         codes = b[:, :, 2:18] if raw_nibbles else decoder(rows)[0]   # Q4_0: the nibble bytes as they are
+        codes = codes.reshape(k, nb, quads, 4)
         dd = np.ascontiguousarray(b[:, :, 0:2]).view(np.uint16)[:, :, 0]
         mm = np.ascontiguousarray(b[:, :, 2:4]).view(np.uint16)[:, :, 0] if mins else None
         pad = gs * GROUP - k
         if pad:
             codes, dd = (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) for x in (codes, dd))
             mm = None if mm is None else np.concatenate([mm, np.zeros((pad, nb), mm.dtype)])
-        qs[g0:g0 + gs] = _interleave(codes, nb, quads)
+        interleave_into(qs, g0, codes)
         d[g0:g0 + gs] = dd.reshape(gs, GROUP, nb).transpose(0, 2, 1)
         if mins:
             mn[g0:g0 + gs] = mm.reshape(gs, GROUP, nb).transpose(0, 2, 1)
@@ -228,7 +222,7 @@ def pack_levels(w: np.ndarray, decoder, nbytes: int) -> tuple:
         pad = gs * GROUP - k
         if pad:
             codes, dd = (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) for x in (codes, dd))
-        qs[g0:g0 + gs] = _interleave(codes, nb, 8)
+        interleave_into(qs, g0, codes.reshape(-1, nb, 8, 4))
         d[g0:g0 + gs] = dd.reshape(gs, GROUP, nb).transpose(0, 2, 1)
     return qs.reshape(-1), d.reshape(-1), n, nb
 

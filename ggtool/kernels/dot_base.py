@@ -56,6 +56,24 @@ def register_form(name: str, pack, dot) -> None:
     FORMS[name] = PackedForm(name, pack, dot)
 
 
+_UNITS = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+def interleave_into(dst: np.ndarray, g0: int, rows: np.ndarray) -> None:
+    """Rows (gs * GROUP, nb, X[, u]) -> dst[g0:g0 + gs] (dst (G, nb, C, X, L[, u])): ``simd``'s layout,
+    [group][block][chunk of L rows][x][row in chunk][unit]. A unit of u bytes (the codes' quads: 4,
+    the mins' pairs: 2) moves as one integer where rows and dst are bytes: a permutation of whole
+    units, the same bytes, u times fewer strided copies (the packers' main cost)."""
+    gs, nb, C, L = rows.shape[0] // GROUP, rows.shape[1], GROUP // simd.L, simd.L
+    if rows.ndim == 4:
+        u = rows.shape[-1]
+        if not (rows.itemsize == dst.itemsize == 1 and rows.strides[-1] == 1 and u in _UNITS):
+            dst[g0:g0 + gs] = rows.reshape(gs, C, L, nb, rows.shape[2], u).transpose(0, 3, 1, 4, 2, 5)
+            return
+        rows, dst = rows.view(_UNITS[u])[..., 0], dst.view(_UNITS[u])[..., 0]
+    dst[g0:g0 + gs] = rows.reshape(gs, C, L, nb, rows.shape[2]).transpose(0, 3, 1, 4, 2)
+
+
 @njit
 def store_group(acc, out, g, n):
     """The results of row group g (acc: (M, GROUP)) into out (M, n), leaving out the padding rows."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import simd
-from .dot_base import GROUP, register_form, store_group
+from .dot_base import GROUP, interleave_into, register_form, store_group
 from .jit import njit
 from .native import view_as
 
@@ -50,11 +50,11 @@ def _pack_k(w: np.ndarray, decoder, nbytes: int, mins: bool):
         pad = gs * GROUP - k
         q, s, m, d, dmin = (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x
                             for x in decoder(rows))
-        codes[g0:g0 + gs] = q.reshape(gs, C, L, nb, 64, 4).transpose(0, 3, 1, 4, 2, 5)
-        sc[g0:g0 + gs] = s.reshape(gs, C, L, nb, 16).transpose(0, 3, 1, 4, 2)
+        interleave_into(codes, g0, q.reshape(-1, nb, 64, 4))
+        interleave_into(sc, g0, s)
         dw[g0:g0 + gs] = d.reshape(gs, GROUP, nb).transpose(0, 2, 1)
         if mins:
-            mn[g0:g0 + gs] = m.reshape(gs, C, L, nb, 8, 2).transpose(0, 3, 1, 4, 2, 5)
+            interleave_into(mn, g0, m.reshape(-1, nb, 8, 2))
             dmw[g0:g0 + gs] = dmin.reshape(gs, GROUP, nb).transpose(0, 2, 1)
     return codes.reshape(-1), sc.reshape(-1), mn.reshape(-1), dw.reshape(-1), dmw.reshape(-1), n, nb, int(mins)
 
@@ -135,10 +135,8 @@ def _dot_k6(codes, hi, sc, dw, n, nb, act, f16, out):
         store_group(acc, out, g, n)
 
 
-# value v of a pair of sub-blocks whose top 2 bits go at bit 4k + 2*parity of quad q's word (tile_k6)
-_K6_VALUE = np.array([[[4 * q + k // 2 + 16 * (k % 2) + 2 * par for par in range(2)] for k in range(4)]
-                      for q in range(4)])                                   # [quad][k][parity]
-_K6_SHIFT = np.array([[4 * k + 2 * par for par in range(2)] for k in range(4)], np.uint16)
+_LOW4 = np.uint64(0x0F0F0F0F0F0F0F0F)      # the low nibble of each byte of a word
+_TOP2 = np.uint64(0x0303030303030303)      # bits 4-5 of each byte of a word, once shifted down by 4
 
 
 def _pack_k6(w: np.ndarray, decoder, nbytes: int):
@@ -158,13 +156,19 @@ def _pack_k6(w: np.ndarray, decoder, nbytes: int):
         pad = gs * GROUP - k
         q, s, _, d, _ = (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x
                          for x in decoder(rows))
-        u = (q.view(np.uint8) + np.uint8(32)).reshape(-1, nb, 8, 32)           # [row][block][pair-block][value]
-        nib = (u[..., :16] & np.uint8(15)) | ((u[..., 16:] & np.uint8(15)) << np.uint8(4))   # bytes j of a pair-block
-        top = (u[..., _K6_VALUE] >> np.uint8(4)).astype(np.uint16) << _K6_SHIFT      # [.., quad][k][parity]
-        words = top.reshape(*top.shape[:4], 8).sum(axis=-1, dtype=np.uint16)         # [row][block][pair-block][quad]
-        codes[g0:g0 + gs] = nib.reshape(gs, C, L, nb, 32, 4).transpose(0, 3, 1, 4, 2, 5)
-        hi[g0:g0 + gs] = words.reshape(gs, C, L, nb, 32).transpose(0, 3, 1, 4, 2)
-        sc[g0:g0 + gs] = s.reshape(gs, C, L, nb, 16).transpose(0, 3, 1, 4, 2)
+        # codes + 32 (6 bits), 8 at a time in a little-endian u64: [row][block][pair-block][4 words]
+        u = (q.view(np.uint8) + np.uint8(32)).reshape(-1, nb, 8, 32).view("<u8")
+        # byte j of a pair-block: value j's low nibble | value j + 16's << 4
+        nib = ((u[..., 2:] & _LOW4) << np.uint64(4)) | (u[..., :2] & _LOW4)
+        # the top 2 bits of value v = 16c + 4q + 2par + a go at bit 4(2a + c) + 2par of quad q's word
+        # (tile_k6): as bytes [c][q][par][a], a u32 per (c, q) holds [par][a]; its two low bytes (par 0)
+        # | its two high ones (par 1) << 2 is byte a of the word's bits 4c..
+        t = ((u >> np.uint64(4)) & _TOP2).view("<u4").reshape(-1, nb, 8, 2, 4)
+        t |= t >> np.uint32(14)
+        words = ((t[..., 0, :] | (t[..., 1, :] << np.uint32(4))) & np.uint32(0xFFFF)).astype(np.uint16)
+        interleave_into(codes, g0, nib.view(np.uint8).reshape(-1, nb, 32, 4))
+        interleave_into(hi, g0, words.reshape(-1, nb, 32))
+        interleave_into(sc, g0, s)
         dw[g0:g0 + gs] = d.reshape(gs, GROUP, nb).transpose(0, 2, 1)
     return codes.reshape(-1), hi.reshape(-1), sc.reshape(-1), dw.reshape(-1), n, nb
 

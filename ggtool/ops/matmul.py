@@ -17,6 +17,8 @@ integer block dots, under ``numerics="llama.cpp*"`` llama.cpp's x86 orders (``ke
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .. import types as T
@@ -127,6 +129,29 @@ def _dot_block(a, w: np.ndarray, x: np.ndarray, out: np.ndarray, tile: tuple) ->
 
     w = np.ascontiguousarray(w)
     qm.mul_mat_into(a.type, w, np.ascontiguousarray(x), out, pack=lambda: qm.weight_pack(a, tile, repack, w))
+
+
+def tile_packers(node):
+    """Callables that each repack one weight tile of mul_mat `node` as its Python path's first call
+    would (``_dot_block``: the same tiles, keys and keeping; F32/F16 weights have tiles of their own,
+    not repacked ahead), for a first-ever run to do while its dot compiles elsewhere
+    (``compiling.first_run.meanwhile``)."""
+    a = node.src[0]
+    if a.type in (T.F32, T.F16) or not a.has_data or 0 in a.ne:
+        return
+    cols = tile_shape(a.type)[1]
+    for m3 in range(a.ne[3]):
+        for m2 in range(a.ne[2]):
+            for c0 in range(0, a.ne[1], cols):
+                yield partial(_pack_tile, a, (m3, m2, c0, min(c0 + cols, a.ne[1])))
+
+
+def _pack_tile(a, tile: tuple) -> None:
+    from ..quant import matmul as qm
+
+    m3, m2, c0, c1 = tile
+    w = np.ascontiguousarray(a.data[m3, m2, c0:c1])
+    qm.weight_pack(a, tile, lambda: qm.pack_rows(a.type, w), w)
 
 
 # -- the compiled runner's steps (kernels.nodes_mm) ----------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from ..kernels.decode import blocks, f16_at, five, nibbles, u32_at
+from ..kernels.decode import blocks, f16_at, five, nibbles
 from . import X86_BUILDS
 from ._classic import ClassicType, dequantizer, quantizer
 
@@ -102,7 +102,7 @@ class Q5_0(_Legacy, ggml_type=T.GGMLType.Q5_0):
     @classmethod
     def decode_rows(cls, w):
         b = blocks(w, 22)
-        return (five(b[:, :, 6:22], u32_at(b, 2)).view(np.int8) - np.int8(16)), f16_at(b, 0), None
+        return (five(b[:, :, 6:22], b[:, :, 2:6]).view(np.int8) - np.int8(16)), f16_at(b, 0), None
 
 
 class Q5_1(_Legacy, ggml_type=T.GGMLType.Q5_1):
@@ -116,7 +116,7 @@ class Q5_1(_Legacy, ggml_type=T.GGMLType.Q5_1):
     @classmethod
     def decode_rows(cls, w):
         b = blocks(w, 24)
-        return five(b[:, :, 8:24], u32_at(b, 4)).view(np.int8), f16_at(b, 0), f16_at(b, 2)
+        return five(b[:, :, 8:24], b[:, :, 4:8]).view(np.int8), f16_at(b, 0), f16_at(b, 2)
 
 
 class Q8_0(_Legacy, ggml_type=T.Q8_0):
