@@ -597,42 +597,84 @@ def test_dots_of_a_family_compile_ahead_in_one_process(cli, monkeypatch):
     assert first_run.use_compiled("dot:q6_K", 10.0) and compiled == ["dot:q6_K"]
 
 
+class _Slow(_Group):
+    """A compile-ahead process that ends by itself after `polls` looks (a wait that never looks at
+    the ready marker in between still ends: a broken wait fails its test, never hangs it)."""
+
+    def __init__(self, names, polls: int = 200):
+        super().__init__(names)
+        self.polls = polls
+
+    def poll(self):
+        self.polls -= 1
+        if self.code is None and self.polls <= 0:
+            self.done()
+        return self.code
+
+
 def test_a_wait_for_a_kernel_compiling_ahead_does_the_work_given_meanwhile(cli, monkeypatch):
     """While the first call of a dot waits for its process, this process does the work it was given
     (a generation: repacking the weight tiles its products read next), one piece between two looks
-    at the ready marker; what is left once no kernel is awaited is dropped, and a piece that raises
-    ends the work (its own call raises it later, where it belongs) without ending the wait."""
+    at the ready marker; a piece that raises ends the work (its own call raises it later, where it
+    belongs) but not the wait, and what is left once no dot compiles ahead any more is dropped."""
     monkeypatch.setattr(first_run, "_ahead", {})
     monkeypatch.setattr(first_run, "_meanwhile", [])
     monkeypatch.setattr(first_run, "AHEAD_POLL", 0.001)
     groups = []
 
     def spawn(names):
-        groups.append(_Group([names] if isinstance(names, str) else names))
+        groups.append(_Slow([names] if isinstance(names, str) else names))
         return groups[-1]
 
     monkeypatch.setattr(first_run, "_spawn", spawn)
-    products = [("q4_0", 5632, 2048, 1), ("q6_K", 32000, 2048, 1)]
-    assert first_run.prepare(products, repeats=512, free_cpus=3) == ["dot:q4_0", "dot:q6_K"]
+    products = [("q4_0", 5632, 2048, 1), ("q8_0", 2048, 2048, 1), ("q6_K", 32000, 2048, 1)]
+    assert first_run.prepare(products, repeats=512, free_cpus=3) == ["dot:q4_0", "dot:q8_0", "dot:q6_K"]
     assert first_run.processes_ahead() == 2
     done = []
 
-    def piece(i):
+    def piece(i, ready=None):
         def run():
             done.append(i)
-            if i == 2:
-                groups[0].done()            # dot:q4_0 is ready after the third piece
+            if ready is not None:
+                first_run._mark_ready(ready)
         return run
 
-    first_run.meanwhile(piece(i) for i in range(10))
-    assert first_run.use_compiled("dot:q4_0", 0.0) and done == [0, 1, 2]
-    assert first_run.processes_ahead() == 1 and first_run._meanwhile   # dot:q6_K still awaited: the rest kept
+    first_run.meanwhile(piece(i, "dot:q4_0" if i == 2 else None) for i in range(10))
+    assert first_run.use_compiled("dot:q4_0", 0.0) and done == [0, 1, 2]     # ready after the third piece
+    assert first_run._meanwhile                                             # dots still ahead: the rest kept
 
     def fails():
         done.append("fails")
-        groups[1].done()                    # and the wait still ends when the kernel is ready
         raise ValueError("a damaged weight: raised again by its own call")
 
     first_run.meanwhile(iter([fails, piece(9)]))
-    assert first_run.use_compiled("dot:q6_K", 0.0) and done == [0, 1, 2, "fails"]
-    assert first_run._meanwhile == [] and first_run.processes_ahead() == 0
+    assert first_run.use_compiled("dot:q8_0", 0.0) and done == [0, 1, 2, "fails"]   # its process ended it
+    assert first_run._meanwhile == []
+    first_run.meanwhile(iter([piece("last", "dot:q6_K"), piece(10)]))
+    assert first_run.use_compiled("dot:q6_K", 0.0) and done[-1] == "last"
+    assert first_run._meanwhile == [] and first_run.processes_ahead() == 0    # no dot ahead: the rest dropped
+
+
+@pytest.mark.parametrize("free, processes, given", [(3, 2, True), (2, 2, False), (2, 1, True)])
+def test_a_generation_repacks_while_it_waits_only_with_a_cpu_of_its_own(monkeypatch, free, processes, given):
+    """`generate.loop.ahead` gives the waits the step's tiles to repack only where the free CPUs
+    outnumber the processes compiling ahead (the runner's counted): else the repacking would take
+    the CPU the compiles need."""
+    from ggtool import threads
+    from ggtool.generate import loop
+
+    calls = []
+    monkeypatch.setattr(first_run, "prepare", lambda step, n, free_cpus: ["dot:q4_0"])
+    monkeypatch.setattr(first_run, "prepare_runner", lambda *a: calls.append("runner"))
+    monkeypatch.setattr(first_run, "processes_ahead", lambda: calls.append("counted") or processes)
+    monkeypatch.setattr(first_run, "meanwhile", lambda work: calls.append("meanwhile"))
+    monkeypatch.setattr(threads, "free_cpus", lambda: free)
+
+    class Session:
+        pool = None
+
+        def graph(self, n):
+            return type("G", (), {"nodes": []})()
+
+    loop.ahead(Session(), 64)
+    assert calls == ["runner", "counted", "meanwhile"] if given else calls == ["runner", "counted"]

@@ -970,7 +970,8 @@ def test_the_tiles_repacked_ahead_are_those_the_python_path_reads(wtype, monkeyp
     (``ops.matmul.tile_packers``, ``compiling.first_run.meanwhile``): the same tiles under the same
     keys, so that the product repacks nothing more and gives the same bits; here two weight
     matrices broadcast over four activation matrices, of 1300 rows each (tiles of 1024 and 276).
-    F32 weights have tiles of their own: none ahead."""
+    F32 weights have tiles of their own: none ahead; nor for a dot not compiling ahead, nor under
+    llama.cpp's numerics."""
     from ggtool.generate import loop
     from ggtool.quant import matmul as qm
 
@@ -990,10 +991,12 @@ def test_the_tiles_repacked_ahead_are_those_the_python_path_reads(wtype, monkeyp
     pack_rows = qm.pack_rows
     monkeypatch.setattr(qm, "pack_rows", lambda t, w: packed.append(w.shape) or pack_rows(t, w))
     g, y = product()
-    pieces = list(loop.tile_packers(g, "ggml"))
+    dots = {f"dot:{wtype}"}
+    assert list(loop.tile_packers(g, "llama.cpp", dots)) == []   # its products read other blocks
+    assert list(loop.tile_packers(g, "ggml", {"dot:q8_0"})) == []  # its dot is not compiling ahead: a twin
+    pieces = list(loop.tile_packers(g, "ggml", dots))
     for piece in pieces:
         piece()
     assert len(pieces) == (0 if wtype == "f32" else 4) == len(packed)
-    assert list(loop.tile_packers(g, "llama.cpp")) == []          # its products read other blocks
     python_path(g)
     assert len(packed) == len(pieces) and bits(y) == want

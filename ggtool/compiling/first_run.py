@@ -419,7 +419,7 @@ def meanwhile(work) -> None:
     """Give the waits for kernels compiling ahead something to do: `work`, an iterable of callables
     (each a few milliseconds: a weight tile to repack, which the first call of its dot would do
     anyway), is run one callable at a time while a kernel is awaited, instead of sleeping; what is
-    left when no wait remains is dropped. A callable that raises ends the work (its call raises
+    left when no dot is compiling ahead any more is dropped. A callable that raises ends the work (its call raises
     again where it belongs, in its own words)."""
     _meanwhile[:] = [iter(work)]
 
@@ -446,7 +446,7 @@ def _wait_ahead(name: str) -> bool:
     while proc.poll() is None and not _ready(name):
         if not _do_meanwhile():
             time.sleep(AHEAD_POLL)
-    if not _ahead:
+    if not any(n.startswith("dot:") for n in _ahead):      # no wait to come (a quantizer's calls never wait)
         _meanwhile.clear()
     ok = _ready(name)
     if ok:
@@ -461,6 +461,7 @@ def _stop_ahead() -> None:
             proc.wait()
     _ahead.clear()
     _runner_pending.clear()
+    _meanwhile.clear()
 
 
 def _compile_main(name, nice: bool = False) -> None:

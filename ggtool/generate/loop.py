@@ -56,27 +56,29 @@ def ahead(session, n_predict: int) -> dict[str, float]:
     if getattr(session, "pool", None) is None or getattr(session, "n_threads", 1) <= 1:
         from ..runner import kernels_used
         numerics = getattr(session, "numerics", "ggml")
-        if started and free > processes_ahead():   # a CPU of its own for this process while it waits
-            meanwhile(tile_packers(graph, numerics))
         prepare_runner(lambda: kernels_used(graph.nodes, numerics), 0, n_predict, free)
+        if started and free > processes_ahead():   # a CPU of its own for this process while it waits
+            meanwhile(tile_packers(graph, numerics, started))
     return step_seconds(step)
 
 
-def tile_packers(graph, numerics: str):
+def tile_packers(graph, numerics: str, dots):
     """What the wait for a dot compiling ahead does meanwhile, in one process with a CPU of its own
     beside the compiling processes (the prompt's first product waits ~2 s while a first-ever run's
     dots compile): repack every weight tile the step's products will read, in the order they read
-    them (``ops.matmul.tile_packers``), which their first calls would do later, one after the other.
-    Where the compiles take every free CPU it would only slow them (two cores: 6.1 s either way
-    for a 311M model's 64 tokens, docs/engine.md). Nothing under llama.cpp's numerics (its products
-    read other blocks)."""
+    them (``ops.matmul.tile_packers``), which their first calls would do later, one after the other:
+    the products whose dot compiles ahead (`dots`, "dot:<type>"; another's calls run its twin, which
+    reads the blocks as they are). Where the compiles take every free CPU it would only slow them
+    (two cores: 6.1 s either way for a 311M model's 64 tokens, docs/engine.md). Nothing under
+    llama.cpp's numerics (its products read other blocks)."""
+    from .. import types as T
     from ..kernels.numerics import is_llama_cpp
     from ..ops import matmul
 
     if is_llama_cpp(numerics):
         return
     for n in graph.nodes:
-        if n.op == "MUL_MAT":
+        if n.op == "MUL_MAT" and f"dot:{T.type_name(n.src[0].type)}" in dots:
             yield from matmul.tile_packers(n)
 
 

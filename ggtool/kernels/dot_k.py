@@ -156,14 +156,15 @@ def _pack_k6(w: np.ndarray, decoder, nbytes: int):
         pad = gs * GROUP - k
         q, s, _, d, _ = (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x
                          for x in decoder(rows))
-        # codes + 32 (6 bits), 8 at a time in a little-endian u64: [row][block][pair-block][4 words]
+        # codes + 32 (6 bits), 8 at a time in a little-endian u64 (results made little-endian again before
+        # their bytes are read, whatever the host): [row][block][pair-block][4 words]
         u = (q.view(np.uint8) + np.uint8(32)).reshape(-1, nb, 8, 32).view("<u8")
         # byte j of a pair-block: value j's low nibble | value j + 16's << 4
-        nib = ((u[..., 2:] & _LOW4) << np.uint64(4)) | (u[..., :2] & _LOW4)
+        nib = (((u[..., 2:] & _LOW4) << np.uint64(4)) | (u[..., :2] & _LOW4)).astype("<u8", copy=False)
         # the top 2 bits of value v = 16c + 4q + 2par + a go at bit 4(2a + c) + 2par of quad q's word
         # (tile_k6): as bytes [c][q][par][a], a u32 per (c, q) holds [par][a]; its two low bytes (par 0)
         # | its two high ones (par 1) << 2 is byte a of the word's bits 4c..
-        t = ((u >> np.uint64(4)) & _TOP2).view("<u4").reshape(-1, nb, 8, 2, 4)
+        t = ((u >> np.uint64(4)) & _TOP2).astype("<u8", copy=False).view("<u4").reshape(-1, nb, 8, 2, 4)
         t |= t >> np.uint32(14)
         words = ((t[..., 0, :] | (t[..., 1, :] << np.uint32(4))) & np.uint32(0xFFFF)).astype(np.uint16)
         interleave_into(codes, g0, nib.view(np.uint8).reshape(-1, nb, 32, 4))

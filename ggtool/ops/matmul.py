@@ -135,9 +135,9 @@ def tile_packers(node):
     """Callables that each repack one weight tile of mul_mat `node` as its Python path's first call
     would (``_dot_block``: the same tiles, keys and keeping; F32/F16 weights have tiles of their own,
     not repacked ahead), for a first-ever run to do while its dot compiles elsewhere
-    (``compiling.first_run.meanwhile``)."""
+    (``compiling.first_run.meanwhile``). None of a weight the graph computes (repacked at every use)."""
     a = node.src[0]
-    if a.type in (T.F32, T.F16) or not a.has_data or 0 in a.ne:
+    if a.type in (T.F32, T.F16) or not a.has_data or 0 in a.ne or a.root.op != "NONE":
         return
     cols = tile_shape(a.type)[1]
     for m3 in range(a.ne[3]):
