@@ -146,12 +146,14 @@ def tile_packers(node):
                 yield partial(_pack_tile, a, (m3, m2, c0, min(c0 + cols, a.ne[1])))
 
 
-def _pack_tile(a, tile: tuple) -> None:
+def _pack_tile(a, tile: tuple) -> tuple:
+    """The repacked form of weight tile (m3, m2, col0, col1) of `a` (``quant.matmul.weight_pack``:
+    made once), as the runner's units and the tiles repacked ahead read it."""
     from ..quant import matmul as qm
 
     m3, m2, c0, c1 = tile
     w = np.ascontiguousarray(a.data[m3, m2, c0:c1])
-    qm.weight_pack(a, tile, lambda: qm.pack_rows(a.type, w), w)
+    return qm.weight_pack(a, tile, lambda: qm.pack_rows(a.type, w), w)
 
 
 # -- the compiled runner's steps (kernels.nodes_mm) ----------------------------------------------------
@@ -353,15 +355,8 @@ class _UnitsBind:
 
     @staticmethod
     def _pack(a, u):
-        from ..quant import matmul as qm
-
         m2, m3, col0, n = u[9], u[10], u[4], u[7]
-        w = np.ascontiguousarray(a.data[m3, m2, col0:col0 + n])
-
-        def repack():
-            return qm.pack_rows(a.type, w)
-
-        return qm.weight_pack(a, (m3, m2, col0, col0 + n), repack, w)
+        return _pack_tile(a, (m3, m2, col0, col0 + n))
 
 
 @kernel("MUL_MAT", n_tasks=ALL, work_size=_work_size, compiled=_mul_mat_compiled)
