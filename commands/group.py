@@ -209,6 +209,7 @@ SUBCOMMANDS = (
     "perplexity",
     "imatrix",
     "sweep",
+    "kernels",
 )
 
 

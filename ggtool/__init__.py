@@ -34,6 +34,7 @@ _LAZY = {
     "WorkerPool": "pool", "get_pool": "pool", "close_pool": "pool",
     "quantize_q4_0": "quant", "dequantize_q4_0": "quant", "quantize_q8_0": "quant",
     "dequantize_q8_0": "quant", "quantize": "quant", "dequantize": "quant", "fp32_to_fp16": "quant",
+    "compile_kernels": "compiling.ahead_of_time", "kernel_states": "compiling.ahead_of_time",
 }
 
 

@@ -23,12 +23,12 @@ def test_every_module_is_registered():
 def test_help_has_an_example(run, name):
     """Project rule: every command's --help has a worked example and teaches numpy vs GGML order
     (commands._common.NUMPY_ORDER_HELP says it; `ops`, `tokenize`, `detokenize`, `generate`, `perplexity`,
-    `imatrix` and `sweep` handle no tensors, `set-metadata` copies them as bytes)."""
+    `imatrix`, `sweep` and `kernels` handle no tensors, `set-metadata` copies them as bytes)."""
     out = ok(run(name, "--help"))
     assert out.startswith(f"Usage: ggtool {name} ")
     assert "Example" in out and "$ ggtool " in out
     if name not in ("ops", "set-metadata", "tokenize", "detokenize", "generate", "perplexity", "imatrix",
-                    "sweep"):
+                    "sweep", "kernels"):
         assert "numpy shape (d3, d2, d1, d0) is GGML ne = [d0, d1, d2, d3]" in " ".join(out.split())
 
 

@@ -57,7 +57,9 @@ from ..kernels import cache
 # CPU seconds to compile a kernel, measured on this machine (a dot: ~1.4-2.2 s, its tile and the
 # activation pass the 32-value types share; docs/engine.md, "Small work and large work"): a
 # twin may cost as much before the kernel is compiled.
-COMPILE_SECONDS = {"dot": 2.0, "quantize": 1.0, "runner": 1.6, "node": 1.5}
+COMPILE_SECONDS = {"dot": 2.0, "quantize": 1.0, "runner": 1.6, "node": 1.5, "float_rows": 0.3}
+# kernels that cost far more than their kind's (x86 numerics' product kernel: every x86 dot of every type)
+KERNEL_SECONDS = {"node:mm_x86": 11.0, "node:mm_q32": 3.8}
 SHARED_FORM = 0.1   # a dot whose packed form another dot of its process compiled (``compile_seconds``)
 # An activation quantizer compiles ahead after its family's dots where its twin would cost the work
 # more than this (seconds): gemma-3-270m's 128 tokens ~0.7 s of Q8_0 twins (~1 s measured, 10% of the
@@ -281,14 +283,15 @@ def prepare(products, repeats: int = 1, free_cpus: int = 1) -> list[str]:
 
 
 def compile_seconds(names) -> float:
-    """CPU seconds to compile kernels `names` in turn in one process: COMPILE_SECONDS of each, but a
+    """CPU seconds to compile kernels `names` in turn in one process: COMPILE_SECONDS of each
+    (KERNEL_SECONDS of one that costs more), but a
     dot whose packed form (its tile, ``qtypes``' ``packed_form``) an earlier one compiled costs
     SHARED_FORM (Q8_0 after Q5_0: ~0 s measured)."""
     forms, total = set(), 0.0
     for name in names:
         kind, _, arg = name.partition(":")
         form = _packed_form(arg) if kind == "dot" else None
-        total += SHARED_FORM if form is not None and form in forms else COMPILE_SECONDS[kind]
+        total += SHARED_FORM if form is not None and form in forms else KERNEL_SECONDS.get(name, COMPILE_SECONDS[kind])
         forms.add(form)
     return total
 
