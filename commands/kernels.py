@@ -19,7 +19,7 @@ ggtool's kernels (the dot product of each quantized type, the quantizers of acti
 compiled graph runner and its node kernels) are compiled by numba for the CPU they run on, once,
 and kept in ggtool's cache (~/.cache/ggtool, or GGTOOL_CACHE_DIR). A run compiles what it needs
 as it goes, and its first run is slower for it: 3-4x a cached run of a generation on two cores.
---compile compiles every kernel ahead, one process per free CPU (~30 s on two cores, ~50 s of
+--compile compiles every kernel ahead, one process per free CPU (~30 s on two cores, ~55 s of
 CPU in all), so that the first run of any model is as fast as the next but for repacking its
 weights. The README's set-up does it right after installing.
 
