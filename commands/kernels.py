@@ -52,10 +52,10 @@ before; --compile tries it again, and exits 1 if any kernel is not ready after i
 def command(pattern, compile_, jobs, as_json, quiet):
     from ggtool.compiling import ahead_of_time as aot
 
+    folder = aot.cache_folder()     # first: naming the kernels loads numba, which is then given a folder
     names = [n for n in aot.kernel_names() if pattern is None or pattern.lower() in n.lower()]
     if not names:
         raise click.ClickException(f"no kernel name contains {pattern!r}; see ggtool kernels")
-    folder = aot.cache_folder()
     states = _compile(aot, names, jobs, quiet, folder) if compile_ else aot.kernel_states(names)
     if as_json:
         write_text([document({"cache": folder, "kernels": [{"name": s.name, "state": s.state, "why": s.why}

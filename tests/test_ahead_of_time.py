@@ -71,6 +71,13 @@ def test_a_failed_kernel_is_shown_with_its_reason_and_tried_again(kernel_cache):
     assert aot.kernel_states([CHEAP]) == [aot.KernelState(CHEAP, aot.FAILED, "TypingError: something more words")]
     assert aot.compile_kernels([CHEAP]) == [aot.KernelState(CHEAP, aot.READY)]
     assert not failed.exists()
+    failed.write_bytes(b"bad\x1b[31mRED\x00\x07 " + b"x" * 10**6)
+    (state,) = aot.kernel_states([CHEAP])
+    assert state.state == aot.READY                     # ready wins over a stale failed marker
+    marker(kernel_cache, "ready", CHEAP).unlink()
+    (state,) = aot.kernel_states([CHEAP])
+    assert state.state == aot.FAILED and state.why.startswith("bad [31mRED") and len(state.why) <= aot.WHY_LENGTH
+    assert state.why.isprintable()
 
 
 @pytest.mark.parametrize("planted", ["link", "folder"])
@@ -83,6 +90,36 @@ def test_a_ready_marker_that_is_no_plain_file_counts_for_nothing(kernel_cache, t
     else:
         ready.mkdir()
     assert aot.kernel_states([CHEAP]) == [aot.KernelState(CHEAP, aot.MISSING)]
+    assert aot.compile_kernels([CHEAP]) == [aot.KernelState(CHEAP, aot.READY)]     # removed, compiled, marked
+    assert ready.is_file() and not ready.is_symlink() and (tmp_path / "elsewhere").exists() == (planted == "link")
+
+
+def test_a_fifo_at_a_marker_never_holds_the_compile_up(kernel_cache):
+    """A FIFO planted at a ready marker (opening it for writing would wait for a reader forever) is
+    removed; one planted at the failed marker of a kernel that fails is an error, never a wait."""
+    ready = marker(kernel_cache, "ready", CHEAP)
+    ready.parent.mkdir(exist_ok=True)
+    os.mkfifo(ready)
+    assert aot.kernel_states([CHEAP]) == [aot.KernelState(CHEAP, aot.MISSING)]
+    assert aot.compile_kernels([CHEAP]) == [aot.KernelState(CHEAP, aot.READY)]
+    os.unlink(ready)
+    os.mkfifo(ready)
+    t = time.monotonic()
+    with pytest.raises(OSError):
+        cache.touch(str(ready))
+    assert time.monotonic() - t < 10
+
+
+def test_a_kernel_whose_ready_mark_cannot_be_written_is_failed_with_the_reason(kernel_cache, monkeypatch):
+    """In the compile process: marking fails (here: a FIFO planted at the marker after the compile)."""
+    from ggtool.compiling import first_run
+
+    def planted(name):
+        raise OSError(6, "No such device or address")
+    monkeypatch.setattr(first_run, "_mark_ready", planted)
+    state, why = aot._compile_one(CHEAP)
+    assert (state, why) == (aot.FAILED, "its ready mark cannot be written: [Errno 6] No such device or address")
+    assert aot.kernel_states([CHEAP]) == [aot.KernelState(CHEAP, aot.FAILED, why)]
 
 
 def test_a_name_that_is_no_kernel_is_refused(kernel_cache):
@@ -103,12 +140,31 @@ WRONG = ("import sys\nfor line in sys.stdin:\n    print('ready dot:nonsense'); p
 def test_a_compile_process_that_ends_before_answering_is_reported_and_nothing_hangs(kernel_cache, program, why):
     names = [CHEAP, "float_rows:exp", "quantize:F16"]
     done = []
-    t = time.monotonic()
+    t, fds = time.monotonic(), _open_fds()
     states = aot.compile_kernels(names, jobs=2, on_done=done.append, program=program)
     assert time.monotonic() - t < 60
+    assert _open_fds() == fds                           # every pipe of every process closed
     assert sorted(done, key=str) == sorted((aot.KernelState(n, aot.MISSING, why) for n in names), key=str)
     assert states == [aot.KernelState(n, aot.MISSING) for n in names]
     assert not (kernel_cache / "ready").exists() or os.listdir(kernel_cache / "ready") == []
+
+
+def test_a_dead_compile_process_is_replaced_and_the_work_left_is_done(kernel_cache, tmp_path):
+    """The first compile process dies with its unit; the one started in its place compiles the rest."""
+    once = tmp_path / "died-once"
+    program = (f"import os, sys\nif not os.path.exists({str(once)!r}):\n    open({str(once)!r}, 'w').close()\n"
+               "    sys.stdin.readline(); os._exit(3)\n" + aot.WORKER)
+    names = [CHEAP, "float_rows:exp", "quantize:F16"]
+    done = []
+    states = aot.compile_kernels(names, jobs=1, on_done=done.append, program=program)
+    missing = [s for s in done if s.state == aot.MISSING]
+    assert len(missing) == 1 and missing[0].why == "its compile process exited with status 3"
+    assert sorted(s.name for s in done if s.state == aot.READY) == sorted(n for n in names if n != missing[0].name)
+    assert [s.state for s in states].count(aot.READY) == 2
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 def test_two_compiles_of_one_cache_at_once_both_end_ready(kernel_cache):
@@ -125,11 +181,15 @@ def test_a_kernel_numba_cannot_keep_is_failed_with_the_reason(kernel_cache, monk
     monkeypatch.setenv("NUMBA_OPT", "0")
     monkeypatch.setattr(cache, "_dirs", {})
     name = "float_rows:exp"
+    wanted = Path(aot.cache_folder()) / "wanted" / f"{name}.{TAG}"
+    wanted.parent.mkdir(exist_ok=True)
+    wanted.touch()                                      # a run wished for it: no wish is left for what failed
     r = run("kernels", "--compile", name)
     assert r.exit_code == 1 and r.stderr.splitlines() == [
         "compiling 1 kernel for this CPU in 1 process...",
         f"{name}: failed (numba cannot keep it in the cache (NUMBA_OPT=0?))",
         f"Error: 1 of 1 kernels not ready: {name} failed (numba cannot keep it in the cache (NUMBA_OPT=0?))"]
+    assert not wanted.exists()
     fails(run("kernels", "--compile", "-q", name), f"1 of 1 kernels not ready: {name} failed")
     out = ok(run("kernels", name, "--json"))
     assert json.loads(out)["kernels"] == [{"name": name, "state": "failed",
@@ -171,6 +231,14 @@ def test_a_cache_that_cannot_be_used_is_one_line_and_nothing_compiles(tmp_path):
     assert error == f"Error: ggtool's cache at {root} cannot be used (the warning above says why): compiled kernels" \
                     " would not be kept"
     assert os.listdir(root) == []
+    env["NUMBA_CACHE_DIR"] = str(root)
+    env["GGTOOL_CACHE_DIR"] = str(tmp_path / "unused")
+    r = subprocess.run([sys.executable, "-m", "ggtool", "kernels", "seq_sum"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.splitlines()[-1] == (
+        f"Error: the kernel cache NUMBA_CACHE_DIR at {root} cannot be used (the warning above says why): compiled"
+        " kernels would not be kept")
+    assert os.listdir(root) == []
 
 
 def test_an_interrupted_compile_ends_at_once_and_leaves_no_compile_process(tmp_path):
@@ -179,14 +247,23 @@ def test_an_interrupted_compile_ends_at_once_and_leaves_no_compile_process(tmp_p
     env["GGTOOL_CACHE_DIR"] = str(tmp_path / "cache")
     p = subprocess.Popen([sys.executable, "-m", "ggtool", "kernels", "--compile", "dot:", "-j", "2"], cwd=ROOT,
                          env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    assert p.stderr.readline().startswith("compiling ")
-    time.sleep(0.5)
-    p.send_signal(signal.SIGINT)
-    t = time.monotonic()
-    assert p.wait(timeout=30) == 130
-    assert time.monotonic() - t < 2
-    assert p.stderr.read() == "Interrupted.\n"
-    assert _compile_processes(tmp_path) == []
+    try:
+        assert p.stderr.readline().startswith("compiling ")
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        t = time.monotonic()
+        assert p.wait(timeout=30) == 130
+        assert time.monotonic() - t < 10                # killed, not waited for: a compile takes longer
+        assert p.stderr.read() == "Interrupted.\n"
+        assert _compile_processes(tmp_path) == []
+    finally:
+        for pid in [p.pid] + _compile_processes(tmp_path):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        p.wait()
+        p.stderr.close()
 
 
 def _compile_processes(tmp_path) -> list[int]:

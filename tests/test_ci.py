@@ -25,7 +25,7 @@ def test_the_readme_has_exactly_the_two_setup_commands_the_ci_scripts_run():
     assert r.returncode == 0, r.stderr
     install, test = r.stdout.splitlines()
     venv = "python3 -m venv .venv && . .venv/bin/activate && "   # both make or reuse .venv: each runs alone
-    assert install.startswith(venv + "pip install -e . && ggtool compute ")
+    assert install.startswith(venv + "pip install -e . && ggtool kernels --compile && ggtool compute ")
     assert test == venv + "pip install -e '.[test]' && python -m pytest -q"
     assert (ROOT / "README.md").read_text().count("<!-- setup:") == 2
 

@@ -9,9 +9,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE = """
@@ -180,6 +180,27 @@ def test_the_kernel_folder_is_keyed_by_the_cpu_target_and_numba(tmp_path, monkey
     assert cache.kernel_key(portable, str(wide)) == cache.kernel_key(portable, str(narrow))   # host-independent code
     monkeypatch.setattr(cache, "_package_version", lambda name: b"0.0.1" if name == "numba" else b"x")
     assert cache.kernel_key({}, str(wide)) != key
+
+
+def test_the_kernel_folder_follows_the_kernel_sources_numba_checks(tmp_path):
+    """numba keeps a kernel for its module's path, size and time: another copy of ggtool (a second
+    checkout, another venv) or a module rewritten gets another folder, so no ready mark there says
+    a kernel is cached that numba would compile anew."""
+    import shutil
+
+    from ggtool.kernels import cache
+
+    here = Path(cache.__file__).resolve().parent.parent
+    copy = tmp_path / "ggtool"
+    for sub in cache.KERNEL_FOLDERS:
+        shutil.copytree(here / sub, copy / sub, copy_function=shutil.copy2)
+    key = cache.kernel_key({}, package=str(here))
+    assert cache.kernel_key({}, package=str(here)) == key == cache.kernel_key({})
+    other = cache.kernel_key({}, package=str(copy))
+    assert other != key and cache.kernel_key({}, package=str(copy)) == other
+    st = os.stat(copy / "kernels" / "dot.py")
+    os.utime(copy / "kernels" / "dot.py", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert cache.kernel_key({}, package=str(copy)) != other
 
 
 def test_numba_itself_never_loads_code_compiled_for_another_cpu(tmp_path):

@@ -4,9 +4,9 @@
 Why: a first-ever run pays for the kernels it uses (``first_run``: their numpy twins, or a wait for
 their compile), 3.4-4.1x a cached run of a 270M-311M model's generation on two cores, and no
 first-run policy gets that under 2x (docs/engine.md, "What 2x would take"). Compiled once, ahead
-(the README's set-up does it after installing), the kernels this version has cost ~47 s of CPU
-(~25 s on two cores), and a model's first run is a cached run but for writing its repacked weights
-(``quant.packs``): 1.2-1.5x.
+(the README's set-up does it after installing), the kernels this version has cost ~55 s of CPU
+(25-30 s on two cores), and a model's first run is a cached run but for writing its repacked
+weights (``quant.packs``): 1.2-1.6x (docs/engine.md, "Kernels compiled ahead").
 
 How: the kernels compile in processes of their own, started as every child of ggtool is
 (``isolation``: ``python -I`` in "/", a filtered environment), as many as `jobs` (default: the
@@ -15,10 +15,11 @@ their activation pass (as ``first_run.prepare`` groups them), or one kernel; the
 It marks each kernel ready in the cache as soon as numba has written it (``warm``'s markers), so
 an interrupted compile keeps what it finished and a run started meanwhile uses each kernel from
 then on. A kernel that fails to compile is marked failed, with numba's words (the runs keep its twin,
-or Python's step, as they would); asked for again, it is tried again. A compile process that
+or Python's step, as they would); asked for again, it is tried again, and so is one whose marker
+is no plain file (a link, a folder, a FIFO planted there: removed first). A compile process that
 dies is reported with the kernels it had not finished, and another takes the rest of the work.
 
-Light until it compiles: os, sys, time; the compile processes load numba, never this one.
+numba loads in the compile processes only, never in this one.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ def kernel_names() -> list[str]:
 
 def cache_folder() -> str:
     """The cache folder of this CPU's compiled kernels (``kernels.cache.cache_dir``); a GGToolError
-    where the cache cannot be used (its warning says why): nothing compiled would be kept."""
+    where the cache cannot be used (its warning says why): nothing compiled would be kept. Asked
+    before numba loads (`kernel_names` loads it), which sets NUMBA_CACHE_DIR: the user's is named."""
     root = cache.cache_dir()
     if cache.bypassed() or cache.subfolder(root, "ready") is None or cache.subfolder(root, "failed") is None:
-        raise GGToolError(f"ggtool's cache at {cache.root_path()} cannot be used (the warning above says why):"
-                          " compiled kernels would not be kept")
+        user = os.environ.get("NUMBA_CACHE_DIR")
+        what = f"the kernel cache NUMBA_CACHE_DIR at {os.path.abspath(user)}" if user else \
+            f"ggtool's cache at {cache.root_path()}"
+        raise GGToolError(f"{what} cannot be used (the warning above says why): compiled kernels would not be kept")
     return root
 
 
@@ -88,7 +92,7 @@ def _read_why(path: str) -> str:
             text = f.read(WHY_LENGTH).decode("utf-8", "replace")
     except OSError:
         return ""
-    return " ".join(text.split())
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())     # no control bytes shown
 
 
 def compile_kernels(names=None, jobs: int | None = None, on_start=None, on_done=None,
@@ -107,6 +111,7 @@ def compile_kernels(names=None, jobs: int | None = None, on_start=None, on_done=
     todo = [s.name for s in kernel_states(names) if s.state != READY]
     for name in todo:
         warm._remove(cache.marker("failed", name, root))
+        warm._remove(cache.marker("ready", name, root))     # no plain file (kernel_states): a link, a folder, a FIFO
     units = _units(todo)
     jobs = max(1, min(threads.free_cpus() if jobs is None else jobs, len(units)))
     if on_start is not None:
@@ -281,9 +286,16 @@ def _compile_one(name: str) -> tuple[str, str]:
         why = " ".join(f"{type(e).__name__}: {e}".split())[:WHY_LENGTH]
     else:
         if kept:
-            first_run._mark_ready(name)
-            return READY, ""
-        why = "numba cannot keep it in the cache (NUMBA_OPT=0?)"
-    warm._mark(root, "failed", name, why + "\n")
+            try:
+                first_run._mark_ready(name)
+                return READY, ""
+            except OSError as e:   # something planted at its marker meanwhile: it is not ready for the runs
+                why = f"its ready mark cannot be written: {e}"
+        else:
+            why = "numba cannot keep it in the cache (NUMBA_OPT=0?)"
+    try:
+        warm._mark(root, "failed", name, why + "\n")
+    except OSError:
+        pass
     warm._remove(cache.marker("wanted", name, root))
     return FAILED, why

@@ -19,9 +19,12 @@ Compiled kernels live in ``numba/<key>``, `key` a digest of what numba's code de
 the module it is cached for (`kernel_key`): the SHARED modules (numba checks a cached kernel
 against its own source file only), numba's and llvmlite's versions, and the CPU the code is
 compiled for (``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``, else this host's CPU model and flags from
-/proc/cpuinfo), with the numba settings that change the machine code. So a cache shared between an
-AVX-512 and an AVX2 host (an NFS home) holds one folder per host, and neither ever meets the
-other's code or ``ready/`` marks (numba itself also keys each compiled function by its target).
+/proc/cpuinfo), with the numba settings that change the machine code; and what numba checks a
+cached kernel against, which a ``ready/`` mark must follow: the kernel modules' folder, sizes and
+times (`_kernel_sources`). So a cache shared between an AVX-512 and an AVX2 host (an NFS home)
+holds one folder per host, and neither ever meets the other's code or ``ready/`` marks (numba
+itself also keys each compiled function by its target); two checkouts or venvs of one version
+have a folder each, as numba has files each.
 A ``NUMBA_CACHE_DIR`` the user set wins over all of this and is used as it is.
 
 A first-ever run: compiling a kernel costs 0.3-2.5 s of numba's own Python work each (~8 s for a
@@ -58,6 +61,8 @@ SHARED = ("simd.py", "dot_base.py", "dot_k.py", "x86.py", "../qtypes/_k_quantize
 # numba settings that change the machine code of a kernel (numba's own cache does not key them)
 NUMBA_CODEGEN = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE",
                  "NUMBA_ENABLE_AVX", "NUMBA_DISABLE_INTEL_SVML", "NUMBA_BOUNDSCHECK", "NUMBA_FASTMATH")
+# ggtool's folders whose modules numba compiles kernels from (``kernels.jit.njit``)
+KERNEL_FOLDERS = ("kernels", "qtypes")
 ROOT_ENV = environment.CACHE_DIR.name
 FOLDER_MODE = 0o700
 
@@ -173,8 +178,9 @@ def say(message: str) -> None:
 
 
 # -- the kernel cache -----------------------------------------------------------------------------------
-def kernel_key(settings=None, cpuinfo: str = "/proc/cpuinfo") -> str:
-    """A digest of what compiled kernels depend on beyond their own module (module docstring)."""
+def kernel_key(settings=None, cpuinfo: str = "/proc/cpuinfo", package: str | None = None) -> str:
+    """A digest of what compiled kernels depend on beyond their own module (module docstring), and
+    of what numba checks a cached kernel against (`package`: where ggtool's kernel modules are)."""
     import hashlib
 
     settings = environment.foreign(NUMBA_CODEGEN) if settings is None else settings
@@ -183,11 +189,32 @@ def kernel_key(settings=None, cpuinfo: str = "/proc/cpuinfo") -> str:
     for name in SHARED:
         with open(os.path.join(here, name), "rb") as f:
             h.update(f.read())
+    h.update(_kernel_sources(package or os.path.dirname(here)))
     h.update(_package_version("numba") + b"\0" + _package_version("llvmlite") + b"\0")
     h.update(repr([(k, settings.get(k)) for k in NUMBA_CODEGEN]).encode())
     if not settings.get("NUMBA_CPU_FEATURES"):   # else the code does not depend on this host
         h.update(host_cpu(cpuinfo).encode())
     return "kernels-" + h.hexdigest()[:12]
+
+
+def _kernel_sources(package: str) -> bytes:
+    """numba keeps a compiled kernel for its source file's path and checks it against the file's size
+    and time: a ready mark holds for those only (another checkout or install of the same version,
+    or a module rewritten, compiles anew: its marks must not say ready)."""
+    out = [os.path.abspath(package)]
+    for sub in KERNEL_FOLDERS:
+        folder = os.path.join(package, sub)
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
+        except OSError:
+            continue
+        for name in names:
+            try:
+                st = os.stat(os.path.join(folder, name))
+            except OSError:
+                continue
+            out.append(f"{sub}/{name}:{st.st_size}:{st.st_mtime_ns}")
+    return "\0".join(out).encode()
 
 
 def _package_version(name: str) -> bytes:
@@ -295,8 +322,10 @@ def marker(folder: str, name: str, root: str | None = None) -> str:
 
 
 def touch(path: str) -> None:
-    """Create the empty file `path` if missing (never through a symbolic link)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o600)
+    """Create the empty file `path` if missing (never through a symbolic link; a FIFO planted there
+    is an error, never a wait for its reader)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
     os.close(fd)
 
 
