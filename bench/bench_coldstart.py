@@ -3,7 +3,7 @@ and gemma's cached run against llama.cpp's.
 
     python bench/bench_coldstart.py [--runs N] [--only stories,gemma] [--threads 1,2] [--tokens 30]
                                     [--tree /tmp/before] [--llama-python /work/bench-env/venv/bin/python]
-                                    [--cached-only]
+                                    [--cached-only] [--ahead]
 
 - stories: the README's Q4_0 example, `ggtool quantize fixtures/stories260K.gguf Q4.gguf --force`
   then `ggtool compute -f ggtool/programs/llama.gg --gguf Q4.gguf --tensor tokens=i32:[...] -o out.npy`
@@ -33,6 +33,10 @@ evaluated by bench/llama_cpp_run.py with the same thread count, a whole process 
 rounds; the ratio is ggtool's cached run / llama.cpp's. A llama.cpp run that fails stops the bench
 with what it died of. --cached-only leaves the first-ever runs out (each waits ~25 s for its
 background compile): the cached runs against llama.cpp's in minutes.
+
+--ahead adds, in the same rounds, first runs after `ggtool kernels --compile` (the README's set-up):
+each in a fresh copy of a cache where that command ran once (every kernel compiled, no repacked
+weights yet), with the ratio to the cached run.
 """
 
 from __future__ import annotations
@@ -131,6 +135,13 @@ def run(cmds: list[list[str]], cache: str, tree: Path = ROOT) -> tuple[float, fl
     return took, cpu
 
 
+def compile_ahead(cache: str, tree: Path = ROOT) -> None:
+    """`ggtool kernels --compile` into `cache`, as the README's set-up runs it after installing."""
+    env = dict(ENV, GGTOOL_CACHE_DIR=cache)
+    env.pop("NUMBA_CACHE_DIR", None)
+    subprocess.run(ggtool("kernels", "--compile", "--quiet"), env=env, check=True, cwd=tree)
+
+
 def timed(cmd: list[str]) -> float:
     t = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -155,6 +166,8 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], type=Path, help="another checkout, measured alike")
     ap.add_argument("--cached-only", action="store_true",
                     help="no first-ever runs: the cached runs (and llama.cpp's) alone, several minutes sooner")
+    ap.add_argument("--ahead", action="store_true",
+                    help="also first runs after `ggtool kernels --compile` (kernels compiled, no repacked weights)")
     ap.add_argument("--llama-python", default="/work/bench-env/venv/bin/python",
                     help="a Python with llama-cpp-python, for the reference run ('' for none)")
     a = ap.parse_args()
@@ -167,16 +180,24 @@ def main() -> None:
             cmds = commands(example, tmp, threads, a.tokens, a.generate)
             cold_t = {tr: [] for tr in trees}
             warm_t = {tr: [] for tr in trees}
+            ahead_t = {tr: [] for tr in trees}
             ref_t: list[float] = []
             for k, tree in enumerate(trees):
                 for _ in range(2):                 # fills the cached folder (kernels, then repacked weights)
                     run(cmds, os.path.join(tmp, f"warm{k}"), tree)
+                if a.ahead and not os.path.isdir(os.path.join(tmp, f"ahead{k}")):
+                    compile_ahead(os.path.join(tmp, f"ahead{k}"), tree)
             for i in range(a.runs):
                 for k, tree in enumerate(trees):
                     if not a.cached_only:
                         cold = os.path.join(tmp, f"cold{k}-{i}")
                         cold_t[tree].append(run(cmds, cold, tree))
                         shutil.rmtree(cold, ignore_errors=True)
+                    if a.ahead:
+                        ahead = os.path.join(tmp, f"ahead{k}-{i}")
+                        shutil.copytree(os.path.join(tmp, f"ahead{k}"), ahead, symlinks=True)
+                        ahead_t[tree].append(run(cmds, ahead, tree))
+                        shutil.rmtree(ahead, ignore_errors=True)
                     warm_t[tree].append(run(cmds, os.path.join(tmp, f"warm{k}"), tree))
                 if llama and example == "gemma" and threads != "0":
                     ref_t.append(timed(llama_cpp(llama, threads, a.tokens)))
@@ -193,6 +214,10 @@ def main() -> None:
                           f"   (first {', '.join(f'{x:.2f}' for x, _ in cold_t[tree])};"
                           f" cached {', '.join(f'{x:.2f}' for x, _ in warm_t[tree])})")
                     print(f"{'':10s} {'':14s} CPU time   {cc:6.2f} s  cached {wc:6.2f} s  ratio {cc / wc:5.2f}x")
+                if ahead_t[tree]:
+                    h = statistics.median(x for x, _ in ahead_t[tree])
+                    print(f"{'':10s} {'':14s} ahead      {h:6.2f} s  cached {w:6.2f} s  ratio {h / w:5.2f}x"
+                          f"   (after `ggtool kernels --compile`: {', '.join(f'{x:.2f}' for x, _ in ahead_t[tree])})")
                 if ref_t:
                     r = statistics.median(ref_t)
                     print(f"{'':10s} {'':14s} llama.cpp  {r:6.2f} s  cached/llama.cpp {w / r:5.2f}x"

@@ -111,15 +111,42 @@ def test_a_fifo_at_a_marker_never_holds_the_compile_up(kernel_cache):
 
 
 def test_a_kernel_whose_ready_mark_cannot_be_written_is_failed_with_the_reason(kernel_cache, monkeypatch):
-    """In the compile process: marking fails (here: a FIFO planted at the marker after the compile)."""
+    """In the compile process: its ready mark is not written (first_run._mark_ready says so: a folder
+    that cannot be written); the failed mark says why, and the kernel is no longer wished for."""
     from ggtool.compiling import first_run
 
-    def planted(name):
-        raise OSError(6, "No such device or address")
-    monkeypatch.setattr(first_run, "_mark_ready", planted)
+    monkeypatch.setattr(first_run, "_mark_ready", lambda name: False)
+    wanted = marker(kernel_cache, "wanted", CHEAP)
+    wanted.parent.mkdir(exist_ok=True)
+    wanted.touch()
     state, why = aot._compile_one(CHEAP)
-    assert (state, why) == (aot.FAILED, "its ready mark cannot be written: [Errno 6] No such device or address")
-    assert aot.kernel_states([CHEAP]) == [aot.KernelState(CHEAP, aot.FAILED, why)]
+    assert (state, why) == (aot.FAILED, f"its ready mark cannot be written in {kernel_cache / 'ready'}")
+    assert aot.kernel_states([CHEAP]) == [aot.KernelState(CHEAP, aot.FAILED, why)] and not wanted.exists()
+
+
+@pytest.mark.parametrize("planted", ["fifo", "link", "folder"])
+def test_a_run_that_compiles_a_kernel_marks_it_over_whatever_was_planted(kernel_cache, tmp_path, monkeypatch,
+                                                                          planted):
+    """A run's own compile (first_run.compile_now) and the background compiler write their marks
+    through warm._mark: what was planted at the name is removed, never waited on nor followed, and
+    the run goes on."""
+    import ggtool.role
+    from ggtool.compiling import first_run, warm
+
+    monkeypatch.setattr(ggtool.role, "COMMAND_LINE", True)
+    ready = marker(kernel_cache, "ready", CHEAP)
+    ready.parent.mkdir(exist_ok=True)
+    outside = tmp_path / "outside"
+    outside.write_text("theirs")
+    {"fifo": lambda: os.mkfifo(ready), "link": lambda: os.symlink(outside, ready), "folder": ready.mkdir}[planted]()
+    monkeypatch.setattr(first_run, "_compiled", set())
+    first_run.compile_now(CHEAP)
+    assert ready.is_file() and not ready.is_symlink() and outside.read_text() == "theirs"
+    failed = marker(kernel_cache, "failed", "float_rows:exp")
+    failed.parent.mkdir(exist_ok=True)
+    os.mkfifo(failed)
+    assert warm._mark(str(kernel_cache), "failed", "float_rows:exp", "why\n") is True
+    assert failed.read_text() == "why\n"
 
 
 def test_a_name_that_is_no_kernel_is_refused(kernel_cache):

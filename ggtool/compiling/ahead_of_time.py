@@ -285,17 +285,10 @@ def _compile_one(name: str) -> tuple[str, str]:
     except Exception as e:      # noqa: BLE001 - numba's words, kept in the cache and shown
         why = " ".join(f"{type(e).__name__}: {e}".split())[:WHY_LENGTH]
     else:
-        if kept:
-            try:
-                first_run._mark_ready(name)
-                return READY, ""
-            except OSError as e:   # something planted at its marker meanwhile: it is not ready for the runs
-                why = f"its ready mark cannot be written: {e}"
-        else:
-            why = "numba cannot keep it in the cache (NUMBA_OPT=0?)"
-    try:
-        warm._mark(root, "failed", name, why + "\n")
-    except OSError:
-        pass
+        if kept and first_run._mark_ready(name):
+            return READY, ""
+        why = (f"its ready mark cannot be written in {os.path.join(root, 'ready')}" if kept else
+               "numba cannot keep it in the cache (NUMBA_OPT=0?)")
+    warm._mark(root, "failed", name, why + "\n")
     warm._remove(cache.marker("wanted", name, root))
     return FAILED, why

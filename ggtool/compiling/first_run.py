@@ -512,12 +512,14 @@ def _ready(name: str) -> bool:
     return os.path.isfile(ready) and not os.path.islink(ready)
 
 
-def _mark_ready(name: str) -> None:
-    """As the background compiler marks it (``warm``): ready, and no longer wanted."""
+def _mark_ready(name: str) -> bool:
+    """As the background compiler marks it (``warm``): ready, and no longer wanted; whether its ready
+    mark is there (never an error: a mark that cannot be written only makes a run compile it again)."""
     if cache.bypassed():
-        return
+        return False
     from . import warm
 
     root = cache.cache_dir()
-    warm._mark(root, "ready", name)
+    marked = warm._mark(root, "ready", name)
     warm._remove(cache.marker("wanted", name, root))
+    return marked

@@ -172,14 +172,23 @@ def _remove(path: str) -> None:
         pass
 
 
-def _mark(root: str, folder: str, name: str, text: str = "") -> None:
+def _mark(root: str, folder: str, name: str, text: str = "") -> bool:
+    """Write kernel `name`'s marker in `folder` (holding `text`), and say whether it is there: what
+    stands at its name and is no plain file (a link, a folder, a FIFO planted there) is removed
+    first, and a marker that cannot be written is no error (the runs compile the kernel again)."""
     if cache.subfolder(root, folder) is None:
-        return
+        return False
     path = cache.marker(folder, name, root)
-    cache.touch(path)
-    if text:
-        with open(path, "w") as f:
+    try:
+        if os.path.lexists(path) and not (os.path.isfile(path) and not os.path.islink(path)):
+            _remove(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "w") as f:
             f.write(text)
+    except OSError:
+        return False
+    return True
 
 
 def main() -> None:
