@@ -1,5 +1,5 @@
-"""Every kernel compiled into the cache before any run needs it (`compile_kernels`: ``ggtool kernels
---compile``), and what the cache holds for this CPU now (`kernel_states`).
+"""Every kernel compiled into the cache before any run needs it (`compile_kernels`, which ``ggtool
+kernels`` runs), and what the cache holds for this CPU now (`kernel_states`).
 
 Why: a first-ever run pays for the kernels it uses (``first_run``: their numpy twins, or a wait for
 their compile), 3.4-4.1x a cached run of a 270M-311M model's generation on two cores, and no

@@ -93,8 +93,8 @@ FLOAT_TYPES = ("f32", "f16")
 
 AHEAD_POLL = 0.01                    # seconds between looks at a kernel compiling ahead (_wait_ahead)
 
-NOTICE = ("compiling ggtool's kernels for this CPU (once, ~{s:.0f} s; `ggtool kernels --compile`"
-          " compiles them all ahead)...")
+NOTICE = ("compiling ggtool's kernels for this CPU (once, ~{s:.0f} s; `ggtool kernels` compiles them"
+          " all ahead)...")
 
 _compiled: set[str] = set()          # kernels this process runs compiled
 _ahead: dict = {}                    # kernel -> the process compiling it ahead (subprocess.Popen)
