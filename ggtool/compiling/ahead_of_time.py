@@ -6,7 +6,7 @@ their compile), 3.4-4.1x a cached run of a 270M-311M model's generation on two c
 first-run policy gets that under 2x (docs/engine.md, "What 2x would take"). Compiled once, ahead
 (the README's set-up does it after installing), the kernels this version has cost ~55 s of CPU
 (25-30 s on two cores), and a model's first run is a cached run but for writing its repacked
-weights (``quant.packs``): 1.2-1.6x (docs/engine.md, "Kernels compiled ahead").
+weights (``quant.packs``): ~1.4x (docs/engine.md, "Kernels compiled ahead").
 
 How: the kernels compile in processes of their own, started as every child of ggtool is
 (``isolation``: ``python -I`` in "/", a filtered environment), as many as `jobs` (default: the
