@@ -73,17 +73,13 @@ def kernel_states(names=None) -> list[KernelState]:
     root = cache.cache_dir()
     states = []
     for name in kernel_names() if names is None else names:
-        if _plain_file(cache.marker("ready", name, root)):
+        if cache.plain_file(cache.marker("ready", name, root)):
             states.append(KernelState(name, READY))
-        elif _plain_file(failed := cache.marker("failed", name, root)):
+        elif cache.plain_file(failed := cache.marker("failed", name, root)):
             states.append(KernelState(name, FAILED, _read_why(failed)))
         else:
             states.append(KernelState(name, MISSING))
     return states
-
-
-def _plain_file(path: str) -> bool:
-    return os.path.isfile(path) and not os.path.islink(path)
 
 
 def _read_why(path: str) -> str:

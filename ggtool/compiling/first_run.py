@@ -509,7 +509,7 @@ def _ready_lately(name: str) -> bool:
 def _ready(name: str) -> bool:
     """Whether the cache holds kernel `name`'s ready marker (a plain file, never a link)."""
     ready = cache.marker("ready", name)
-    return os.path.isfile(ready) and not os.path.islink(ready)
+    return cache.plain_file(ready)
 
 
 def _mark_ready(name: str) -> bool:

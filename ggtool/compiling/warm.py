@@ -151,7 +151,7 @@ def _pending(root: str) -> list[str]:
         name, _, its_tag = f.rpartition(".")
         if its_tag != tag and its_tag.startswith(("cpython-", "pypy")) and name:
             continue
-        if its_tag == tag and known(name) and os.path.isfile(path) and not os.path.islink(path) \
+        if its_tag == tag and known(name) and cache.plain_file(path) \
                 and not os.path.exists(cache.marker("ready", name, root)) \
                 and not os.path.exists(cache.marker("failed", name, root)):
             names.append(name)
@@ -180,12 +180,9 @@ def _mark(root: str, folder: str, name: str, text: str = "") -> bool:
         return False
     path = cache.marker(folder, name, root)
     try:
-        if os.path.lexists(path) and not (os.path.isfile(path) and not os.path.islink(path)):
+        if os.path.lexists(path) and not cache.plain_file(path):
             _remove(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        cache.touch(path, text)
     except OSError:
         return False
     return True

@@ -321,12 +321,18 @@ def marker(folder: str, name: str, root: str | None = None) -> str:
     return os.path.join(root or cache_dir(), folder, f"{name}.{sys.implementation.cache_tag}")
 
 
-def touch(path: str) -> None:
-    """Create the empty file `path` if missing (never through a symbolic link; a FIFO planted there
-    is an error, never a wait for its reader)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+def plain_file(path: str) -> bool:
+    """Whether `path` is a regular file, not through a symbolic link: what a marker must be to count."""
+    return os.path.isfile(path) and not os.path.islink(path)
+
+
+def touch(path: str, text: str = "") -> None:
+    """Write the file `path` holding `text` (made, or emptied first): never through a symbolic link,
+    and a FIFO planted there is an error, never a wait for its reader."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
                  | getattr(os, "O_CLOEXEC", 0), 0o600)
-    os.close(fd)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 COMPILER = "from ggtool.compiling.warm import main; main()"    # the background compiler's program
@@ -346,7 +352,7 @@ def use_kernel(name: str) -> bool:
         else:
             root = cache_dir()
             ready = marker("ready", name, root)
-            got = not bypassed() and os.path.isfile(ready) and not os.path.islink(ready)
+            got = not bypassed() and plain_file(ready)
             if not got and not bypassed():
                 _want(name, root)
         _decided[name] = got
