@@ -304,3 +304,18 @@ def _compile_processes(tmp_path) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def test_a_module_planted_in_the_working_directory_is_never_imported(tmp_path):
+    """`ggtool kernels --compile` from a folder holding a numpy.py: neither the command nor its
+    compile processes (isolated, in "/") import it."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "numpy.py").write_text("raise SystemExit('the planted numpy.py was imported')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
+    env["GGTOOL_CACHE_DIR"] = str(tmp_path / "cache")
+    code = "import sys; sys.argv = ['ggtool', 'kernels', '--compile', 'quantize:F16']; from ggtool.commands import main; main()"
+    r = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); " + code],
+                       cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "numpy.py was imported" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1].startswith("1 of 1 kernels ready (")
