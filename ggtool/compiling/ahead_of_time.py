@@ -106,8 +106,8 @@ def compile_kernels(names=None, jobs: int | None = None, on_start=None, on_done=
         raise GGToolError(f"no kernel is named {unknown[0]!r} (ggtool's kernels: {', '.join(kernel_names())})")
     todo = [s.name for s in kernel_states(names) if s.state != READY]
     for name in todo:
-        warm._remove(cache.marker("failed", name, root))
-        warm._remove(cache.marker("ready", name, root))     # no plain file (kernel_states): a link, a folder, a FIFO
+        cache.remove(cache.marker("failed", name, root))
+        cache.remove(cache.marker("ready", name, root))     # no plain file (kernel_states): a link, a folder, a FIFO
     units = _units(todo)
     jobs = max(1, min(threads.free_cpus() if jobs is None else jobs, len(units)))
     if on_start is not None:
@@ -286,5 +286,5 @@ def _compile_one(name: str) -> tuple[str, str]:
         why = (f"its ready mark cannot be written in {os.path.join(root, 'ready')}" if kept else
                "numba cannot keep it in the cache (NUMBA_OPT=0?)")
     warm._mark(root, "failed", name, why + "\n")
-    warm._remove(cache.marker("wanted", name, root))
+    cache.remove(cache.marker("wanted", name, root))
     return FAILED, why

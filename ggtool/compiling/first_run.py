@@ -521,5 +521,5 @@ def _mark_ready(name: str) -> bool:
 
     root = cache.cache_dir()
     marked = warm._mark(root, "ready", name)
-    warm._remove(cache.marker("wanted", name, root))
+    cache.remove(cache.marker("wanted", name, root))
     return marked

@@ -156,20 +156,8 @@ def _pending(root: str) -> list[str]:
                 and not os.path.exists(cache.marker("failed", name, root)):
             names.append(name)
         else:
-            _remove(path)
+            cache.remove(path)
     return sorted(names)
-
-
-def _remove(path: str) -> None:
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            import shutil
-
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
-    except OSError:
-        pass
 
 
 def _mark(root: str, folder: str, name: str, text: str = "") -> bool:
@@ -181,7 +169,7 @@ def _mark(root: str, folder: str, name: str, text: str = "") -> bool:
     path = cache.marker(folder, name, root)
     try:
         if os.path.lexists(path) and not cache.plain_file(path):
-            _remove(path)
+            cache.remove(path)
         cache.touch(path, text)
     except OSError:
         return False
@@ -214,7 +202,7 @@ def main() -> None:
                         _mark(root, "ready", name)
                     else:                       # the runs keep its twin (or Python's step), as before it
                         _mark(root, "failed", name, "numba cannot keep it in the cache (NUMBA_OPT=0?)\n")
-                _remove(cache.marker("wanted", name, root))
+                cache.remove(cache.marker("wanted", name, root))
 
 
 if __name__ == "__main__":

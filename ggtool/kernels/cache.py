@@ -25,7 +25,8 @@ times (`_kernel_sources`). So a cache shared between an AVX-512 and an AVX2 host
 holds one folder per host, and neither ever meets the other's code or ``ready/`` marks (numba
 itself also keys each compiled function by its target); two checkouts or venvs of one version
 have a folder each, as numba has files each.
-A ``NUMBA_CACHE_DIR`` the user set wins over all of this and is used as it is.
+A ``NUMBA_CACHE_DIR`` the user set wins over all of this and is used as it is. A folder no process
+has used for long is removed (`prune_kernel_folders`, once a day), never one a live process holds.
 
 A first-ever run: compiling a kernel costs 0.3-2.5 s of numba's own Python work each (~8 s for a
 quantized model's forward pass), far more than the work it then does in a short run. So in ggtool's
@@ -40,9 +41,11 @@ library user's process compiles in process, as always (``use_kernel``).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
+import time
 
 from .. import environment, role
 from ..errors import CacheWarning
@@ -289,14 +292,200 @@ def _kernel_folder(user: str | None) -> str:
         except OSError as e:
             problem = f"cannot be made ({e.strerror or e})"
         if problem is None:
+            if _ours(path):     # a compile process ggtool started on its own folder: held as its caller's
+                _hold(path)
             return path
         bypass(path, problem, "the kernel cache NUMBA_CACHE_DIR")
     else:
         top = root()
-        got = subfolder(top, "numba", kernel_key()) if top is not None else None
+        got = None
+        for _ in range(3):      # a prune that removed the folder meanwhile: it is made anew
+            got = subfolder(top, "numba", kernel_key()) if top is not None else None
+            if got is None or _hold(got):
+                break
         if got is not None:
+            _prune_now(os.path.dirname(got), got)
             return got
     return private_folder()
+
+
+# -- old kernel folders --------------------------------------------------------------------------------
+# A kernel folder's key changes with a ggtool, numba or CPU that changes, another checkout or venv, a
+# kernel module edited: the old folder (up to ~80 MB) is never used again, so the folders are looked
+# over once a day and those no process uses are removed (`prune_kernel_folders`).
+IN_USE = ".in-use"      # in a kernel folder: each process using it holds a shared lock on it; its time is the last use
+PRUNED = ".pruned"      # in numba/: its time is when the kernel folders were last looked over
+PRUNE_EVERY_S = 86400   # how often they are looked over
+SPARE_S = 3600          # a folder used this recently is kept (a process may be about to use it)
+KEEP = 4                # the folders used last (the process's own among them) are kept up to IDLE_S unused
+IDLE_S = 30 * 86400     # a folder unused this long is removed
+_held: dict[str, int] = {}   # kernel folder -> the fd of its IN_USE this process holds a shared lock on
+
+
+def _ours(path: str) -> bool:
+    """Whether `path` is a kernel folder in the cache's numba/ (a compile process ggtool started on one)."""
+    return os.path.basename(path).startswith("kernels-") and \
+        os.path.realpath(os.path.dirname(path)) == os.path.realpath(os.path.join(root_path(), "numba"))
+
+
+def _open_in_use(folder: str, made_at: float | None = None) -> int:
+    """An fd of `folder`'s IN_USE file, made if missing (its time then `made_at`, else now); anything
+    else standing at its name (a link, a folder, a FIFO, a hard link to another file) is removed
+    first. OSError where it cannot be opened (FileNotFoundError: the folder is gone)."""
+    path = os.path.join(folder, IN_USE)
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    for attempt in range(3):
+        made = True
+        try:
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                made = False
+                fd = os.open(path, flags)
+        except OSError as e:
+            if attempt == 2 or e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENOENT, errno.ENXIO):
+                raise
+            if e.errno != errno.ENOENT:
+                remove(path)
+            continue
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            if made and made_at is not None:
+                os.utime(fd, (made_at, made_at))
+            return fd
+        os.close(fd)
+        remove(path)
+    raise OSError(errno.EEXIST, f"{path} is remade as fast as it is removed")
+
+
+def _hold(folder: str) -> bool:
+    """Hold a shared lock on kernel folder `folder`'s IN_USE for the rest of this process's life (no
+    prune removes a folder a live process holds) and stamp its use. False where the folder was
+    removed meanwhile (the caller makes it anew); a lock that cannot be taken leaves it used unheld."""
+    import fcntl
+
+    if folder in _held:
+        return True
+    try:
+        fd = _open_in_use(folder)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        for _ in range(200):    # a prune holds it alone only while it renames the folder away
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.005)
+        else:
+            raise OSError(errno.EWOULDBLOCK, "held alone by another process")
+        if not os.path.samestat(os.fstat(fd), os.lstat(os.path.join(folder, IN_USE))):
+            os.close(fd)        # renamed away by a prune between the open and the lock
+            return False
+        os.utime(fd)
+    except FileNotFoundError:
+        os.close(fd)
+        return False
+    except OSError:             # no locks here (some network file systems): used unheld
+        os.close(fd)
+        return True
+    _held[folder] = fd
+    return True
+
+
+def _prune_now(numba: str, current: str) -> None:
+    """Look the kernel folders in `numba` over if the last look is PRUNE_EVERY_S old (or none was);
+    never fails a command."""
+    stamp = os.path.join(numba, PRUNED)
+    now = time.time()
+    try:
+        st = os.lstat(stamp)
+        if stat.S_ISREG(st.st_mode) and 0 <= now - st.st_mtime < PRUNE_EVERY_S:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            remove(stamp)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return
+    try:
+        touch(stamp)            # first: the processes starting meanwhile do not look too
+        prune_kernel_folders(numba, current, now)
+    except OSError:
+        pass
+
+
+def prune_kernel_folders(numba: str, current: str, now: float | None = None) -> list[str]:
+    """Remove the kernel folders in `numba` (never `current`) that no live process holds and that
+    are unused for IDLE_S, or for SPARE_S where KEEP folders were used since; the folders removed.
+    A folder is renamed away while its IN_USE is locked alone, then removed: a process finds it
+    whole or not at all; a rename a dead prune left is removed."""
+    now = time.time() if now is None else now
+    found = []
+    for name in os.listdir(numba):
+        path = os.path.join(numba, name)
+        if name.startswith(".trash-"):
+            remove(path)
+            continue
+        if not name.startswith("kernels-") or path == current:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:                         # removed meanwhile (another prune)
+            continue
+        if not stat.S_ISDIR(st.st_mode):        # a link or a file: no folder of ours, left alone
+            continue
+        try:
+            used = os.lstat(os.path.join(path, IN_USE)).st_mtime
+        except FileNotFoundError:               # made by an older ggtool, or never used
+            used = st.st_mtime
+        except OSError:
+            continue
+        found.append((used, path))
+    removed = []
+    for rank, (used, path) in enumerate(sorted(found, reverse=True), start=1):   # `current` is the 0th
+        if now - used < SPARE_S or (rank < KEEP and now - used < IDLE_S):
+            continue
+        if _remove_unused(numba, path, used, now):
+            removed.append(path)
+    return removed
+
+
+def _remove_unused(numba: str, folder: str, used: float, now: float) -> bool:
+    import fcntl
+
+    try:
+        fd = _open_in_use(folder, made_at=used)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)      # fails while a live process holds it
+        if now - os.fstat(fd).st_mtime < SPARE_S:           # used since it was looked at
+            return False
+        trash = os.path.join(numba, f".trash-{os.path.basename(folder)}-{os.getpid()}")
+        os.rename(folder, trash)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    remove(trash)
+    return True
+
+
+def remove(path: str) -> None:
+    """Remove what is at `path` in a folder of ours, whatever it is (a folder with all it holds; a
+    link, never what it points to); nothing there, or what cannot be removed, is no error."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def private_folder() -> str:

@@ -24,11 +24,12 @@ What a tile can be trusted for, and how:
   description: a flipped byte is caught at the next map. Why not the CRC at every map: it cost a
   cached 8-token run 0.12 s of CPU for gemma-3-270m (313 MB of tiles) and 0.25 s for Qwen2.5-0.5B
   (587 MB), 6-10% of the run (bench/bench_packs.py, a shared 2-core machine); logged, the run costs
-  what it costs without any CRC (0.99x, 1.01x). Left uncaught: damage below the file system (a disk's bit rot, which moves no ctime), which the model file itself, read
-  unchecked, is as open to. CRC-32 (zlib, ~4 GB/s on an idle core) catches every change of up to
-  32 consecutive bits, so any flipped byte, and anything else but one time in 2**32; a
-  cryptographic hash would add nothing (whoever can write the tile can write its digest) at a
-  quarter of the speed, and a sampled one would miss most single flips.
+  what it costs without any CRC (0.99x, 1.01x). Left uncaught: damage below the file system (a
+  disk's bit rot, which moves no ctime), which the model file itself, read unchecked, is as open to.
+  CRC-32 (zlib, ~4 GB/s on an idle core) catches every change of up to 32 consecutive bits, so any
+  flipped byte, and anything else but one time in 2**32; a cryptographic hash would add nothing
+  (whoever can write the tile can write its digest) at a quarter of the speed, and a sampled one
+  would miss most single flips.
 - Anything that disagrees (a flipped byte, a header rewritten to match a truncated file, a tile
   that is not a plain file of the user's) is removed, repacked, stored anew and reported once per
   file and run (by the first of a pool's processes to find it: ``.refused-<caller>``), as a
@@ -68,7 +69,8 @@ import zlib
 import numpy as np
 
 from .. import environment, json_input
-from ..errors import CacheWarning, GGToolError, InputError
+from ..errors import CacheWarning, InputError
+from ..kernels.cache import remove as _remove
 
 MIN_FILE_BYTES = 64 << 20
 # The default bound of GGTOOL_CACHE_MAX: a file's tiles take 1.2-1.25x the file (gemma-3-270m: 313 MB for
@@ -162,7 +164,7 @@ def _forget_old_layout(top: str) -> None:
         return
     for path in old:
         if os.path.isdir(path):
-            _remove_tree(path)
+            _remove(path)
 
 
 def _make_folder(real: str, st: os.stat_result, limit: int) -> str | None:
@@ -182,7 +184,7 @@ def _make_folder(real: str, st: os.stat_result, limit: int) -> str | None:
             if not os.path.isdir(where) or os.path.islink(where):
                 for old in os.listdir(parent):           # the file's older identities
                     if old != ident:
-                        _remove_tree(os.path.join(parent, old))
+                        _remove(os.path.join(parent, old))
                 reserve = int(st.st_size * RESERVE)
                 if not _evict(base, keep=where, need=reserve, limit=limit):
                     return None
@@ -271,18 +273,6 @@ def _write_stamp(where: str, reserve: int) -> None:
     _write_exclusive(where, _USED, [str(reserve).encode()])
 
 
-def _remove_tree(path: str) -> None:
-    import shutil
-
-    try:
-        if os.path.islink(path) or not os.path.isdir(path):
-            os.unlink(path)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
-    except OSError:
-        pass
-
-
 def usage(base: str) -> list[tuple[float, int, str]]:
     """(last use, bytes, folder) of every identity folder under packs/ `base`: its bytes the larger
     of its files' and what it reserved; removing temporary files of writers long gone."""
@@ -295,7 +285,7 @@ def usage(base: str) -> list[tuple[float, int, str]]:
         for ident in os.listdir(parent):
             where = os.path.join(parent, ident)
             if os.path.islink(where) or not os.path.isdir(where):
-                _remove_tree(where)
+                _remove(where)
                 continue
             size, reserved, used = 0, 0, 0.0
             for f in os.listdir(where):
@@ -304,7 +294,7 @@ def usage(base: str) -> list[tuple[float, int, str]]:
                 except OSError:
                     continue
                 if (f.endswith(".tmp") or f.startswith(_REFUSED)) and now - fst.st_mtime > STALE_TMP_S:
-                    _remove_tree(os.path.join(where, f))
+                    _remove(os.path.join(where, f))
                     continue
                 size += fst.st_size
                 if f == _USED:
@@ -322,11 +312,11 @@ def _evict(base: str, keep: str, need: int, limit: int) -> bool:
         if total + need <= limit:
             break
         if where != keep:
-            _remove_tree(where)
+            _remove(where)
             total -= size
             parent = os.path.dirname(where)
             if parent != os.path.dirname(keep) and not os.listdir(parent):
-                _remove_tree(parent)
+                _remove(parent)
     return total + need <= limit
 
 
@@ -548,7 +538,7 @@ def _check_item(item, end: int, size: int) -> str | None:
 def _damaged(where: str, path: str, problem: str) -> None:
     """Remove tile `path`, and say once for its folder in this run that it was damaged: once in this
     process, and once among a pool's processes (the first to create ``.refused-<caller's pid>``)."""
-    _remove_tree(path)
+    _remove(path)
     if where not in _reported:
         _reported.add(where)
         if not _first_in_run(where):
