@@ -81,7 +81,8 @@ print(bench_scaling.model_path(Path(sys.argv[1]), "issue", 0, "Q4_0"))
 EOF
 )
 [ -f "$model" ] || { log "the model could not be made"; exit 4; }
-log "warm-up (kernels compiled into the cache)"
+log "kernels compiled ahead (ggtool kernels --compile), then a warm-up (the model's packs)"
+timeout 150 python3 -m ggtool kernels --compile --quiet >> "$OUT/device.log" 2>&1 || log "the kernels did not all compile"
 timeout 150 python3 bench/bench_scaling.py --shape issue --models-dir "$work/models" --threads 1,4 --repeat 1 \
   --gen 8 --prompt 64 --no-llama >> "$OUT/device.log" 2>&1 || log "warm-up failed or cut short"
 
