@@ -8,8 +8,11 @@
    participants (target <= 20 us; GGML pays 0.4 us with 2 threads), and a chain of 1000 empty
    all-participant nodes (the barrier and dispatch alone).
 3. f32 mul_mat K=N=2048 M=512 and K=N=4096 M=64 on the pool with 2 participants against numpy's
-   `a @ w.T` with 2 BLAS threads (measured in a subprocess with OPENBLAS_NUM_THREADS=2): target >= 0.9x.
-4. Scaling: 1 participant (in-process, BLAS on one thread) -> 2 on the large f32 mul_mat: target >= 1.8x;
+   `a @ w.T` with 2 BLAS threads (measured in a subprocess with OPENBLAS_NUM_THREADS=2). Issue 4's
+   target, 0.9x, was met through BLAS; the default numerics no longer use BLAS (its order of sums
+   follows the CPU: docs/engine.md, "One order on every host"), so F32 runs GGML's order compiled,
+   at about 0.25-0.3x BLAS, and the figure is shown for what it is.
+4. Scaling: 1 participant (in-process, one thread) -> 2 on the large f32 mul_mat: target >= 1.8x;
    next to numpy's own scaling from 1 to 2 BLAS threads on the same product (what the two cores allow).
 5. Q4_0 x f32 mul_mat (the two shapes above and M=1, K=N=4096) with 2 participants, GFLOP/s against
    GGML's CPU backend on this machine (nth=2: 71-74 standalone ggml, 105-110 llama.cpp's build).
@@ -26,6 +29,8 @@ import sys
 import time
 
 import numpy as np
+
+import ggtool
 
 # GGML on this machine, nth = 2 (shared/research/peer-baselines.md: M2/M3 f32, Q5/Q6/Q7 Q4_0)
 GGML_F32 = {(2048, 2048, 512): 49.7, (4096, 4096, 64): 45.6}
@@ -244,7 +249,7 @@ def f32(pool, shapes=((2048, 2048, 512), (4096, 4096, 64))) -> None:
         numpy2.close()
         fl = 2 * K * N * M
         print(f"f32 mul_mat K={K} N={N} M={M}: pool(2) {fl / t / 1e9:6.1f} GFLOP/s, numpy @ with 2 BLAS threads "
-              f"{fl / tn / 1e9:6.1f}: ratio {tn / t:.2f}x (target >= 0.9x); GGML nth=2 {GGML_F32[(K, N, M)]}")
+              f"{fl / tn / 1e9:6.1f}: ratio {tn / t:.2f}x (GGML's order, not BLAS's); GGML nth=2 {GGML_F32[(K, N, M)]}")
 
 
 def scaling(pool, K: int = 2048, N: int = 2048, M: int = 512) -> None:

@@ -72,7 +72,6 @@ def q4_0_quantize(xb: np.ndarray, out: np.ndarray) -> int:
     bad = _first_bad(xb)
     if bad >= 0:
         return bad
-    n = xb.shape[0]
     mx, mn = xb.max(axis=1), xb.min(axis=1)
     m = np.where(-mn > mx, mn, mx) + _F32(0.0)
     tie = np.flatnonzero((-mn == mx) & (m != 0))

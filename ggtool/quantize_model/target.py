@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from .. import quant as Q
 from .. import types as T
 from ..errors import GGToolError
 from .mix import allows_quantization, fallback
-from .rules import RECORD_KEY, QuantizeOptions, RequantizeError, QuantizePlan, TensorPlan, plan_quantization
+from .rules import QuantizeOptions, QuantizePlan, RequantizeError, TensorPlan, plan_quantization
 
 _G = T.GGMLType
 # registry types (ggtool.qtypes) never offered, and why. llama-quantize writes each of them per
