@@ -150,22 +150,26 @@ def subfolder(parent: str, *names: str) -> str | None:
     path = parent
     for name in names:
         path = os.path.join(path, name)
-        try:
+        for _ in range(3):      # a folder removed meanwhile (an old kernel folder a prune took): made anew
             try:
-                os.mkdir(path, FOLDER_MODE)
-            except FileExistsError:
-                st = os.lstat(path)
-                problem = folder_problem(path, st)
-                if problem in ("is a symbolic link", "is not a folder"):
-                    what = f"a symbolic link to {os.readlink(path)}" if stat.S_ISLNK(st.st_mode) else "not a folder"
-                    os.unlink(path)           # in a folder of ours its name is ours; a link is never followed
+                try:
                     os.mkdir(path, FOLDER_MODE)
-                    say(f"the cache folder {path} was {what}: removed, and the folder made anew")
-                elif problem and problem.startswith("can be written") and st.st_uid == os.geteuid():
-                    os.chmod(path, FOLDER_MODE)
-            problem = folder_problem(path)
-        except OSError as e:
-            problem = f"cannot be made ({e.strerror or e})"
+                except FileExistsError:
+                    st = os.lstat(path)
+                    problem = folder_problem(path, st)
+                    if problem in ("is a symbolic link", "is not a folder"):
+                        what = f"a symbolic link to {os.readlink(path)}" if stat.S_ISLNK(st.st_mode) else "not a folder"
+                        os.unlink(path)           # in a folder of ours its name is ours; a link is never followed
+                        os.mkdir(path, FOLDER_MODE)
+                        say(f"the cache folder {path} was {what}: removed, and the folder made anew")
+                    elif problem and problem.startswith("can be written") and st.st_uid == os.geteuid():
+                        os.chmod(path, FOLDER_MODE)
+                problem = folder_problem(path)
+            except OSError as e:
+                problem = f"cannot be made ({e.strerror or e})"
+                if isinstance(e, FileNotFoundError):
+                    continue
+            break
         if problem:
             bypass(path, problem)
             return None
@@ -360,8 +364,9 @@ def _open_in_use(folder: str, made_at: float | None = None) -> int:
 
 def _hold(folder: str) -> bool:
     """Hold a shared lock on kernel folder `folder`'s IN_USE for the rest of this process's life (no
-    prune removes a folder a live process holds) and stamp its use. False where the folder was
-    removed meanwhile (the caller makes it anew); a lock that cannot be taken leaves it used unheld."""
+    prune removes a folder a live process holds) and stamp its use (again at exit: `_stamp_held`).
+    False where the folder was removed meanwhile, or a prune holds it alone for a second (the caller
+    makes it anew); on a file system without locks it is used unheld."""
     import fcntl
 
     if folder in _held:
@@ -379,8 +384,9 @@ def _hold(folder: str) -> bool:
                 break
             except BlockingIOError:
                 time.sleep(0.005)
-        else:
-            raise OSError(errno.EWOULDBLOCK, "held alone by another process")
+        else:                   # a prune stalled (stopped, a hung network file system): not used unheld
+            os.close(fd)
+            return False
         if not os.path.samestat(os.fstat(fd), os.lstat(os.path.join(folder, IN_USE))):
             os.close(fd)        # renamed away by a prune between the open and the lock
             return False
@@ -391,8 +397,24 @@ def _hold(folder: str) -> bool:
     except OSError:             # no locks here (some network file systems): used unheld
         os.close(fd)
         return True
+    if not _held:
+        import atexit
+
+        atexit.register(_stamp_held, os.getpid())
     _held[folder] = fd
     return True
+
+
+def _stamp_held(holder: int) -> None:
+    """At exit: the held folders' last use is now (a run of hours must not look idle when it ends);
+    a forked child, whose copies of the fds are closed (its numbers maybe reused), stamps nothing."""
+    if os.getpid() != holder:
+        return
+    for fd in _held.values():
+        try:
+            os.utime(fd)
+        except OSError:
+            pass
 
 
 def _prune_now(numba: str, current: str) -> None:
@@ -404,16 +426,15 @@ def _prune_now(numba: str, current: str) -> None:
         st = os.lstat(stamp)
         if stat.S_ISREG(st.st_mode) and 0 <= now - st.st_mtime < PRUNE_EVERY_S:
             return
-        if not stat.S_ISREG(st.st_mode):
-            remove(stamp)
+        remove(stamp)           # made anew, never written through (a link, a hard link)
     except FileNotFoundError:
         pass
     except OSError:
         return
-    try:
-        touch(stamp)            # first: the processes starting meanwhile do not look too
+    try:                        # made first: the processes starting meanwhile do not look too
+        os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600))
         prune_kernel_folders(numba, current, now)
-    except OSError:
+    except OSError:             # FileExistsError: another process looks them over now
         pass
 
 
@@ -439,8 +460,8 @@ def prune_kernel_folders(numba: str, current: str, now: float | None = None) -> 
             continue
         try:
             used = os.lstat(os.path.join(path, IN_USE)).st_mtime
-        except FileNotFoundError:               # made by an older ggtool, or never used
-            used = st.st_mtime
+        except FileNotFoundError:               # made by an older ggtool: its newest entry's time
+            used = _newest(path, st.st_mtime)
         except OSError:
             continue
         found.append((used, path))
@@ -453,6 +474,20 @@ def prune_kernel_folders(numba: str, current: str, now: float | None = None) -> 
     return removed
 
 
+def _newest(folder: str, since: float) -> float:
+    """The latest time among `folder`'s own entries (numba's index folders, ready/), at least `since`."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return since
+    for name in names:
+        try:
+            since = max(since, os.lstat(os.path.join(folder, name)).st_mtime)
+        except OSError:
+            pass
+    return since
+
+
 def _remove_unused(numba: str, folder: str, used: float, now: float) -> bool:
     import fcntl
 
@@ -462,7 +497,10 @@ def _remove_unused(numba: str, folder: str, used: float, now: float) -> bool:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)      # fails while a live process holds it
-        if now - os.fstat(fd).st_mtime < SPARE_S:           # used since it was looked at
+        st = os.fstat(fd)
+        if not os.path.samestat(st, os.lstat(os.path.join(folder, IN_USE))):
+            return False        # another prune took the folder meanwhile, and a process may have made it anew
+        if now - st.st_mtime < SPARE_S:                     # used since it was looked at
             return False
         trash = os.path.join(numba, f".trash-{os.path.basename(folder)}-{os.getpid()}")
         os.rename(folder, trash)
