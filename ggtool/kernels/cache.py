@@ -150,31 +150,38 @@ def subfolder(parent: str, *names: str) -> str | None:
     path = parent
     for name in names:
         path = os.path.join(path, name)
-        for _ in range(3):      # a folder removed meanwhile (an old kernel folder a prune took): made anew
-            try:
-                try:
-                    os.mkdir(path, FOLDER_MODE)
-                except FileExistsError:
-                    st = os.lstat(path)
-                    problem = folder_problem(path, st)
-                    if problem in ("is a symbolic link", "is not a folder"):
-                        what = f"a symbolic link to {os.readlink(path)}" if stat.S_ISLNK(st.st_mode) else "not a folder"
-                        os.unlink(path)           # in a folder of ours its name is ours; a link is never followed
-                        os.mkdir(path, FOLDER_MODE)
-                        say(f"the cache folder {path} was {what}: removed, and the folder made anew")
-                    elif problem and problem.startswith("can be written") and st.st_uid == os.geteuid():
-                        os.chmod(path, FOLDER_MODE)
-                problem = folder_problem(path)
-            except OSError as e:
-                problem = f"cannot be made ({e.strerror or e})"
-                if isinstance(e, FileNotFoundError):
-                    continue
-            break
+        problem = _make_trusted(path)
         if problem:
             bypass(path, problem)
             return None
         _checked[path] = None
     return path
+
+
+def _make_trusted(path: str) -> str | None:
+    """Make folder `path` for `subfolder` (what stands there instead removed, said once): its problem,
+    or None. A folder removed meanwhile (an old kernel folder a prune took) is made anew."""
+    problem = None
+    for _ in range(3):
+        try:
+            try:
+                os.mkdir(path, FOLDER_MODE)
+            except FileExistsError:
+                st = os.lstat(path)
+                problem = folder_problem(path, st)
+                if problem in ("is a symbolic link", "is not a folder"):
+                    what = f"a symbolic link to {os.readlink(path)}" if stat.S_ISLNK(st.st_mode) else "not a folder"
+                    os.unlink(path)           # in a folder of ours its name is ours; a link is never followed
+                    os.mkdir(path, FOLDER_MODE)
+                    say(f"the cache folder {path} was {what}: removed, and the folder made anew")
+                elif problem and problem.startswith("can be written") and st.st_uid == os.geteuid():
+                    os.chmod(path, FOLDER_MODE)
+            return folder_problem(path)
+        except FileNotFoundError as e:
+            problem = f"cannot be made ({e.strerror or e})"
+        except OSError as e:
+            return f"cannot be made ({e.strerror or e})"
+    return problem
 
 
 def say(message: str) -> None:
