@@ -209,6 +209,17 @@ def test_compiled_forms_give_the_numpy_forms_bits():
     got = exp_f32(x)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
+    # every float32 around float_rows.EXP_ZERO_BELOW (the compiled form's +0.0 without computing):
+    # below it the float64 form rounds to +0.0 too, above it to float32's subnormals
+    edge = np.float32(float_rows.EXP_ZERO_BELOW)
+    lo, hi = np.float32(-110.0).view(np.uint32), np.float32(-103.0).view(np.uint32)
+    x = np.concatenate([np.arange(hi, lo + 1, dtype=np.uint32).view(np.float32),
+                        np.float32([-745.2, -1e30, -3.4e38, -np.inf])])
+    with np.errstate(all="ignore"):
+        want = pm.exp(x.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(exp_f32(x).view(np.uint32), want.view(np.uint32))
+    assert want[x >= edge].any() and not want[x < edge].any() and np.float32(-103.5) in x
+
     terms = (RNG.standard_normal((300, 257)) * 10.0 ** RNG.integers(-20, 20, (300, 257))).astype(np.float32)
     terms[0] = -0.0
     terms[1, :3] = [np.inf, -np.inf, 1.0]

@@ -38,6 +38,13 @@ def _exp64(v, k0, t_hi, t_lo, pow2):
     return (y * pow2[e1 + 600]) * pow2[e - e1 + 600]
 
 
+# Below this, exp(v) < 2**-150 (half float32's least subnormal): the float64 form's result rounds to
+# +0.0, which is given at once. Its products would underflow float64 (v < ~-708, -inf a causal mask's
+# half of every prompt soft_max row): x86 takes a microcode assist for each, ~19 ns a value against
+# ~5 (the same bits: every float32 below -100 checked against the float64 form, 2026-12-03).
+EXP_ZERO_BELOW = -105.0
+
+
 @njit
 def _exp_f32(x, out, k0, t_hi, t_lo, pow2):
     xb, ob = view_as(x, np.uint32), view_as(out, np.uint32)
@@ -45,6 +52,8 @@ def _exp_f32(x, out, k0, t_hi, t_lo, pow2):
         v = x[i]
         if v != v:              # NaN: itself, made quiet (as the numpy form's float64 round trip makes it;
             ob[i] = xb[i] | np.uint32(0x400000)   # LLVM folds that round trip away)
+        elif v < np.float32(EXP_ZERO_BELOW):
+            out[i] = 0.0
         else:
             out[i] = np.float32(_exp64(np.float64(v), k0, t_hi, t_lo, pow2))
 

@@ -571,9 +571,13 @@ def soft_max_f32(row, frow, ith, nth, wdata):
             tw[i] = tw[i] - mx
         _exp_f32(tw, tw, k0, t_hi, t_lo, pow2)
         total = 0.0
-        for i in range(ne0):
-            s = total + np.float64(tw[i])
-            total = total + 0.0 if s != s and total != total else s
+        for i in range(ne0):        # a NaN is sticky: a sum that ends a number met none
+            total += np.float64(tw[i])
+        if total != total:          # again, where two NaNs meet the first one's bits (~2x the cost)
+            total = 0.0
+            for i in range(ne0):
+                s = total + np.float64(tw[i])
+                total = total + 0.0 if s != s and total != total else s
         inv = F32(1.0 / total)
         for i in range(ne0):
             y[r * yn + i] = mul1(tw[i], inv)
