@@ -280,11 +280,24 @@ def test_kernels_of_a_large_generation_compile_ahead_side_by_side(cli, monkeypat
     assert first_run.prepare(products, repeats=512, free_cpus=2) == ["dot:q4_0", "quantize:Q8_0_cpu",
                                                                      "dot:q6_K", "quantize:Q8_K"]
     assert started == [["dot:q4_0", "quantize:Q8_0_cpu"], ["dot:q6_K", "quantize:Q8_K"]]
-    assert "compiling ggtool's kernels for this CPU" in capsys.readouterr().err
+    said = first_run.ahead_seconds([first_run.compile_seconds(n) for n in started], 2)
+    assert f"compiling ggtool's kernels for this CPU (once, ~{said:.0f} s;" in capsys.readouterr().err
+    assert said > max(map(first_run.compile_seconds, started)) + 0.7           # two processes beside the run
     assert first_run.use_compiled("dot:q4_0", 0.0) and compiled == []        # its process compiled it
     assert first_run.use_compiled("quantize:Q8_0_cpu", 0.0) and compiled == []
     assert first_run.use_compiled("dot:q6_K", 10.0) and compiled == ["dot:q6_K"]   # failed: compiled here
     assert first_run.prepare(products, repeats=512, free_cpus=2) == []        # nothing twice
+
+
+def test_the_notice_says_the_longest_family_stretched_by_the_processes_beside_the_run():
+    """ahead_seconds: what the notice says compiling ahead adds, ~0.7 s to start a process and numba,
+    plus the longest family's CPU seconds, longer where its processes and the run's own outnumber the
+    free CPUs (they share them)."""
+    assert first_run.ahead_seconds([2.0], free_cpus=2) == pytest.approx(2.7)          # one process, a CPU each
+    assert first_run.ahead_seconds([2.0, 3.0], free_cpus=2) == pytest.approx(3.0 * 1.5 + 0.7)
+    assert first_run.ahead_seconds([2.0, 3.0], free_cpus=16) == pytest.approx(3.7)
+    assert first_run.ahead_seconds([2.0, 3.0], free_cpus=0) == pytest.approx(3.0 * 3 + 0.7)
+    assert first_run.ahead_seconds([], free_cpus=2) == pytest.approx(0.7)
 
 
 def test_a_generation_s_attention_products_compile_ahead_with_the_smaller_family(cli, monkeypatch):
