@@ -287,7 +287,8 @@ def ahead_seconds(families: list[float], free_cpus: int) -> float:
     """What compiling ahead adds to the run's wall time, as the notice says it: the longest family's CPU
     seconds (`families`: each process's ``compile_seconds``), stretched where the processes and this
     one outnumber the free CPUs (a 311M model's two families beside its run on two CPUs: ~4 s, where
-    the longest alone said ~3 and the run took ~5 s longer), and ~0.7 s to start a process and load numba."""
+    the longest alone said ~3 and the run took 3.3-4.4 s longer), and ~0.7 s to start a process and
+    load numba."""
     share = max(1.0, (len(families) + 1) / max(1, free_cpus))
     return max(families, default=0.0) * share + 0.7
 
