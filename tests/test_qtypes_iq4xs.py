@@ -66,10 +66,12 @@ def test_threads_do_not_change_bytes():
     G.check_threads("iq4_xs")
 
 
-@pytest.mark.parametrize("rows,cols,m", [(1, 256, 1), (130, 512, 1), (257, 1024, 5), (128, 256, 9)])
+@pytest.mark.parametrize("rows,cols,m", [(1, 256, 1), (130, 512, 1), (130, 512, 3), (257, 1024, 5), (128, 256, 7),
+                                        (128, 256, 9)])
 def test_packed_mul_mat_is_the_generic_dot(rows, cols, m):
     """The packed vector tile (mat-vec speed) gives mul_mat's numbers bit for bit: rows padded to
-    whole groups of 128, activation rows in tiles of 4 and a remainder, the golden bytes too."""
+    whole groups of 128, activation rows in tiles of 4 and a remainder of 1 to 3 (a row at a time),
+    the golden bytes too."""
     from ggtool import quant as Q
 
     rec = qtypes.get("iq4_xs")

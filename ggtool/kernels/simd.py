@@ -12,7 +12,7 @@ two 256-bit halves; no target intrinsics are used), and the x86 backend turns th
 ``sext, mul, add(even lanes, odd lanes)`` into ``pmaddwd`` (then ``+ acc`` into ``vpdpwssd``).
 
 Every tile covers ``GROUP`` weight rows (``GROUP // L`` vectors of ``L`` rows) of one block and
-``mt`` (1..``MT``) activation rows, selected at run time by a switch over unrolled bodies.
+``mt`` (1..``MT``) activation rows: ``MT`` in one unrolled body, fewer a row at a time (``switch_rows``).
 
 Layout the tiles read (the packers in ``dot`` / ``dot_k`` write it): the weight codes of one block
 and row group in chunks of L rows, each chunk's quads one after another:
@@ -124,17 +124,28 @@ class _Args:
         self.b.store(val, ptr, align=align)
 
 
-def _switch_mt(builder, mt, body):
-    """body(m_rows) for m_rows = mt (1..MT), each unrolled in its own block."""
+def switch_rows(builder, mt, body):
+    """body(m_rows, i0) for the activation rows i0 .. i0 + m_rows - 1 (i0 an i64): mt = MT rows
+    unrolled at once, one row (a decode step's) in a body of its own with i0 a constant, and 2 to
+    MT - 1 rows (a batch's last) a row at a time in a loop. Three bodies, not one unrolled body for
+    each count: those made a tile's compile ~1.3x as long (Q6_K's dot: ~0.7 s CPU of a first-ever
+    run on an AVX2 host). Each activation row's sums are its own, so the bits are the same either
+    way; only the last 2 or 3 rows of a batch decode the weights once a row."""
     end = builder.append_basic_block("mt.end")
-    blocks = [builder.append_basic_block(f"mt.{k}") for k in range(1, MT + 1)]
-    sw = builder.switch(mt, blocks[0])
-    for k in range(2, MT + 1):
-        sw.add_case(_c(k, mt.type), blocks[k - 1])
-    for k, blk in zip(range(1, MT + 1), blocks):
-        builder.position_at_end(blk)
-        body(k)
-        builder.branch(end)
+    full, one, rows = (builder.append_basic_block(f"mt.{k}") for k in ("full", "one", "rows"))
+    sw = builder.switch(mt, rows)
+    sw.add_case(_c(MT, mt.type), full)
+    sw.add_case(_c(1, mt.type), one)
+    builder.position_at_end(full)
+    body(MT, _c(0))
+    builder.branch(end)
+    builder.position_at_end(one)
+    body(1, _c(0))
+    builder.branch(end)
+    builder.position_at_end(rows)
+    with cgutils.for_range(builder, builder.sext(mt, _I64) if mt.type.width < 64 else mt) as loop:
+        body(1, loop.index)
+    builder.branch(end)
     builder.position_at_end(end)
 
 
@@ -151,9 +162,9 @@ def _tile_32(nibbles: bool, q1: bool, dd: bool = False):
     """One block (32 values) of GROUP weight rows x mt activation rows, added into acc.
 
     Arguments (arrays flat; offsets in elements): qs (codes, the block's quads at qo), d and mn
-    (the rows' scale and min at wo: float32, or fp16 bits as uint16, widened in the tile), ap (mt x 16 pairs at po, 16 per activation row), off
-    (int32: each activation row's start of sumi, at so), da and sa (float32 per activation row at
-    so), acc (float32, mt rows of GROUP at ao) and mt. Per row r and activation row i:
+    (the rows' scale and min at wo: float32, or fp16 bits as uint16, widened in the tile), ap (mt x
+    16 pairs at po, 16 per activation row), off (int32: each activation row's start of sumi, at so),
+    da and sa (float32 per activation row at so), acc (float32, mt rows of GROUP at ao) and mt. Per row r and activation row i:
     ``acc += (float(sumi) * d) * da`` (Q4_0, Q8_0, Q5_0), or with q1
     ``acc += (d * da) * float(sumi) + mn * sa`` (Q4_1, Q5_1), or with dd
     ``acc += (d * da) * float(sumi)`` (IQ4_NL, MXFP4: GGML's generic dots of ``ggtool.qtypes``)."""
@@ -164,11 +175,12 @@ def _tile_32(nibbles: bool, q1: bool, dd: bool = False):
         quads = 4 if nibbles else 8
         half = sig.args[_NAMES_32.index("d")].dtype == types.uint16
 
-        def body(mt):
+        def body(mt, i0):
             b = builder
-            offs = [b.load(A.at("off", b.add(so, _c(i)))) for i in range(mt)]
-            das = [b.load(A.at("da", b.add(so, _c(i)))) for i in range(mt)]
-            sas = [b.load(A.at("sa", b.add(so, _c(i)))) for i in range(mt)] if q1 else []
+            so_, po_, ao_ = b.add(so, i0), b.add(po, b.mul(i0, _c(16))), b.add(ao, b.mul(i0, _c(GROUP)))
+            offs = [b.load(A.at("off", b.add(so_, _c(i)))) for i in range(mt)]
+            das = [b.load(A.at("da", b.add(so_, _c(i)))) for i in range(mt)]
+            sas = [b.load(A.at("sa", b.add(so_, _c(i)))) for i in range(mt)] if q1 else []
             with cgutils.for_range(b, _c(GROUP // L)) as loop:
                 c = loop.index
                 r0 = b.mul(c, _c(L))
@@ -182,7 +194,7 @@ def _tile_32(nibbles: bool, q1: bool, dd: bool = False):
                         xs = [b.ashr(b.shl(v, _wsplat(b, 8)), _wsplat(b, 8)), b.ashr(v, _wsplat(b, 8))]
                     for i in range(mt):
                         for k, x in enumerate(xs):
-                            pair = A.load("ap", b.add(po, _c(i * 16 + q * len(xs) + k)))
+                            pair = A.load("ap", b.add(po_, _c(i * 16 + q * len(xs) + k)))
                             accs[i] = _madd(b, accs[i], x, pair)
                 dv = A.load_scales("d", b.add(wo, r0), half)
                 mv = A.load_scales("mn", b.add(wo, r0), half) if q1 else None
@@ -194,10 +206,10 @@ def _tile_32(nibbles: bool, q1: bool, dd: bool = False):
                         t = b.fmul(b.fmul(dv, _splat(b, das[i], L)), f)
                     else:
                         t = b.fmul(b.fmul(f, dv), _splat(b, das[i], L))
-                    o = b.add(b.add(ao, _c(i * GROUP)), r0)
+                    o = b.add(b.add(ao_, _c(i * GROUP)), r0)
                     A.store("acc", o, b.fadd(A.load("acc", o, _F, align=4), t))
 
-        _switch_mt(builder, A.p["mt"], body)
+        switch_rows(builder, A.p["mt"], body)
         return context.get_dummy_value()
 
     @intrinsic
@@ -226,9 +238,11 @@ def _tile_k_codegen(context, builder, sig, args):
     co, sco, wo, po, bo, so, ao = (A.p[k] for k in ("co", "sco", "wo", "po", "bo", "so", "ao"))
     has_mins = builder.icmp_signed("!=", A.p["hm"], ir.Constant(A.p["hm"].type, 0))
 
-    def body(mt):
+    def body(mt, i0):
         b = builder
-        das = [b.load(A.at("da", b.add(so, _c(i)))) for i in range(mt)]
+        so_, po_, bo_ = b.add(so, i0), b.add(po, b.mul(i0, _c(128))), b.add(bo, b.mul(i0, _c(8)))
+        ao_ = b.add(ao, b.mul(i0, _c(GROUP)))
+        das = [b.load(A.at("da", b.add(so_, _c(i)))) for i in range(mt)]
         zero = ir.Constant(_D, None)
         with cgutils.for_range(b, _c(GROUP // L)) as loop:
             c = loop.index
@@ -243,13 +257,13 @@ def _tile_k_codegen(context, builder, sig, args):
                     xs = [b.ashr(b.shl(v, _wsplat(b, 8)), _wsplat(b, 8)), b.ashr(v, _wsplat(b, 8))]
                     for i in range(mt):
                         for k, x in enumerate(xs):
-                            pair = A.load("ap", b.add(po, b.add(_c(i * 128 + k), b.mul(quad, _c(2)))))
+                            pair = A.load("ap", b.add(po_, b.add(_c(i * 128 + k), b.mul(quad, _c(2)))))
                             ts[i] = _madd(b, ts[i], x, pair)
                 scv = b.sext(A.load("sc", b.add(sco, b.mul(b.add(b.mul(c, _c(16)), j), _c(L))), _B16), _D)
                 for i in range(mt):
                     b.store(b.add(b.load(sumi[i]), b.mul(scv, ts[i])), sumi[i])
             dv = A.load("d", b.add(wo, r0), _F, align=4)
-            os_ = [b.add(b.add(ao, _c(i * GROUP)), r0) for i in range(mt)]
+            os_ = [b.add(b.add(ao_, _c(i * GROUP)), r0) for i in range(mt)]
             for i in range(mt):
                 a = A.load("acc", os_[i], _F, align=4)
                 A.store("acc", os_[i], b.fadd(a, b.fmul(b.fmul(dv, _splat(b, das[i], L)), b.sitofp(b.load(sumi[i]), _F))))
@@ -258,13 +272,13 @@ def _tile_k_codegen(context, builder, sig, args):
                 for jp in range(8):
                     mv = b.sext(A.load("mp", b.add(sco, b.mul(b.add(b.mul(c, _c(8)), _c(jp)), _c(2 * L))), _B32), _W)
                     for i in range(mt):
-                        summ[i] = _madd(b, summ[i], mv, A.load("bp", b.add(bo, _c(i * 8 + jp))))
+                        summ[i] = _madd(b, summ[i], mv, A.load("bp", b.add(bo_, _c(i * 8 + jp))))
                 dmv = A.load("dmin", b.add(wo, r0), _F, align=4)
                 for i in range(mt):
                     a = A.load("acc", os_[i], _F, align=4)
                     A.store("acc", os_[i], b.fsub(a, b.fmul(b.fmul(dmv, _splat(b, das[i], L)), b.sitofp(summ[i], _F))))
 
-    _switch_mt(builder, A.p["mt"], body)
+    switch_rows(builder, A.p["mt"], body)
     return context.get_dummy_value()
 
 
@@ -291,9 +305,10 @@ def _tile_k6_codegen(context, builder, sig, args):
     A = _Args(context, builder, sig, args, _NAMES_K6)
     co, ho, sco, wo, po, so, ao = (A.p[k] for k in ("co", "ho", "sco", "wo", "po", "so", "ao"))
 
-    def body(mt):
+    def body(mt, i0):
         b = builder
-        das = [b.load(A.at("da", b.add(so, _c(i)))) for i in range(mt)]
+        so_, po_, ao_ = b.add(so, i0), b.add(po, b.mul(i0, _c(128))), b.add(ao, b.mul(i0, _c(GROUP)))
+        das = [b.load(A.at("da", b.add(so_, _c(i)))) for i in range(mt)]
         zero = ir.Constant(_D, None)
         with cgutils.for_range(b, _c(GROUP // L)) as loop:
             c = loop.index
@@ -314,7 +329,7 @@ def _tile_k6_codegen(context, builder, sig, args):
                         top = b.shl(b.and_(b.lshr(hw, shifts), _wsplat(b, 3)), _wsplat(b, 4))
                         x = b.sub(b.or_(nib, top), _wsplat(b, 32))
                         for i in range(mt):
-                            pair = A.load("ap", b.add(po, b.add(_c(i * 128 + jq * 4 + k), b.mul(pb, _c(16)))))
+                            pair = A.load("ap", b.add(po_, b.add(_c(i * 128 + jq * 4 + k), b.mul(pb, _c(16)))))
                             ts[k % 2][i] = _madd(b, ts[k % 2][i], x, pair)
                 for half in range(2):
                     j = b.add(b.mul(pb, _c(2)), _c(half))
@@ -323,11 +338,11 @@ def _tile_k6_codegen(context, builder, sig, args):
                         b.store(b.add(b.load(sumi[i]), b.mul(scv, ts[half][i])), sumi[i])
             dv = A.load("d", b.add(wo, r0), _F, align=4)
             for i in range(mt):
-                o = b.add(b.add(ao, _c(i * GROUP)), r0)
+                o = b.add(b.add(ao_, _c(i * GROUP)), r0)
                 a = A.load("acc", o, _F, align=4)
                 A.store("acc", o, b.fadd(a, b.fmul(b.fmul(dv, _splat(b, das[i], L)), b.sitofp(b.load(sumi[i]), _F))))
 
-    _switch_mt(builder, A.p["mt"], body)
+    switch_rows(builder, A.p["mt"], body)
     return context.get_dummy_value()
 
 

@@ -22,6 +22,7 @@ import math
 import numpy as np
 from llvmlite import ir
 
+from ..kernels import simd
 from ..kernels.jit import njit, numba
 from ..kernels.tables import KVALUES_IQ4NL
 from ._iq4nl_quantize import best_index, iq4_nl_block, iq4_nl_quantize
@@ -415,7 +416,7 @@ def mul_mat_iq4_xs(w, a, out, f16):
 # ggml_vec_dot_iq4_xs_q8_K_generic does: the same numbers as dot_iq4_xs, bit for bit.
 GROUP = 128          # weight rows a group
 LANES = 16           # rows a vector (int32 / float32 lanes)
-MT = 4               # activation rows a tile
+MT = simd.MT         # activation rows a tile (simd.switch_rows's)
 _I16, _I32, _F32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
 _VW = ir.VectorType(_I16, 2 * LANES)
 _VD = ir.VectorType(_I32, LANES)
@@ -459,15 +460,16 @@ def _tile_iq4_xs_codegen(context, builder, sig, args):
             ptr = b.bitcast(ptr, vt.as_pointer())
         return b.load(ptr, align=align)
 
-    def body(mt):
-        das = [load("da", b.add(p["so"], _k(i))) for i in range(mt)]
+    def body(mt, i0):
+        so, po, ao = b.add(p["so"], i0), b.add(p["po"], b.mul(i0, _k(128))), b.add(p["ao"], b.mul(i0, _k(GROUP)))
+        das = [load("da", b.add(so, _k(i))) for i in range(mt)]
         eight = ir.Constant(_VW, [8] * (2 * LANES))
         with cgutils.for_range(b, _k(GROUP // LANES)) as chunk:
             c = chunk.index
             r0 = b.mul(c, _k(LANES))
             dv = load("d", b.add(p["wo"], r0), _VF, align=4)
             d4d8 = [b.fmul(dv, _splat_ir(b, das[i], LANES)) for i in range(mt)]
-            accs = [cgutils.alloca_once_value(b, load("acc", b.add(b.add(p["ao"], _k(i * GROUP)), r0), _VF, align=4))
+            accs = [cgutils.alloca_once_value(b, load("acc", b.add(b.add(ao, _k(i * GROUP)), r0), _VF, align=4))
                     for i in range(mt)]
             with cgutils.for_range(b, _k(8)) as sub:                      # sub-blocks of 32 values
                 s = sub.index
@@ -478,7 +480,7 @@ def _tile_iq4_xs_codegen(context, builder, sig, args):
                     xs = (b.ashr(b.shl(v, eight), eight), b.ashr(v, eight))
                     for i in range(mt):
                         for kk, x in enumerate(xs):
-                            pair = load("ap", b.add(p["po"], b.add(_k(i * 128 + kk), b.mul(quad, _k(2)))))
+                            pair = load("ap", b.add(po, b.add(_k(i * 128 + kk), b.mul(quad, _k(2)))))
                             sumi[i] = _madd_ir(b, sumi[i], x, pair)
                 ls8 = load("lsf", b.add(p["lo"], b.add(b.mul(s, _k(GROUP)), r0)), ir.VectorType(ir.IntType(8), LANES))
                 lv = b.sitofp(ls8, _VF)                                   # float(ls - 32): exact
@@ -486,19 +488,10 @@ def _tile_iq4_xs_codegen(context, builder, sig, args):
                     t = b.fmul(b.fmul(d4d8[i], lv), b.sitofp(sumi[i], _VF))
                     b.store(b.fadd(b.load(accs[i]), t), accs[i])
             for i in range(mt):
-                ptr = b.bitcast(b.gep(p["acc"], [b.add(b.add(p["ao"], _k(i * GROUP)), r0)]), _VF.as_pointer())
+                ptr = b.bitcast(b.gep(p["acc"], [b.add(b.add(ao, _k(i * GROUP)), r0)]), _VF.as_pointer())
                 b.store(b.load(accs[i]), ptr, align=4)
 
-    end = b.append_basic_block("mt.end")
-    blocks = [b.append_basic_block(f"mt.{k}") for k in range(1, MT + 1)]
-    sw = b.switch(p["mt"], blocks[0])
-    for k in range(2, MT + 1):
-        sw.add_case(ir.Constant(p["mt"].type, k), blocks[k - 1])
-    for k, blk in zip(range(1, MT + 1), blocks):
-        b.position_at_end(blk)
-        body(k)
-        b.branch(end)
-    b.position_at_end(end)
+    simd.switch_rows(b, p["mt"], body)
     return context.get_dummy_value()
 
 
