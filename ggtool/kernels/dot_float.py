@@ -73,7 +73,7 @@ def _tile_codegen(context, builder, sig, args):
             ws = [b.load(b.gep(wj[j], [k]), align=4) for j in range(nc)]
             halves = [(b.shuffle_vector(v, v, _LO8), b.shuffle_vector(v, v, _HI8)) for v in ws]
             for i in range(mt):
-                xv = simd._splat(b, b.load(b.gep(xi[i], [k])), L // 2)
+                xv = simd.splat(b, b.load(b.gep(xi[i], [k])), L // 2)
                 for j in range(nc):
                     lo = b.fpext(b.fmul(halves[j][0], xv), _VD8)        # (double)(x[k] * y[k]), 8 rows
                     hi = b.fpext(b.fmul(halves[j][1], xv), _VD8)

@@ -69,19 +69,19 @@ def _c(v, t=_I64):
     return ir.Constant(t, v)
 
 
-def _splat(b, val, n):
+def splat(b, val, n):
     vt = ir.VectorType(val.type, n)
     v = b.insert_element(ir.Constant(vt, None), val, _c(0, _I32))
     return b.shuffle_vector(v, ir.Constant(vt, None), ir.Constant(ir.VectorType(_I32, n), [0] * n))
 
 
 def _wsplat(b, v):
-    return _splat(b, ir.Constant(_I16, v), 2 * L)
+    return splat(b, ir.Constant(_I16, v), 2 * L)
 
 
-def _madd(b, acc, x, pair):
+def madd(b, acc, x, pair):
     """acc + (x . splat(pair)) word pair by word pair: x <32 x i16>, pair an i32 of two i16."""
-    a = b.bitcast(_splat(b, pair, L), _W)
+    a = b.bitcast(splat(b, pair, L), _W)
     wide = ir.VectorType(_I32, 2 * L)
     p = b.mul(b.sext(x, wide), b.sext(a, wide), flags=["nsw"])
     e = b.shuffle_vector(p, ir.Constant(wide, None), _EVEN)
@@ -184,7 +184,7 @@ def _tile_32(nibbles: bool, q1: bool, dd: bool = False):
             with cgutils.for_range(b, _c(GROUP // L)) as loop:
                 c = loop.index
                 r0 = b.mul(c, _c(L))
-                accs = [_splat(b, offs[i], L) for i in range(mt)]
+                accs = [splat(b, offs[i], L) for i in range(mt)]
                 for q in range(quads):
                     v = A.load("qs", b.add(qo, b.mul(b.add(b.mul(c, _c(quads)), _c(q)), _c(4 * L))), _W)
                     if nibbles:
@@ -195,17 +195,17 @@ def _tile_32(nibbles: bool, q1: bool, dd: bool = False):
                     for i in range(mt):
                         for k, x in enumerate(xs):
                             pair = A.load("ap", b.add(po_, _c(i * 16 + q * len(xs) + k)))
-                            accs[i] = _madd(b, accs[i], x, pair)
+                            accs[i] = madd(b, accs[i], x, pair)
                 dv = A.load_scales("d", b.add(wo, r0), half)
                 mv = A.load_scales("mn", b.add(wo, r0), half) if q1 else None
                 for i in range(mt):
                     f = b.sitofp(accs[i], _F)
                     if q1:
-                        t = b.fadd(b.fmul(b.fmul(dv, _splat(b, das[i], L)), f), b.fmul(mv, _splat(b, sas[i], L)))
+                        t = b.fadd(b.fmul(b.fmul(dv, splat(b, das[i], L)), f), b.fmul(mv, splat(b, sas[i], L)))
                     elif dd:
-                        t = b.fmul(b.fmul(dv, _splat(b, das[i], L)), f)
+                        t = b.fmul(b.fmul(dv, splat(b, das[i], L)), f)
                     else:
-                        t = b.fmul(b.fmul(f, dv), _splat(b, das[i], L))
+                        t = b.fmul(b.fmul(f, dv), splat(b, das[i], L))
                     o = b.add(b.add(ao_, _c(i * GROUP)), r0)
                     A.store("acc", o, b.fadd(A.load("acc", o, _F, align=4), t))
 
@@ -258,7 +258,7 @@ def _tile_k_codegen(context, builder, sig, args):
                     for i in range(mt):
                         for k, x in enumerate(xs):
                             pair = A.load("ap", b.add(po_, b.add(_c(i * 128 + k), b.mul(quad, _c(2)))))
-                            ts[i] = _madd(b, ts[i], x, pair)
+                            ts[i] = madd(b, ts[i], x, pair)
                 scv = b.sext(A.load("sc", b.add(sco, b.mul(b.add(b.mul(c, _c(16)), j), _c(L))), _B16), _D)
                 for i in range(mt):
                     b.store(b.add(b.load(sumi[i]), b.mul(scv, ts[i])), sumi[i])
@@ -266,17 +266,17 @@ def _tile_k_codegen(context, builder, sig, args):
             os_ = [b.add(b.add(ao_, _c(i * GROUP)), r0) for i in range(mt)]
             for i in range(mt):
                 a = A.load("acc", os_[i], _F, align=4)
-                A.store("acc", os_[i], b.fadd(a, b.fmul(b.fmul(dv, _splat(b, das[i], L)), b.sitofp(b.load(sumi[i]), _F))))
+                A.store("acc", os_[i], b.fadd(a, b.fmul(b.fmul(dv, splat(b, das[i], L)), b.sitofp(b.load(sumi[i]), _F))))
             with b.if_then(has_mins):                         # mins x bsums, two sub-blocks a pair
                 summ = [zero] * mt
                 for jp in range(8):
                     mv = b.sext(A.load("mp", b.add(sco, b.mul(b.add(b.mul(c, _c(8)), _c(jp)), _c(2 * L))), _B32), _W)
                     for i in range(mt):
-                        summ[i] = _madd(b, summ[i], mv, A.load("bp", b.add(bo_, _c(i * 8 + jp))))
+                        summ[i] = madd(b, summ[i], mv, A.load("bp", b.add(bo_, _c(i * 8 + jp))))
                 dmv = A.load("dmin", b.add(wo, r0), _F, align=4)
                 for i in range(mt):
                     a = A.load("acc", os_[i], _F, align=4)
-                    A.store("acc", os_[i], b.fsub(a, b.fmul(b.fmul(dmv, _splat(b, das[i], L)), b.sitofp(summ[i], _F))))
+                    A.store("acc", os_[i], b.fsub(a, b.fmul(b.fmul(dmv, splat(b, das[i], L)), b.sitofp(summ[i], _F))))
 
     switch_rows(builder, A.p["mt"], body)
     return context.get_dummy_value()
@@ -330,7 +330,7 @@ def _tile_k6_codegen(context, builder, sig, args):
                         x = b.sub(b.or_(nib, top), _wsplat(b, 32))
                         for i in range(mt):
                             pair = A.load("ap", b.add(po_, b.add(_c(i * 128 + jq * 4 + k), b.mul(pb, _c(16)))))
-                            ts[k % 2][i] = _madd(b, ts[k % 2][i], x, pair)
+                            ts[k % 2][i] = madd(b, ts[k % 2][i], x, pair)
                 for half in range(2):
                     j = b.add(b.mul(pb, _c(2)), _c(half))
                     scv = b.sext(A.load("sc", b.add(sco, b.mul(b.add(b.mul(c, _c(16)), j), _c(L))), _B16), _D)
@@ -340,7 +340,7 @@ def _tile_k6_codegen(context, builder, sig, args):
             for i in range(mt):
                 o = b.add(b.add(ao_, _c(i * GROUP)), r0)
                 a = A.load("acc", o, _F, align=4)
-                A.store("acc", o, b.fadd(a, b.fmul(b.fmul(dv, _splat(b, das[i], L)), b.sitofp(b.load(sumi[i]), _F))))
+                A.store("acc", o, b.fadd(a, b.fmul(b.fmul(dv, splat(b, das[i], L)), b.sitofp(b.load(sumi[i]), _F))))
 
     switch_rows(builder, A.p["mt"], body)
     return context.get_dummy_value()

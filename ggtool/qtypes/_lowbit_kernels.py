@@ -421,28 +421,10 @@ _I16, _I32, _F32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
 _VW = ir.VectorType(_I16, 2 * LANES)
 _VD = ir.VectorType(_I32, LANES)
 _VF = ir.VectorType(_F32, LANES)
-_EVEN = ir.Constant(ir.VectorType(_I32, LANES), list(range(0, 2 * LANES, 2)))
-_ODD = ir.Constant(ir.VectorType(_I32, LANES), list(range(1, 2 * LANES, 2)))
 
 
 def _k(v, t=ir.IntType(64)):
     return ir.Constant(t, v)
-
-
-def _splat_ir(b, val, n):
-    vt = ir.VectorType(val.type, n)
-    v = b.insert_element(ir.Constant(vt, None), val, _k(0, _I32))
-    return b.shuffle_vector(v, ir.Constant(vt, None), ir.Constant(ir.VectorType(_I32, n), [0] * n))
-
-
-def _madd_ir(b, acc, x, pair):
-    """acc + (x . splat(pair)) word pair by word pair: x <32 x i16>, pair an i32 of two i16."""
-    a = b.bitcast(_splat_ir(b, pair, LANES), _VW)
-    wide = ir.VectorType(_I32, 2 * LANES)
-    p = b.mul(b.sext(x, wide), b.sext(a, wide), flags=["nsw"])
-    e = b.shuffle_vector(p, ir.Constant(wide, None), _EVEN)
-    o = b.shuffle_vector(p, ir.Constant(wide, None), _ODD)
-    return b.add(acc, b.add(e, o))
 
 
 def _tile_iq4_xs_codegen(context, builder, sig, args):
@@ -468,7 +450,7 @@ def _tile_iq4_xs_codegen(context, builder, sig, args):
             c = chunk.index
             r0 = b.mul(c, _k(LANES))
             dv = load("d", b.add(p["wo"], r0), _VF, align=4)
-            d4d8 = [b.fmul(dv, _splat_ir(b, das[i], LANES)) for i in range(mt)]
+            d4d8 = [b.fmul(dv, simd.splat(b, das[i], LANES)) for i in range(mt)]
             accs = [cgutils.alloca_once_value(b, load("acc", b.add(b.add(ao, _k(i * GROUP)), r0), _VF, align=4))
                     for i in range(mt)]
             with cgutils.for_range(b, _k(8)) as sub:                      # sub-blocks of 32 values
@@ -481,7 +463,7 @@ def _tile_iq4_xs_codegen(context, builder, sig, args):
                     for i in range(mt):
                         for kk, x in enumerate(xs):
                             pair = load("ap", b.add(po, b.add(_k(i * 128 + kk), b.mul(quad, _k(2)))))
-                            sumi[i] = _madd_ir(b, sumi[i], x, pair)
+                            sumi[i] = simd.madd(b, sumi[i], x, pair)
                 ls8 = load("lsf", b.add(p["lo"], b.add(b.mul(s, _k(GROUP)), r0)), ir.VectorType(ir.IntType(8), LANES))
                 lv = b.sitofp(ls8, _VF)                                   # float(ls - 32): exact
                 for i in range(mt):
