@@ -34,9 +34,12 @@ _BARRIER = (-1, 0)
 # of its own, a waiter spins as GGML's threads do (which never sleep) for long enough that a step's
 # waits almost never reach the futex (a sleeper costs the last arrival a system call, and itself a
 # wake-up of 5-50 us); where the machine has fewer free cores than participants, a spinning waiter
-# takes the core the participant it waits for needs, so it spins only a couple of microseconds.
+# takes the core the participant it waits for needs, so it spins about what a sleep and its wake-up
+# cost (the ski rental again: never more than twice the better choice). Measured on a 2-core AVX2 VM
+# with one other process busy, 2 participants (docs/engine.md, "An AVX2-only host, 2 cores"): a 2 us
+# spin decoded the small llama at 123 tokens/s, 10-35 us at 169-175, 200 us at 127 (67 lingering).
 SPIN_FREE_NS = 200_000
-SPIN_BUSY_NS = 2_000
+SPIN_BUSY_NS = 20_000
 # How long a worker that has just answered a compute spins for the caller's next message before it
 # sleeps on its bell (wire.rung), where every participant has a core: a decode step's caller spends
 # 0.3-1 ms between computes (sampling, the next step's inputs), and a worker woken from its sleep
